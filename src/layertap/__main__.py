@@ -1,0 +1,5 @@
+"""``python -m layertap`` is the ``layertap`` command."""
+
+from .cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The bridge between PyTorch and ONNX: export with taps, layer-by-layer compare."""

@@ -1,0 +1,1 @@
+"""The command line: a thin layer of tools over the Python API."""

@@ -1,0 +1,137 @@
+"""Argument groups shared by the tools (Polygraphy-style).
+
+A tool lists the groups it needs; each group adds its options to the parser
+and turns the parsed namespace into the objects the Python API takes. Heavy
+imports (torch) happen only inside the ``load`` methods of groups that need
+them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..errors import LayertapError
+
+
+class ArgGroup:
+    """One reusable set of options."""
+
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        raise NotImplementedError
+
+
+class ModelArgs(ArgGroup):
+    """``MODEL`` plus ``--weights``, ``--config``, ``--unsafe-load-pickle``, ``--method``."""
+
+    def __init__(self, *, method: bool = True, onnx_ok: bool = False) -> None:
+        self.method = method
+        self.onnx_ok = onnx_ok
+
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        what = "model spec or .onnx file" if self.onnx_ok else "model spec"
+        parser.add_argument(
+            "model",
+            metavar="MODEL",
+            help=f"{what}: torchvision:NAME, timm:NAME, transformers:CLASS, pkg.module:ATTR, path/file.py:ATTR",
+        )
+        g = parser.add_argument_group("model")
+        g.add_argument("--weights", metavar="FILE", help="state dict to load (.pt/.pth via torch.load(weights_only=True), or .safetensors)")
+        g.add_argument("--config", metavar="FILE.json", help="transformers config for transformers:CLASS")
+        g.add_argument(
+            "--unsafe-load-pickle",
+            action="store_true",
+            help="allow --weights to be a pickled whole module (runs code from the file: only for files you trust)",
+        )
+        if self.method:
+            g.add_argument("--method", default="forward", metavar="NAME", help="method to run instead of forward (e.g. encode_image)")
+
+    @staticmethod
+    def load(ns: argparse.Namespace):
+        """Build the model; returns ``(model, info)`` (see pytorch.models)."""
+        from ..pytorch.models import load_model
+
+        return load_model(
+            ns.model,
+            weights=ns.weights,
+            config=ns.config,
+            unsafe_pickle=ns.unsafe_load_pickle,
+        )
+
+
+class InputArgs(ArgGroup):
+    """``--input SPEC`` (repeatable) and ``--seed``."""
+
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("inputs")
+        g.add_argument(
+            "--input",
+            action="append",
+            default=[],
+            metavar="SPEC",
+            help="[NAME=]SHAPE[:DTYPE] (random data, e.g. 1x3x224x224, 2x7:int64) or [NAME=]FILE.npy; repeat for several arguments",
+        )
+        g.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
+
+    @staticmethod
+    def specs(ns: argparse.Namespace):
+        from ..inputs import parse_inputs
+
+        return parse_inputs(ns.input)
+
+
+class TapArgs(ArgGroup):
+    """``--tap TAP`` (repeatable)."""
+
+    def __init__(self, required: bool = False) -> None:
+        self.required = required
+
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--tap",
+            action="append",
+            default=[],
+            required=self.required,
+            metavar="TAP",
+            help="[ALIAS=]PATH[#CALL][:input|:output][INDEX]..., e.g. layer2.1.relu#1, fc:input, enc.layers.3[0]",
+        )
+
+    @staticmethod
+    def taps(ns: argparse.Namespace):
+        from ..selectors import parse_taps
+
+        return parse_taps(ns.tap)
+
+
+class OutputArgs(ArgGroup):
+    """``-o/--output FILE``."""
+
+    def __init__(self, required: bool, suffixes: tuple[str, ...], help: str) -> None:
+        self.required = required
+        self.suffixes = suffixes
+        self.help = help
+
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("-o", "--output", required=self.required, metavar="FILE", help=self.help)
+
+    def check(self, ns: argparse.Namespace, inputs: tuple = ()):
+        """Validate the output path before any work (folder exists, not an input)."""
+        from ..files import check_output_path
+
+        if ns.output is None:
+            return None
+        return check_output_path(ns.output, inputs=inputs, suffixes=self.suffixes)
+
+
+class JsonArgs(ArgGroup):
+    """``--json``: machine-readable output on stdout."""
+
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+
+
+def need(value: Any, message: str) -> Any:
+    """Raise a usage error when ``value`` is missing."""
+    if value is None or value == [] or value == "":
+        raise LayertapError(message)
+    return value

@@ -1,0 +1,73 @@
+"""Exceptions that carry the CLI exit status.
+
+Every error a user can cause raises :class:`LayertapError` (exit 2) with a
+one-line message that names the bad input and says what to do. Numbers that
+disagree (a failed verification or comparison) are not exceptions: reports
+carry ``.ok`` and the CLI turns ``ok=False`` into exit 1.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+
+class LayertapError(ValueError):
+    """A problem with the user's input: bad name, bad file, bad option.
+
+    Example:
+        >>> raise LayertapError("unknown module 'layer9'")
+        Traceback (most recent call last):
+        ...
+        layertap.errors.LayertapError: unknown module 'layer9'
+    """
+
+    exit_code = 2
+
+
+class SelectorError(LayertapError):
+    """A tap selector that does not parse or does not resolve."""
+
+
+class ModelSpecError(LayertapError):
+    """A MODEL spec or weights file that cannot be loaded."""
+
+
+class InputSpecError(LayertapError):
+    """An ``--input`` spec or input array that does not fit."""
+
+
+class OnnxFileError(LayertapError):
+    """An ONNX file that is unreadable, unsafe, or lacks what was asked."""
+
+
+def close_matches(word: str, candidates: Iterable[str], n: int = 5) -> list[str]:
+    """Return up to ``n`` candidates close to ``word``, best first.
+
+    Example:
+        >>> close_matches("layer4.0.conv", ["layer4.0.conv1", "layer4.0.bn1", "fc"])
+        ['layer4.0.conv1', 'layer4.0.bn1']
+    """
+    pool = list(dict.fromkeys(candidates))
+    found = difflib.get_close_matches(word, pool, n=n, cutoff=0.6)
+    if not found:
+        # Dotted paths: a user who types "conv1" usually means some "*.conv1".
+        tail = [c for c in pool if c.endswith("." + word) or c == word]
+        found = tail[:n]
+    return found
+
+
+def unknown_name(kind: str, name: str, candidates: Iterable[str], hint: str = "") -> str:
+    """Format the standard 'unknown X' message with close matches.
+
+    Example:
+        >>> unknown_name("module", "layer4.0.conv", ["layer4.0.conv1"])
+        "unknown module 'layer4.0.conv'; did you mean: layer4.0.conv1"
+    """
+    msg = f"unknown {kind} {name!r}"
+    matches = close_matches(name, candidates)
+    if matches:
+        msg += "; did you mean: " + ", ".join(matches)
+    if hint:
+        msg += f" ({hint})"
+    return msg

@@ -1,0 +1,115 @@
+"""``--input`` specs: ``[NAME=]SHAPE[:DTYPE]`` or ``[NAME=]FILE.npy``.
+
+numpy only, so ONNX-only commands can use it without importing torch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputSpecError
+
+DTYPES = {
+    "float32": np.float32, "float": np.float32, "f32": np.float32,
+    "float16": np.float16, "half": np.float16, "f16": np.float16,
+    "float64": np.float64, "double": np.float64, "f64": np.float64,
+    "int64": np.int64, "long": np.int64, "i64": np.int64,
+    "int32": np.int32, "int": np.int32, "i32": np.int32,
+    "int8": np.int8, "uint8": np.uint8, "bool": np.bool_,
+}
+_SHAPE_RE = re.compile(r"^\d+(x\d+)*$|^$")
+DEFAULT_INT_HIGH = 100
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One parsed ``--input``.
+
+    Example:
+        >>> InputSpec.parse("ids=2x7:int64")
+        InputSpec(name='ids', shape=(2, 7), dtype='int64', path=None)
+        >>> InputSpec.parse("1x3x224x224").dtype
+        'float32'
+    """
+
+    name: str | None
+    shape: tuple[int, ...] | None
+    dtype: str
+    path: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "InputSpec":
+        """Parse one spec; raise :class:`InputSpecError` naming the fault."""
+        raw = text.strip()
+        name = None
+        if "=" in raw:
+            name, raw = raw.split("=", 1)
+            if not name.isidentifier() and not re.match(r"^[\w.:/-]+$", name):
+                raise InputSpecError(f"bad --input {text!r}: input name {name!r} is not a valid name")
+        if raw.lower().endswith(".npy"):
+            if not Path(raw).is_file():
+                raise InputSpecError(f"bad --input {text!r}: file {raw!r} does not exist")
+            return cls(name=name, shape=None, dtype="", path=raw)
+        shape_txt, _, dtype = raw.partition(":")
+        dtype = dtype or "float32"
+        if dtype not in DTYPES:
+            raise InputSpecError(
+                f"bad --input {text!r}: unknown dtype {dtype!r}; use one of {', '.join(sorted(set(DTYPES)))}"
+            )
+        if not shape_txt or not _SHAPE_RE.match(shape_txt):
+            raise InputSpecError(
+                f"bad --input {text!r}: expected [NAME=]SHAPE[:DTYPE] like 1x3x224x224 or 2x7:int64, or [NAME=]FILE.npy"
+            )
+        shape = tuple(int(d) for d in shape_txt.split("x"))
+        return cls(name=name, shape=shape, dtype=str(np.dtype(DTYPES[dtype])))
+
+    def array(self, rng: np.random.Generator | None = None, int_high: int = DEFAULT_INT_HIGH) -> np.ndarray:
+        """The data: the ``.npy`` file, or seeded random values of the shape.
+
+        Floats are standard normal; integers are uniform in ``[0, int_high)``
+        (token ids must stay below the vocabulary size); bools are random.
+        """
+        if self.path is not None:
+            try:
+                return np.load(self.path, allow_pickle=False)
+            except (ValueError, OSError) as e:
+                raise InputSpecError(f"cannot read --input file {self.path!r}: {e}") from None
+        return random_array(self.shape, self.dtype, rng, int_high)
+
+
+def random_array(shape, dtype, rng: np.random.Generator | None = None, int_high: int = DEFAULT_INT_HIGH) -> np.ndarray:
+    """Seeded random data of a shape and dtype (see :meth:`InputSpec.array`).
+
+    Example:
+        >>> random_array((2, 3), "int64", np.random.default_rng(0), int_high=5).max() < 5
+        True
+    """
+    rng = rng if rng is not None else np.random.default_rng(0)
+    dt = np.dtype(dtype)
+    if dt == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if np.issubdtype(dt, np.integer):
+        return rng.integers(0, max(int_high, 1), size=shape).astype(dt)
+    return rng.standard_normal(size=shape).astype(dt)
+
+
+def parse_inputs(texts: list[str] | None) -> list[InputSpec]:
+    """Parse every ``--input``; names are all given or all omitted.
+
+    Example:
+        >>> [s.shape for s in parse_inputs(["1x3", "2x7:int64"])]
+        [(1, 3), (2, 7)]
+    """
+    specs = [InputSpec.parse(t) for t in texts or []]
+    named = [s.name is not None for s in specs]
+    if any(named) and not all(named):
+        raise InputSpecError("--input specs must all be named (NAME=...) or all positional")
+    names = [s.name for s in specs if s.name]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise InputSpecError(f"--input name {sorted(dup)[0]!r} given twice")
+    return specs

@@ -1,0 +1,1 @@
+"""PyTorch side: selectors resolved to hooks, capture, layer discovery, model specs."""

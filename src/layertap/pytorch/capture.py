@@ -1,0 +1,272 @@
+"""Hook-based capture of module inputs and outputs.
+
+:class:`Capture` is the engine behind ``lt.tap``, ``lt.extract`` and
+``lt.export``: it resolves selectors to modules, attaches the fewest hooks
+that serve them, counts calls, keeps only the calls a selector asked for, and
+removes every hook on every exit path.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import torch
+from torch import nn
+
+from ..errors import SelectorError, unknown_name
+from ..selectors import Tap, parse_taps
+from . import callgraph
+from .values import CallArgs, describe, pick
+
+
+class StopForward(BaseException):
+    """Raised from a hook to cut the forward short once every tap is captured.
+
+    A ``BaseException`` so that a model's own ``except Exception`` cannot
+    swallow it.
+    """
+
+
+@dataclass
+class _Slot:
+    """What one tap has captured so far."""
+
+    tap: Tap
+    # call index -> (sequence number, tensor); bounded for negative calls.
+    values: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)
+    done: bool = False
+
+
+def module_paths(model: nn.Module) -> list[str]:
+    """Every path a module can be reached by (shared modules under each name)."""
+    return [name for name, _ in model.named_modules(remove_duplicate=False)]
+
+
+def find_module(model: nn.Module, path: str) -> nn.Module:
+    """``model.get_submodule(path)`` with an error that lists close paths.
+
+    Example:
+        >>> find_module(nn.Sequential(nn.Linear(2, 2)), "1")
+        Traceback (most recent call last):
+        ...
+        layertap.errors.SelectorError: unknown module '1'; did you mean: 0
+    """
+    if path == "":
+        return model
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        candidates = [p for p in module_paths(model) if p]
+        raise SelectorError(
+            unknown_name("module", path, candidates, hint="run 'layertap layers MODEL' to list them")
+        ) from None
+
+
+class Capture:
+    """Hooks that record the values selected by taps.
+
+    Args:
+        model: the root module that tap paths are relative to.
+        taps: selectors (text or :class:`~layertap.selectors.Tap`).
+        detach: store ``tensor.detach().clone()`` (default) instead of a clone
+            that keeps the autograd graph.
+        stop_early: raise :class:`StopForward` once every tap is complete.
+        method: the root method being run (used by ``stop_early``'s analysis).
+
+    The value is always cloned: in-place modules (``ReLU(inplace=True)``)
+    would otherwise overwrite what was captured.
+
+    Example:
+        >>> m = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+        >>> with Capture(m, ["0", "1:input"]) as cap:
+        ...     _ = m(torch.ones(1, 4))
+        >>> list(cap.results())
+        ['0', '1:input']
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        taps: Iterable[str | Tap],
+        *,
+        detach: bool = True,
+        stop_early: bool = False,
+        method: str = "forward",
+    ) -> None:
+        self.model = model
+        self.taps = parse_taps(taps)
+        self.detach = detach
+        self.stop_early = stop_early
+        self.method = method
+        self._modules = {t.path: find_module(model, t.path) for t in self.taps}
+        self._handles: list[Any] = []
+        self._seq = itertools.count()
+        self._slots = [_Slot(t) for t in self.taps]
+        self._calls: dict[int, int] = collections.Counter()
+        self._stack: dict[int, list[int]] = collections.defaultdict(list)
+        self._done_at = self._plan_stop() if stop_early else {}
+
+    # -- lifecycle -------------------------------------------------------
+    def __enter__(self) -> "Capture":
+        self.attach()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.remove()
+        return exc_type is StopForward
+
+    def attach(self) -> None:
+        """Register the hooks (idempotent only via :meth:`remove`)."""
+        assert not self._handles, "Capture.attach called twice"
+        try:
+            by_module: dict[int, nn.Module] = {}
+            for path, mod in self._modules.items():
+                by_module[id(mod)] = mod
+            for key, mod in self._done_at.items():
+                by_module.setdefault(id(mod), mod)
+            for mod in by_module.values():
+                self._handles.append(mod.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
+                self._handles.append(mod.register_forward_hook(self._post_hook, with_kwargs=True, always_call=True))
+        except BaseException:
+            self.remove()
+            raise
+
+    def remove(self) -> None:
+        """Remove every hook this capture registered."""
+        while self._handles:
+            self._handles.pop().remove()
+
+    def reset(self) -> None:
+        """Forget captured values and call counts (hooks stay)."""
+        self._seq = itertools.count()
+        self._slots = [_Slot(t) for t in self.taps]
+        self._calls = collections.Counter()
+        self._stack = collections.defaultdict(list)
+
+    # -- hooks -----------------------------------------------------------
+    def _pre_hook(self, mod: nn.Module, args: tuple, kwargs: dict):
+        key = id(mod)
+        call = self._calls[key]
+        self._calls[key] = call + 1
+        self._stack[key].append(call)
+        for slot in self._slots:
+            if slot.tap.port == "input" and self._modules.get(slot.tap.path) is mod:
+                self._record(slot, call, _input_value(args, kwargs, slot.tap))
+        return None
+
+    def _post_hook(self, mod: nn.Module, args: tuple, kwargs: dict, output: Any):
+        key = id(mod)
+        stack = self._stack[key]
+        call = stack.pop() if stack else self._calls[key] - 1
+        for slot in self._slots:
+            if slot.tap.port == "output" and self._modules.get(slot.tap.path) is mod:
+                self._record(slot, call, output)
+        if self.stop_early and self._all_done_after(mod):
+            raise StopForward()
+        return None
+
+    def _record(self, slot: _Slot, call: int, value: Any) -> None:
+        tap = slot.tap
+        if tap.call is not None and tap.call >= 0 and call != tap.call:
+            return
+        where = f"tap {tap.name!r}: module {tap.path or '<root>'!r} {tap.port}"
+        value = pick(value, tap.index, where=where)
+        if not isinstance(value, torch.Tensor):
+            raise SelectorError(
+                f"{where}{''.join(f'[{i}]' for i in tap.index)} is {describe(value)}, not a tensor; "
+                f"pick one with an index, e.g. {tap.canonical}[0]"
+            )
+        value = value.detach().clone() if self.detach else value.clone()
+        slot.values[call] = (next(self._seq), value)
+        if tap.call is not None and tap.call < 0:
+            # Only the last |call| calls can be the one asked for.
+            while len(slot.values) > -tap.call:
+                slot.values.pop(min(slot.values))
+
+    # -- stop_early ------------------------------------------------------
+    def _plan_stop(self) -> dict[Any, nn.Module]:
+        """For each tap, the module whose return completes it."""
+        plan: dict[Any, nn.Module] = {}
+        self._finisher: dict[int, nn.Module] = {}
+        for i, tap in enumerate(self.taps):
+            if tap.call is not None and tap.call >= 0:
+                fin = self._modules[tap.path]
+            else:
+                path = callgraph.completing_ancestor(self.model, tap.path, self.method)
+                fin = find_module(self.model, path)
+            self._finisher[i] = fin
+            plan[i] = fin
+        return plan
+
+    def _all_done_after(self, mod: nn.Module) -> bool:
+        all_done = True
+        for i, slot in enumerate(self._slots):
+            if not slot.done:
+                fin = self._finisher[i]
+                tap = slot.tap
+                if fin is mod and fin is not self.model:
+                    if tap.call is not None and tap.call >= 0:
+                        slot.done = tap.call in slot.values
+                    else:
+                        slot.done = bool(slot.values)
+                all_done = all_done and slot.done
+        return all_done
+
+    # -- results ---------------------------------------------------------
+    def calls(self, path: str) -> int:
+        """How many times the module at ``path`` ran so far."""
+        return self._calls.get(id(self._modules[path]), 0)
+
+    def results(self) -> dict[str, torch.Tensor]:
+        """Captured tensors by name, in the order they were captured.
+
+        Raises :class:`SelectorError` for a module that never ran or a call
+        index beyond the calls that happened.
+        """
+        named: list[tuple[int, str, torch.Tensor]] = []
+        for slot in self._slots:
+            named.extend(self._resolve(slot))
+        named.sort(key=lambda item: item[0])
+        return {name: value for _, name, value in named}
+
+    def _resolve(self, slot: _Slot) -> list[tuple[int, str, torch.Tensor]]:
+        tap = slot.tap
+        ran = self.calls(tap.path)
+        where = f"tap {str(tap)!r}"
+        if ran == 0:
+            raise SelectorError(
+                f"{where}: module {tap.path or '<root>'!r} never ran in this {self.method}; "
+                "check the method and inputs, or run 'layertap layers MODEL' to see which modules run"
+            )
+        if tap.call is None:
+            if ran == 1:
+                seq, value = slot.values[0]
+                return [(seq, tap.name, value)]
+            return [(seq, tap.name_for_call(c), v) for c, (seq, v) in sorted(slot.values.items())]
+        call = tap.call if tap.call >= 0 else ran + tap.call
+        if not 0 <= call < ran or call not in slot.values:
+            raise SelectorError(
+                f"{where}: call #{tap.call} is out of range; module {tap.path or '<root>'!r} ran {ran} "
+                f"time{'s' if ran != 1 else ''} (calls #0..#{ran - 1})"
+            )
+        seq, value = slot.values[call]
+        return [(seq, tap.name, value)]
+
+
+def _input_value(args: tuple, kwargs: dict, tap: Tap) -> Any:
+    """The value an ``:input`` tap starts from.
+
+    With an index, the first index picks the argument: an integer picks a
+    positional argument, a key picks a keyword argument (then the rest of the
+    chain applies). Without an index, a single positional argument (or a lone
+    keyword argument) is the value.
+    """
+    if not tap.index:
+        if len(args) == 1:
+            return args[0]
+        if not args and len(kwargs) == 1:
+            return next(iter(kwargs.values()))
+    return CallArgs(args, kwargs)

@@ -1,0 +1,186 @@
+"""The PyTorch-side API: ``lt.tap`` and ``lt.extract``."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from ..errors import LayertapError, SelectorError, unknown_name
+from ..selectors import Tap, parse_taps
+from .capture import Capture, StopForward
+from .values import describe, flatten, pick
+
+
+class TapResult:
+    """What ``lt.tap`` yields: ``outputs`` is filled when the block exits.
+
+    Attributes:
+        outputs: dict name -> tensor, in the order the values were captured.
+    """
+
+    def __init__(self, capture: Capture) -> None:
+        self._capture = capture
+        self.outputs: dict[str, torch.Tensor] = {}
+
+    @property
+    def stopped(self) -> bool:
+        """True if ``stop_early`` cut the forward short."""
+        return getattr(self, "_stopped", False)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.outputs:
+            raise KeyError(unknown_name("tap", name, self.outputs))
+        return self.outputs[name]
+
+    def __repr__(self) -> str:
+        return f"TapResult({', '.join(f'{k}: {describe(v)}' for k, v in self.outputs.items())})"
+
+
+@contextlib.contextmanager
+def tap(
+    model: nn.Module,
+    taps: Sequence[str | Tap],
+    *,
+    detach: bool = True,
+    stop_early: bool = False,
+) -> Iterator[TapResult]:
+    """Capture module inputs/outputs while the ``with`` block runs.
+
+    Hooks exist only inside the block and are removed on every exit path,
+    exceptions included. Calls accumulate across several forwards in one
+    block (a second forward's ``layer1`` is ``layer1#1``).
+
+    Args:
+        model: the root module; tap paths are relative to it.
+        taps: selectors such as ``"layer1"``, ``"layer2.0.relu#1"``, ``"fc:input"``.
+        detach: store detached clones (default) or clones that keep autograd.
+        stop_early: end the forward once every tap is captured; the block's
+            forward call then does not return (the ``with`` swallows the stop).
+
+    Returns:
+        A :class:`TapResult`; its ``outputs`` dict is filled on exit.
+
+    Example:
+        >>> import torchvision, torch
+        >>> model = torchvision.models.resnet18().eval()
+        >>> with tap(model, ["layer4.0.conv1", "fc:input"]) as taps:
+        ...     y = model(torch.randn(1, 3, 64, 64))
+        >>> {k: tuple(v.shape) for k, v in taps.outputs.items()}
+        {'layer4.0.conv1': (1, 512, 2, 2), 'fc:input': (1, 512)}
+    """
+    cap = Capture(model, taps, detach=detach, stop_early=stop_early)
+    result = TapResult(cap)
+    cap.attach()
+    try:
+        yield result
+    except StopForward:
+        result._stopped = True
+    finally:
+        cap.remove()
+    result.outputs = cap.results()
+
+
+def extract(
+    model: nn.Module,
+    *args: Any,
+    taps: Sequence[str | Tap],
+    method: str = "forward",
+    stop_early: bool = False,
+    detach: bool = True,
+    **kwargs: Any,
+) -> dict[str, torch.Tensor]:
+    """Run ``model.<method>(*args, **kwargs)`` once and return the tapped values.
+
+    Args:
+        model: the root module.
+        *args, **kwargs: the method's arguments.
+        taps: selectors (see SPEC: ``[ALIAS=]PATH[#CALL][:input][INDEX]...``).
+        method: the method to run (``"forward"``, ``"encode_image"``, ...).
+        stop_early: stop as soon as every tap is complete, so later layers
+            never run; ``"output"`` is then absent. A tap without ``#CALL`` is
+            complete once no further call of its module can follow (layertap
+            reads the callers' source to know; when unsure it waits longer,
+            never returns fewer calls).
+        detach: return detached tensors (default) or keep autograd.
+
+    Returns:
+        dict name -> tensor in capture order, then ``"output"`` (or
+        ``"output[0]"``, ``"output[logits]"``... for structured results).
+
+    Example:
+        >>> import torchvision, torch
+        >>> model = torchvision.models.resnet18().eval()
+        >>> out = extract(model, torch.randn(1, 3, 64, 64), taps=["layer2.0.relu"], stop_early=True)
+        >>> list(out)
+        ['layer2.0.relu#0', 'layer2.0.relu#1']
+    """
+    parsed = parse_taps(taps)
+    fn = bound_method(model, method)
+    root_taps = [t for t in parsed if t.path == "" and method != "forward"]
+    hooked = [t for t in parsed if t not in root_taps]
+    result: dict[str, torch.Tensor] = {}
+    for t in root_taps:
+        if t.port == "input":
+            result[t.name] = _root_value(t, _root_input(args, kwargs, t), detach)
+    cap = Capture(model, hooked, detach=detach, stop_early=stop_early, method=method)
+    out: Any = None
+    stopped = False
+    grad = contextlib.nullcontext() if not detach else torch.no_grad()
+    with grad, cap:
+        try:
+            out = fn(*args, **kwargs)
+        except StopForward:
+            stopped = True
+    result.update(cap.results())
+    if stopped:
+        return result
+    for t in root_taps:
+        if t.port == "output":
+            result[t.name] = _root_value(t, out, detach)
+    result.update(output_tensors(out, detach=detach))
+    return result
+
+
+def bound_method(model: nn.Module, method: str):
+    """``model`` itself for ``forward`` (so hooks fire), else the bound method."""
+    if not isinstance(model, nn.Module):
+        raise LayertapError(f"expected a torch.nn.Module, got {type(model).__name__}")
+    if method == "forward":
+        return model
+    fn = getattr(model, method, None)
+    if not callable(fn):
+        names = [n for n in dir(type(model)) if not n.startswith("_") and callable(getattr(type(model), n, None))]
+        raise LayertapError(unknown_name(f"method of {type(model).__name__}", method, names))
+    return fn
+
+
+def output_tensors(out: Any, *, detach: bool = True, name: str = "output") -> dict[str, torch.Tensor]:
+    """The model's result as ``{"output": t}`` or flattened ``output[...]`` keys.
+
+    Example:
+        >>> list(output_tensors((torch.zeros(1), {"a": torch.ones(1)})))
+        ['output[0]', 'output[1][a]']
+    """
+    items = dict(flatten(out, name))
+    if detach:
+        items = {k: v.detach() for k, v in items.items()}
+    return items
+
+
+def _root_input(args: tuple, kwargs: dict, tap: Tap) -> Any:
+    from .capture import _input_value
+
+    return _input_value(args, kwargs, tap)
+
+
+def _root_value(tap: Tap, value: Any, detach: bool) -> torch.Tensor:
+    if tap.call not in (None, 0, -1):
+        raise SelectorError(f"tap {str(tap)!r}: the root method runs once; call #{tap.call} is out of range")
+    where = f"tap {tap.name!r}: root {tap.port}"
+    value = pick(value, tap.index, where=where)
+    if not isinstance(value, torch.Tensor):
+        raise SelectorError(f"{where} is {describe(value)}, not a tensor; pick one with an index, e.g. {tap.canonical}[0]")
+    return value.detach().clone() if detach else value.clone()

@@ -1,0 +1,162 @@
+"""Walking the values modules return: pick by ``[index]``, describe structure.
+
+Modules return tensors, tuples, lists, dicts, dataclasses and HF
+``ModelOutput``s (an ordered dict whose ``[int]`` skips ``None`` fields).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from ..errors import SelectorError
+from ..selectors import Index, index_text
+
+
+def is_model_output(value: Any) -> bool:
+    """True for HF ``ModelOutput`` (duck-typed: no transformers import)."""
+    return hasattr(value, "to_tuple") and isinstance(value, dict)
+
+
+def pick(value: Any, index: Sequence[Index], *, where: str = "value") -> Any:
+    """Apply an index chain to a value; errors show what was there.
+
+    Example:
+        >>> pick((torch.zeros(2), {"a": torch.ones(3)}), (1, "a")).shape
+        torch.Size([3])
+    """
+    for depth, key in enumerate(index):
+        value = _pick_one(value, key, where + index_text(index[:depth]))
+    return value
+
+
+class CallArgs(dict):
+    """Arguments of one module call: ``[i]`` is positional ``i``, ``[key]`` a keyword.
+
+    Example:
+        >>> a = CallArgs((torch.zeros(1), torch.ones(2)), {"mask": None})
+        >>> pick(a, (-1,)).shape, describe(a)
+        (torch.Size([2]), 'args(Tensor[1], Tensor[2], mask=None)')
+    """
+
+    def __init__(self, args: tuple, kwargs: dict) -> None:
+        super().__init__({**dict(enumerate(args)), **kwargs})
+        self.nargs = len(args)
+
+
+def _pick_one(value: Any, key: Index, where: str) -> Any:
+    if isinstance(value, CallArgs):
+        if isinstance(key, int) and key < 0:
+            key += value.nargs
+        if isinstance(key, int) and not 0 <= key < value.nargs:
+            raise SelectorError(f"{where} is {describe(value)}; positional argument [{key}] is out of range")
+    if is_model_output(value):
+        if isinstance(key, int):
+            items = value.to_tuple()
+            return _seq_item(items, key, where, value)
+        return _map_item(value, key, where)
+    if isinstance(value, dict):
+        if key not in value and isinstance(key, int) and str(key) in value:
+            key = str(key)
+        return _map_item(value, key, where)
+    if isinstance(value, (tuple, list)):
+        if isinstance(key, str):
+            fields = getattr(value, "_fields", None)  # namedtuple
+            if fields and key in fields:
+                return getattr(value, key)
+            raise SelectorError(f"{where} is {describe(value)}; index it by position like [0], not [{key}]")
+        return _seq_item(value, key, where, value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        names = [f.name for f in dataclasses.fields(value)]
+        if isinstance(key, int):
+            return _seq_item([getattr(value, n) for n in names], key, where, value)
+        return _map_item({n: getattr(value, n) for n in names}, key, where)
+    if isinstance(value, torch.Tensor) and isinstance(key, int):
+        if value.dim() == 0 or not -value.shape[0] <= key < value.shape[0]:
+            raise SelectorError(f"{where} is {describe(value)}; index [{key}] is out of range")
+        return value[key]
+    raise SelectorError(f"{where} is {describe(value)}; it cannot be indexed by [{key}]")
+
+
+def _seq_item(items: Sequence[Any], key: int, where: str, whole: Any) -> Any:
+    if not -len(items) <= key < len(items):
+        raise SelectorError(f"{where} is {describe(whole)}; index [{key}] is out of range (length {len(items)})")
+    return items[key]
+
+
+def _map_item(mapping: Any, key: Index, where: str) -> Any:
+    if key not in mapping:
+        from ..errors import close_matches
+
+        keys = [str(k) for k in mapping.keys()]
+        hint = close_matches(str(key), keys)
+        msg = f"{where} is {describe(mapping)}; it has no key [{key}]"
+        if hint:
+            msg += "; did you mean: " + ", ".join(hint)
+        raise SelectorError(msg)
+    return mapping[key]
+
+
+def describe(value: Any, depth: int = 0) -> str:
+    """One-line structure: ``tuple(Tensor[2,17,64], None)``.
+
+    Example:
+        >>> describe((torch.zeros(2, 3), None, {"a": 1}))
+        'tuple(Tensor[2,3], None, dict(a=int))'
+    """
+    if isinstance(value, torch.Tensor):
+        dt = "" if value.dtype == torch.float32 else f":{str(value.dtype).replace('torch.', '')}"
+        return f"Tensor[{','.join(str(d) for d in value.shape)}]{dt}"
+    if value is None:
+        return "None"
+    if depth > 3:
+        return "..."
+    if isinstance(value, CallArgs):
+        inner = ", ".join(describe(v, depth + 1) if isinstance(k, int) else f"{k}={describe(v, depth + 1)}" for k, v in value.items())
+        return f"args({inner})"
+    if isinstance(value, dict):
+        name = type(value).__name__ if is_model_output(value) else "dict"
+        inner = ", ".join(f"{k}={describe(v, depth + 1)}" for k, v in list(value.items())[:8])
+        more = ", ..." if len(value) > 8 else ""
+        return f"{name}({inner}{more})"
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(describe(v, depth + 1) for v in value[:8])
+        more = ", ..." if len(value) > 8 else ""
+        return f"{type(value).__name__ if hasattr(value, '_fields') else type(value).__name__}({inner}{more})"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        inner = ", ".join(f"{f.name}={describe(getattr(value, f.name), depth + 1)}" for f in dataclasses.fields(value))
+        return f"{type(value).__name__}({inner})"
+    return type(value).__name__
+
+
+def flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor in a structure with its ``[index]`` suffix, in order.
+
+    ``ModelOutput`` fields are keyed by name; ``None`` fields are skipped.
+
+    Example:
+        >>> [k for k, _ in flatten((torch.zeros(1), {"a": torch.ones(1)}), "output")]
+        ['output[0]', 'output[1][a]']
+    """
+    if isinstance(value, torch.Tensor):
+        yield prefix, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from flatten(v, f"{prefix}[{k}]")
+    elif isinstance(value, (tuple, list)):
+        for i, v in enumerate(value):
+            yield from flatten(v, f"{prefix}[{i}]")
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            yield from flatten(getattr(value, f.name), f"{prefix}[{f.name}]")
+
+
+def summarize(value: Any) -> tuple[list, list]:
+    """(shapes, dtypes) of every tensor in a value, in flatten order."""
+    shapes, dtypes = [], []
+    for _, t in flatten(value):
+        shapes.append(list(t.shape))
+        dtypes.append(str(t.dtype).replace("torch.", ""))
+    return shapes, dtypes

@@ -1,0 +1,187 @@
+"""Tables and reports: what the API returns and what the CLI prints.
+
+A :class:`Table` holds ``rows`` (dataclass records, in order) and renders with
+rich; a :class:`Report` adds ``ok``. ``to_dict()`` gives exactly the fields the
+CLI's ``--json`` prints. Pure Python + rich: no torch, no onnx.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Sequence
+
+
+@dataclass(frozen=True)
+class Column:
+    """One rendered column: ``key`` is the row attribute, ``fmt`` turns it into text."""
+
+    key: str
+    header: str
+    fmt: Callable[[Any], str] | None = None
+    justify: str = "left"
+
+
+def fmt_float(x: Any) -> str:
+    """Short float text: ``1.2e-05``, ``0.031``, ``-`` for missing.
+
+    Example:
+        >>> fmt_float(1.23456e-5), fmt_float(None), fmt_float(float("nan"))
+        ('1.23e-05', '-', 'nan')
+    """
+    if x is None:
+        return "-"
+    if isinstance(x, float) and math.isnan(x):
+        return "nan"
+    return f"{x:.3g}"
+
+
+def fmt_shape(shape: Any) -> str:
+    """``[1, 3, 'batch']`` -> ``1x3xbatch``; ``None`` -> ``-``."""
+    if shape is None:
+        return "-"
+    if isinstance(shape, str):
+        return shape
+    return "x".join(str(d) for d in shape) if len(shape) else "scalar"
+
+
+def fmt_ok(ok: Any) -> str:
+    """Status cell: pass / FAIL / '-' (not compared)."""
+    if ok is None:
+        return "-"
+    return "pass" if ok else "FAIL"
+
+
+class Table:
+    """Rows of records that print as a table and serialise to JSON.
+
+    Subclasses set ``columns`` and ``title``.
+
+    Example:
+        >>> @dataclass
+        ... class R:
+        ...     name: str
+        ...     n: int
+        >>> class T(Table):
+        ...     columns = [Column("name", "Name"), Column("n", "N")]
+        >>> t = T([R("a", 1)])
+        >>> t.to_dict()
+        {'rows': [{'name': 'a', 'n': 1}]}
+    """
+
+    columns: ClassVar[Sequence[Column]] = ()
+    title: ClassVar[str | None] = None
+
+    def __init__(self, rows: Sequence[Any] = (), notes: Sequence[str] = ()) -> None:
+        self.rows = list(rows)
+        self.notes = list(notes)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self):
+        return iter(self.rows)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.rows[i]
+
+    def summary(self) -> dict[str, Any]:
+        """Top-level JSON fields besides ``rows``; subclasses extend."""
+        return {"notes": list(self.notes)} if self.notes else {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: summary fields plus ``rows``."""
+        out = dict(self.summary())
+        out["rows"] = [_row_dict(r) for r in self.rows]
+        return out
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """``to_dict()`` as JSON text (NaN/inf written as null)."""
+        return json.dumps(_json_safe(self.to_dict()), indent=indent)
+
+    def __rich__(self):
+        from rich.table import Table as RichTable
+
+        table = RichTable(title=self.title, title_justify="left")
+        for col in self.columns:
+            table.add_column(col.header, justify=col.justify)
+        for row in self.rows:
+            table.add_row(*[self._cell(row, col) for col in self.columns])
+        return table
+
+    def footer(self) -> list[str]:
+        """Lines printed under the table (notes, verdict)."""
+        return list(self.notes)
+
+    def render(self, width: int = 160) -> str:
+        """Plain-text rendering (what ``str()`` and ``print()`` show)."""
+        from rich.console import Console
+
+        buf = io.StringIO()
+        console = Console(file=buf, width=width, color_system=None, force_terminal=False)
+        console.print(self)
+        for line in self.footer():
+            console.print(line, markup=False, highlight=False)
+        return buf.getvalue().rstrip("\n")
+
+    def __str__(self) -> str:
+        return self.render()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} with {len(self.rows)} rows>"
+
+    @staticmethod
+    def _cell(row: Any, col: Column) -> str:
+        value = getattr(row, col.key, None) if not isinstance(row, dict) else row.get(col.key)
+        text = col.fmt(value) if col.fmt else ("-" if value is None else str(value))
+        from rich.markup import escape
+
+        return escape(text)
+
+
+class Report(Table):
+    """A table with a verdict: ``ok`` is True when every row passed.
+
+    Rows carry an ``ok`` attribute (``None`` = not compared, never a failure).
+    """
+
+    @property
+    def ok(self) -> bool:
+        return all(getattr(r, "ok", True) is not False for r in self.rows)
+
+    @property
+    def failures(self) -> list[Any]:
+        """Rows that failed, in order."""
+        return [r for r in self.rows if getattr(r, "ok", True) is False]
+
+    def summary(self) -> dict[str, Any]:
+        out = {"ok": self.ok}
+        out.update(super().summary())
+        return out
+
+    def footer(self) -> list[str]:
+        lines = super().footer()
+        n_fail = len(self.failures)
+        lines.append("all passed" if self.ok else f"{n_fail} of {len(self.rows)} FAILED")
+        return lines
+
+
+def _row_dict(row: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(row):
+        return dataclasses.asdict(row)
+    return dict(row)
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return _json_safe(obj.item())
+    return obj
