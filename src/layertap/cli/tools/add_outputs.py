@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
 
+from ...errors import LayertapError
 from ..args import OutputArgs
 from .base import Tool
 
@@ -15,9 +18,21 @@ class AddOutputsTool(Tool):
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("src", metavar="IN.onnx")
-        parser.add_argument("--tensor", action="append", default=[], metavar="NAME")
-        parser.add_argument("--module", action="append", default=[], metavar="PATH")
+        parser.add_argument("--tensor", action="append", default=[], metavar="NAME", help="ONNX tensor name (repeatable)")
+        parser.add_argument("--module", action="append", default=[], metavar="PATH",
+                            help="PyTorch module tap, e.g. layer3.1 or layer2.0.relu#1 (repeatable)")
         parser.add_argument("--all", action="store_true", help="mark every tensor (blocks ORT fusions)")
 
     def run(self, ns: argparse.Namespace) -> int:
-        raise NotImplementedError("TODO(issue 4)")
+        from ...onnxfile.outputs import add_outputs
+
+        if not (ns.tensor or ns.module or ns.all):
+            raise LayertapError("nothing to add: give --tensor NAME, --module PATH or --all")
+        self.groups[0].check(ns, inputs=(ns.src,))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            added = add_outputs(ns.src, ns.output, tensors=ns.tensor, modules=ns.module, all=ns.all)
+        for w in caught:
+            sys.stderr.write(f"layertap: warning: {w.message}\n")
+        sys.stderr.write(f"wrote {ns.output} with {len(added)} new output(s): {', '.join(added[:20])}{' ...' if len(added) > 20 else ''}\n")
+        return 0

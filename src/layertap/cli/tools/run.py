@@ -3,9 +3,34 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+from typing import Any
 
+from ...report import Column, Table, fmt_float, fmt_shape
 from ..args import InputArgs, OutputArgs, TapArgs
 from .base import Tool
+
+
+@dataclass(frozen=True)
+class ValueRow:
+    name: str
+    shape: list[int]
+    dtype: str
+    min: float | None
+    max: float | None
+    mean: float | None
+
+
+class RunTable(Table):
+    title = "ONNX Runtime outputs"
+    columns = [
+        Column("name", "Name"),
+        Column("shape", "Shape", fmt=fmt_shape),
+        Column("dtype", "Dtype"),
+        Column("min", "Min", fmt=fmt_float, justify="right"),
+        Column("max", "Max", fmt=fmt_float, justify="right"),
+        Column("mean", "Mean", fmt=fmt_float, justify="right"),
+    ]
 
 
 class RunTool(Tool):
@@ -18,4 +43,39 @@ class RunTool(Tool):
         parser.add_argument("--json", action="store_true")
 
     def run(self, ns: argparse.Namespace) -> int:
-        raise NotImplementedError("TODO(issue 4)")
+        from ...files import save_arrays
+        from ...onnxfile.runner import run
+
+        self.groups[2].check(ns, inputs=(ns.onnx,))
+        inputs = _inputs(InputArgs.specs(ns), ns.seed)
+        values = run(ns.onnx, inputs, taps=ns.tap, seed=ns.seed)
+        if ns.output:
+            save_arrays(ns.output, values)
+        self.print_table(RunTable([_row(k, v) for k, v in values.items()]), as_json=ns.json)
+        if ns.output and not ns.json:
+            self.say(f"wrote {ns.output}")
+        return 0
+
+
+def _inputs(specs, seed: int) -> Any:
+    import numpy as np
+
+    if not specs:
+        return None
+    rng = np.random.default_rng(seed)
+    arrays = [s.array(rng) for s in specs]
+    if specs[0].name is not None:
+        return {s.name: a for s, a in zip(specs, arrays)}
+    return arrays
+
+
+def _row(name: str, v) -> ValueRow:
+    import numpy as np
+
+    v = np.asarray(v)
+    numeric = v.size and (np.issubdtype(v.dtype, np.number) or v.dtype == np.bool_)
+    f = v.astype(np.float64) if numeric else None
+    return ValueRow(
+        name, list(v.shape), v.dtype.name,
+        float(f.min()) if numeric else None, float(f.max()) if numeric else None, float(f.mean()) if numeric else None,
+    )

@@ -1,0 +1,101 @@
+"""``lt.onnx_layers``: every tensor of an ONNX file with its op, type and module."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ..report import Column, Table, fmt_shape
+from .modelfile import load_model
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    """One tensor: graph input or node output."""
+
+    name: str
+    op: str             # producing op type, "input" for graph inputs
+    node: str | None    # producing node name
+    dtype: str | None
+    shape: list[Any] | None  # ints and symbolic dim names; None when unknown
+    module: str | None  # PyTorch module path whose value this is (None: root or unknown)
+    call: int | None    # call index of that module
+
+
+class OnnxLayers(Table):
+    """Tensors of an ONNX file, graph order.
+
+    ``source`` says where module paths came from: ``dynamo``, ``torchscript``
+    or ``none``.
+    """
+
+    title = "ONNX tensors"
+    columns = [
+        Column("name", "Tensor"),
+        Column("op", "Op"),
+        Column("module", "Module"),
+        Column("call", "Call", justify="right"),
+        Column("dtype", "Dtype"),
+        Column("shape", "Shape", fmt=fmt_shape),
+    ]
+
+    def __init__(self, rows=(), notes=(), source: str = "none") -> None:
+        super().__init__(rows, notes)
+        self.source = source
+
+    def summary(self) -> dict[str, Any]:
+        out = {"source": self.source}
+        out.update(super().summary())
+        return out
+
+
+def onnx_layers(path: str | os.PathLike) -> OnnxLayers:
+    """List the tensors of an ONNX file (weights are not read).
+
+    Example:
+        >>> import layertap as lt
+        >>> t = lt.onnx_layers("resnet18.onnx")            # doctest: +SKIP
+        >>> [(r.name, r.op, r.module) for r in t][1]       # doctest: +SKIP
+        ('getitem', 'Conv', 'bn1')
+    """
+    import onnx
+
+    from .outputs import _inferred_types
+    from .scopes import ScopeMap
+
+    mf = load_model(path)
+    graph = mf.model.graph
+    types = _inferred_types(mf.model)
+    scopes = ScopeMap.from_model(mf.model)
+    owners = scopes.owners()
+    inits = {i.name for i in graph.initializer}
+    rows = [
+        TensorRow(i.name, "input", None, *_type_of(types.get(i.name)), None, None)
+        for i in graph.input if i.name not in inits
+    ]
+    for k, node in enumerate(graph.node):
+        module, call = owners.get(k, (None, None))
+        for t in node.output:
+            if t:
+                rows.append(TensorRow(t, node.op_type, node.name or None, *_type_of(types.get(t)), module or None, call if module else None))
+    notes = []
+    if scopes.source == "none":
+        notes.append("no module scopes in this file (neither torch.onnx dynamo metadata nor TorchScript node names)")
+    if inits:
+        notes.append(f"{len(inits)} initializers (weights) not listed")
+    del onnx
+    return OnnxLayers(rows, notes, source=scopes.source)
+
+
+def _type_of(vi) -> tuple[str | None, list[Any] | None]:
+    if vi is None or vi.type.WhichOneof("value") != "tensor_type":
+        return None, None
+    import onnx
+
+    tt = vi.type.tensor_type
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else None
+    if not tt.HasField("shape"):
+        return dtype, None
+    shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim]
+    return dtype, shape

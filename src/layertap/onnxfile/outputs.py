@@ -1,0 +1,328 @@
+"""``lt.add_outputs``: expose intermediate tensors of an existing ONNX file as outputs.
+
+Modelled on ``onnx.utils.Extractor``: one class of small single-verb helpers,
+plain errors up front, but without loading the weights. The graph is read with
+``load_external_data=False`` and only graph outputs (and a few ``Identity``
+nodes) are added, so memory does not grow with weight size.
+
+External data in the output (``DST`` in another folder than ``SRC``): ONNX
+Runtime refuses data paths that leave a model's folder, so references cannot
+point back at the originals. Decision: when ``DST`` sits in ``SRC``'s folder
+the output refers to the very same data files (no copy, instant, the input's
+files are only read); otherwise each data file is copied next to ``DST`` as
+``DST.data`` (``DST.data1``, ... when there are several) and the references are
+rewritten. Write into the input's folder to avoid copying big weights.
+
+Naming: a tensor asked for by name keeps its name; a module output gets its
+selector's name (``layer3.1``, ``layer2.0.relu#1``) through an ``Identity`` node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+from ..errors import OnnxFileError, unknown_name
+from ..files import atomic_path, check_output_path
+from ..selectors import Tap
+from .modelfile import ModelFile, load_model
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+ALL_WARNING = (
+    "--all marks every tensor as an output: ONNX Runtime cannot fuse nodes whose outputs are graph outputs, "
+    "so the edited model runs different (slower) kernels than the original"
+)
+_IDENTITY_PREFIX = "layertap/Identity/"
+
+
+def add_outputs(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    tensors: Sequence[str] = (),
+    modules: Sequence[str] = (),
+    all: bool = False,  # noqa: A002 - the public name is fixed by the spec
+) -> list[str]:
+    """Write a copy of ``src`` to ``dst`` with extra graph outputs; return their names.
+
+    ``tensors`` are ONNX tensor names (node outputs, graph inputs, initializers);
+    ``modules`` are tap selectors of PyTorch module paths (``layer3.1``,
+    ``layer2.0.relu#1``, ``fc:input``), resolved through the exporter's scope
+    information; ``all=True`` marks every node output (and warns: it blocks ORT
+    fusions). The original outputs stay first and unchanged; ``src`` is never
+    modified and ``dst`` is written atomically.
+
+    Example:
+        >>> import layertap as lt
+        >>> lt.add_outputs("resnet18.onnx", "tapped.onnx", modules=["layer3.1"])   # doctest: +SKIP
+        ['layer3.1']
+    """
+    out = check_output_path(dst, inputs=(src,), suffixes=(".onnx",))
+    mf = load_model(src)
+    adder = OutputAdder(mf)
+    pairs = adder.resolve(tensors=tensors, modules=modules, all=all)
+    added = adder.apply(pairs)
+    _write(mf, out)
+    return added
+
+
+class OutputAdder:
+    """Resolve requests to tensors and add them, typed, as graph outputs of ``mf.model``.
+
+    Edits ``mf.model`` in memory (the loaded copy; the file is untouched).
+
+    Example:
+        >>> adder = OutputAdder(load_model("m.onnx"))                     # doctest: +SKIP
+        >>> adder.apply(adder.resolve(tensors=["relu_1"], modules=["fc"]))  # doctest: +SKIP
+        ['relu_1', 'fc']
+    """
+
+    def __init__(self, mf: ModelFile) -> None:
+        self.mf = mf
+        self.graph = mf.model.graph
+        self._scopes = None
+        self._produced = {t for n in self.graph.node for t in n.output if t}
+        self._inputs = {i.name for i in self.graph.input}
+        self._inits = {i.name for i in self.graph.initializer}
+        self._outputs = [o.name for o in self.graph.output]
+
+    # -- resolving --------------------------------------------------------------
+    @property
+    def scopes(self):
+        if self._scopes is None:
+            from .scopes import ScopeMap
+
+            self._scopes = ScopeMap.from_model(self.mf.model)
+        return self._scopes
+
+    def known_tensors(self) -> set[str]:
+        return self._produced | self._inputs | self._inits
+
+    def resolve(self, tensors: Iterable[str] = (), modules: Iterable[str] = (), all: bool = False) -> list[tuple[str, str]]:  # noqa: A002
+        """``[(output name, tensor)]`` for every request, in request order."""
+        pairs = [self.resolve_tensor(t) for t in tensors]
+        for text in modules:
+            pairs.extend(self.resolve_module(text))
+        if all:
+            warnings.warn(ALL_WARNING, stacklevel=3)
+            pairs.extend((t, t) for n in self.graph.node for t in n.output if t)
+        return _dedupe(pairs)
+
+    def resolve_tensor(self, name: str) -> tuple[str, str]:
+        """A tensor by its ONNX name (also a name recorded by ``lt.export``)."""
+        if name in self.known_tensors():
+            return (name, name)
+        where = self._nested_location(name)
+        if where:
+            raise OnnxFileError(f"tensor {name!r} is {where}; only tensors of the main graph can become outputs")
+        raise OnnxFileError(unknown_name("tensor", name, sorted(self.known_tensors())))
+
+    def resolve_module(self, text: str) -> list[tuple[str, str]]:
+        """A module tap (``layer2.0.relu#1``); names already made outputs by ``lt.export`` pass through."""
+        if text in self._outputs:
+            return [(text, text)]
+        return self.scopes.resolve(Tap.parse(text))
+
+    def _nested_location(self, name: str) -> str | None:
+        for node in self.graph.node:
+            for a in node.attribute:
+                for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    if _graph_has(g, name):
+                        return f"inside the '{a.name}' subgraph of {node.op_type} node {node.name or '(unnamed)'!r}"
+        for f in self.mf.model.functions:
+            if any(name in n.output for n in f.node) or name in f.input or name in f.output:
+                return f"inside the local function {f.domain}:{f.name} (functions are expanded only at run time)"
+        return None
+
+    # -- adding -------------------------------------------------------------------
+    def apply(self, pairs: Sequence[tuple[str, str]]) -> list[str]:
+        """Add ``(name, tensor)`` pairs as typed outputs; return the names added."""
+        import onnx
+
+        pairs = [(n, t) for n, t in pairs if n not in self._outputs]
+        self._check_names(pairs)
+        types = self._types([t for _, t in pairs])
+        for name, tensor in pairs:
+            if name != tensor:
+                self.graph.node.append(
+                    onnx.helper.make_node("Identity", [tensor], [name], name=_IDENTITY_PREFIX + name)
+                )
+            vi = onnx.ValueInfoProto()
+            vi.CopyFrom(types[tensor])
+            vi.name = name
+            self.graph.output.append(vi)
+            self._outputs.append(name)
+        return [n for n, _ in pairs]
+
+    def _check_names(self, pairs: Sequence[tuple[str, str]]) -> None:
+        taken = self.known_tensors()
+        for name, tensor in pairs:
+            if name != tensor and name in taken:
+                raise OnnxFileError(
+                    f"cannot name an output {name!r}: the graph already has a tensor of that name; "
+                    f"give the tap an alias (ALIAS={name})"
+                )
+
+    def _types(self, tensors: Sequence[str]) -> dict[str, "onnx.ValueInfoProto"]:
+        """Type and shape per tensor: shape inference first, ONNX Runtime for the rest."""
+        known = _inferred_types(self.mf.model)
+        missing = [t for t in dict.fromkeys(tensors) if t not in known]
+        if missing:
+            known.update(_ort_types(self.mf, missing))
+        still = [t for t in missing if t not in known]
+        if still:
+            raise OnnxFileError(
+                f"cannot find the type of tensor {still[0]!r} (shape inference and ONNX Runtime both failed); "
+                "refusing to write an untyped output"
+            )
+        return known
+
+
+# ---------------------------------------------------------------------------
+# types
+# ---------------------------------------------------------------------------
+def _inferred_types(model: "onnx.ModelProto") -> dict[str, "onnx.ValueInfoProto"]:
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # noqa: BLE001 - fall back to ORT for every tensor
+        inferred = model
+    g = inferred.graph
+    out: dict[str, onnx.ValueInfoProto] = {}
+    for vi in list(g.value_info) + list(g.input) + list(g.output):
+        if _is_typed(vi):
+            out[vi.name] = vi
+    for init in g.initializer:
+        if init.name not in out:
+            out[init.name] = onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+    return out
+
+
+def _is_typed(vi) -> bool:
+    which = vi.type.WhichOneof("value")
+    if which != "tensor_type":
+        return which is not None
+    return vi.type.tensor_type.elem_type != 0
+
+
+def _ort_types(mf: ModelFile, tensors: Sequence[str]) -> dict[str, "onnx.ValueInfoProto"]:
+    """Ask ONNX Runtime for the types of tensors that shape inference left untyped.
+
+    ORT accepts untyped graph outputs and reports their types after its own
+    inference; nothing is run.
+    """
+    import onnx
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(mf.model)
+    for t in tensors:
+        probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(t))
+    try:
+        sess = ort_session(probe, mf.folder)
+    except Exception:  # noqa: BLE001 - reported by the caller as untyped
+        return {}
+    out = {}
+    for o in sess.get_outputs():
+        if o.name in tensors and o.type.startswith("tensor("):
+            elem = _ORT_ELEM.get(o.type[len("tensor("):-1])
+            if elem is None:
+                continue
+            shape = [d if isinstance(d, (int, str)) and d != "" else None for d in (o.shape or [])]
+            out[o.name] = onnx.helper.make_tensor_value_info(o.name, elem, shape if o.shape is not None else None)
+    return out
+
+
+def ort_session(model: "onnx.ModelProto", folder: Path):
+    """An ORT CPU session on an in-memory model whose external data lies in ``folder``."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder.resolve()))
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _elem_map() -> dict[str, int]:
+    names = {
+        "float": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7, "string": 8,
+        "bool": 9, "float16": 10, "double": 11, "uint32": 12, "uint64": 13, "bfloat16": 16,
+    }
+    return names
+
+
+_ORT_ELEM = _elem_map()
+
+
+# ---------------------------------------------------------------------------
+# writing
+# ---------------------------------------------------------------------------
+def _write(mf: ModelFile, out: Path) -> None:
+    """Write the edited model atomically; make its external data resolve from ``out``'s folder."""
+    created: list[Path] = []
+    try:
+        if mf.external and out.parent.resolve() != mf.folder.resolve():
+            renames = _copy_data(mf, out, created)
+            _relocate(mf.model, renames)
+        data = mf.model.SerializeToString()
+        with atomic_path(out) as tmp:
+            tmp.write_bytes(data)
+    except BaseException:
+        for p in created:
+            with contextlib.suppress(OSError):
+                p.unlink()
+        raise
+
+
+def _copy_data(mf: ModelFile, out: Path, created: list[Path]) -> dict[str, str]:
+    files = mf.data_files()
+    renames: dict[str, str] = {}
+    for k, loc in enumerate(files):
+        new = f"{out.name}.data" + (str(k) if k else "")
+        target = out.parent / new
+        with atomic_path(target) as tmp:
+            shutil.copyfile(mf.folder / loc, tmp)
+        created.append(target)
+        renames[loc] = new
+    return renames
+
+
+def _relocate(model: "onnx.ModelProto", renames: dict[str, str]) -> None:
+    from .modelfile import _all_tensors
+
+    for t in _all_tensors(model):
+        for kv in t.external_data:
+            if kv.key == "location" and kv.value in renames:
+                kv.value = renames[kv.value]
+
+
+# ---------------------------------------------------------------------------
+# small helpers
+# ---------------------------------------------------------------------------
+def _graph_has(g: "onnx.GraphProto", name: str) -> bool:
+    for n in g.node:
+        if name in n.output:
+            return True
+        for a in n.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                if _graph_has(sub, name):
+                    return True
+    return any(name == i.name for i in g.input)
+
+
+def _dedupe(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    seen: dict[str, str] = {}
+    out = []
+    for name, tensor in pairs:
+        if name in seen:
+            if seen[name] != tensor:
+                raise OnnxFileError(f"two requests are both named {name!r}; give one an alias (ALIAS=PATH)")
+            continue
+        seen[name] = tensor
+        out.append((name, tensor))
+    return out
