@@ -3,21 +3,89 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
+from ...errors import OnnxFileError
 from ..args import InputArgs, JsonArgs, ModelArgs
 from .base import Tool
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 class CompareTool(Tool):
+    """Exit 0 when every compared module agrees, 1 on a divergence, 2 on bad input."""
+
     name = "compare"
     help = "compare PyTorch and ONNX Runtime layer by layer and name the first diverging module"
     groups = (ModelArgs(), InputArgs(), JsonArgs())
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("onnx", metavar="FILE.onnx")
-        parser.add_argument("--rtol", type=float, default=None)
-        parser.add_argument("--atol", type=float, default=None)
-        parser.add_argument("--plot", metavar="FILE.png")
+        from ...bridge.compare import DEFAULT_ATOL, DEFAULT_RTOL
+
+        parser.add_argument("onnx", metavar="FILE.onnx", help="the exported file (never modified)")
+        g = parser.add_argument_group("comparison")
+        g.add_argument("--rtol", type=_positive_float, default=DEFAULT_RTOL,
+                       help=f"pass when max|onnx-torch| <= atol + rtol*max|torch| (default {DEFAULT_RTOL:g})")
+        g.add_argument("--atol", type=_positive_float, default=DEFAULT_ATOL, help=f"(default {DEFAULT_ATOL:g})")
+        g.add_argument("--module", action="append", default=None, metavar="PATH",
+                       help="compare only this module and its submodules (repeatable)")
+        g.add_argument("--no-ort-opt", action="store_true",
+                       help="run ONNX Runtime with graph optimisations disabled (exposed outputs can change its fusions)")
+        g.add_argument("--batch-outputs", type=_positive_int, default=None, metavar="N",
+                       help="expose at most N ONNX tensors per ONNX Runtime run (default: as memory allows)")
+        g.add_argument("--plot", metavar="FILE.png", help="write a PNG of the error per module (log scale)")
 
     def run(self, ns: argparse.Namespace) -> int:
-        raise NotImplementedError("TODO(issue 5)")
+        from ...files import check_output_path
+
+        # Cheap checks first: a typo in a path should not cost a model load.
+        onnx_path = Path(ns.onnx)
+        if not onnx_path.is_file():
+            raise OnnxFileError(f"ONNX file '{onnx_path}' does not exist")
+        if ns.plot is not None:
+            check_output_path(ns.plot, inputs=(ns.onnx,), suffixes=(".png",))
+        specs = InputArgs.specs(ns)
+
+        from ...bridge.compare import compare
+        from ...pytorch.models import make_inputs
+
+        model, info = ModelArgs.load(ns)
+        args, kwargs = make_inputs(info, specs, model=model, method=ns.method, seed=ns.seed)
+        report = compare(
+            model,
+            args,
+            onnx_path,
+            kwargs=kwargs,
+            method=ns.method,
+            rtol=ns.rtol,
+            atol=ns.atol,
+            modules=ns.module,
+            ort_optimizations=not ns.no_ort_opt,
+            batch_outputs=ns.batch_outputs,
+            progress=sys.stderr.isatty(),
+        )
+        if ns.plot is not None:
+            report.plot(ns.plot)
+        self.print_table(report, as_json=ns.json)
+        if ns.plot is not None and not ns.json:
+            self.say(f"wrote {ns.plot}")
+        return 0 if report.ok else 1

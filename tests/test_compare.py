@@ -1,0 +1,294 @@
+"""lt.compare: PyTorch vs ONNX Runtime, module by module (issue 5)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from layertap.errors import LayertapError, OnnxFileError
+
+EXPORTERS = ["resnet_onnx_dynamo", "resnet_onnx_torchscript"]
+
+
+def _perturb_conv(src: Path, dst: Path, bn_path: str = "layer3.0.bn1", factor: float = 1.5) -> str:
+    """Scale the weights of the Conv whose output is ``bn_path``'s value (the folded conv)."""
+    import onnx
+    from onnx import numpy_helper
+
+    from layertap.onnxfile.scopes import ScopeMap
+    from layertap.selectors import Tap
+
+    model = onnx.load(str(src))  # with weights: the copy is self-contained
+    ((_, tensor),) = ScopeMap.from_model(model).resolve(Tap.parse(bn_path))
+    node = next(n for n in model.graph.node if tensor in n.output)
+    assert node.op_type == "Conv", node.op_type
+    init = next(i for i in model.graph.initializer if i.name == node.input[1])
+    w = numpy_helper.to_array(init)
+    init.CopyFrom(numpy_helper.from_array((w * factor).astype(w.dtype), init.name))
+    onnx.save(model, str(dst))
+    return node.name
+
+
+@pytest.fixture(scope="session")
+def perturbed(request, tmp_path_factory):
+    """Per exporter fixture name: a copy of the file with layer3.0.conv1's weights scaled by 1.5."""
+    cache: dict[str, Path] = {}
+
+    def make(fixture: str) -> Path:
+        if fixture not in cache:
+            src = request.getfixturevalue(fixture)
+            dst = tmp_path_factory.mktemp("perturbed") / f"{fixture}.onnx"
+            _perturb_conv(src, dst)
+            cache[fixture] = dst
+        return cache[fixture]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def clean_reports(request, resnet18, resnet_input):
+    import layertap as lt
+
+    cache = {}
+
+    def get(fixture: str):
+        if fixture not in cache:
+            cache[fixture] = lt.compare(resnet18, resnet_input, request.getfixturevalue(fixture))
+        return cache[fixture]
+
+    return get
+
+
+def _row(report, name):
+    return next(r for r in report.rows if r.name == name)
+
+
+# -- resnet18, both exporters ------------------------------------------------
+@pytest.mark.parametrize("fixture", EXPORTERS)
+def test_resnet18_compares_clean(clean_reports, fixture):
+    report = clean_reports(fixture)
+    assert report.ok, str(report)
+    assert report.first_divergence is None
+    assert report.to_dict()["first_divergence"] is None
+    # BatchNorm folded into Conv: the Conv is absorbed, the BatchNorm compared.
+    conv, bn = _row(report, "layer3.0.conv1"), _row(report, "layer3.0.bn1")
+    assert (conv.status, conv.ok) == ("absorbed", None)
+    assert conv.note == "fused into layer3.0.bn1; compared there"
+    assert (bn.status, bn.ok) == ("pass", True) and bn.max_abs < 1e-3
+    assert not report.failures
+    statuses = {r.status for r in report.rows}
+    assert statuses <= {"pass", "absorbed", "no counterpart"}
+    assert sum(r.status == "pass" for r in report.rows) >= 40
+    # execution order: children return before their parent; the model output is last
+    names = [r.name for r in report.rows]
+    assert names.index("layer1.0.relu#1") < names.index("layer1.0") < names.index("layer1") < names.index("layer2.0.bn1")
+    assert names[-1] == "output" and report.rows[-1].status == "pass"
+
+
+@pytest.mark.parametrize("fixture", EXPORTERS)
+def test_perturbed_conv_is_first_divergence(resnet18, resnet_input, perturbed, fixture):
+    import layertap as lt
+
+    report = lt.compare(resnet18, resnet_input, perturbed(fixture))
+    assert not report.ok
+    first = report.first_divergence
+    assert first is not None and first.startswith("layer3.0."), first
+    assert first == "layer3.0.bn1"  # where the folded conv's value is compared
+    assert report.to_dict()["first_divergence"] == first
+    idx = report.rows.index(report.first_divergence_row)
+    assert all(r.ok is not False for r in report.rows[:idx])
+    assert any(r.name == "layer2" and r.ok for r in report.rows[:idx])
+    assert _row(report, "output").ok is False
+    assert report.first_divergence_row.rel_err > 1e-2
+
+
+def test_report_renders_and_serialises(clean_reports):
+    report = clean_reports("resnet_onnx_dynamo")
+    text = str(report)
+    assert "layer3.0.bn1" in text and "absorbed" in text and "no divergence" in text
+    assert "ort_optimizations=False" in text  # the note about ORT fusions
+    d = report.to_dict()
+    assert d["ok"] is True and d["rtol"] == 1e-3 and d["counts"]["FAIL"] == 0
+    assert {"name", "path", "call", "shape", "max_abs", "rel_err", "status", "onnx"} <= set(d["rows"][0])
+    assert '"first_divergence": null' in report.to_json()
+
+
+def test_without_ort_optimisations(resnet18, resnet_input, resnet_onnx_dynamo):
+    import layertap as lt
+
+    report = lt.compare(resnet18, resnet_input, resnet_onnx_dynamo, ort_optimizations=False, modules=["layer2"], progress=True)
+    assert report.ok and report.ort_optimizations is False
+    assert any("ORT_DISABLE_ALL" in n for n in report.notes)
+    assert report.rows and all(r.path.startswith("layer2") for r in report.rows)
+
+
+def test_batches_and_spill_give_the_same_rows(clean_reports, resnet18, resnet_input, resnet_onnx_dynamo):
+    import layertap as lt
+
+    ref = clean_reports("resnet_onnx_dynamo")
+    small = lt.compare(resnet18, resnet_input, resnet_onnx_dynamo, batch_outputs=12, memory_budget=400_000)
+    assert small.ort_runs > 3
+    assert any("batches" in n for n in small.notes) and any("on disk" in n for n in small.notes)
+    assert [(r.name, r.status) for r in small.rows] == [(r.name, r.status) for r in ref.rows]
+    for a, b in zip(small.rows, ref.rows):
+        assert (a.max_abs is None) == (b.max_abs is None)
+        if a.max_abs is not None:
+            # other exposed outputs -> other ORT fusions -> other float32 rounding
+            assert a.max_abs == pytest.approx(b.max_abs, abs=1e-5)
+
+
+def test_fold_not_reported_by_scopes_is_still_absorbed(monkeypatch, resnet18, resnet_input, resnet_onnx_torchscript):
+    """A Conv mapped to the fused tensor (scopes unaware of the fold) must not fail."""
+    import layertap as lt
+    from layertap.onnxfile import scopes
+
+    original = scopes.ScopeMap.counterparts
+
+    def unaware(self):
+        cps = original(self)
+        by = {(c.path, c.call): c for c in cps}
+        out = []
+        for c in cps:
+            if c.path.endswith("conv1") and not c.tensors:
+                bn = by.get((c.path[: -len("conv1")] + "bn1", c.call))
+                if bn is not None and bn.tensors:
+                    out.append(scopes.Counterpart(c.path, c.call, bn.tensors, None))
+                    continue
+            if c.path.endswith("bn1") and (c.path[: -len("bn1")] + "conv1", c.call) in by:
+                continue  # the BatchNorm looks as if it had no node
+            out.append(c)
+        return out
+
+    monkeypatch.setattr(scopes.ScopeMap, "counterparts", unaware)
+    report = lt.compare(resnet18, resnet_input, resnet_onnx_torchscript, modules=["layer1"])
+    assert report.ok, str(report)
+    conv, bn = _row(report, "layer1.0.conv1"), _row(report, "layer1.0.bn1")
+    assert conv.status == "absorbed" and "fused" in conv.note
+    assert bn.status == "pass" and "layer1.0.conv1" in bn.note
+
+
+# -- transformer ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_bert(torch_mod, tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    torch_mod.manual_seed(0)
+    cfg = transformers.BertConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=37, max_position_embeddings=64,
+    )
+    model = transformers.BertModel(cfg).eval()
+    ids = torch_mod.randint(0, 99, (2, 7), generator=torch_mod.Generator().manual_seed(3))
+    path = tmp_path_factory.mktemp("bert") / "bert.onnx"
+    torch_mod.onnx.export(model, (ids,), str(path), dynamo=True, input_names=["input_ids"])
+    return model, ids, path
+
+
+def test_tiny_bert_compares_clean(tiny_bert):
+    import layertap as lt
+
+    model, ids, path = tiny_bert
+    report = lt.compare(model, ids, path)
+    assert report.ok, str(report)
+    assert report.first_divergence is None
+    passed = {r.name for r in report.rows if r.status == "pass"}
+    assert {"encoder.layer.1.attention.self", "encoder.layer.0.output.LayerNorm", "pooler", "output"} <= passed
+    # ModelOutput result: both tensors (last_hidden_state, pooler_output) compared
+    assert len(_row(report, "output").onnx) == 2
+
+
+# -- tuple outputs ---------------------------------------------------------------
+def test_tuple_output_module_pairs_by_position(torch_mod, tmp_path):
+    import layertap as lt
+
+    nn = torch_mod.nn
+
+    class Halves(nn.Module):
+        def forward(self, x):
+            a, b = x.chunk(2, dim=1)
+            return a * 2, b.sum(dim=1)  # different shapes: pairing by shape must work too
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+            self.halves = Halves()
+            self.out = nn.Linear(4, 3)
+
+        def forward(self, x):
+            a, b = self.halves(self.lin(x))
+            return self.out(a) + b[:, None]
+
+    torch_mod.manual_seed(0)
+    model = Net().eval()
+    x = torch_mod.randn(5, 8)
+    path = tmp_path / "net.onnx"
+    torch_mod.onnx.export(model, (x,), str(path), dynamo=True)
+    report = lt.compare(model, x, path)
+    assert report.ok, str(report)
+    row = _row(report, "halves")
+    assert row.status == "pass" and len(row.onnx) == 2 and row.shape == [5, 4]
+
+
+# -- statistics and pairing ----------------------------------------------------------
+def test_error_stats_near_zero_values_do_not_explode():
+    from layertap.bridge.compare import error_stats
+
+    ref = np.array([0.0, 1e-9, 3.0], dtype=np.float32)
+    got = np.array([1e-6, -1e-9, 3.0 + 1e-6], dtype=np.float32)
+    s = error_stats(ref, got, rtol=1e-3, atol=1e-5)
+    assert s.ok and s.rel_err < 1e-6 and s.scale == pytest.approx(3.0)
+
+
+def test_error_stats_fails_and_handles_nan():
+    from layertap.bridge.compare import error_stats
+
+    s = error_stats(np.array([1.0, 2.0]), np.array([1.0, 2.5]))
+    assert not s.ok and s.max_abs == pytest.approx(0.5) and s.rel_err == pytest.approx(0.25)
+    same_nan = error_stats(np.array([np.nan, 1.0]), np.array([np.nan, 1.0]))
+    assert same_nan.ok and same_nan.max_abs == 0.0
+    one_nan = error_stats(np.array([0.5, 1.0]), np.array([np.nan, 1.0]))
+    assert not one_nan.ok and math.isinf(one_nan.max_abs)
+    zeros = error_stats(np.zeros(3), np.full(3, 1e-6))
+    assert zeros.ok and math.isinf(zeros.rel_err)  # atol covers an all-zero reference
+
+
+def test_pair_tensors():
+    from layertap.bridge.compare import pair_tensors
+
+    assert pair_tensors([(2, 3), (2,)], [(2, 3), (2,)]) == [(0, 0), (1, 1)]
+    assert pair_tensors([(2, 3), (2,)], [(2,), (2, 3)]) == [(1, 0), (0, 1)]
+    assert pair_tensors([(1, 4, 1)], [(4,)]) == [(0, 0)]
+    assert pair_tensors([(2, 3)], [(3, 2)]) == []
+
+
+# -- bad input -------------------------------------------------------------------------
+def test_bad_inputs_raise_layertap_errors(resnet18, resnet_input, resnet_onnx_dynamo, tmp_path, torch_mod):
+    import layertap as lt
+
+    with pytest.raises(OnnxFileError, match="does not exist"):
+        lt.compare(resnet18, resnet_input, tmp_path / "missing.onnx")
+    with pytest.raises(LayertapError, match="did you mean: layer3"):
+        lt.compare(resnet18, resnet_input, resnet_onnx_dynamo, modules=["layer33"])
+    with pytest.raises(LayertapError, match="rtol"):
+        lt.compare(resnet18, resnet_input, resnet_onnx_dynamo, rtol=-1)
+    with pytest.raises(LayertapError, match="takes 1"):
+        lt.compare(resnet18, (resnet_input, resnet_input), resnet_onnx_dynamo)
+    bad = tmp_path / "garbage.onnx"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(OnnxFileError, match="cannot read"):
+        lt.compare(resnet18, resnet_input, bad)
+
+
+def test_plot_is_written(clean_reports, perturbed, resnet18, resnet_input, tmp_path):
+    import layertap as lt
+
+    report = lt.compare(resnet18, resnet_input, perturbed("resnet_onnx_dynamo"), modules=["layer3", "layer4"])
+    out = tmp_path / "err.png"
+    report.plot(out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["err.png"]  # no temporary left behind
+    with pytest.raises(LayertapError, match=".png"):
+        report.plot(tmp_path / "err.jpg")
