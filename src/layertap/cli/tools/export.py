@@ -3,26 +3,82 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..args import InputArgs, ModelArgs, OutputArgs, TapArgs
 from .base import Tool
 
+_OUTPUT = OutputArgs(required=True, suffixes=(".onnx",), help="FILE.onnx")
+
 
 class ExportTool(Tool):
+    """Export with taps, verify in ONNX Runtime, print the per-output table.
+
+    Exit 0 when every output matches PyTorch, 1 when one does not (the file
+    is still written, for inspection), 2 on bad input or an exporter failure
+    (no file is written).
+    """
+
     name = "export"
     help = "export a model to ONNX with taps as extra named outputs, verified in ONNX Runtime"
     groups = (
         ModelArgs(),
         TapArgs(),
         InputArgs(),
-        OutputArgs(required=True, suffixes=(".onnx",), help="FILE.onnx"),
+        _OUTPUT,
     )
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--static", action="store_true", help="fixed batch size (default: symbolic batch)")
-        parser.add_argument("--exporter", choices=("dynamo", "torchscript"), default="dynamo")
+        parser.add_argument("--exporter", choices=("dynamo", "torchscript"), default="dynamo",
+                            help="torch.export-based exporter (default) or the TorchScript one")
+        parser.add_argument("--fallback", action="store_true",
+                            help="if the dynamo exporter fails, use the TorchScript exporter instead of stopping")
         parser.add_argument("--no-verify", action="store_true", help="skip the ONNX Runtime check")
         parser.add_argument("--json", action="store_true", help="print the verification report as JSON")
+        g = parser.add_argument_group("advanced")
+        g.add_argument("--opset", type=int, default=None, metavar="N", help="ONNX opset version (exporter default)")
+        g.add_argument("--rtol", type=_nonneg, default=None, metavar="R", help="relative tolerance (default 1e-3)")
+        g.add_argument("--atol", type=_nonneg, default=None, metavar="A", help="absolute tolerance (default 1e-4)")
 
     def run(self, ns: argparse.Namespace) -> int:
-        raise NotImplementedError("TODO(issue 3)")
+        # Cheap checks first: a bad path or tap fails before torch is imported.
+        out = _OUTPUT.check(ns)
+        taps = TapArgs.taps(ns)
+        specs = InputArgs.specs(ns)
+
+        from ...bridge._verify import DEFAULT_ATOL, DEFAULT_RTOL
+        from ...bridge.export import export
+        from ...pytorch.models import make_inputs
+
+        model, info = ModelArgs.load(ns)
+        args, kwargs = make_inputs(info, specs, model=model, method=ns.method, seed=ns.seed)
+        if sys.stderr.isatty():  # progress only for a person watching
+            self.say(f"exporting {ns.model} ({ns.exporter} exporter) to {out} ...")
+        report = export(
+            model,
+            args,
+            out,
+            taps,
+            method=ns.method,
+            kwargs=kwargs,
+            dynamic_batch=not ns.static,
+            verify=not ns.no_verify,
+            exporter=ns.exporter,
+            fallback=ns.fallback,
+            opset=ns.opset,
+            rtol=DEFAULT_RTOL if ns.rtol is None else ns.rtol,
+            atol=DEFAULT_ATOL if ns.atol is None else ns.atol,
+        )
+        self.print_table(report, as_json=ns.json)
+        return 0 if report.ok else 1
+
+
+def _nonneg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"tolerance must be >= 0, got {text!r}")
+    return value
