@@ -107,7 +107,9 @@ class Capture:
         self._slots = [_Slot(t) for t in self.taps]
         self._calls: dict[int, int] = collections.Counter()
         self._stack: dict[int, list[int]] = collections.defaultdict(list)
-        self._done_at = self._plan_stop() if stop_early else {}
+        # stop_early: per tap, the module whose return means no call of the
+        # tapped module can follow (None: only the end of the method).
+        self._finisher: list[nn.Module | None] = self._plan_stop() if stop_early else []
 
     # -- lifecycle -------------------------------------------------------
     def __enter__(self) -> "Capture":
@@ -123,13 +125,17 @@ class Capture:
         assert not self._handles, "Capture.attach called twice"
         try:
             by_module: dict[int, nn.Module] = {}
-            for path, mod in self._modules.items():
-                by_module[id(mod)] = mod
-            for key, mod in self._done_at.items():
-                by_module.setdefault(id(mod), mod)
+            for mod in [*self._modules.values(), *self._finisher]:
+                if mod is not None:
+                    by_module.setdefault(_module_key(mod), mod)
+            # Under a tracer the same module may arrive as several proxies: use
+            # one object per module everywhere, and map hook arguments to it.
+            self._registered = by_module
+            self._modules = {p: by_module[_module_key(m)] for p, m in self._modules.items()}
+            self._finisher = [None if m is None else by_module[_module_key(m)] for m in self._finisher]
             for mod in by_module.values():
                 self._handles.append(mod.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
-                self._handles.append(mod.register_forward_hook(self._post_hook, with_kwargs=True, always_call=True))
+                self._handles.append(mod.register_forward_hook(self._post_hook, with_kwargs=True))
         except BaseException:
             self.remove()
             raise
@@ -148,6 +154,7 @@ class Capture:
 
     # -- hooks -----------------------------------------------------------
     def _pre_hook(self, mod: nn.Module, args: tuple, kwargs: dict):
+        mod = self._registered.get(_module_key(mod), mod)
         key = id(mod)
         call = self._calls[key]
         self._calls[key] = call + 1
@@ -155,16 +162,21 @@ class Capture:
         for slot in self._slots:
             if slot.tap.port == "input" and self._modules.get(slot.tap.path) is mod:
                 self._record(slot, call, _input_value(args, kwargs, slot.tap))
+        # An ':input' tap can be complete before its module runs: stop here
+        # and save that module's work too.
+        if self.stop_early and self._all_done(mod, returned=False):
+            raise StopForward()
         return None
 
     def _post_hook(self, mod: nn.Module, args: tuple, kwargs: dict, output: Any):
+        mod = self._registered.get(_module_key(mod), mod)
         key = id(mod)
         stack = self._stack[key]
         call = stack.pop() if stack else self._calls[key] - 1
         for slot in self._slots:
             if slot.tap.port == "output" and self._modules.get(slot.tap.path) is mod:
                 self._record(slot, call, output)
-        if self.stop_early and self._all_done_after(mod):
+        if self.stop_early and self._all_done(mod, returned=True):
             raise StopForward()
         return None
 
@@ -187,33 +199,37 @@ class Capture:
                 slot.values.pop(min(slot.values))
 
     # -- stop_early ------------------------------------------------------
-    def _plan_stop(self) -> dict[Any, nn.Module]:
-        """For each tap, the module whose return completes it."""
-        plan: dict[Any, nn.Module] = {}
-        self._finisher: dict[int, nn.Module] = {}
-        for i, tap in enumerate(self.taps):
-            if tap.call is not None and tap.call >= 0:
-                fin = self._modules[tap.path]
-            else:
-                path = callgraph.completing_ancestor(self.model, tap.path, self.method)
-                fin = find_module(self.model, path)
-            self._finisher[i] = fin
-            plan[i] = fin
+    def _plan_stop(self) -> list[nn.Module | None]:
+        """For each tap, the module whose return completes it (None: the root)."""
+        plan: list[nn.Module | None] = []
+        for tap in self.taps:
+            path = callgraph.completing_ancestor(self.model, tap.path, self.method)
+            fin = find_module(self.model, path)
+            plan.append(None if fin is self.model else fin)
         return plan
 
-    def _all_done_after(self, mod: nn.Module) -> bool:
+    def _all_done(self, mod: nn.Module, *, returned: bool) -> bool:
+        """Update which taps are complete after ``mod`` starts or returns."""
         all_done = True
         for i, slot in enumerate(self._slots):
             if not slot.done:
-                fin = self._finisher[i]
-                tap = slot.tap
-                if fin is mod and fin is not self.model:
-                    if tap.call is not None and tap.call >= 0:
-                        slot.done = tap.call in slot.values
-                    else:
-                        slot.done = bool(slot.values)
+                slot.done = self._slot_done(slot, self._finisher[i], mod, returned)
                 all_done = all_done and slot.done
         return all_done
+
+    def _slot_done(self, slot: _Slot, fin: nn.Module | None, mod: nn.Module, returned: bool) -> bool:
+        tap = slot.tap
+        own = self._modules[tap.path]
+        if tap.call is not None and tap.call >= 0 and tap.call in slot.values:
+            return True  # the one call asked for is in hand
+        if fin is None:
+            return False
+        if returned and fin is mod:
+            # The completing ancestor returned: the module cannot run again
+            # (if it never ran, results() says so).
+            return True
+        # A module that runs at most once has its input as soon as it starts.
+        return (not returned) and fin is own and own is mod and tap.port == "input" and bool(slot.values)
 
     # -- results ---------------------------------------------------------
     def calls(self, path: str) -> int:
@@ -242,6 +258,12 @@ class Capture:
                 "check the method and inputs, or run 'layertap layers MODEL' to see which modules run"
             )
         if tap.call is None:
+            if len(slot.values) < ran:
+                missing = min(set(range(ran)) - set(slot.values))
+                raise SelectorError(
+                    f"{where}: call #{missing} of module {tap.path or '<root>'!r} did not return a value "
+                    "(its forward raised and the model went on)"
+                )
             if ran == 1:
                 seq, value = slot.values[0]
                 return [(seq, tap.name, value)]
@@ -256,17 +278,40 @@ class Capture:
         return [(seq, tap.name, value)]
 
 
+def _module_key(mod: nn.Module) -> int:
+    """Identity of a module that survives tracing proxies.
+
+    torch.export's non-strict tracer (make_fx's module-stack tracer) hands out
+    a fresh ``AttrProxy`` object on every submodule access; each shares the
+    real module's ``__dict__``, so that is what identifies the module.
+    """
+    return id(mod.__dict__)
+
+
 def _input_value(args: tuple, kwargs: dict, tap: Tap) -> Any:
     """The value an ``:input`` tap starts from.
 
     With an index, the first index picks the argument: an integer picks a
     positional argument, a key picks a keyword argument (then the rest of the
-    chain applies). Without an index, a single positional argument (or a lone
-    keyword argument) is the value.
+    chain applies). Without an index, the input is the one tensor argument:
+    the only positional argument, else the only tensor among the positional
+    arguments (HF calls ``layer(h, None, is_causal=True)``), else the only
+    tensor keyword argument. Anything less clear is returned whole, so the
+    error shows the call's structure.
+
+    Example:
+        >>> t = torch.zeros(1)
+        >>> _input_value((t, None), {"is_causal": True}, Tap.parse("m:input")) is t
+        True
     """
     if not tap.index:
         if len(args) == 1:
             return args[0]
-        if not args and len(kwargs) == 1:
-            return next(iter(kwargs.values()))
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if len(tensors) == 1:
+            return tensors[0]
+        if not tensors:
+            kw_tensors = [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
+            if len(kw_tensors) == 1:
+                return kw_tensors[0]
     return CallArgs(args, kwargs)

@@ -46,6 +46,7 @@ def tap(
     *,
     detach: bool = True,
     stop_early: bool = False,
+    method: str = "forward",
 ) -> Iterator[TapResult]:
     """Capture module inputs/outputs while the ``with`` block runs.
 
@@ -59,6 +60,8 @@ def tap(
         detach: store detached clones (default) or clones that keep autograd.
         stop_early: end the forward once every tap is captured; the block's
             forward call then does not return (the ``with`` swallows the stop).
+        method: the root method the block will run (``stop_early`` reads its
+            source to know when a tapped module cannot run again).
 
     Returns:
         A :class:`TapResult`; its ``outputs`` dict is filled on exit.
@@ -71,7 +74,7 @@ def tap(
         >>> {k: tuple(v.shape) for k, v in taps.outputs.items()}
         {'layer4.0.conv1': (1, 512, 2, 2), 'fc:input': (1, 512)}
     """
-    cap = Capture(model, taps, detach=detach, stop_early=stop_early)
+    cap = Capture(model, taps, detach=detach, stop_early=stop_early, method=method)
     result = TapResult(cap)
     cap.attach()
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ...errors import LayertapError
 from ..args import InputArgs, JsonArgs, ModelArgs
 from .base import Tool
 
@@ -14,4 +15,38 @@ class LayersTool(Tool):
     groups = (ModelArgs(onnx_ok=True), InputArgs(), JsonArgs())
 
     def run(self, ns: argparse.Namespace) -> int:
-        raise NotImplementedError("TODO(issue 2/4)")
+        if ns.model.lower().endswith(".onnx"):
+            return self.run_onnx(ns)
+        from ...pytorch.layers import layers
+        from .extract import load_with_inputs, running
+
+        model, info, args, kwargs = load_with_inputs(ns, need_inputs=False)
+        if args is None:
+            table = layers(model, run=False)
+        else:
+            with running(info, ns.method, args, kwargs):
+                table = layers(model, *args, method=ns.method, **kwargs)
+        self.print_table(table, ns.json)
+        return 0
+
+    @staticmethod
+    def print_table(table, as_json: bool = False) -> None:
+        """Rich on a terminal; plain 160-column text when piped (rich would squeeze to 80)."""
+        import sys
+
+        if as_json or sys.stdout.isatty():
+            Tool.print_table(table, as_json)
+        else:
+            sys.stdout.write(table.render(width=160) + "\n")
+
+    def run_onnx(self, ns: argparse.Namespace) -> int:
+        """List an ONNX file's tensors; never imports torch."""
+        for flag, value in (("--weights", ns.weights), ("--config", ns.config), ("--input", ns.input)):
+            if value:
+                raise LayertapError(f"{flag} does not apply to an ONNX file ({ns.model}); its tensors are listed without running it")
+        if ns.method != "forward":
+            raise LayertapError(f"--method does not apply to an ONNX file ({ns.model})")
+        from ...onnxfile.layers import onnx_layers
+
+        self.print_table(onnx_layers(ns.model), ns.json)
+        return 0

@@ -1,0 +1,496 @@
+"""MODEL specs: build a PyTorch model from a short text, load weights, make inputs.
+
+Specs (see SPEC.md)::
+
+    torchvision:NAME          random weights (seeded) unless --weights
+    timm:NAME                 pretrained=False
+    transformers:CLASS        random init from CLASS's default config, or --config FILE.json
+    package.module:ATTR       an nn.Module, or a callable returning one with no arguments
+    path/to/file.py:ATTR      the same, from a file
+
+Nothing here downloads: zoo models are built with random weights, and
+``--weights`` loads a local state dict (``torch.load(weights_only=True)`` or
+safetensors) with a strict, readable key check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import inspect
+import os
+import pickle
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import LayertapError, ModelSpecError, close_matches, unknown_name
+from ..inputs import DEFAULT_INT_HIGH, InputSpec
+
+ZOOS = ("torchvision", "timm", "transformers")
+SPEC_FORMS = "torchvision:NAME, timm:NAME, transformers:CLASS, package.module:ATTR or path/to/file.py:ATTR"
+WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
+DEFAULT_SEQ_LEN = 16
+
+
+@dataclass
+class ModelInfo:
+    """What a model spec knows besides the module itself.
+
+    Attributes:
+        spec: the MODEL text as given.
+        family: ``torchvision``, ``timm``, ``transformers``, ``module`` or ``file``.
+        inputs: default example inputs (may be empty: then ``--input`` is needed).
+        int_high: upper bound (exclusive) for random integer inputs, e.g. the vocabulary size.
+        weights: the weights file loaded, if any.
+
+    Example:
+        >>> ModelInfo("torchvision:resnet18", "torchvision", [InputSpec.parse("1x3x224x224")]).inputs[0].shape
+        (1, 3, 224, 224)
+    """
+
+    spec: str
+    family: str
+    inputs: list[InputSpec] = field(default_factory=list)
+    int_high: int = DEFAULT_INT_HIGH
+    weights: str | None = None
+
+    def describe(self) -> str:
+        """``torchvision:resnet18 (random weights)``."""
+        return f"{self.spec} ({'weights ' + self.weights if self.weights else 'random weights'})"
+
+
+def load_model(
+    spec: str,
+    *,
+    weights: str | os.PathLike | None = None,
+    config: str | os.PathLike | None = None,
+    unsafe_pickle: bool = False,
+    seed: int = 0,
+) -> tuple[nn.Module, ModelInfo]:
+    """Build the model a spec names, in eval mode, with seeded random weights.
+
+    Args:
+        spec: MODEL text (see module docstring).
+        weights: optional state dict file (.pt/.pth/.bin/.ckpt or .safetensors).
+        config: JSON config for ``transformers:CLASS``.
+        unsafe_pickle: allow ``weights`` to be a pickled whole module
+            (runs code from the file).
+        seed: seed for the random initialisation (the global RNG is left as it was).
+
+    Example:
+        >>> model, info = load_model("torchvision:resnet18")
+        >>> type(model).__name__, info.inputs[0].shape, model.training
+        ('ResNet', (1, 3, 224, 224), False)
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ModelSpecError(f"empty MODEL; use {SPEC_FORMS}")
+    spec = spec.strip()
+    if spec.lower().endswith(".onnx"):
+        raise ModelSpecError(f"MODEL {spec!r} is an ONNX file; this command needs a PyTorch model: {SPEC_FORMS}")
+    head, sep, name = spec.rpartition(":")
+    if not sep or not head or not name:
+        raise ModelSpecError(f"bad MODEL {spec!r}; use {SPEC_FORMS}")
+    if config is not None and head != "transformers":
+        raise ModelSpecError(f"--config applies to transformers:CLASS models only, not {spec!r}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if head == "torchvision":
+            model, info = _torchvision(name, spec)
+        elif head == "timm":
+            model, info = _timm(name, spec)
+        elif head == "transformers":
+            model, info = _transformers(name, spec, config)
+        elif head.endswith(".py"):
+            model, info = _instantiate(_load_file(head, spec), name, spec), ModelInfo(spec, "file")
+        else:
+            model, info = _instantiate(_import_module(head, spec), name, spec), ModelInfo(spec, "module")
+    if weights is not None:
+        load_weights(model, weights, unsafe_pickle=unsafe_pickle, what=spec)
+        info.weights = str(weights)
+    return model.eval(), info
+
+
+# -- zoos ---------------------------------------------------------------------
+def _zoo_import(name: str, spec: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise ModelSpecError(f"MODEL {spec!r} needs the '{name}' package ({e}); pip install {name}") from None
+
+
+def _torchvision(name: str, spec: str) -> tuple[nn.Module, ModelInfo]:
+    tv = _zoo_import("torchvision", spec)
+    names = tv.models.list_models()
+    if name not in names:
+        raise ModelSpecError(unknown_name("torchvision model", name, names))
+    model = tv.models.get_model(name, weights=None)
+    return model, ModelInfo(spec, "torchvision", _torchvision_inputs(tv, name))
+
+
+def _torchvision_inputs(tv, name: str) -> list[InputSpec]:
+    """Default input from the weights' preprocessing (inception: 299), else 224."""
+    size: Sequence[int] = (224, 224)
+    with contextlib.suppress(Exception):  # models without weights metadata keep 224
+        crop = getattr(tv.models.get_model_weights(name).DEFAULT.transforms(), "crop_size", None)
+        if crop:
+            size = (crop[0], crop[-1])
+    kind = tv.models.get_model_builder(name).__module__
+    if ".video." in kind:
+        return [InputSpec(None, (1, 3, 16, *size), "float32")]  # N, C, T, H, W
+    if ".optical_flow." in kind:
+        return [InputSpec(None, (1, 3, *size), "float32")] * 2  # two frames
+    return [InputSpec(None, (1, 3, *size), "float32")]
+
+
+def _timm(name: str, spec: str) -> tuple[nn.Module, ModelInfo]:
+    timm = _zoo_import("timm", spec)
+    if not timm.is_model(name):
+        raise ModelSpecError(unknown_name("timm model", name, timm.list_models()))
+    model = timm.create_model(name, pretrained=False)
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    c, h, w = tuple(cfg.get("input_size") or (3, 224, 224))
+    return model, ModelInfo(spec, "timm", [InputSpec(None, (1, c, h, w), "float32")])
+
+
+def _transformers(name: str, spec: str, config_path: str | os.PathLike | None) -> tuple[nn.Module, ModelInfo]:
+    tr = _zoo_import("transformers", spec)
+    cls = getattr(tr, name, None) if not name.startswith("_") else None
+    config_class = getattr(cls, "config_class", None)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module) and config_class is not None):
+        candidates = [n for n in dir(tr) if "Model" in n or "For" in n]
+        raise ModelSpecError(unknown_name("transformers model class", name, candidates))
+    if config_path is None:
+        config = config_class()
+    else:
+        path = Path(config_path)
+        if not path.is_file():
+            raise ModelSpecError(f"--config file '{path}' does not exist")
+        try:
+            config = config_class.from_json_file(str(path))
+        except (ValueError, OSError, TypeError) as e:
+            raise ModelSpecError(f"cannot read --config '{path}' as a {config_class.__name__}: {e}") from None
+    try:
+        model = cls(config)
+    except Exception as e:  # noqa: BLE001 - report any construction failure as a spec problem
+        raise ModelSpecError(f"building {name} from its config failed: {type(e).__name__}: {e}") from None
+    inputs, int_high = _transformers_inputs(cls, config)
+    return model, ModelInfo(spec, "transformers", inputs, int_high)
+
+
+def _sub_config(config: Any, attr: str, *subs: str) -> Any:
+    """``config.attr``, else the first ``config.<sub>.attr`` (text_config, vision_config...)."""
+    if getattr(config, attr, None) is not None:
+        return getattr(config, attr)
+    for sub in subs:
+        value = getattr(getattr(config, sub, None), attr, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _transformers_inputs(cls: type, config: Any) -> tuple[list[InputSpec], int]:
+    """Named example inputs the forward takes: token ids, pixels, audio."""
+    params = inspect.signature(cls.forward).parameters
+    vocab = _sub_config(config, "vocab_size", "text_config", "decoder", "encoder")
+    inputs: list[InputSpec] = []
+    if "input_ids" in params:
+        inputs.append(InputSpec("input_ids", (1, DEFAULT_SEQ_LEN), "int64"))
+    if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False):
+        inputs.append(InputSpec("decoder_input_ids", (1, DEFAULT_SEQ_LEN), "int64"))
+    if "pixel_values" in params:
+        size = _sub_config(config, "image_size", "vision_config") or 224
+        size = size if isinstance(size, (list, tuple)) else (size, size)
+        channels = _sub_config(config, "num_channels", "vision_config") or 3
+        inputs.append(InputSpec("pixel_values", (1, channels, *size), "float32"))
+    if "input_values" in params and not inputs:
+        inputs.append(InputSpec("input_values", (1, 16000), "float32"))  # one second of 16 kHz audio
+    return inputs, int(vocab) if vocab else DEFAULT_INT_HIGH
+
+
+# -- user code ----------------------------------------------------------------
+def _import_module(modname: str, spec: str):
+    # ``python -m`` puts the working folder on sys.path, the console script does
+    # not; make ``layertap ... mypkg.model:Net`` work the same from both.
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        return importlib.import_module(modname)
+    except ModuleNotFoundError as e:
+        msg = f"cannot import {modname!r} for MODEL {spec!r}: {e}"
+        zoo = close_matches(modname, ZOOS)
+        if zoo and e.name == modname.split(".")[0]:
+            msg += f"; did you mean: {zoo[0]}:..."
+        raise ModelSpecError(f"{msg} (forms: {SPEC_FORMS})") from None
+    except Exception as e:  # noqa: BLE001 - user code may raise anything at import time
+        raise ModelSpecError(f"importing {modname!r} for MODEL {spec!r} failed: {type(e).__name__}: {e}") from None
+
+
+def _load_file(filename: str, spec: str):
+    path = Path(filename)
+    if not path.is_file():
+        raise ModelSpecError(f"model file '{path}' does not exist (MODEL {spec!r})")
+    modname = f"layertap_user_{abs(hash(str(path.resolve())))}"
+    if modname in sys.modules:
+        return sys.modules[modname]
+    mspec = importlib.util.spec_from_file_location(modname, path)
+    if mspec is None or mspec.loader is None:
+        raise ModelSpecError(f"cannot load '{path}' as Python")
+    module = importlib.util.module_from_spec(mspec)
+    sys.modules[modname] = module  # dataclasses and pickling look modules up here
+    folder = str(path.resolve().parent)
+    sys.path.insert(0, folder)  # sibling imports inside the file
+    try:
+        mspec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - user code may raise anything at import time
+        sys.modules.pop(modname, None)
+        raise ModelSpecError(f"running '{path}' for MODEL {spec!r} failed: {type(e).__name__}: {e}") from None
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(folder)
+    return module
+
+
+def _instantiate(module: Any, attr: str, spec: str) -> nn.Module:
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            raise ModelSpecError(unknown_name(f"attribute in {getattr(obj, '__name__', spec)!r}", part, names))
+        obj = getattr(obj, part)
+    if isinstance(obj, nn.Module):
+        return obj
+    if not callable(obj):
+        raise ModelSpecError(f"{spec!r} is a {type(obj).__name__}, not an nn.Module or a function that returns one")
+    try:
+        made = obj()
+    except TypeError as e:
+        raise ModelSpecError(
+            f"calling {attr}() for MODEL {spec!r} failed ({e}); point at an nn.Module instance or a function that takes no arguments"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - user code may raise anything
+        raise ModelSpecError(f"calling {attr}() for MODEL {spec!r} failed: {type(e).__name__}: {e}") from None
+    if not isinstance(made, nn.Module):
+        raise ModelSpecError(f"{attr}() for MODEL {spec!r} returned a {type(made).__name__}, not an nn.Module")
+    return made
+
+
+# -- weights ------------------------------------------------------------------
+def load_weights(model: nn.Module, path: str | os.PathLike, *, unsafe_pickle: bool = False, what: str = "the model") -> None:
+    """Load a state dict file into ``model`` with a strict, readable key check.
+
+    ``.safetensors`` files are read with safetensors; others with
+    ``torch.load(weights_only=True)``, which refuses pickled code. A pickled
+    whole module is accepted only with ``unsafe_pickle=True`` (its
+    ``state_dict()`` is then used).
+
+    Example:
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "w.pt")
+        >>> torch.save({"weight": torch.zeros(2, 3)}, p)
+        >>> load_weights(nn.Linear(3, 2), p)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        layertap.errors.ModelSpecError: weights '...w.pt' do not match the model: 1 missing key: bias
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise ModelSpecError(f"weights file '{file}' does not exist")
+    suffix = file.suffix.lower()
+    if suffix not in WEIGHT_SUFFIXES:
+        raise ModelSpecError(f"weights file '{file}' must end in one of: {', '.join(WEIGHT_SUFFIXES)}")
+    state = _read_safetensors(file) if suffix == ".safetensors" else _read_torch(file, unsafe_pickle)
+    state = _state_dict_of(state, file)
+    state = _strip_prefix(state, model.state_dict())
+    problems = state_dict_diff(model.state_dict(), state)
+    if problems:
+        raise ModelSpecError(f"weights '{file}' do not match {what}: {problems}")
+    model.load_state_dict(state, strict=True)
+
+
+def _read_safetensors(file: Path) -> dict:
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise ModelSpecError("reading .safetensors needs the 'safetensors' package; pip install safetensors") from None
+    try:
+        return load_file(str(file))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+        raise ModelSpecError(f"cannot read weights '{file}' as safetensors: {e}") from None
+
+
+def _read_torch(file: Path, unsafe_pickle: bool) -> Any:
+    try:
+        return torch.load(str(file), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        # torch's message is many lines; the useful part is the refused class.
+        refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        if refused is None:
+            raise ModelSpecError(f"cannot read weights '{file}': not a torch checkpoint (unpickling failed)") from None
+        if not unsafe_pickle:
+            raise ModelSpecError(
+                f"weights '{file}' are not a plain state dict: torch.load(weights_only=True) refused "
+                f"the pickled {refused.group(1)}; if the file is from a source you trust, pass --unsafe-load-pickle"
+            ) from None
+    except (RuntimeError, OSError, EOFError, ValueError) as e:
+        raise ModelSpecError(f"cannot read weights '{file}' with torch.load: {_first_line(e)}") from None
+    try:
+        return torch.load(str(file), map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - unpickling user files may raise anything
+        raise ModelSpecError(f"cannot unpickle '{file}': {type(e).__name__}: {_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _state_dict_of(obj: Any, file: Path) -> dict[str, torch.Tensor]:
+    """A state dict from what a file held: the dict itself, a checkpoint's
+    ``state_dict``/``model`` entry, or a (trusted) pickled module's state."""
+    if isinstance(obj, nn.Module):
+        return obj.state_dict()
+    if isinstance(obj, Mapping) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return dict(obj)
+    if isinstance(obj, Mapping):
+        for key in ("state_dict", "model_state_dict", "model", "module"):
+            inner = obj.get(key)
+            if isinstance(inner, nn.Module):
+                return inner.state_dict()
+            if isinstance(inner, Mapping) and inner and all(isinstance(v, torch.Tensor) for v in inner.values()):
+                return dict(inner)
+    raise ModelSpecError(f"weights '{file}' hold a {type(obj).__name__}, not a state dict of tensors")
+
+
+def _strip_prefix(state: dict, expected: Mapping) -> dict:
+    """Drop a ``module.`` prefix (DataParallel/DDP checkpoints) when that makes the keys match."""
+    prefix = "module."
+    if state and all(k.startswith(prefix) for k in state) and not any(k.startswith(prefix) for k in expected):
+        return {k[len(prefix):]: v for k, v in state.items()}
+    return state
+
+
+def state_dict_diff(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor], limit: int = 4) -> str:
+    """One line describing missing keys, unexpected keys and shape differences; ``""`` if none.
+
+    Example:
+        >>> state_dict_diff({"a": torch.zeros(2), "b": torch.zeros(1)}, {"a": torch.zeros(3), "c": torch.zeros(1)})
+        '1 missing key: b; 1 unexpected key: c; 1 shape mismatch: a (file 3, model 2)'
+    """
+
+    def some(keys: list[str], fmt: Callable[[str], str] = str) -> str:
+        shown = ", ".join(fmt(k) for k in keys[:limit])
+        return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
+
+    def shape(t: torch.Tensor) -> str:
+        return "x".join(str(d) for d in t.shape) or "scalar"
+
+    missing = [k for k in expected if k not in given]
+    unexpected = [k for k in given if k not in expected]
+    mismatched = [k for k in expected if k in given and tuple(given[k].shape) != tuple(expected[k].shape)]
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing key{'s' if len(missing) > 1 else ''}: {some(missing)}")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected key{'s' if len(unexpected) > 1 else ''}: {some(unexpected)}")
+    if mismatched:
+        parts.append(
+            f"{len(mismatched)} shape mismatch{'es' if len(mismatched) > 1 else ''}: "
+            + some(mismatched, lambda k: f"{k} (file {shape(given[k])}, model {shape(expected[k])})")
+        )
+    return "; ".join(parts)
+
+
+# -- inputs -------------------------------------------------------------------
+def make_inputs(
+    info: ModelInfo,
+    specs: Sequence[InputSpec] = (),
+    *,
+    model: nn.Module | None = None,
+    method: str = "forward",
+    seed: int = 0,
+) -> tuple[tuple, dict]:
+    """Tensors for ``model.<method>(*args, **kwargs)`` from ``--input`` specs.
+
+    Named specs become keyword arguments, unnamed ones positional. With no
+    specs, the spec's defaults are used (for another method, only those it
+    accepts). Integers are drawn below ``info.int_high`` (the vocabulary).
+
+    Example:
+        >>> info = ModelInfo("x", "module", [InputSpec.parse("2x3")])
+        >>> args, kwargs = make_inputs(info)
+        >>> args[0].shape, kwargs
+        (torch.Size([2, 3]), {})
+    """
+    specs = list(specs)
+    accepted = _accepted_names(model, method)
+    if not specs:
+        specs = [s for s in info.inputs if s.name is None or accepted is None or s.name in accepted]
+    if not specs:
+        raise LayertapError(
+            f"no example inputs known for {info.spec}"
+            + (f".{method}" if method != "forward" else "")
+            + "; pass --input SHAPE[:DTYPE] (e.g. --input 1x3x224x224) or --input NAME=FILE.npy"
+        )
+    if accepted is not None:
+        for s in specs:
+            if s.name is not None and s.name not in accepted:
+                raise LayertapError(unknown_name(f"input name for {method}()", s.name, sorted(accepted)))
+    rng = np.random.default_rng(seed)
+    args: list[torch.Tensor] = []
+    kwargs: dict[str, torch.Tensor] = {}
+    for s in specs:
+        # copy: .npy files load read-only, and torch wants writable memory
+        tensor = torch.from_numpy(np.array(s.array(rng, int_high=info.int_high), copy=True))
+        if s.name is None:
+            args.append(tensor)
+        else:
+            kwargs[s.name] = tensor
+    return tuple(args), kwargs
+
+
+def _accepted_names(model: nn.Module | None, method: str) -> set[str] | None:
+    """Keyword names ``model.<method>`` takes; None when unknown or it takes ``**kwargs``
+    beyond typed ones (then every name is passed through)."""
+    fn = getattr(model, method, None) if model is not None else None
+    if fn is None:
+        return None
+    if method == "forward" and isinstance(model, nn.Module):
+        fn = model.forward
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if any(p.kind is p.VAR_KEYWORD for p in params) and not names:
+        return None
+    return names
+
+
+def describe_inputs(args: tuple, kwargs: dict) -> str:
+    """``1x3x224x224 float32, input_ids=1x16 int64``."""
+
+    def one(t: Any) -> str:
+        if isinstance(t, torch.Tensor):
+            return "x".join(str(d) for d in t.shape) + " " + str(t.dtype).replace("torch.", "")
+        return type(t).__name__
+
+    return ", ".join([one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()])
+
+
+def run_failed(error: Exception, info: ModelInfo, method: str, args: tuple, kwargs: dict) -> LayertapError:
+    """A one-line user error for a model that raised on the given inputs.
+
+    Example:
+        >>> str(run_failed(RuntimeError("bad shape"), ModelInfo("m:M", "module"), "forward", (torch.zeros(2),), {}))
+        'm:M.forward(2 float32) failed: RuntimeError: bad shape (check --input)'
+    """
+    msg = _first_line(error)
+    return LayertapError(f"{info.spec}.{method}({describe_inputs(args, kwargs)}) failed: {type(error).__name__}: {msg} (check --input)")

@@ -1,0 +1,188 @@
+"""The PyTorch commands as users run them: ``python -m layertap layers|extract|demo``."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+
+torch = pytest.importorskip("torch")
+
+MODEL_FILE = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.a = nn.Linear(4, 8)
+            self.act = nn.ReLU()
+            self.b = nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.b(self.act(self.act(self.a(x))))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def net_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("user") / "net.py"
+    path.write_text(MODEL_FILE)
+    return path
+
+
+def assert_user_error(proc, fragment: str) -> None:
+    """Exit 2, exactly one line 'layertap: error: ...' on stderr, no traceback."""
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("layertap: error: "), lines[0]
+    assert fragment in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_layers_resnet18_table_and_json():
+    proc = run_cli("layers", "torchvision:resnet18", "--input", "1x3x32x32")
+    assert proc.returncode == 0, proc.stderr
+    assert "layer2.0.relu#1" in proc.stdout and "1x128x4x4" in proc.stdout
+    proc = run_cli("layers", "torchvision:resnet18", "--input", "1x3x32x32", "--json")
+    rows = {r["name"]: r for r in json.loads(proc.stdout)["rows"]}
+    assert rows["layer4.0.conv1"]["shapes"] == [[1, 512, 1, 1]] and rows["layer1.0.relu#1"]["calls"] == 2
+
+
+def test_layers_user_file_without_inputs_lists_modules(net_file):
+    proc = run_cli("layers", f"{net_file}:Net", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [r["name"] for r in data["rows"]] == ["", "a", "act", "b"]
+    assert all(r["shapes"] is None for r in data["rows"])
+    proc = run_cli("layers", f"{net_file}:Net", "--input", "3x4", "--json")
+    assert [r["name"] for r in json.loads(proc.stdout)["rows"]] == ["", "a", "act#0", "act#1", "b"]
+
+
+def test_extract_npz_matches_a_manual_reference(net_file, tmp_path):
+    out = tmp_path / "acts.npz"
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    proc = run_cli("extract", f"{net_file}:Net", "--tap", "a", "--tap", "act#1", "--tap", "h=b:input",
+                   "--input", str(tmp_path / "x.npy"), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote 4 array(s) to {out}" in proc.stderr
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("net_ref", net_file)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    net = mod.Net()
+    with torch.no_grad():
+        a = torch.nn.functional.linear(torch.from_numpy(x), net.a.weight, net.a.bias)
+        h = torch.relu(a)
+        y = torch.nn.functional.linear(h, net.b.weight, net.b.bias)
+    with np.load(out) as saved:
+        assert saved.files == ["a", "act#1", "h", "output"]
+        np.testing.assert_allclose(saved["a"], a.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(saved["act#1"], h.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(saved["h"], h.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(saved["output"], y.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_extract_resnet18_safetensors_stop_early(resnet18, tmp_path):
+    from safetensors.numpy import load_file
+
+    from layertap.pytorch.models import load_model, make_inputs
+
+    out = tmp_path / "acts.safetensors"
+    proc = run_cli("extract", "torchvision:resnet18", "--tap", "layer4.0.conv1", "--tap", "layer2.0.relu#1",
+                   "--input", "1x3x64x64", "--seed", "3", "--stop-early", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    saved = load_file(str(out))
+    assert sorted(saved) == ["layer2.0.relu#1", "layer4.0.conv1"]  # stopped: no output
+    # same model and inputs in-process; layer4.0.conv1 computed by hand from layer4's input
+    model, info = load_model("torchvision:resnet18")
+    from layertap.inputs import InputSpec
+
+    args, _ = make_inputs(info, [InputSpec.parse("1x3x64x64")], seed=3)
+    import layertap as lt
+
+    x4 = lt.extract(model, *args, taps=["layer4:input"])["layer4:input"]
+    with torch.no_grad():
+        ref = model.layer4[0].conv1(x4)
+    np.testing.assert_allclose(saved["layer4.0.conv1"], ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--tap", "layer4.0.conv"], "unknown module 'layer4.0.conv'; did you mean: layer4.0.conv2, layer4.0.conv1"),
+        (["--tap", "layer2.0.relu#2"], "module 'layer2.0.relu' ran 2 times"),
+        (["--tap", "layer2.0.relu#x"], "bad tap 'layer2.0.relu#x'"),
+        (["--tap", "layer1", "--input", "1x3xfoo"], "bad --input '1x3xfoo'"),
+        (["--tap", "layer1", "--input", "1x4x32x32"], "torchvision:resnet18.forward(1x4x32x32 float32) failed: RuntimeError"),
+    ],
+)
+def test_extract_errors_write_nothing(tmp_path, argv, fragment):
+    out = tmp_path / "acts.npz"
+    if "--input" not in argv:
+        argv += ["--input", "1x3x32x32"]
+    proc = run_cli("extract", "torchvision:resnet18", *argv, "-o", str(out))
+    assert_user_error(proc, fragment)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "model, extra, fragment",
+    [
+        ("torchvision:resnt18", [], "unknown torchvision model 'resnt18'; did you mean: resnet18"),
+        ("not_a_pkg_qq.mod:Net", [], "cannot import 'not_a_pkg_qq.mod'"),
+        ("NET_FILE:Nett", [], "did you mean: Net"),
+        ("NET_FILE:Net", ["--weights", "WEIGHTS"], "1 unexpected key: extra"),
+        ("NET_FILE:Net", ["--tap", "a", "-o", "/nonexistent-dir/x.npz"], "output folder '/nonexistent-dir' does not exist"),
+    ],
+)
+def test_model_and_output_errors(net_file, tmp_path, model, extra, fragment):
+    weights = tmp_path / "w.pt"
+    torch.save({"a.weight": torch.zeros(8, 4), "a.bias": torch.zeros(8), "b.weight": torch.zeros(2, 8),
+                "b.bias": torch.zeros(2), "extra": torch.zeros(1)}, weights)
+    model = model.replace("NET_FILE", str(net_file))
+    extra = [str(weights) if e == "WEIGHTS" else e for e in extra]
+    argv = ["extract", model, *extra]
+    if "--tap" not in extra:
+        argv += ["--tap", "a"]
+    if "-o" not in extra:
+        argv += ["-o", str(tmp_path / "out.npz")]
+    proc = run_cli(*argv, "--input", "1x4")
+    assert_user_error(proc, fragment)
+    assert not (tmp_path / "out.npz").exists()
+
+
+def test_layers_on_onnx_never_imports_torch(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from layertap.cli.main import main\n"
+        f"rc = main(['layers', {str(tmp_path / 'missing.onnx')!r}])\n"
+        "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', rc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split() == ["NO-TORCH", "2"], proc.stdout + proc.stderr
+    assert proc.stderr.startswith("layertap: error: ")
+
+
+def test_demo_runs_end_to_end():
+    proc = run_cli("demo")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "layer2.0.relu#1" in out and "layer4.0.conv1" in out
+    assert "equals conv1 applied by hand to layer4's input: True" in out
+    path = next(line.split("wrote ", 1)[1].strip() for line in out.splitlines() if line.startswith("wrote "))
+    with np.load(path) as saved:
+        assert {"layer1", "layer2.0.relu#1", "layer4.0.conv1", "pooled", "output"} == set(saved.files)
