@@ -177,10 +177,14 @@ def test_layers_on_onnx_never_imports_torch(tmp_path):
     assert proc.stderr.startswith("layertap: error: ")
 
 
-def test_demo_runs_end_to_end():
-    proc = run_cli("demo")
+def test_demo_runs_end_to_end(tmp_path):
+    proc = run_cli("demo", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
+    written = {p.name for p in tmp_path.iterdir()}
+    assert {"resnet18_taps.npz", "resnet18_taps.onnx", "plain_tapped.onnx", "compare_broken.png"} <= written
+    assert "first divergence: layer3.0.bn1" in out
+    assert "all 5 outputs match PyTorch" in out
     assert "layer2.0.relu#1" in out and "layer4.0.conv1" in out
     assert "equals conv1 applied by hand to layer4's input: True" in out
     path = next(line.split("wrote ", 1)[1].strip() for line in out.splitlines() if line.startswith("wrote "))

@@ -87,9 +87,25 @@ def load_model(path: str | os.PathLike) -> ModelFile:
         raise OnnxFileError(f"cannot read ONNX file '{p}': {e}") from None
     if not model.HasField("graph") or model.ir_version == 0 or not (len(model.graph.node) or len(model.graph.output)):
         raise OnnxFileError(f"'{p}' is not an ONNX model (no graph or IR version); is it truncated or another format?")
+    _check_unique_names(p, model)
     refs = list(_external_refs(model))
     _check_external(p, refs)
     return ModelFile(path=p, model=model, external=refs)
+
+
+def _check_unique_names(path: Path, model: "onnx.ModelProto") -> None:
+    """Refuse graphs that break ONNX's single-assignment rule (ORT misbehaves on them)."""
+    g = model.graph
+    for kind, names in (("output", [o.name for o in g.output]), ("input", [i.name for i in g.input])):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise OnnxFileError(f"'{path}' has duplicate graph {kind} names: {', '.join(dup)}; it is not a valid ONNX model")
+    seen: set[str] = set()
+    for node in g.node:
+        for out in node.output:
+            if out and out in seen:
+                raise OnnxFileError(f"'{path}': tensor {out!r} is produced twice (duplicate tensor name); it is not a valid ONNX model")
+            seen.add(out)
 
 
 def _external_refs(model: "onnx.ModelProto") -> Iterator[ExternalRef]:

@@ -36,8 +36,11 @@ class DemoContext:
     written: list[Path] = dataclasses.field(default_factory=list)
     scratch: dict = dataclasses.field(default_factory=dict)
 
+    step: int = 0
+
     def heading(self, text: str) -> None:
-        self.console.rule(f"[bold]{text}", align="left")
+        self.step += 1
+        self.console.rule(f"[bold]{self.step}. {text}", align="left")
 
     def show(self, text: str) -> None:
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)
@@ -47,7 +50,7 @@ def step_build(ctx: DemoContext) -> None:
     """Build resnet18 with seeded random weights and its default input."""
     from ...pytorch.models import describe_inputs, load_model, make_inputs
 
-    ctx.heading(f"1. model: {MODEL}")
+    ctx.heading(f"model: {MODEL}")
     ctx.model, ctx.info = load_model(MODEL, seed=SEED)
     ctx.args, ctx.kwargs = make_inputs(ctx.info, model=ctx.model, seed=SEED)
     ctx.show(f"{ctx.info.describe()}, seed {SEED}; input {describe_inputs(ctx.args, ctx.kwargs)}")
@@ -58,7 +61,7 @@ def step_layers(ctx: DemoContext) -> None:
     """The layers table, trimmed to the top levels plus one block in full."""
     from ...pytorch.layers import LayersTable, layers
 
-    ctx.heading("2. layers: every module call, its tap name and output shape")
+    ctx.heading("layers: every module call, its tap name and output shape")
     table = layers(ctx.model, *ctx.args, **ctx.kwargs)
     keep = [r for r in table.rows if r.depth <= 2 or r.path.startswith("layer2.0.")]
     trimmed = LayersTable(keep, notes=[
@@ -80,7 +83,7 @@ def step_extract(ctx: DemoContext) -> None:
     from ...pytorch.taps import extract
     from .extract import to_numpy
 
-    ctx.heading("3. extract: tapped tensors to a file")
+    ctx.heading("extract: tapped tensors to a file")
     out = ctx.workdir / "resnet18_taps.npz"
     ctx.show(f"$ layertap extract {MODEL} " + " ".join(f"--tap {t}" for t in TAPS) + f" -o {out.name}")
     values = extract(ctx.model, *ctx.args, taps=TAPS, **ctx.kwargs)
@@ -106,7 +109,7 @@ def step_stop_early(ctx: DemoContext) -> None:
 
     from ...pytorch.taps import extract
 
-    ctx.heading("4. stop early: later layers are never computed")
+    ctx.heading("stop early: later layers are never computed")
 
     def best_of(fn: Callable[[], Any], n: int = 3) -> float:
         times = []
@@ -201,16 +204,24 @@ def step_export(ctx: DemoContext) -> None:
         ctx.show(line)
 
 
-# Later features append their steps here (export, add-outputs, compare).
-STEPS: list[Callable[[DemoContext], None]] = [step_build, step_layers, step_extract, step_stop_early]
-STEPS.append(step_existing_onnx)
-STEPS.append(step_compare)
-STEPS.append(step_export)
+# The tour, in the order a user meets the features; new features add a step here.
+STEPS: list[Callable[[DemoContext], None]] = [
+    step_build,
+    step_layers,
+    step_extract,
+    step_stop_early,
+    step_export,
+    step_existing_onnx,
+    step_compare,
+]
 
 
 class DemoTool(Tool):
     name = "demo"
     help = "show layertap end to end on torchvision resnet18 (random weights)"
+
+    def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--out", metavar="DIR", help="folder for the files the demo writes (default: a new temporary folder)")
 
     def run(self, ns: argparse.Namespace) -> int:
         import sys
@@ -218,11 +229,18 @@ class DemoTool(Tool):
         from rich.console import Console
 
         console = Console(width=None if sys.stdout.isatty() else 120)
-        workdir = Path(tempfile.mkdtemp(prefix="layertap-demo-"))
+        if ns.out:
+            workdir = Path(ns.out)
+            if not workdir.is_dir():
+                from ...errors import LayertapError
+
+                raise LayertapError(f"--out folder '{workdir}' does not exist; create it first")
+        else:
+            workdir = Path(tempfile.mkdtemp(prefix="layertap-demo-"))
         ctx = DemoContext(console=console, workdir=workdir)
         for step in STEPS:
             step(ctx)
-        ctx.heading("done")
+        ctx.console.rule("[bold]done", align="left")
         ctx.show(f"files written to {workdir}:")
         for path in ctx.written:
             ctx.show(f"  {path.name}")
