@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(VENV)/bin/layertap demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --doctest-modules tests src/layertap
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done

@@ -234,7 +234,7 @@ def test_tuple_output_module_pairs_by_position(torch_mod, tmp_path):
 
 # -- statistics and pairing ----------------------------------------------------------
 def test_error_stats_near_zero_values_do_not_explode():
-    from layertap.bridge.compare import error_stats
+    from layertap.bridge.tolerance import error_stats
 
     ref = np.array([0.0, 1e-9, 3.0], dtype=np.float32)
     got = np.array([1e-6, -1e-9, 3.0 + 1e-6], dtype=np.float32)
@@ -243,7 +243,7 @@ def test_error_stats_near_zero_values_do_not_explode():
 
 
 def test_error_stats_fails_and_handles_nan():
-    from layertap.bridge.compare import error_stats
+    from layertap.bridge.tolerance import error_stats
 
     s = error_stats(np.array([1.0, 2.0]), np.array([1.0, 2.5]))
     assert not s.ok and s.max_abs == pytest.approx(0.5) and s.rel_err == pytest.approx(0.25)

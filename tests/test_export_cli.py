@@ -87,7 +87,7 @@ def test_cli_export_impossible_tolerance_exits_1(cli, models):
         (["--tap", "3"], "unknown module '3'"),
         (["--tap", "0#x"], "must be an integer"),
         (["--input", "2xq"], "bad --input"),
-        (["--rtol", "-1"], "tolerance must be >= 0"),
+        (["--rtol", "-1"], "expected a number >= 0"),
     ],
 )
 def test_cli_export_bad_input_exits_2(cli, models, args, needle):

@@ -85,7 +85,7 @@ def random_array(shape, dtype, rng: np.random.Generator | None = None, int_high:
     """Seeded random data of a shape and dtype (see :meth:`InputSpec.array`).
 
     Example:
-        >>> random_array((2, 3), "int64", np.random.default_rng(0), int_high=5).max() < 5
+        >>> bool(random_array((2, 3), "int64", np.random.default_rng(0), int_high=5).max() < 5)
         True
     """
     rng = rng if rng is not None else np.random.default_rng(0)

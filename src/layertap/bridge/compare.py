@@ -7,18 +7,8 @@ is exposed as an extra graph output of an in-memory copy of the graph (the
 file is never written) and fetched from ONNX Runtime. Both sides are aligned
 by ``(module path, call index)`` and compared in PyTorch execution order.
 
-Error statistic (per module call, over every element compared)::
-
-    max_abs = max |onnx - torch|
-    scale   = max |torch|
-    rel_err = max_abs / scale          (0 when both are 0; inf when only torch is 0)
-    pass   <=> max_abs <= atol + rtol * scale
-
-``rel_err`` is the error relative to the reference tensor's largest
-magnitude, not element-wise: an element-wise relative error explodes on
-values near zero (a ReLU output gives "errors" of several hundred), while
-this one stays comparable across layers and is what a float32 export
-actually perturbs. ``atol`` only matters for tensors that are (almost) zero.
+Error statistic: :mod:`layertap.bridge.tolerance` (per module call, over
+every element compared: ``max|onnx - torch| <= atol + rtol * max|torch|``).
 
 Alignment rules:
 
@@ -63,13 +53,12 @@ import numpy as np
 
 from ..errors import InputSpecError, LayertapError, OnnxFileError, unknown_name
 from ..report import Column, Report, fmt_float, fmt_shape
+from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL, ErrorStats, error_stats
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
     import torch
 
-DEFAULT_RTOL = 1e-3
-DEFAULT_ATOL = 1e-5
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of intermediates held at once, per side
 
 PASS, FAIL, NO_COUNTERPART, ABSORBED = "pass", "FAIL", "no counterpart", "absorbed"
@@ -224,61 +213,6 @@ class CompareReport(Report):
                 f"rel err {fmt_float(row.rel_err)}; every module before it agrees"
             )
         return lines
-
-
-# ---------------------------------------------------------------------------
-# error statistic
-# ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ErrorStats:
-    """Error of one ONNX tensor against its PyTorch reference (see module docstring)."""
-
-    max_abs: float
-    scale: float
-    rel_err: float
-    ok: bool
-
-
-def error_stats(ref: np.ndarray, got: np.ndarray, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL) -> ErrorStats:
-    """Compare ``got`` (ONNX) with ``ref`` (PyTorch), same shape.
-
-    NaN in both at the same place counts as equal, as do equal infinities;
-    any other NaN/inf mismatch is an infinite error.
-
-    Example:
-        >>> s = error_stats(np.array([0.0, 2.0]), np.array([1e-4, 2.0]))
-        >>> (s.max_abs, s.rel_err, s.ok)
-        (0.0001, 5e-05, True)
-    """
-    if ref.dtype == np.bool_ or got.dtype == np.bool_:
-        ref, got = ref.astype(np.int8), got.astype(np.int8)
-    if ref.size and ref.dtype == got.dtype and ref.dtype in (np.float32, np.float64):
-        # Fast path (most calls): no NaN/inf anywhere, so plain reductions suffice.
-        # float32 differences of float32 values are exact enough for a 1e-3 verdict.
-        diff = np.abs(np.subtract(ref, got))
-        max_abs = float(diff.max())
-        scale = float(np.abs(ref).max())
-        if math.isfinite(max_abs) and math.isfinite(scale):
-            rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
-            return ErrorStats(max_abs, scale, rel, bool(max_abs <= atol + rtol * scale))
-    a = np.asarray(ref, dtype=np.float64)
-    b = np.asarray(got, dtype=np.float64)
-    if a.size == 0:
-        return ErrorStats(0.0, 0.0, 0.0, True)
-    finite = np.isfinite(a) & np.isfinite(b)
-    special_ok = bool(np.all(finite | (a == b) | (np.isnan(a) & np.isnan(b))))
-    diff = np.abs(a[finite] - b[finite])
-    max_abs = float(diff.max()) if diff.size else 0.0
-    if not special_ok:
-        max_abs = math.inf
-    fa = np.abs(a[np.isfinite(a)])
-    scale = float(fa.max()) if fa.size else 0.0
-    if scale > 0:
-        rel = max_abs / scale
-    else:
-        rel = 0.0 if max_abs == 0 else math.inf
-    ok = max_abs <= atol + rtol * scale
-    return ErrorStats(max_abs, scale, rel, bool(ok))
 
 
 def _merge(stats: Sequence[ErrorStats]) -> ErrorStats:

@@ -46,7 +46,8 @@ from ..errors import InputSpecError, LayertapError
 from ..files import check_output_path
 from ..selectors import Tap, parse_taps
 from . import _onnxedit as edit
-from ._verify import DEFAULT_ATOL, DEFAULT_RTOL, ExportReport, ExportRow, compare
+from ._verify import ExportReport, ExportRow, compare
+from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL
 from ._wrapper import TapWrapper, input_names as signature_names
 
 EXPORTERS = ("dynamo", "torchscript")

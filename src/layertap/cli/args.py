@@ -123,6 +123,41 @@ class OutputArgs(ArgGroup):
         return check_output_path(ns.output, inputs=inputs, suffixes=self.suffixes)
 
 
+def nonneg_float(text: str) -> float:
+    """argparse type: a number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+class ToleranceArgs(ArgGroup):
+    """``--rtol`` / ``--atol``: the pass rule shared by export verification and compare."""
+
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        from ..bridge.tolerance import DEFAULT_ATOL, DEFAULT_RTOL
+
+        g = parser.add_argument_group("tolerance")
+        g.add_argument("--rtol", type=nonneg_float, default=DEFAULT_RTOL, metavar="R",
+                       help=f"pass when max|onnx-torch| <= atol + rtol*max|torch| (default {DEFAULT_RTOL:g})")
+        g.add_argument("--atol", type=nonneg_float, default=DEFAULT_ATOL, metavar="A",
+                       help=f"absolute tolerance (default {DEFAULT_ATOL:g})")
+
+
 class JsonArgs(ArgGroup):
     """``--json``: machine-readable output on stdout."""
 

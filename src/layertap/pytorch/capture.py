@@ -49,10 +49,11 @@ def find_module(model: nn.Module, path: str) -> nn.Module:
     """``model.get_submodule(path)`` with an error that lists close paths.
 
     Example:
-        >>> find_module(nn.Sequential(nn.Linear(2, 2)), "1")
+        >>> from collections import OrderedDict
+        >>> find_module(nn.Sequential(OrderedDict(encoder=nn.Linear(2, 2))), "encodr")
         Traceback (most recent call last):
         ...
-        layertap.errors.SelectorError: unknown module '1'; did you mean: 0
+        layertap.errors.SelectorError: unknown module 'encodr'; did you mean: encoder (run 'layertap layers MODEL' to list them)
     """
     if path == "":
         return model

@@ -7,28 +7,8 @@ import sys
 from pathlib import Path
 
 from ...errors import OnnxFileError
-from ..args import InputArgs, JsonArgs, ModelArgs
+from ..args import InputArgs, JsonArgs, ModelArgs, ToleranceArgs, positive_int
 from .base import Tool
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 class CompareTool(Tool):
@@ -36,21 +16,16 @@ class CompareTool(Tool):
 
     name = "compare"
     help = "compare PyTorch and ONNX Runtime layer by layer and name the first diverging module"
-    groups = (ModelArgs(), InputArgs(), JsonArgs())
+    groups = (ModelArgs(), InputArgs(), ToleranceArgs(), JsonArgs())
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
-        from ...bridge.compare import DEFAULT_ATOL, DEFAULT_RTOL
-
         parser.add_argument("onnx", metavar="FILE.onnx", help="the exported file (never modified)")
         g = parser.add_argument_group("comparison")
-        g.add_argument("--rtol", type=_positive_float, default=DEFAULT_RTOL,
-                       help=f"pass when max|onnx-torch| <= atol + rtol*max|torch| (default {DEFAULT_RTOL:g})")
-        g.add_argument("--atol", type=_positive_float, default=DEFAULT_ATOL, help=f"(default {DEFAULT_ATOL:g})")
         g.add_argument("--module", action="append", default=None, metavar="PATH",
                        help="compare only this module and its submodules (repeatable)")
         g.add_argument("--no-ort-opt", action="store_true",
                        help="run ONNX Runtime with graph optimisations disabled (exposed outputs can change its fusions)")
-        g.add_argument("--batch-outputs", type=_positive_int, default=None, metavar="N",
+        g.add_argument("--batch-outputs", type=positive_int, default=None, metavar="N",
                        help="expose at most N ONNX tensors per ONNX Runtime run (default: as memory allows)")
         g.add_argument("--plot", metavar="FILE.png", help="write a PNG of the error per module (log scale)")
 

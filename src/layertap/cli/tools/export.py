@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..args import InputArgs, ModelArgs, OutputArgs, TapArgs
+from ..args import InputArgs, ModelArgs, OutputArgs, TapArgs, ToleranceArgs
 from .base import Tool
 
 _OUTPUT = OutputArgs(required=True, suffixes=(".onnx",), help="FILE.onnx")
@@ -26,6 +26,7 @@ class ExportTool(Tool):
         TapArgs(),
         InputArgs(),
         _OUTPUT,
+        ToleranceArgs(),
     )
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -38,8 +39,6 @@ class ExportTool(Tool):
         parser.add_argument("--json", action="store_true", help="print the verification report as JSON")
         g = parser.add_argument_group("advanced")
         g.add_argument("--opset", type=int, default=None, metavar="N", help="ONNX opset version (exporter default)")
-        g.add_argument("--rtol", type=_nonneg, default=None, metavar="R", help="relative tolerance (default 1e-3)")
-        g.add_argument("--atol", type=_nonneg, default=None, metavar="A", help="absolute tolerance (default 1e-4)")
 
     def run(self, ns: argparse.Namespace) -> int:
         # Cheap checks first: a bad path or tap fails before torch is imported.
@@ -47,7 +46,6 @@ class ExportTool(Tool):
         taps = TapArgs.taps(ns)
         specs = InputArgs.specs(ns)
 
-        from ...bridge._verify import DEFAULT_ATOL, DEFAULT_RTOL
         from ...bridge.export import export
         from ...pytorch.models import make_inputs
 
@@ -67,18 +65,8 @@ class ExportTool(Tool):
             exporter=ns.exporter,
             fallback=ns.fallback,
             opset=ns.opset,
-            rtol=DEFAULT_RTOL if ns.rtol is None else ns.rtol,
-            atol=DEFAULT_ATOL if ns.atol is None else ns.atol,
+            rtol=ns.rtol,
+            atol=ns.atol,
         )
         self.print_table(report, as_json=ns.json)
         return 0 if report.ok else 1
-
-
-def _nonneg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"tolerance must be >= 0, got {text!r}")
-    return value
