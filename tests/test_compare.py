@@ -292,3 +292,108 @@ def test_plot_is_written(clean_reports, perturbed, resnet18, resnet_input, tmp_p
     assert [p.name for p in tmp_path.iterdir()] == ["err.png"]  # no temporary left behind
     with pytest.raises(LayertapError, match=".png"):
         report.plot(tmp_path / "err.jpg")
+
+
+# -- review regressions ------------------------------------------------------------------
+def _small_net(torch_mod, head: int = 4):
+    """Conv+BN (folded on export), a module called twice, a ModuleList loop."""
+    nn = torch_mod.nn
+
+    class SmallNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.bn = nn.BatchNorm2d(8)
+            self.act = nn.ReLU()
+            self.blocks = nn.ModuleList([nn.Conv2d(8, 8, 3, padding=1) for _ in range(2)])
+            self.head = nn.Linear(8, head)
+
+        def forward(self, x):
+            x = self.act(self.bn(self.conv(x)))
+            for blk in self.blocks:
+                x = self.act(blk(x))
+            return self.head(x.mean((2, 3)))
+
+    torch_mod.manual_seed(0)
+    model = SmallNet().eval()
+    g = torch_mod.Generator().manual_seed(1)  # own stream: equal statistics whatever the head size
+    with torch_mod.no_grad():
+        model.bn.running_mean.uniform_(-0.1, 0.1, generator=g)
+        model.bn.running_var.uniform_(0.5, 1.5, generator=g)
+    return model
+
+
+def _scale_initializer(src: Path, dst: Path, name: str, factor: float = 1.5) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    proto = onnx.load(str(src))
+    init = next(i for i in proto.graph.initializer if i.name == name)
+    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * factor, name))
+    onnx.save(proto, str(dst))
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_lt_export_file_aligns_by_module_path(torch_mod, tmp_path, exporter):
+    """lt.export wraps the model: scopes read '_fn.conv' / 'model.conv'; compare must still align them."""
+    import onnx
+
+    import layertap as lt
+
+    model = _small_net(torch_mod)
+    x = torch_mod.randn(2, 3, 8, 8)
+    path = tmp_path / "small.onnx"
+    lt.export(model, x, path, taps=["blocks.1"], exporter=exporter, verify=False)
+    report = lt.compare(model, x, path)
+    assert report.ok, str(report)
+    status = {r.name: r.status for r in report.rows}
+    assert status["conv"] == "absorbed" and status["bn"] == "pass"
+    assert status["blocks.0"] == status["blocks.1"] == status["act#2"] == status["head"] == "pass"
+    assert "no counterpart" not in status.values()
+    assert any("prefix" in n for n in report.notes)
+    # a weight changed in the file is found at its own module, not at "output"
+    weight = next(i.name for i in onnx.load(str(path)).graph.initializer if i.name.endswith("blocks.1.weight"))
+    bad = tmp_path / "bad.onnx"
+    _scale_initializer(path, bad, weight)
+    assert lt.compare(model, x, bad).first_divergence == "blocks.1"
+
+
+def test_wrapper_prefix():
+    from layertap.bridge.compare import _wrapper_prefix
+
+    model = {"conv", "blocks", "blocks.0", "head"}
+    assert _wrapper_prefix({"_fn", "_fn.conv", "_fn.blocks.0", "_fn.head"}, model) == "_fn"
+    assert _wrapper_prefix({"outer.model.conv", "outer.model.head"}, model) == "outer.model"
+    assert _wrapper_prefix({"conv", "blocks.0"}, model) == ""
+    # a real child that merely shares a prefix is not stripped
+    assert _wrapper_prefix({"blocks", "blocks.0", "conv"}, model | {"0"}) == ""
+
+
+def test_file_of_another_model_is_refused(torch_mod, resnet_onnx_torchscript):
+    import layertap as lt
+
+    model = _small_net(torch_mod)
+    with pytest.raises(OnnxFileError, match=r"does not look like an export of SmallNet: none of its \d+ module scopes \(avgpool"):
+        lt.compare(model, torch_mod.randn(2, 3, 64, 64), resnet_onnx_torchscript)
+
+
+def test_input_shape_the_file_cannot_take(resnet18, resnet_onnx_dynamo, torch_mod):
+    import layertap as lt
+    from layertap.errors import InputSpecError
+
+    # exported with a fixed 2x3x64x64 input
+    with pytest.raises(InputSpecError, match=r"input 'x' has shape 1x3x64x64 but the ONNX file expects 2x3x64x64"):
+        lt.compare(resnet18, torch_mod.randn(1, 3, 64, 64), resnet_onnx_dynamo)
+
+
+def test_output_of_another_shape_fails(torch_mod, tmp_path):
+    """Same module paths, other head size: the output cannot match, so it must not pass silently."""
+    import layertap as lt
+
+    x = torch_mod.randn(2, 3, 8, 8)
+    path = tmp_path / "head3.onnx"
+    torch_mod.onnx.export(_small_net(torch_mod, head=3), (x,), str(path), dynamo=False)
+    report = lt.compare(_small_net(torch_mod, head=4), x, path)
+    assert not report.ok and report.first_divergence == "output"
+    assert _row(report, "head").status == "no counterpart"
+    assert "shapes differ" in _row(report, "output").note

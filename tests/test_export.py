@@ -338,3 +338,163 @@ def test_bad_arguments(tmp_path, torch_mod):
     with pytest.raises(LayertapError, match="also an output name"):
         lt.export(model, torch.ones(2, 2), tmp_path / "a.onnx", input_names=["output"])
     assert os.listdir(tmp_path) == []
+
+
+# -- regressions found in acceptance review ---------------------------------------------
+class Attention(nn.Module):
+    """nn.MultiheadAttention: under no_grad it takes a fused path TorchScript cannot export."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.attn(x, x, x)[0])
+
+
+def test_torchscript_exports_multihead_attention(tmp_path, torch_mod):
+    model = Attention().eval()
+    report = lt.export(model, torch.randn(2, 5, 8), tmp_path / "a.onnx", taps=["attn[0]", "head:input"],
+                       exporter="torchscript")
+    assert report.ok, str(report)
+    x = torch.randn(3, 5, 8)
+    names = ["output", "attn[0]", "head:input"]
+    values = session(tmp_path / "a.onnx").run(names, {"x": x.numpy()})
+    with torch.no_grad():
+        att = model.attn(x, x, x)[0]
+        expected = [model.head(att), att, att]
+    for name, value, ref in zip(names, values, expected):
+        assert_close(value, ref, name)
+
+
+class Unsupported(nn.Module):
+    def forward(self, x):
+        return torch.diff(x, dim=1)  # no TorchScript-exporter symbolic at the default opset
+
+
+def test_torchscript_failure_is_one_line_and_prints_nothing(tmp_path, torch_mod, capfd):
+    log = torch._C._jit_onnx_log
+    with pytest.raises(LayertapError, match="torchscript exporter failed: .*aten::diff") as info:
+        lt.export(Unsupported(), torch.randn(2, 5), tmp_path / "u.onnx", exporter="torchscript")
+    assert "\n" not in str(info.value)
+    out, err = capfd.readouterr()  # file-descriptor level: C++ prints count too
+    assert "Torch IR graph" not in out + err and out == ""
+    assert torch._C._jit_onnx_log is log
+    assert os.listdir(tmp_path) == []
+
+
+class BakedReshape(nn.Module):
+    """The batch size turned into a Python int: traced as a constant, ORT refuses other batches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 2)
+
+    def forward(self, x):
+        return self.lin(x.reshape(int(x.shape[0]), -1))
+
+
+def test_ort_refusing_another_batch_is_a_failed_check_not_a_crash(tmp_path, torch_mod, capfd):
+    report = lt.export(BakedReshape().eval(), torch.randn(2, 2, 3), tmp_path / "r.onnx", taps=["lin:input"],
+                       exporter="torchscript")
+    assert not report.ok
+    for row in report.rows:
+        assert [c.ok for c in row.checks] == [True, False]
+        assert row.problem.startswith("ONNX Runtime failed at batch 3:")
+    assert "ONNX Runtime failed at batch 3" in str(report)
+    assert os.listdir(tmp_path) == ["r.onnx"]
+    assert "onnxruntime" not in capfd.readouterr().err  # ORT's own error log stays quiet
+
+
+class TwoOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = nn.GRU(4, 6, batch_first=True)
+
+    def forward(self, x):
+        return self.gru(x)[0]
+
+
+def test_bad_tap_fails_before_export_with_real_shapes(tmp_path, torch_mod):
+    with pytest.raises(SelectorError, match=r"tuple\(Tensor\[2,5,6\], Tensor\[1,2,6\]\)"):
+        lt.export(TwoOut().eval(), torch.randn(2, 5, 4), tmp_path / "g.onnx", taps=["gru"])
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_root_taps(tmp_path, torch_mod, exporter):
+    """``""`` is the model output itself (named ``output``); ``:input`` the call's input."""
+    model = nn.Sequential(nn.Linear(4, 3), nn.Tanh()).eval()
+    report = lt.export(model, torch.randn(2, 4), tmp_path / "r.onnx", taps=["", "x_in=:input", "y="],
+                       exporter=exporter)
+    names = ["output", "x_in", "y"]
+    assert report.ok and [r.name for r in report.rows] == names
+    x = torch.randn(3, 4)
+    values = session(tmp_path / "r.onnx").run(names, {"input": x.numpy()})
+    with torch.no_grad():
+        y = model(x)
+    for name, value, ref in zip(names, values, [y, x, y]):
+        assert_close(value, ref, name)
+
+
+class DictOut(nn.Module):
+    """Dict outputs at both levels, like torchvision's segmentation models."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.ModuleDict({"a": nn.Linear(4, 4), "b": nn.Linear(4, 2)})
+
+    def feats(self, x):
+        return {"out": self.body["a"](x), "aux": self.body["b"](x)}
+
+    def forward(self, x):
+        f = self.feats(x)
+        return {"out": f["out"].relu(), "aux": f["aux"]}
+
+
+def test_dict_outputs_and_method(tmp_path, torch_mod):
+    model = DictOut().eval()
+    report = lt.export(model, torch.randn(2, 4), tmp_path / "d.onnx", taps=["body.b", "h=body.a"],
+                       method="feats", exporter="torchscript")
+    names = ["output[out]", "output[aux]", "body.b", "h"]
+    assert report.ok and [r.name for r in report.rows] == names
+    x = torch.randn(5, 4)
+    values = session(tmp_path / "d.onnx").run(names, {"x": x.numpy()})
+    with torch.no_grad():
+        f = model.feats(x)
+    for name, value, ref in zip(names, values, [f["out"], f["aux"], f["aux"], f["out"]]):
+        assert_close(value, ref, name)
+
+
+def test_bert_model_output_fields_and_keyword_inputs(tmp_path, torch_mod):
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                 intermediate_size=64, vocab_size=100)).eval()
+    g = torch.Generator().manual_seed(4)
+    ids, mask = torch.randint(0, 100, (2, 7), generator=g), torch.ones(2, 7, dtype=torch.long)
+    report = lt.export(model, (), tmp_path / "b.onnx", taps=["emb=embeddings", "encoder.layer.1[0]"],
+                       kwargs={"input_ids": ids, "attention_mask": mask}, exporter="torchscript")
+    names = ["output[last_hidden_state]", "output[pooler_output]", "emb", "encoder.layer.1[0]"]
+    assert report.ok, str(report)
+    assert [r.name for r in report.rows] == names and list(report.inputs) == ["input_ids", "attention_mask"]
+    ids, mask = torch.randint(0, 100, (4, 7), generator=g), torch.ones(4, 7, dtype=torch.long)
+    mask[1, 4:] = 0
+    acts = lt.extract(model, input_ids=ids, attention_mask=mask, taps=["emb=embeddings", "encoder.layer.1[0]"])
+    values = session(tmp_path / "b.onnx").run(names, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+    for name, value in zip(names, values):
+        assert_close(value, acts[name], name)
+
+
+def test_replacing_an_external_data_model_removes_its_old_data(tmp_path, torch_mod):
+    model = nn.Sequential(nn.Linear(64, 64)).eval()
+    path = tmp_path / "m.onnx"
+    lt.export(model, torch.randn(2, 64), path, exporter="torchscript", external_data=True)
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.data"]
+    lt.export(model, torch.randn(2, 64), path, exporter="torchscript")
+    assert os.listdir(tmp_path) == ["m.onnx"]
+    (tmp_path / "m.onnx.data").write_bytes(b"not ours")  # a .data the old file never referred to stays
+    lt.export(model, torch.randn(2, 64), path, exporter="torchscript")
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.data"]

@@ -111,3 +111,39 @@ def test_cli_dynamo_failure_exits_2_then_fallback(cli, models):
     data = json.loads(r.stdout)
     assert data["exporter"] == "torchscript" and any("fell back" in n for n in data["notes"])
     assert os.listdir(out) == ["d.onnx"]
+
+
+def test_cli_exporter_failure_keeps_stdout_clean(cli, models):
+    """The TorchScript exporter dumps its graph on C++ stdout when it fails; --json must stay parseable."""
+    src, out = models
+    src.write_text(src.read_text() + textwrap.dedent(
+        """
+        class Diff(nn.Module):
+            def forward(self, x):
+                return torch.diff(x, dim=1)
+        """
+    ))
+    r = cli("export", f"{src}:Diff", "-o", str(out / "d.onnx"), "--input", "2x4", "--exporter", "torchscript", "--json")
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "aten::diff" in lines[0], r.stderr
+    assert os.listdir(out) == []
+
+
+def test_cli_ort_failure_at_other_batch_exits_1(cli, models):
+    src, out = models
+    src.write_text(src.read_text() + textwrap.dedent(
+        """
+        class Baked(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(6, 2)
+
+            def forward(self, x):
+                return self.lin(x.reshape(int(x.shape[0]), -1))
+        """
+    ))
+    r = cli("export", f"{src}:Baked", "-o", str(out / "b.onnx"), "--input", "2x3x2", "--exporter", "torchscript")
+    assert r.returncode == 1, r.stderr
+    assert "ONNX Runtime failed at batch 3" in r.stdout and "onnxruntime" not in r.stderr
+    assert os.listdir(out) == ["b.onnx"]

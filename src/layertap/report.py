@@ -23,6 +23,7 @@ class Column:
     header: str
     fmt: Callable[[Any], str] | None = None
     justify: str = "left"
+    no_wrap: bool = False  # short values (shapes, numbers) that read badly when wrapped or cut
 
 
 def fmt_float(x: Any) -> str:
@@ -107,7 +108,7 @@ class Table:
 
         table = RichTable(title=self.title, title_justify="left")
         for col in self.columns:
-            table.add_column(col.header, justify=col.justify)
+            table.add_column(col.header, justify=col.justify, no_wrap=col.no_wrap)
         for row in self.rows:
             table.add_row(*[self._cell(row, col) for col in self.columns])
         return table

@@ -61,7 +61,7 @@ def rename_value(graph: onnx.GraphProto, old: str, new: str) -> None:
 
 def name_inputs(graph: onnx.GraphProto, names: Sequence[str]) -> None:
     """Rename the graph inputs (initializers excluded) to ``names``, in order."""
-    inputs = _real_inputs(graph)
+    inputs = graph_inputs(graph)
     if len(inputs) != len(names):
         raise ValueError(f"the exported graph has {len(inputs)} inputs, expected {len(names)}")
     taken = all_value_names(graph)
@@ -140,7 +140,7 @@ def name_batch_symbols(model: onnx.ModelProto, input_names: Sequence[str]) -> di
     """
     graph = model.graph
     firsts: dict[str, str] = {}
-    for vi in _real_inputs(graph):
+    for vi in graph_inputs(graph):
         dims = vi.type.tensor_type.shape.dim
         if dims and dims[0].dim_param and dims[0].dim_param not in firsts:
             firsts[dims[0].dim_param] = vi.name
@@ -178,6 +178,15 @@ def read_taps_metadata(model: onnx.ModelProto) -> list[dict] | None:
     return None
 
 
+def graph_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
+    """The inputs a caller feeds: graph inputs that are not initializers.
+
+    (Older exporters list every initializer as a graph input too.)
+    """
+    inits = {t.name for t in graph.initializer}
+    return [i for i in graph.input if i.name not in inits]
+
+
 def shape_of(vi: onnx.ValueInfoProto) -> list[int | str] | None:
     """Declared shape: ints and symbol names (``?`` for unknown dims)."""
     tt = vi.type.tensor_type
@@ -196,9 +205,6 @@ def external_locations(model: onnx.ModelProto) -> set[str]:
 
 
 # -- internals ---------------------------------------------------------------
-def _real_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
-    inits = {t.name for t in graph.initializer}
-    return [i for i in graph.input if i.name not in inits]
 
 
 def _walk_nodes(graph: onnx.GraphProto):

@@ -63,11 +63,16 @@ def write_plot(report: "CompareReport", path: str | os.PathLike) -> None:
         ax.annotate(
             f"first divergence: {first.name}",
             xy=(fx, bad_y[bad_x.index(fx)] if fx in bad_x else report.rtol),
-            xytext=(6, -16), textcoords="offset points", color="tab:red", fontsize=9,
+            xytext=(6, -28), textcoords="offset points", color="tab:red", fontsize=9,
+            bbox=dict(facecolor="white", edgecolor="none", alpha=0.85),  # readable over the FAIL points
         )
     step = max(1, math.ceil(len(rows) / _MAX_LABELS))
-    ax.set_xticks(xs[::step])
-    ax.set_xticklabels([r.name for r in rows][::step], rotation=90, fontsize=7)
+    ticks = set(xs[::step])
+    if first is not None and first in rows:
+        ticks.add(rows.index(first))  # the one label a reader looks for must not be thinned away
+    ticks_sorted = sorted(ticks)
+    ax.set_xticks(ticks_sorted)
+    ax.set_xticklabels([rows[x].name for x in ticks_sorted], rotation=90, fontsize=7)
     ax.set_ylabel("max|onnx - torch| / max|torch|")
     ax.set_xlabel("module call, PyTorch execution order")
     ax.set_title("PyTorch vs ONNX Runtime: error per module" + ("" if report.ok else " (diverges)"))

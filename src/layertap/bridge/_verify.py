@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from ..report import Column, Report, fmt_float, fmt_ok, fmt_shape
-from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL, error_stats
+from .tolerance import error_stats
+
 
 @dataclass
 class Check:
@@ -73,6 +74,11 @@ class ExportRow:
     def origin(self) -> str:
         """The selector, shown only when it differs from the name (an alias)."""
         return "" if self.source == self.name else self.source
+
+    @property
+    def problem(self) -> str | None:
+        """The first thing that went wrong beyond a number (shape, NaN, ORT refusing to run)."""
+        return next((c.problem for c in self.checks if c.problem), None)
 
     @property
     def batches(self) -> str:
@@ -140,8 +146,17 @@ class ExportReport(Report):
             return lines
         fails = self.failures
         tol = f"rtol={self.rtol:g}, atol={self.atol:g}: pass when max abs <= atol + rtol x max|value|"
+        for problem in dict.fromkeys(r.problem for r in fails if r.problem):
+            names = [r.name for r in fails if r.problem == problem]
+            lines.append(f"{_names_text(names)}: {problem}")
         if fails:
             lines.append(f"{len(fails)} of {len(self.rows)} outputs FAILED ({tol}): " + ", ".join(r.name for r in fails))
         else:
             lines.append(f"all {len(self.rows)} outputs match PyTorch ({tol})")
         return lines
+
+
+def _names_text(names: list[str], show: int = 3) -> str:
+    """``a, b, c`` or ``a, b, c and 4 more``."""
+    head = ", ".join(names[:show])
+    return head if len(names) <= show else f"{head} and {len(names) - show} more"

@@ -83,7 +83,9 @@ class TapWrapper(nn.Module):
         # into (and change) the user's model.
         self.training = model.training
         self.method = method
-        self.taps = list(taps)
+        # The root's own output under its default name is the model output,
+        # already exported as ``output`` (lt.extract merges it the same way).
+        self.taps = [t for t in taps if not _is_model_output(t)]
         if isinstance(method, str):
             self._fn = bound_method(model, method)
             # Hooks on the root fire only when the root module is called, which
@@ -220,6 +222,16 @@ def _names_of(tap: Tap, cap: Capture) -> list[tuple[str, int]]:
     if ran == 1:
         return [(tap.name, 0)]
     return [(tap.name_for_call(c), c) for c in range(ran)]
+
+
+def _is_model_output(tap: Tap) -> bool:
+    """``""`` (the root's output, no alias, no index): the same as ``output``.
+
+    Example:
+        >>> _is_model_output(Tap.parse("")), _is_model_output(Tap.parse("y=")), _is_model_output(Tap.parse(":input"))
+        (True, False, False)
+    """
+    return tap.path == "" and tap.port == "output" and not tap.index and tap.alias is None and tap.call in (None, 0, -1)
 
 
 def _info(tap: Tap, name: str, call: int) -> OutputInfo:

@@ -45,9 +45,10 @@ import os
 import re
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Sequence
 
 import numpy as np
 
@@ -72,7 +73,7 @@ FUSION_NOTE = (
 # before it is called a fusion (Conv -> BatchNorm -> ReLU is the longest
 # chain exporters fold).
 _FUSE_WINDOW = 2
-_NO_SCOPE_NOTE = "no ONNX node has this module's scope (a no-op in eval mode, or folded into constants)"
+_NO_SCOPE_NOTE = "no ONNX node in its scope (a no-op in eval mode, or folded into constants)"
 _ORT_EXTERNAL_DIR_KEY = "session.model_external_initializers_file_folder_path"
 
 
@@ -129,10 +130,10 @@ class CompareReport(Report):
     columns: ClassVar[Sequence[Column]] = (
         Column("name", "module"),
         Column("type", "type"),
-        Column("shape", "shape", fmt_shape),
-        Column("max_abs", "max abs err", fmt_float, "right"),
-        Column("rel_err", "rel err", fmt_float, "right"),
-        Column("status", "status"),
+        Column("shape", "shape", fmt_shape, no_wrap=True),
+        Column("max_abs", "max abs err", fmt_float, "right", no_wrap=True),
+        Column("rel_err", "rel err", fmt_float, "right", no_wrap=True),
+        Column("status", "status", no_wrap=True),
         Column("note", "note"),
     )
 
@@ -228,27 +229,33 @@ def _merge(stats: Sequence[ErrorStats]) -> ErrorStats:
 def pair_tensors(torch_shapes: Sequence[tuple], onnx_shapes: Sequence[tuple]) -> list[tuple[int, int]]:
     """Pair ONNX tensors with PyTorch tensors of one module call.
 
-    By position when the counts agree and every shape matches; otherwise each
-    ONNX tensor takes the first unused PyTorch tensor of the same shape.
-    Returns ``(torch_index, onnx_index)`` pairs; unpaired tensors are left out.
+    By position when the counts agree and every shape matches. Otherwise
+    matching runs from the end: an ONNX call can leak extra boundary tensors
+    *before* its real outputs (an inner value that a tap, or a shared
+    subexpression, uses outside the module), while a module's results are the
+    last values it computes. Each PyTorch tensor, last first, takes the last
+    unused ONNX tensor of the same shape. Returns ``(torch_index, onnx_index)``
+    pairs in ONNX order; unpaired tensors are left out.
 
     Example:
         >>> pair_tensors([(2, 4), (2, 4, 4)], [(2, 4, 4)])
         [(1, 0)]
         >>> pair_tensors([(2, 4), (2, 4)], [(2, 4), (2, 4)])
         [(0, 0), (1, 1)]
+        >>> pair_tensors([(1, 5, 8)], [(1, 5, 8), (1, 5, 8)])  # an inner value leaked first
+        [(0, 1)]
     """
     if len(torch_shapes) == len(onnx_shapes) and all(_same_shape(t, o) for t, o in zip(torch_shapes, onnx_shapes)):
         return [(i, i) for i in range(len(onnx_shapes))]
     used: set[int] = set()
     pairs: list[tuple[int, int]] = []
-    for j, o in enumerate(onnx_shapes):
-        for i, t in enumerate(torch_shapes):
-            if i not in used and _same_shape(t, o):
-                used.add(i)
+    for i in reversed(range(len(torch_shapes))):
+        for j in reversed(range(len(onnx_shapes))):
+            if j not in used and _same_shape(torch_shapes[i], onnx_shapes[j]):
+                used.add(j)
                 pairs.append((i, j))
                 break
-    return pairs
+    return sorted(pairs, key=lambda p: p[1])
 
 
 def _same_shape(a: tuple, b: tuple) -> bool:
@@ -342,6 +349,84 @@ def _to_numpy(t: "torch.Tensor") -> np.ndarray:
     return t.to("cpu", copy=True).numpy()
 
 
+class _TorchRecorder:
+    """Forward hooks that record every module call, in return order, into a store.
+
+    A module's output is copied to numpy the moment the call returns (a later
+    in-place op cannot change it). A container (``Sequential``, a residual
+    block's last child) often returns its last child's tensor object
+    unchanged; that value is stored once and shared, not copied twice.
+
+    Example:
+        >>> import torch
+        >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()).eval()
+        >>> store = _ArrayStore(1 << 20)
+        >>> rec = _TorchRecorder(m, store, lambda path: True)
+        >>> with rec.hooks(), torch.no_grad():
+        ...     _ = m(torch.ones(1, 2))
+        >>> [(c.path, c.call) for c in rec.calls]
+        [('0', 0), ('1', 0)]
+    """
+
+    def __init__(self, model: Any, store: _ArrayStore, wanted: Callable[[str], bool]) -> None:
+        self.model = model
+        self.store = store
+        self.wanted = wanted
+        self.calls: list[_ModCall] = []
+        self._names = {id(m): p for p, m in model.named_modules() if p}
+        self._counts: dict[int, int] = {}
+        self._open: dict[int, list[int]] = {}  # call indices of calls not yet returned (recursion)
+        self._last: tuple[list[Any], list[np.ndarray], list[int]] = ([], [], [])  # tensors, arrays, versions
+
+    @contextmanager
+    def hooks(self) -> Iterator[None]:
+        """Hooks on every submodule, removed on exit (exceptions too)."""
+        handles = []
+        try:
+            for path, mod in self.model.named_modules():
+                if path:
+                    handles.append(mod.register_forward_pre_hook(self._pre))
+                    handles.append(mod.register_forward_hook(self._post))
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+            self._last = ([], [], [])
+
+    def _pre(self, mod: Any, _args: Any) -> None:
+        k = id(mod)
+        c = self._counts.get(k, 0)
+        self._counts[k] = c + 1
+        self._open.setdefault(k, []).append(c)
+
+    def _post(self, mod: Any, _args: Any, output: Any) -> None:
+        k = id(mod)
+        c = (self._open.get(k) or [self._counts[k] - 1]).pop()
+        mc = _ModCall(len(self.calls), self._names[k], c, type(mod).__name__)
+        self.calls.append(mc)
+        if self.wanted(mc.path):
+            self._record(mc, output)
+
+    def _record(self, mc: _ModCall, output: Any) -> None:
+        from ..pytorch.values import flatten
+
+        tensors = [t for _, t in flatten(output)]
+        if not tensors:
+            mc.note = "PyTorch output holds no tensor"
+            return
+        prev, prev_arrays, versions = self._last
+        if (
+            len(prev) == len(tensors)
+            and all(a is b for a, b in zip(prev, tensors))
+            and all(t._version == v for t, v in zip(tensors, versions))
+        ):
+            self.store.put(mc.key, prev_arrays, shared=True)
+            return
+        arrays = [_to_numpy(t) for t in tensors]
+        self.store.put(mc.key, arrays)
+        self._last = (tensors, arrays, [t._version for t in tensors])
+
+
 def _run_torch(
     model: Any,
     args: tuple,
@@ -352,7 +437,7 @@ def _run_torch(
 ) -> tuple[list[_ModCall], _ModCall]:
     """Run the model once; record every module call in return order.
 
-    Returns the calls and the root call (the model's result, last).
+    Returns the calls and the root call (the model's result, stored last).
     """
     import torch
 
@@ -360,72 +445,21 @@ def _run_torch(
     from ..pytorch.values import flatten
 
     fn = bound_method(model, method)
-    names = {id(m): p for p, m in model.named_modules() if p}
-    counts: dict[int, int] = {}
-    stacks: dict[int, list[int]] = {}
-    calls: list[_ModCall] = []
-    # The previous call's tensors: a container (Sequential, a block) returns its
-    # last child's tensor object unchanged; storing it twice would double memory.
-    last: dict[str, Any] = {"tensors": [], "arrays": [], "versions": []}
-
-    def pre(mod, _args):
-        k = id(mod)
-        c = counts.get(k, 0)
-        counts[k] = c + 1
-        stacks.setdefault(k, []).append(c)
-
-    def post(mod, _args, output):
-        k = id(mod)
-        stack = stacks.get(k) or [counts[k] - 1]
-        c = stack.pop()
-        mc = _ModCall(len(calls), names[k], c, type(mod).__name__)
-        calls.append(mc)
-        if not wanted(mc.path):
-            return None
-        _record(mc, output)
-        return None
-
-    def _record(mc: _ModCall, output: Any) -> None:
-        tensors = [t for _, t in flatten(output)]
-        if not tensors:
-            mc.note = "PyTorch output holds no tensor"
-            return
-        prev = last["tensors"]
-        if (
-            len(prev) == len(tensors)
-            and all(a is b for a, b in zip(prev, tensors))
-            and all(t._version == v for t, v in zip(tensors, last["versions"]))
-        ):
-            store.put(mc.key, last["arrays"], shared=True)
-            return
-        arrays = [_to_numpy(t) for t in tensors]
-        store.put(mc.key, arrays)
-        last.update(tensors=tensors, arrays=arrays, versions=[t._version for t in tensors])
-
-    handles = []
-    try:
-        for p, m in model.named_modules():
-            if p:
-                handles.append(m.register_forward_pre_hook(pre))
-                handles.append(m.register_forward_hook(post))
-        with torch.no_grad():
-            try:
-                out = fn(*args, **kwargs)
-            except (TypeError, ValueError, RuntimeError, IndexError) as e:
-                # Almost always inputs that do not fit the model; the chain keeps the traceback.
-                raise InputSpecError(
-                    f"{type(model).__name__}.{method} failed on the given inputs: {type(e).__name__}: {_one_line(e)}"
-                ) from e
-    finally:
-        for h in handles:
-            h.remove()
-        last.clear()
-    root = _ModCall(len(calls), "", 0, type(model).__name__)
+    recorder = _TorchRecorder(model, store, wanted)
+    with recorder.hooks(), torch.no_grad():
+        try:
+            out = fn(*args, **kwargs)
+        except (TypeError, ValueError, RuntimeError, IndexError) as e:
+            # Almost always inputs that do not fit the model; the chain keeps the traceback.
+            raise InputSpecError(
+                f"{type(model).__name__}.{method} failed on the given inputs: {type(e).__name__}: {_one_line(e)}"
+            ) from e
+    root = _ModCall(len(recorder.calls), "", 0, type(model).__name__)
     tensors = [t for _, t in flatten(out)]
     if not tensors:
         raise LayertapError(f"{type(model).__name__}.{method} returned no tensor; there is nothing to compare")
     store.put(root.key, [_to_numpy(t) for t in tensors])
-    return calls, root
+    return recorder.calls, root
 
 
 # ---------------------------------------------------------------------------
@@ -473,6 +507,15 @@ class _OrtRunner:
             out.append((i.name, dtype))
         return out
 
+    def input_shapes(self) -> dict[str, tuple[int | None, ...]]:
+        """Declared shape of each graph input; ``None`` for a symbolic or unknown dimension."""
+        out = {}
+        for i in self.proto.graph.input:
+            if i.type.tensor_type.HasField("shape"):
+                dims = i.type.tensor_type.shape.dim
+                out[i.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in dims)
+        return out
+
     def run(self, names: list[str], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import onnx
         import onnxruntime as ort
@@ -497,7 +540,7 @@ class _OrtRunner:
         try:
             sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
         except Exception as e:  # noqa: BLE001 - ORT raises its own types
-            raise OnnxFileError(f"ONNX Runtime cannot load '{self.folder}' graph with extra outputs: {_one_line(e)}") from None
+            raise OnnxFileError(f"ONNX Runtime cannot load the graph from '{self.folder}' with extra outputs: {_one_line(e)}") from None
         del data
         try:
             values = sess.run(names, feed)
@@ -552,6 +595,29 @@ def _feed(inputs: list[tuple[str, str]], args: tuple, kwargs: dict) -> dict[str,
     return out
 
 
+def _check_feed_shapes(feed: dict[str, np.ndarray], declared: dict[str, tuple[int | None, ...]]) -> None:
+    """A clear one-line error before any run when an input cannot fit the file.
+
+    Example:
+        >>> _check_feed_shapes({"x": np.zeros((2, 3))}, {"x": (1, 3)})
+        Traceback (most recent call last):
+        ...
+        layertap.errors.InputSpecError: input 'x' has shape 2x3 but the ONNX file expects 1x3 (exported with a fixed shape; pass --input 1x3 or re-export with a dynamic batch)
+    """
+    for name, a in feed.items():
+        want = declared.get(name)
+        if want is None:
+            continue
+        fits = len(want) == a.ndim and all(w is None or w == d for w, d in zip(want, a.shape))
+        if not fits:
+            spelled = "x".join("?" if w is None else str(w) for w in want) or "a scalar"
+            raise InputSpecError(
+                f"input '{name}' has shape {'x'.join(map(str, a.shape)) or 'a scalar'} but the ONNX file expects "
+                f"{spelled} (exported with a fixed shape; pass --input {spelled.replace('?', '1')} or re-export "
+                "with a dynamic batch)"
+            )
+
+
 def _model_outputs(proto: "onnx.ModelProto") -> list[str]:
     """The graph outputs that are the model's own result.
 
@@ -573,6 +639,98 @@ def _model_outputs(proto: "onnx.ModelProto") -> list[str]:
     return names
 
 
+class _ScopeView:
+    """The file's module calls under the model's own module paths.
+
+    A file exported from a wrapper around the model names every module under
+    the wrapper's attribute: ``lt.export`` files read ``_fn.layer1.0.conv1``
+    (dynamo) or ``model.layer1.0.conv1`` (TorchScript). The view strips such
+    a prefix so that calls align with ``model.named_modules()``; the wrapper's
+    own call (the bare prefix) is the model's result, compared as ``output``.
+    It offers the two :class:`~layertap.onnxfile.scopes.ScopeMap` queries the
+    plan needs, ``counterparts()`` and ``calls(path)``.
+    """
+
+    def __init__(self, smap: Any, model_paths: set[str]) -> None:
+        self.source: str = smap.source
+        counterparts = smap.counterparts()
+        self.prefix = _wrapper_prefix({c.path for c in counterparts}, model_paths)
+        if self.prefix:
+            counterparts = [_unprefixed(c, self.prefix) for c in counterparts if c.path != self.prefix]
+        self._counterparts = counterparts
+        self._calls: dict[str, int] = {}
+        for c in counterparts:
+            self._calls[c.path] = self._calls.get(c.path, 0) + 1
+
+    def counterparts(self) -> list[Any]:
+        return list(self._counterparts)
+
+    def calls(self, path: str) -> int:
+        return self._calls.get(path, 0)
+
+    def paths(self) -> set[str]:
+        return set(self._calls)
+
+
+def _wrapper_prefix(onnx_paths: set[str], model_paths: set[str]) -> str:
+    """The module path prefix the file adds to the model's paths ("" for none).
+
+    A prefix (one or more leading components, for nested wrappers) is chosen
+    only when stripping it makes more of the file's paths known to the model
+    than as they are.
+
+    Example:
+        >>> _wrapper_prefix({"_fn", "_fn.conv1", "_fn.layer1.0"}, {"conv1", "layer1", "layer1.0"})
+        '_fn'
+        >>> _wrapper_prefix({"conv1", "layer1.0"}, {"conv1", "layer1", "layer1.0"})
+        ''
+    """
+    candidates: set[str] = set()
+    for p in onnx_paths:
+        parts = p.split(".")
+        candidates.update(".".join(parts[:k]) for k in range(1, min(len(parts), 4)))
+    best, best_hits = "", len(onnx_paths & model_paths)
+    for prefix in sorted(candidates, key=len):  # shortest first: ties keep the shallower prefix
+        cut = len(prefix) + 1
+        hits = sum(1 for p in onnx_paths if p.startswith(prefix + ".") and p[cut:] in model_paths)
+        if hits > best_hits:
+            best, best_hits = prefix, hits
+    return best
+
+
+def _unprefixed(cp: Any, prefix: str) -> Any:
+    """``cp`` with ``prefix.`` removed from its path and from module names in its note."""
+    import dataclasses
+
+    cut = len(prefix) + 1
+    fields: dict[str, Any] = {"path": cp.path[cut:] if cp.path.startswith(prefix + ".") else cp.path}
+    if cp.note:
+        fields["note"] = re.sub(rf"(?<![\w.]){re.escape(prefix)}\.(?=\w)", "", cp.note)
+    absorbed_by = getattr(cp, "absorbed_by", None)
+    if absorbed_by and absorbed_by.startswith(prefix + "."):
+        fields["absorbed_by"] = absorbed_by[cut:]
+    return dataclasses.replace(cp, **fields)
+
+
+def _check_same_model(view: _ScopeView, model: Any, onnx_path: str | os.PathLike) -> None:
+    """Refuse a file whose module scopes name none of the model's modules.
+
+    Without this, every module would be ``no counterpart`` and a file of
+    another model would "compare clean" on its output alone.
+    """
+    onnx_paths = view.paths()
+    if view.source == "none" or not onnx_paths:
+        return
+    model_paths = [p for p, _ in model.named_modules() if p]
+    if not model_paths or onnx_paths & set(model_paths):
+        return
+    sample = ", ".join(sorted(onnx_paths, key=lambda p: (p.count("."), p))[:3])
+    raise OnnxFileError(
+        f"'{onnx_path}' does not look like an export of {type(model).__name__}: none of its {len(onnx_paths)} "
+        f"module scopes ({sample}, ...) is a module of the model ({', '.join(model_paths[:3])}, ...)"
+    )
+
+
 # ---------------------------------------------------------------------------
 # alignment and rows
 # ---------------------------------------------------------------------------
@@ -591,37 +749,21 @@ def _is_absorption(note: str) -> bool:
     return any(w in low for w in ("fold", "fus", "absorb", "merge"))
 
 
-def _short_note(note: str | None, path: str, known: dict[str, int]) -> str | None:
-    """``folded into node X with layer1.0.bn1 (...)`` -> ``fused into layer1.0.bn1; compared there``.
-
-    The scope map's notes name the ONNX node too; the table only needs the
-    module that holds the value. Falls back to the full note.
-
-    Example:
-        >>> _short_note("folded into node n7 with layer1.0.bn1 (BatchNorm fused)", "layer1.0.conv1", {"layer1.0.bn1": 1})
-        'fused into layer1.0.bn1; compared there'
-    """
-    if not note:
-        return note
-    parent = path.rpartition(".")[0]
-    found = []
-    for word in note.split():
-        if "/" in word:
-            continue  # an ONNX node name such as /layer3/layer3.0/conv1/Conv
-        token = re.sub(r"^[^\w]+|[^\w]+$", "", word)
-        if token != path and token in known:
-            found.append(token)
-    if not found:
-        return note
-    siblings = [t for t in found if t.rpartition(".")[0] == parent]
-    return f"fused into {(siblings or found)[0]}; compared there"
+def _call_counts(calls: Sequence[_ModCall]) -> dict[str, int]:
+    """How many times PyTorch ran each module path."""
+    counts: dict[str, int] = {}
+    for mc in calls:
+        counts[mc.path] = max(counts.get(mc.path, 0), mc.call + 1)
+    return counts
 
 
 def _plan(calls: list[_ModCall], root: _ModCall, smap: Any, outputs: list[str], include_root: bool) -> list[_Item]:
+    """Pair each PyTorch module call with its ONNX tensors, or say why it has none.
+
+    ``smap`` answers ``counterparts()`` and ``calls(path)`` (a :class:`_ScopeView`).
+    """
     counterparts = {(c.path, c.call): c for c in smap.counterparts()}
-    torch_calls: dict[str, int] = {}
-    for mc in calls:
-        torch_calls[mc.path] = max(torch_calls.get(mc.path, 0), mc.call + 1)
+    torch_calls = _call_counts(calls)
     items: list[_Item] = []
     for mc in calls:
         item = _Item(mc)
@@ -638,8 +780,8 @@ def _plan(calls: list[_ModCall], root: _ModCall, smap: Any, outputs: list[str], 
         elif cp is None:
             item.status = NO_COUNTERPART
         elif not cp.tensors:
-            item.status = ABSORBED if cp.note and _is_absorption(cp.note) else NO_COUNTERPART
-            item.note = _short_note(cp.note, mc.path, torch_calls) if item.status == ABSORBED else cp.note
+            item.status = ABSORBED if cp.absorbed_by or (cp.note and _is_absorption(cp.note)) else NO_COUNTERPART
+            item.note = f"fused into {cp.absorbed_by}; compared there" if cp.absorbed_by else cp.note
         else:
             item.tensors = tuple(cp.tensors)
         if mc.note and not item.status:
@@ -704,7 +846,10 @@ class _RowBuilder:
         ref = self.store.get(mc.key)
         stats, names, why = self._compare(ref, onnx_arrays, item.tensors)
         if stats is None:
-            return CompareRow(**base, max_abs=None, rel_err=None, status=NO_COUNTERPART, ok=None, onnx=list(item.tensors), note=why)
+            # Same inputs, other output shapes: the file does not compute the model's result.
+            # For an inner module the scope mapping may be at fault, so that is only "no counterpart".
+            status, ok = (FAIL, False) if mc.path == "" else (NO_COUNTERPART, None)
+            return CompareRow(**base, max_abs=None, rel_err=None, status=status, ok=ok, onnx=list(item.tensors), note=why)
         if not stats.ok:
             fused = self._fused_into(item, onnx_arrays)
             if fused is not None:
@@ -871,64 +1016,86 @@ def compare(
         (True, None)
     """
     from ..onnxfile.scopes import ScopeMap
+    from ..pytorch.taps import bound_method
 
-    if not (isinstance(rtol, (int, float)) and rtol >= 0 and isinstance(atol, (int, float)) and atol >= 0):
-        raise LayertapError(f"tolerances must be numbers >= 0, got rtol={rtol!r}, atol={atol!r}")
-    if batch_outputs is not None and (not isinstance(batch_outputs, int) or batch_outputs < 1):
-        raise LayertapError(f"batch_outputs must be a positive integer, got {batch_outputs!r}")
-    if not isinstance(memory_budget, int) or memory_budget < 1:
-        raise LayertapError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
+    _check_options(rtol, atol, batch_outputs, memory_budget)
+    bound_method(model, method)  # a non-module or an unknown method fails before any work
     args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
     kwargs = dict(kwargs or {})
     proto = _load_proto(onnx_path)
-    smap = ScopeMap.from_model(proto)
+    view = _ScopeView(ScopeMap.from_model(proto), {p for p, _ in model.named_modules() if p})
+    _check_same_model(view, model, onnx_path)
     wanted, include_root = _module_filter(model, modules)
     runner = _OrtRunner(proto, Path(onnx_path).resolve().parent, ort_optimizations)
-    feed_inputs = runner.input_names()
+    # Inputs first: a wrong number or shape of arguments should not cost a forward.
+    feed = _feed(runner.input_names(), args, kwargs)
+    _check_feed_shapes(feed, runner.input_shapes())
 
     store = _ArrayStore(memory_budget)
-    rows: list[CompareRow] = []
     try:
         with _Progress(progress) as prog:
-            # Inputs first: a wrong number of arguments should not cost a forward.
-            feed = _feed(feed_inputs, args, kwargs)
             prog.step("PyTorch forward")
             calls, root = _run_torch(model, args, kwargs, method, store, wanted)
             prog.advance()
-            items = [it for it in _plan(calls, root, smap, _model_outputs(proto), include_root) if wanted(it.mc.path) or it.mc is root]
-            torch_calls: dict[str, int] = {}
-            for mc in calls:
-                torch_calls[mc.path] = max(torch_calls.get(mc.path, 0), mc.call + 1)
-            builder = _RowBuilder(items, store, float(rtol), float(atol), torch_calls)
+            items = [it for it in _plan(calls, root, view, _model_outputs(proto), include_root) if wanted(it.mc.path) or it.mc is root]
+            builder = _RowBuilder(items, store, float(rtol), float(atol), _call_counts(calls))
             batches = _batches(items, store, batch_outputs, memory_budget)
             prog.step("ONNX Runtime and compare", total=len(items))
-            for batch in batches:
-                names = list(dict.fromkeys(n for it in batch for n in it.tensors))
-                values = runner.run(names, feed) if names else {}
-                for it in batch:
-                    rows.append(builder.row(it, values))
-                    prog.advance()
-                del values  # this batch's ORT arrays go before the next run
+            rows = _compare_batches(batches, builder, runner, feed, prog)
     finally:
         store.close()
-
-    notes = [FUSION_NOTE] if ort_optimizations else ["ONNX Runtime ran with graph optimisations disabled (ORT_DISABLE_ALL)"]
-    if getattr(model, "training", False):
-        notes.append("the model is in training mode (dropout, batch statistics): call model.eval() before comparing")
-    if smap.source == "none":
-        notes.append(
-            "the ONNX file carries no module scopes (not from torch.onnx.export), so only the model output is compared"
-        )
-    if runner.runs > 1:
-        notes.append(f"ONNX Runtime ran {runner.runs} times, exposing the intermediates in batches to bound memory")
-    if store.spilled:
-        notes.append(f"{store.spilled / 2**20:.0f} MiB of PyTorch values were held on disk (memory_budget)")
     return CompareReport(
         rows,
-        notes,
+        _notes(model, view, runner, store),
         rtol=float(rtol),
         atol=float(atol),
         onnx_path=str(onnx_path),
         ort_optimizations=ort_optimizations,
         ort_runs=runner.runs,
     )
+
+
+def _check_options(rtol: Any, atol: Any, batch_outputs: Any, memory_budget: Any) -> None:
+    """User errors in the numeric options, as one-line messages."""
+    if not (isinstance(rtol, (int, float)) and rtol >= 0 and isinstance(atol, (int, float)) and atol >= 0):
+        raise LayertapError(f"tolerances must be numbers >= 0, got rtol={rtol!r}, atol={atol!r}")
+    if batch_outputs is not None and (not isinstance(batch_outputs, int) or batch_outputs < 1):
+        raise LayertapError(f"batch_outputs must be a positive integer, got {batch_outputs!r}")
+    if not isinstance(memory_budget, int) or memory_budget < 1:
+        raise LayertapError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
+
+
+def _compare_batches(
+    batches: list[list[_Item]], builder: _RowBuilder, runner: _OrtRunner, feed: dict[str, np.ndarray], prog: _Progress
+) -> list[CompareRow]:
+    """One ORT run per batch; each batch's arrays are compared and dropped before the next run."""
+    rows: list[CompareRow] = []
+    for batch in batches:
+        names = list(dict.fromkeys(n for it in batch for n in it.tensors))
+        values = runner.run(names, feed) if names else {}
+        for it in batch:
+            rows.append(builder.row(it, values))
+            prog.advance()
+        del values
+    return rows
+
+
+def _notes(model: Any, view: _ScopeView, runner: _OrtRunner, store: _ArrayStore) -> list[str]:
+    """What the reader needs to know to trust (or doubt) the rows."""
+    if runner.optimize:
+        notes = [FUSION_NOTE]
+    else:
+        notes = ["ONNX Runtime ran with graph optimisations disabled (ORT_DISABLE_ALL)"]
+    if getattr(model, "training", False):
+        notes.append("the model is in training mode (dropout, batch statistics): call model.eval() before comparing")
+    if view.source == "none":
+        notes.append(
+            "the ONNX file carries no module scopes (not from torch.onnx.export), so only the model output is compared"
+        )
+    if view.prefix:
+        notes.append(f"the file's module scopes carry the prefix '{view.prefix}.' (exported through a wrapper); stripped")
+    if runner.runs > 1:
+        notes.append(f"ONNX Runtime ran {runner.runs} times, exposing the intermediates in batches to bound memory")
+    if store.spilled:
+        notes.append(f"{store.spilled / 2**20:.0f} MiB of PyTorch values were held on disk (memory_budget)")
+    return notes

@@ -35,6 +35,7 @@ import os
 import re
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -46,7 +47,7 @@ from ..errors import InputSpecError, LayertapError
 from ..files import check_output_path
 from ..selectors import Tap, parse_taps
 from . import _onnxedit as edit
-from ._verify import ExportReport, ExportRow, compare
+from ._verify import Check, ExportReport, ExportRow, compare
 from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL
 from ._wrapper import TapWrapper, input_names as signature_names
 
@@ -91,7 +92,7 @@ def export(
         verify: run the file in ONNX Runtime and compare with PyTorch.
         exporter: ``"dynamo"`` (torch.export-based, default) or ``"torchscript"``.
         opset: ONNX opset version (exporter default when ``None``).
-        rtol, atol: verification tolerances (see :mod:`layertap.bridge._verify`).
+        rtol, atol: verification tolerances (see :mod:`layertap.bridge.tolerance`).
         input_names: names for the tensor inputs; default from the method's
             signature (``x``, ``pixel_values``, ``input_ids``...).
         kwargs: keyword arguments of the call.
@@ -104,7 +105,8 @@ def export(
         An :class:`~layertap.bridge._verify.ExportReport`: one row per graph
         output (model outputs first, then taps) with the declared shape, the
         batch sizes run, max abs/rel error and pass/fail; ``.ok`` is False
-        when any output is out of tolerance (the file is still written).
+        when any output is out of tolerance or ONNX Runtime cannot run the
+        file at some batch size (the file is still written, for inspection).
 
     Raises:
         LayertapError: bad taps, inputs or path, or an exporter failure (the
@@ -120,61 +122,80 @@ def export(
         (True, ['output', 'layer1', 'layer2.0.relu#0', 'layer2.0.relu#1'])
     """
     out = check_output_path(path, suffixes=(".onnx",))
+    _check_options(model, exporter)
+    plan = _plan(model, args, kwargs, taps, method, input_names, dynamic_batch, external_data)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as work:
+        raw, final = _work_paths(Path(work), out.name)
+        used = _run_exporter(plan, raw, exporter, fallback, opset)
+        proto = _finish_graph(plan, raw, final)
+        rows = _rows(proto, plan.wrapper)
+        if verify:
+            _verify(final, plan, rows, rtol, atol)
+        _publish(final, out)
+    return ExportReport(rows, path=str(out), exporter=used, inputs=_declared_inputs(proto), rtol=rtol,
+                        atol=atol, verified=verify, notes=plan.notes)
+
+
+# -- preparation -------------------------------------------------------------
+@dataclass
+class _Plan:
+    """Everything fixed before the exporter runs."""
+
+    wrapper: TapWrapper
+    #: graph input names, one per tensor argument
+    input_names: list[str]
+    #: the user's example tensors (what verification runs first)
+    example: tuple[torch.Tensor, ...]
+    #: what the exporter traces: ``example`` with a batch of 1 widened to 2
+    traced: tuple[torch.Tensor, ...]
+    #: PyTorch's values on ``example``, one per output (the eager run)
+    reference: list[torch.Tensor]
+    dynamic: bool
+    external: bool
+    notes: list[str]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self.wrapper.outputs]
+
+
+def _check_options(model: Any, exporter: str) -> None:
     if exporter not in EXPORTERS:
         raise LayertapError(f"unknown exporter {exporter!r}; use one of: {', '.join(EXPORTERS)}")
     if not isinstance(model, nn.Module):
         raise LayertapError(f"expected a torch.nn.Module, got {type(model).__name__}")
+
+
+def _plan(model, args, kwargs, taps, method, input_names, dynamic: bool, external_data: bool | None) -> _Plan:
+    """Wrap the model and run it once eagerly.
+
+    The eager run resolves every tap on real tensors before the (slow)
+    exporter starts: a bad tap fails in a second, with real shapes in the
+    message instead of tracer symbols (``Tensor[s95,9,32]``), and its values
+    are the reference for the first verification run.
+    """
     args = _as_args(args)
     kwargs = dict(kwargs or {})
-    parsed = parse_taps(taps)
-    wrapper = TapWrapper(model, method, parsed, args, kwargs)
-    names_in = _input_names(input_names, model, method, args, kwargs, len(wrapper.example_tensors))
+    wrapper = TapWrapper(model, method, parse_taps(taps), args, kwargs)
+    example = wrapper.example_tensors
+    names_in = _input_names(input_names, model, method, args, kwargs, len(example))
+    with torch.no_grad():
+        reference = wrapper.run(example)
+    clash = set(names_in) & {o.name for o in wrapper.outputs}
+    if clash:
+        raise LayertapError(
+            f"input name {sorted(clash)[0]!r} is also an output name; rename the input (input_names=) or alias the tap"
+        )
     notes: list[str] = []
     if model.training:
         notes.append("the model is in training mode (dropout, batch statistics); call model.eval() before export")
-
-    example = wrapper.example_tensors
-    export_tensors = _widen_batch(example) if dynamic_batch else example
-    if export_tensors is not example and any(a.shape != b.shape for a, b in zip(example, export_tensors)):
+    traced = _widen_batch(example) if dynamic else example
+    if any(a.shape != b.shape for a, b in zip(example, traced)):
         notes.append("example batch of 1 was repeated to 2 for export, so the batch dimension stays symbolic")
     external = external_data if external_data is not None else _weight_bytes(model) > EXTERNAL_DATA_BYTES
-
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as work:
-        raw = Path(work, "export", out.name)
-        final = Path(work, "final", out.name)
-        raw.parent.mkdir()
-        final.parent.mkdir()
-        # The exporter's trace is the wrapper's first run: it fixes the output
-        # names, so no separate eager run is needed when not verifying.
-        used = _run_exporter(wrapper, export_tensors, raw, names_in, exporter, fallback, dynamic_batch, opset, external, notes)
-        names_out = [o.name for o in wrapper.outputs]
-        clash = set(names_in) & set(names_out)
-        if clash:
-            raise LayertapError(
-                f"input name {sorted(clash)[0]!r} is also an output name; rename the input (input_names=) or alias the tap"
-            )
-
-        proto = onnx.load(str(raw), load_external_data=False)
-        edit.name_inputs(proto.graph, names_in)
-        n_identity = edit.name_outputs(proto.graph, names_out)
-        if n_identity:
-            notes.append(f"{n_identity} output(s) repeat another output or an input; each got its own Identity node")
-        if dynamic_batch:
-            edit.name_batch_symbols(proto, names_in)
-        edit.set_taps_metadata(proto, [o.record() for o in wrapper.outputs])
-        _save(proto, raw, final, external)
-
-        rows = _rows(proto, wrapper)
-        if verify:
-            _verify(final, wrapper, names_in, names_out, example, export_tensors, rows, rtol, atol, dynamic_batch)
-        _publish(final, out)
-
-    inputs = {vi.name: edit.shape_of(vi) for vi in edit._real_inputs(proto.graph)}
-    return ExportReport(rows, path=str(out), exporter=used, inputs=inputs, rtol=rtol, atol=atol,
-                        verified=verify, notes=notes)
+    return _Plan(wrapper, names_in, example, traced, reference, dynamic, external, notes)
 
 
-# -- preparation -------------------------------------------------------------
 def _as_args(args: Any) -> tuple:
     if isinstance(args, torch.Tensor):
         return (args,)
@@ -240,12 +261,25 @@ def _weight_bytes(model: nn.Module) -> int:
 
 
 # -- export ------------------------------------------------------------------
-def _run_exporter(wrapper, tensors, raw: Path, names_in, exporter, fallback, dynamic, opset, external, notes) -> str:
+def _work_paths(work: Path, name: str) -> tuple[Path, Path]:
+    """``export/<name>`` for the exporter's file, ``final/<name>`` for the edited one.
+
+    Two folders, so both files keep the final name and an external data file
+    is ``<name>.data`` in either.
+    """
+    raw, final = work / "export" / name, work / "final" / name
+    raw.parent.mkdir()
+    final.parent.mkdir()
+    return raw, final
+
+
+def _run_exporter(plan: _Plan, raw: Path, exporter: str, fallback: bool, opset: int | None) -> str:
+    """Write the raw ONNX file; return the exporter that produced it."""
     if exporter == "torchscript":
-        _export_torchscript(wrapper, tensors, raw, names_in, dynamic, opset)
+        _export_torchscript(plan, raw, opset)
         return "torchscript"
     try:
-        _export_dynamo(wrapper, tensors, raw, dynamic, opset, external)
+        _export_dynamo(plan, raw, opset)
         return "dynamo"
     except Exception as e:  # noqa: BLE001 - any exporter failure is reported in one line
         _reraise_own(e)
@@ -255,35 +289,37 @@ def _run_exporter(wrapper, tensors, raw: Path, names_in, exporter, fallback, dyn
                 f"the dynamo exporter (torch.export) failed: {why}; try --exporter torchscript "
                 "(exporter='torchscript'), or --fallback to try it automatically"
             ) from e
-        notes.append(f"the dynamo exporter failed ({why}); fell back to the TorchScript exporter")
+        plan.notes.append(f"the dynamo exporter failed ({why}); fell back to the TorchScript exporter")
     for leftover in raw.parent.iterdir():
         leftover.unlink()
-    _export_torchscript(wrapper, tensors, raw, names_in, dynamic, opset)
+    _export_torchscript(plan, raw, opset)
     return "torchscript"
 
 
-def _export_dynamo(wrapper, tensors, raw: Path, dynamic: bool, opset, external: bool) -> None:
+def _export_dynamo(plan: _Plan, raw: Path, opset: int | None) -> None:
     options: dict[str, Any] = {}
-    if dynamic:
+    if plan.dynamic:
         # forward(*tensors): one spec per tensor, nested in the varargs slot.
-        dims = tuple({0: torch.export.Dim.DYNAMIC} if t.dim() > 0 else None for t in tensors)
+        # Dim.DYNAMIC gives each input its own symbol unless the model ties
+        # them, and fails loudly instead of silently fixing the size.
+        dims = tuple({0: torch.export.Dim.DYNAMIC} if t.dim() > 0 else None for t in plan.traced)
         options["dynamic_shapes"] = (dims,)
     if opset is not None:
         options["opset_version"] = opset
     with _quiet():
-        torch.onnx.export(wrapper, tuple(tensors), str(raw), dynamo=True, verbose=False,
-                          external_data=external, **options)
+        torch.onnx.export(plan.wrapper, tuple(plan.traced), str(raw), dynamo=True, verbose=False,
+                          external_data=plan.external, **options)
 
 
-def _export_torchscript(wrapper, tensors, raw: Path, names_in, dynamic: bool, opset) -> None:
-    options: dict[str, Any] = {"input_names": list(names_in)}
-    if dynamic:
-        options["dynamic_axes"] = {n: {0: f"batch_{n}"} for n, t in zip(names_in, tensors) if t.dim() > 0}
+def _export_torchscript(plan: _Plan, raw: Path, opset: int | None) -> None:
+    options: dict[str, Any] = {"input_names": list(plan.input_names)}
+    if plan.dynamic:
+        options["dynamic_axes"] = {n: {0: f"batch_{n}"} for n, t in zip(plan.input_names, plan.traced) if t.dim() > 0}
     if opset is not None:
         options["opset_version"] = opset
     try:
         with _quiet():
-            torch.onnx.export(wrapper, tuple(tensors), str(raw), dynamo=False, **options)
+            torch.onnx.export(plan.wrapper, tuple(plan.traced), str(raw), dynamo=False, verbose=False, **options)
     except Exception as e:  # noqa: BLE001
         _reraise_own(e)
         raise LayertapError(f"the torchscript exporter failed: {_reason(e)}") from e
@@ -299,24 +335,42 @@ def _reraise_own(e: BaseException) -> None:
         e = e.__cause__ or e.__context__
 
 
+def _no_onnx_log(*_args: Any) -> None:
+    """Stand-in for ``torch._C._jit_onnx_log`` while exporting (see :func:`_quiet`)."""
+
+
 @contextlib.contextmanager
 def _quiet():
     """Silence the exporters' chatter; real problems still raise.
 
     torch.export logs guards and prints graph dumps on stderr (pages of them
     when it fails), which would bury the one-line error; the exception itself
-    keeps the details (``--debug`` shows them).
+    keeps the details (``--debug`` shows them). The TorchScript exporter
+    turns its C++ log on for every export (its ``setup_onnx_logging`` tests
+    the function ``_jit_is_onnx_log_enabled`` instead of calling it) and, on
+    failure, writes the whole TorchScript graph to C++ stdout, where it would
+    corrupt ``--json``; its log function is swapped for a no-op meanwhile.
+
+    Grad mode is left as it is: under ``torch.no_grad()``,
+    ``nn.MultiheadAttention`` takes its fused fast path
+    (``aten::_native_multi_head_attention``), which the TorchScript exporter
+    cannot export.
     """
     previous = logging.root.manager.disable
     logging.disable(max(previous, logging.WARNING))
+    onnx_log = getattr(torch._C, "_jit_onnx_log", None)
+    if onnx_log is not None:
+        torch._C._jit_onnx_log = _no_onnx_log
     try:
-        with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.simplefilter("ignore", FutureWarning)
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             yield
     finally:
         logging.disable(previous)
+        if onnx_log is not None:
+            torch._C._jit_onnx_log = onnx_log
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -335,10 +389,32 @@ def _reason(e: BaseException) -> str:
     return line if len(line) <= 300 else line[:297] + "..."
 
 
-# -- files -------------------------------------------------------------------
+# -- graph edits and files -----------------------------------------------------
+def _finish_graph(plan: _Plan, raw: Path, final: Path) -> onnx.ModelProto:
+    """Name inputs, outputs and batch symbols, record the taps, write ``final``.
+
+    The graph is loaded without its weights (FIELD-NOTES: 0.3 s and 40 MB on
+    a 3.2 GB model), so this step costs the same for any model size.
+    """
+    proto = onnx.load(str(raw), load_external_data=False)
+    edit.name_inputs(proto.graph, plan.input_names)
+    n_identity = edit.name_outputs(proto.graph, plan.output_names)
+    if n_identity:
+        plan.notes.append(f"{n_identity} output(s) repeat another output or an input; each got its own Identity node")
+    if plan.dynamic:
+        edit.name_batch_symbols(proto, plan.input_names)
+    edit.set_taps_metadata(proto, [o.record() for o in plan.wrapper.outputs])
+    _save(proto, raw, final, plan.external)
+    return proto
+
+
+def _declared_inputs(proto: onnx.ModelProto) -> dict[str, list | None]:
+    return {vi.name: edit.shape_of(vi) for vi in edit.graph_inputs(proto.graph)}
+
+
 def _save(proto: onnx.ModelProto, raw: Path, final: Path, external: bool) -> None:
     """Write the edited graph; external data ends up in ``<final>.data``."""
-    data_name = final.name + ".data"
+    data_name = _data_name(final)
     locations = edit.external_locations(proto)
     if not locations and not external:
         onnx.save_model(proto, str(final))
@@ -348,17 +424,44 @@ def _save(proto: onnx.ModelProto, raw: Path, final: Path, external: bool) -> Non
         os.replace(raw.parent / data_name, final.parent / data_name)
         onnx.save_model(proto, str(final))
     else:
+        # Either the TorchScript exporter's one-file-per-tensor layout or a
+        # small model forced external: gather everything into one file.
         onnx.load_external_data_for_model(proto, str(raw.parent))
         onnx.save_model(proto, str(final), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=data_name, size_threshold=1024)
 
 
+def _data_name(onnx_path: Path) -> str:
+    """The external data file layertap writes beside ``m.onnx``: ``m.onnx.data``."""
+    return onnx_path.name + ".data"
+
+
 def _publish(final: Path, out: Path) -> None:
-    data = final.parent / (final.name + ".data")
+    """Move the finished files into place.
+
+    The data file goes first, so the ``.onnx`` never points at a missing
+    file. When the file being replaced kept its weights in ``<out>.data`` and
+    the new one does not, that data file is removed: it belongs to no model
+    any more.
+    """
+    data = final.parent / _data_name(final)
+    old_data = out.parent / _data_name(out)
+    stale = not data.exists() and old_data.exists() and _data_name(out) in _locations_of(out)
     if data.exists():
-        # The data file first, so the .onnx never points at a missing file.
-        os.replace(data, out.parent / data.name)
+        os.replace(data, old_data)
     os.replace(final, out)
+    if stale:
+        old_data.unlink(missing_ok=True)
+
+
+def _locations_of(path: Path) -> set[str]:
+    """External data files an existing ONNX file refers to (empty if unreadable)."""
+    if not path.is_file():
+        return set()
+    try:
+        return edit.external_locations(onnx.load(str(path), load_external_data=False))
+    except Exception:  # noqa: BLE001 - not our file or not ONNX: leave its neighbours alone
+        return set()
 
 
 # -- verification ------------------------------------------------------------
@@ -378,26 +481,52 @@ def _rows(proto: onnx.ModelProto, wrapper: TapWrapper) -> list[ExportRow]:
     return rows
 
 
-def _verify(final, wrapper, names_in, names_out, example, exported, rows, rtol, atol, dynamic) -> None:
+def _verify(final: Path, plan: _Plan, rows: list[ExportRow], rtol: float, atol: float) -> None:
+    """Run ``final`` in ONNX Runtime and add one check per run to every row.
+
+    Runs the example inputs (against the eager run's values) and, with a
+    dynamic batch, a batch size unlike both the example's and the traced
+    one. A run ONNX Runtime refuses (a size baked into a ``Reshape``) fails
+    every row with ORT's message rather than stopping the export: the file
+    is written, the report says what broke, the CLI exits 1.
+    """
     import onnxruntime as ort
 
+    # Severity 4 (fatal only): a failing kernel logs its error on stderr
+    # besides raising it, and the report already carries the message.
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4
+    run_opts = ort.RunOptions()
+    run_opts.log_severity_level = 4
     try:
         sess = ort.InferenceSession(str(final), opts, providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001
         raise LayertapError(f"ONNX Runtime cannot load the exported model: {_reason(e)}") from e
-    runs = [example]
-    if dynamic and any(t.dim() > 0 for t in example):
-        runs.append(_other_batch(example, exported))
-    for tensors in runs:
+    runs = [(plan.example, plan.reference)]
+    if plan.dynamic and any(t.dim() > 0 for t in plan.example):
+        other = _other_batch(plan.example, plan.traced)
         with torch.no_grad():
-            expected = wrapper.run(tensors)
-        feeds = {n: _numpy(t) for n, t in zip(names_in, tensors)}
-        batch = {n: int(t.shape[0]) for n, t in zip(names_in, tensors) if t.dim() > 0}
-        got = sess.run(names_out, feeds)
+            runs.append((other, plan.wrapper.run(other)))
+    for tensors, expected in runs:
+        feeds = {n: _numpy(t) for n, t in zip(plan.input_names, tensors)}
+        batch = {n: int(t.shape[0]) for n, t in zip(plan.input_names, tensors) if t.dim() > 0}
+        try:
+            got = sess.run(plan.output_names, feeds, run_opts)
+        except Exception as e:  # noqa: BLE001 - reported per row, see above
+            problem = f"ONNX Runtime failed at batch {_batch_words(batch)}: {_reason(e)}"
+            for row in rows:
+                row.add(Check(batch, None, None, None, False, problem))
+            continue
         for row, a, b in zip(rows, got, expected):
             row.add(compare(a, _numpy(b), rtol=rtol, atol=atol, batch=batch))
+
+
+def _batch_words(batch: dict[str, int]) -> str:
+    """``3`` or ``pixel_values=3, input_ids=4``."""
+    sizes = set(batch.values())
+    if len(sizes) == 1:
+        return str(next(iter(sizes)))
+    return ", ".join(f"{k}={v}" for k, v in batch.items())
 
 
 def _numpy(t: torch.Tensor):

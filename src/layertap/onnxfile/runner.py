@@ -68,6 +68,9 @@ def run(
         result[key] = got[name]
     for name in added:
         result[name] = got[name]
+    for name, tensor in pairs:  # a tap on a graph output: also under the tap's own name
+        if name not in result:
+            result[name] = got[name if name in got else tensor]
     return result
 
 

@@ -83,6 +83,8 @@ class Counterpart:
         tensors: boundary tensors of that call, in graph order; empty when none
             is trustworthy (then ``note`` says why).
         note: why there is no trustworthy tensor, else ``None``.
+        absorbed_by: for a module folded into another (Conv into its
+            BatchNorm), the module path whose node holds the fused value.
 
     Example:
         >>> Counterpart("layer1.0.conv1", 0, (), "folded into node X with layer1.0.bn1").note
@@ -93,6 +95,7 @@ class Counterpart:
     call: int
     tensors: tuple[str, ...]
     note: str | None = None
+    absorbed_by: str | None = None
 
 
 @dataclass

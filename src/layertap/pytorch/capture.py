@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from ..errors import SelectorError, unknown_name
-from ..selectors import Tap, parse_taps
+from ..selectors import Tap, index_text, parse_taps
 from . import callgraph
-from .values import CallArgs, describe, pick
+from .values import CallArgs, not_a_tensor, param_names, pick
 
 
 class StopForward(BaseException):
@@ -38,6 +38,10 @@ class _Slot:
     # call index -> (sequence number, tensor); bounded for negative calls.
     values: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)
     done: bool = False
+    # A selector that does not fit the value (bad index, not a tensor). Kept
+    # here and raised by results(): raised inside the hook, a model's own
+    # ``except Exception`` around the call could swallow it.
+    error: SelectorError | None = None
 
 
 def module_paths(model: nn.Module) -> list[str]:
@@ -162,7 +166,7 @@ class Capture:
         self._stack[key].append(call)
         for slot in self._slots:
             if slot.tap.port == "input" and self._modules.get(slot.tap.path) is mod:
-                self._record(slot, call, _input_value(args, kwargs, slot.tap))
+                self._record(slot, call, _input_value(args, kwargs, slot.tap, _forward_names(mod)))
         # An ':input' tap can be complete before its module runs: stop here
         # and save that module's work too.
         if self.stop_early and self._all_done(mod, returned=False):
@@ -183,15 +187,16 @@ class Capture:
 
     def _record(self, slot: _Slot, call: int, value: Any) -> None:
         tap = slot.tap
-        if tap.call is not None and tap.call >= 0 and call != tap.call:
+        if slot.error is not None or (tap.call is not None and tap.call >= 0 and call != tap.call):
             return
         where = f"tap {tap.name!r}: module {tap.path or '<root>'!r} {tap.port}"
-        value = pick(value, tap.index, where=where)
-        if not isinstance(value, torch.Tensor):
-            raise SelectorError(
-                f"{where}{''.join(f'[{i}]' for i in tap.index)} is {describe(value)}, not a tensor; "
-                f"pick one with an index, e.g. {tap.canonical}[0]"
-            )
+        try:
+            value = pick(value, tap.index, where=where)
+            if not isinstance(value, torch.Tensor):
+                raise not_a_tensor(f"{where}{index_text(tap.index)}", value, tap.canonical)
+        except SelectorError as e:
+            slot.error = e
+            return
         value = value.detach().clone() if self.detach else value.clone()
         slot.values[call] = (next(self._seq), value)
         if tap.call is not None and tap.call < 0:
@@ -221,6 +226,8 @@ class Capture:
     def _slot_done(self, slot: _Slot, fin: nn.Module | None, mod: nn.Module, returned: bool) -> bool:
         tap = slot.tap
         own = self._modules[tap.path]
+        if slot.error is not None:
+            return True  # results() raises it; nothing to wait for
         if tap.call is not None and tap.call >= 0 and tap.call in slot.values:
             return True  # the one call asked for is in hand
         if fin is None:
@@ -244,6 +251,9 @@ class Capture:
         index beyond the calls that happened.
         """
         named: list[tuple[int, str, torch.Tensor]] = []
+        for slot in self._slots:
+            if slot.error is not None:
+                raise slot.error
         for slot in self._slots:
             named.extend(self._resolve(slot))
         named.sort(key=lambda item: item[0])
@@ -289,21 +299,36 @@ def _module_key(mod: nn.Module) -> int:
     return id(mod.__dict__)
 
 
-def _input_value(args: tuple, kwargs: dict, tap: Tap) -> Any:
+def _forward_names(mod: nn.Module) -> tuple[str, ...]:
+    """Parameter names of ``mod.forward`` (cached per class), for ``:input[name]``."""
+    cls = type(mod)
+    names = _FORWARD_NAMES.get(cls)
+    if names is None:
+        names = _FORWARD_NAMES[cls] = param_names(mod.forward)
+    return names
+
+
+_FORWARD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _input_value(args: tuple, kwargs: dict, tap: Tap, names: tuple[str, ...] = ()) -> Any:
     """The value an ``:input`` tap starts from.
 
     With an index, the first index picks the argument: an integer picks a
-    positional argument, a key picks a keyword argument (then the rest of the
-    chain applies). Without an index, the input is the one tensor argument:
-    the only positional argument, else the only tensor among the positional
-    arguments (HF calls ``layer(h, None, is_causal=True)``), else the only
-    tensor keyword argument. Anything less clear is returned whole, so the
-    error shows the call's structure.
+    positional argument, a key picks a keyword argument, or a positional one
+    by its parameter name in ``names`` (then the rest of the chain applies).
+    Without an index, the input is the one tensor argument: the only
+    positional argument, else the only tensor among the positional arguments
+    (HF calls ``layer(h, None, is_causal=True)``), else the only tensor
+    keyword argument. Anything less clear is returned whole, so the error
+    shows the call's structure.
 
     Example:
         >>> t = torch.zeros(1)
         >>> _input_value((t, None), {"is_causal": True}, Tap.parse("m:input")) is t
         True
+        >>> _input_value((t, None), {}, Tap.parse("m:input[hidden]"), ("hidden", "mask")).positional
+        {'hidden': 0, 'mask': 1}
     """
     if not tap.index:
         if len(args) == 1:
@@ -315,4 +340,4 @@ def _input_value(args: tuple, kwargs: dict, tap: Tap) -> Any:
             kw_tensors = [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
             if len(kw_tensors) == 1:
                 return kw_tensors[0]
-    return CallArgs(args, kwargs)
+    return CallArgs(args, kwargs, names)

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from ..errors import LayertapError, SelectorError, unknown_name
-from ..selectors import Tap, parse_taps
+from ..selectors import Tap, index_text, parse_taps
 from .capture import Capture, StopForward
-from .values import describe, flatten, pick
+from .values import describe, flatten, not_a_tensor, param_names, pick
 
 
 class TapResult:
@@ -127,7 +127,7 @@ def extract(
     result: dict[str, torch.Tensor] = {}
     for t in root_taps:
         if t.port == "input":
-            result[t.name] = _root_value(t, _root_input(args, kwargs, t), detach)
+            result[t.name] = _root_value(t, _root_input(args, kwargs, t, fn), detach)
     cap = Capture(model, hooked, detach=detach, stop_early=stop_early, method=method)
     out: Any = None
     stopped = False
@@ -173,10 +173,12 @@ def output_tensors(out: Any, *, detach: bool = True, name: str = "output") -> di
     return items
 
 
-def _root_input(args: tuple, kwargs: dict, tap: Tap) -> Any:
+def _root_input(args: tuple, kwargs: dict, tap: Tap, fn: Any = None) -> Any:
+    """The arguments of the root method as an ``:input`` tap sees them
+    (``fn``, the bound method, names positional arguments)."""
     from .capture import _input_value
 
-    return _input_value(args, kwargs, tap)
+    return _input_value(args, kwargs, tap, param_names(fn) if fn is not None else ())
 
 
 def _root_value(tap: Tap, value: Any, detach: bool) -> torch.Tensor:
@@ -185,5 +187,5 @@ def _root_value(tap: Tap, value: Any, detach: bool) -> torch.Tensor:
     where = f"tap {tap.name!r}: root {tap.port}"
     value = pick(value, tap.index, where=where)
     if not isinstance(value, torch.Tensor):
-        raise SelectorError(f"{where} is {describe(value)}, not a tensor; pick one with an index, e.g. {tap.canonical}[0]")
+        raise not_a_tensor(f"{where}{index_text(tap.index)}", value, tap.canonical)
     return value.detach().clone() if detach else value.clone()

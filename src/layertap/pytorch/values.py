@@ -7,6 +7,7 @@ Modules return tensors, tuples, lists, dicts, dataclasses and HF
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -35,27 +36,83 @@ def pick(value: Any, index: Sequence[Index], *, where: str = "value") -> Any:
 class CallArgs(dict):
     """Arguments of one module call: ``[i]`` is positional ``i``, ``[key]`` a keyword.
 
+    ``names`` are the parameter names of the called function, in order: with
+    them ``[hidden_states]`` also finds an argument that was passed by
+    position (HF blocks are called as ``layer(hidden_states, mask, ...)``).
+
     Example:
-        >>> a = CallArgs((torch.zeros(1), torch.ones(2)), {"mask": None})
-        >>> pick(a, (-1,)).shape, describe(a)
-        (torch.Size([2]), 'args(Tensor[1], Tensor[2], mask=None)')
+        >>> a = CallArgs((torch.zeros(1), torch.ones(2)), {"mask": None}, names=("x", "y", "mask"))
+        >>> pick(a, (-1,)).shape, pick(a, ("y",)).shape, describe(a)
+        (torch.Size([2]), torch.Size([2]), 'args(x=Tensor[1], y=Tensor[2], mask=None)')
     """
 
-    def __init__(self, args: tuple, kwargs: dict) -> None:
+    def __init__(self, args: tuple, kwargs: dict, names: Sequence[str] = ()) -> None:
         super().__init__({**dict(enumerate(args)), **kwargs})
         self.nargs = len(args)
+        # parameter name -> position, for the arguments that were passed by position
+        self.positional = {n: i for i, n in enumerate(names[: len(args)]) if n not in kwargs}
+
+    def label(self, key: Index) -> str:
+        """How an entry is shown: ``name=`` for a positional argument with a known name."""
+        if isinstance(key, int):
+            name = next((n for n, i in self.positional.items() if i == key), None)
+            return f"{name}=" if name else ""
+        return f"{key}="
+
+
+def param_names(fn: Any) -> tuple[str, ...]:
+    """Names of the parameters a callable takes by position (``self`` excluded).
+
+    Example:
+        >>> param_names(torch.nn.Linear(2, 2).forward)
+        ('input',)
+    """
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return tuple(p.name for p in params if p.kind in kinds)
+
+
+def first_tensor_index(value: Any) -> str | None:
+    """The ``[index]`` text of the first tensor inside a structure, if any.
+
+    Used to suggest an index that works when a selected value is not a tensor.
+
+    Example:
+        >>> first_tensor_index({"aux": None, "out": torch.zeros(1)})
+        '[out]'
+        >>> first_tensor_index((None,)) is None
+        True
+    """
+    for suffix, _ in flatten(value):
+        return suffix
+    return None
+
+
+def not_a_tensor(where: str, value: Any, selector: str) -> SelectorError:
+    """The error for a selected value that is not a tensor, with an index that works.
+
+    Example:
+        >>> str(not_a_tensor("tap 'm'", (None, torch.zeros(2)), "m"))
+        "tap 'm' is tuple(None, Tensor[2]), not a tensor; pick one with an index, e.g. m[1]"
+        >>> str(not_a_tensor("tap 'm[b]'", None, "m[b]"))
+        "tap 'm[b]' is None, not a tensor; there is no tensor to capture there"
+    """
+    msg = f"{where} is {describe(value)}, not a tensor"
+    hint = first_tensor_index(value)
+    if hint is not None:
+        return SelectorError(f"{msg}; pick one with an index, e.g. {selector}{hint}")
+    return SelectorError(f"{msg}; there is no tensor to capture there")
 
 
 def _pick_one(value: Any, key: Index, where: str) -> Any:
     if isinstance(value, CallArgs):
-        if isinstance(key, int) and key < 0:
-            key += value.nargs
-        if isinstance(key, int) and not 0 <= key < value.nargs:
-            raise SelectorError(f"{where} is {describe(value)}; positional argument [{key}] is out of range")
+        return _pick_argument(value, key, where)
     if is_model_output(value):
         if isinstance(key, int):
-            items = value.to_tuple()
-            return _seq_item(items, key, where, value)
+            return _seq_item(value.to_tuple(), key, where, value)
         return _map_item(value, key, where)
     if isinstance(value, dict):
         if key not in value and isinstance(key, int) and str(key) in value:
@@ -73,11 +130,31 @@ def _pick_one(value: Any, key: Index, where: str) -> Any:
         if isinstance(key, int):
             return _seq_item([getattr(value, n) for n in names], key, where, value)
         return _map_item({n: getattr(value, n) for n in names}, key, where)
-    if isinstance(value, torch.Tensor) and isinstance(key, int):
-        if value.dim() == 0 or not -value.shape[0] <= key < value.shape[0]:
-            raise SelectorError(f"{where} is {describe(value)}; index [{key}] is out of range")
-        return value[key]
+    if isinstance(value, torch.Tensor) and key in (0, -1):
+        # A module that returns one tensor returns a 1-tuple: [0] is the tensor
+        # itself (not its first batch row). This keeps selectors written for
+        # ``(hidden,)``-returning layers working where a library version returns
+        # a bare tensor, and matches the ONNX side, where [0] on a module with
+        # one output tensor is that tensor.
+        return value
+    if isinstance(value, torch.Tensor):
+        raise SelectorError(
+            f"{where} is {describe(value)}, one tensor: only [0] applies to it "
+            "(selectors pick module results, not slices; slice the saved array instead)"
+        )
     raise SelectorError(f"{where} is {describe(value)}; it cannot be indexed by [{key}]")
+
+
+def _pick_argument(call: CallArgs, key: Index, where: str) -> Any:
+    """``[i]``: positional argument ``i``; ``[name]``: keyword, or positional by parameter name."""
+    if isinstance(key, int):
+        if not -call.nargs <= key < call.nargs:
+            raise SelectorError(
+                f"{where} is {describe(call)}; positional argument [{key}] is out of range ({call.nargs} given)"
+            )
+        return call[key % call.nargs]
+    by_name = {**{n: call[i] for n, i in call.positional.items()}, **{k: v for k, v in call.items() if isinstance(k, str)}}
+    return _map_item(by_name, key, where, whole=call)
 
 
 def _seq_item(items: Sequence[Any], key: int, where: str, whole: Any) -> Any:
@@ -86,13 +163,13 @@ def _seq_item(items: Sequence[Any], key: int, where: str, whole: Any) -> Any:
     return items[key]
 
 
-def _map_item(mapping: Any, key: Index, where: str) -> Any:
+def _map_item(mapping: Any, key: Index, where: str, whole: Any = None) -> Any:
     if key not in mapping:
         from ..errors import close_matches
 
         keys = [str(k) for k in mapping.keys()]
         hint = close_matches(str(key), keys)
-        msg = f"{where} is {describe(mapping)}; it has no key [{key}]"
+        msg = f"{where} is {describe(mapping if whole is None else whole)}; it has no key [{key}]"
         if hint:
             msg += "; did you mean: " + ", ".join(hint)
         raise SelectorError(msg)
@@ -114,7 +191,7 @@ def describe(value: Any, depth: int = 0) -> str:
     if depth > 3:
         return "..."
     if isinstance(value, CallArgs):
-        inner = ", ".join(describe(v, depth + 1) if isinstance(k, int) else f"{k}={describe(v, depth + 1)}" for k, v in value.items())
+        inner = ", ".join(f"{value.label(k)}{describe(v, depth + 1)}" for k, v in value.items())
         return f"args({inner})"
     if isinstance(value, dict):
         name = type(value).__name__ if is_model_output(value) else "dict"
