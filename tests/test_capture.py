@@ -107,11 +107,22 @@ def test_value_is_cloned_before_an_inplace_relu_overwrites_it(resnet18, resnet_i
 
 
 def test_input_port_of_a_module(resnet18, resnet_input, rn_ref):
-    out = lt.extract(resnet18, resnet_input, taps=["layer3:input", "x=layer3:input[0]", "layer3:input[0][1]"])
+    out = lt.extract(resnet18, resnet_input, taps=["layer3:input", "x=layer3:input[0]", "layer3:input[0][0]"])
     torch.testing.assert_close(out["layer3:input"], rn_ref["layer3:input"], rtol=1e-4, atol=1e-4)
-    # on an input, [0] is the first positional argument; a further [1] indexes that tensor
+    # on an input, [0] is the first positional argument; a further [0] on that
+    # one tensor is the tensor itself (a 1-tuple), never its first batch row
     torch.testing.assert_close(out["x"], rn_ref["layer3:input"], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(out["layer3:input[0][1]"], rn_ref["layer3:input"][1], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out["layer3:input[0][0]"], rn_ref["layer3:input"], rtol=1e-4, atol=1e-4)
+
+
+def test_index_on_a_single_tensor_is_the_tensor_not_a_batch_row(resnet18, resnet_input, rn_ref):
+    # transformers 5 layers return a tensor where 4.x returned (hidden,): the
+    # same selector must give the same value, as it does on the ONNX side.
+    out = lt.extract(resnet18, resnet_input, taps=["layer2[0]", "a=layer2[-1]"])
+    torch.testing.assert_close(out["layer2[0]"], rn_ref["layer2"], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out["a"], rn_ref["layer2"], rtol=1e-4, atol=1e-4)
+    with pytest.raises(SelectorError, match=r"layer2\[1\]'.*one tensor: only \[0\] applies"):
+        lt.extract(resnet18, resnet_input, taps=["layer2[1]"])
 
 
 def test_detached_by_default_and_grad_on_request(resnet18, resnet_input):
@@ -271,7 +282,7 @@ class Mix(nn.Module):
 def test_input_with_several_arguments_needs_an_index():
     model = TwoArgs()
     a, b = torch.randn(2, 3), torch.randn(2, 3)
-    with pytest.raises(SelectorError, match=r"args\(Tensor\[2,3\], Tensor\[2,3\], mask=None\), not a tensor"):
+    with pytest.raises(SelectorError, match=r"args\(a=Tensor\[2,3\], b=Tensor\[2,3\], mask=None\), not a tensor; .* e.g. mix:input\[a\]"):
         lt.extract(model, a, b, taps=["mix:input"])
     out = lt.extract(model, a, b, taps=["mix:input[1]", "mix:input[-2]", "mix"])
     torch.testing.assert_close(out["mix:input[1]"], b)
@@ -287,7 +298,7 @@ def test_non_tensor_value_error_shows_structure(reuser):
     with pytest.raises(SelectorError) as e:
         lt.extract(reuser, x, taps=["head"])
     assert "Pair(main=Tensor[3,4], aux=None)" in str(e.value)
-    assert "head[0]" in str(e.value)  # says how to pick one
+    assert "e.g. head[main]" in str(e.value)  # says how to pick one
     with pytest.raises(SelectorError, match="is None, not a tensor"):
         lt.extract(reuser, x, taps=["head[aux]"])
     assert no_hooks(reuser)
@@ -537,3 +548,103 @@ def test_completing_ancestor_resnet18(resnet18):
     assert callgraph.completing_ancestor(resnet18, "layer2.0.relu") == "layer2.0"
     assert callgraph.completing_ancestor(resnet18, "layer2.0.conv1") == "layer2.0.conv1"
     assert callgraph.completing_ancestor(resnet18, "") == ""
+
+
+# -- review regressions: arguments by name, error hints, errors inside try ---------
+class PositionalCaller(nn.Module):
+    """Calls its block positionally, as HF models do (``layer(h, mask, ...)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = Gate()
+
+    def forward(self, x):
+        return self.block(x, torch.sigmoid(x), None)
+
+
+class Gate(nn.Module):
+    def forward(self, hidden_states, gate, bias=None):
+        return {"aux": None, "out": hidden_states * gate}
+
+
+def test_input_argument_by_parameter_name_when_passed_by_position():
+    model = PositionalCaller()
+    x = torch.randn(2, 3)
+    out = lt.extract(model, x, taps=["block:input[hidden_states]", "block:input[gate]", "block[out]"], stop_early=True)
+    torch.testing.assert_close(out["block:input[hidden_states]"], x)
+    torch.testing.assert_close(out["block:input[gate]"], torch.sigmoid(x))
+    torch.testing.assert_close(out["block[out]"], x * torch.sigmoid(x))
+    with pytest.raises(SelectorError, match=r"args\(hidden_states=Tensor\[2,3\], gate=Tensor\[2,3\], bias=None\); "
+                                            r"it has no key \[gat\]; did you mean: gate"):
+        lt.extract(model, x, taps=["block:input[gat]"])
+
+
+def test_not_a_tensor_error_suggests_an_index_that_works():
+    model = PositionalCaller()
+    x = torch.randn(2, 3)
+    # a dict whose first entry is None: the hint names the tensor's key, not [0]
+    with pytest.raises(SelectorError, match=r"not a tensor; pick one with an index, e.g. block\[out\]$"):
+        lt.extract(model, x, taps=["block"])
+    with pytest.raises(SelectorError, match=r"e.g. block:input\[hidden_states\]$"):
+        lt.extract(model, x, taps=["block:input"])
+    with pytest.raises(SelectorError, match=r"block'.*\[aux\] is None, not a tensor; there is no tensor to capture there$"):
+        lt.extract(model, x, taps=["block[aux]"])
+    assert no_hooks(model)
+
+
+class Fallback(nn.Module):
+    """Swallows exceptions around a call, as fused-kernel fallbacks do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fast = Gate()
+        self.slow = nn.Linear(3, 3)
+
+    def forward(self, x):
+        try:
+            y = self.fast(x, x)["out"]
+        except Exception:  # noqa: BLE001 - the point of the test
+            y = self.slow(x)
+        return y
+
+
+@pytest.mark.parametrize("stop_early", [False, True])
+def test_a_tap_error_is_not_swallowed_by_the_models_except(stop_early):
+    model = Fallback()
+    x = torch.randn(2, 3)
+    with pytest.raises(SelectorError, match=r"tap 'fast\[nope\]'.*no key \[nope\]"):
+        lt.extract(model, x, taps=["fast[nope]"], stop_early=stop_early)
+    assert no_hooks(model)
+
+
+class Getter(nn.ModuleDict):
+    """torchvision's IntermediateLayerGetter pattern: a ModuleDict that runs."""
+
+    def forward(self, x):
+        out = {}
+        for name, module in self.items():
+            x = module(x)
+            out[name] = x
+        return out
+
+
+class LoopThenReuse(nn.Sequential):
+    def forward(self, x):
+        for m in self:
+            x = m(x)
+        return self[0](x)  # the first element runs again
+
+
+def test_stop_early_inside_a_container_subclass_with_its_own_forward():
+    model = nn.Sequential(nn.Tanh(), Getter({"a": nn.Linear(4, 4), "b": nn.Linear(4, 4), "c": nn.Linear(4, 4)}))
+    assert callgraph.completing_ancestor(model, "1.a") == "1.a"
+    reuse = LoopThenReuse(nn.Linear(4, 4), nn.Linear(4, 4))
+    assert callgraph.completing_ancestor(reuse, "0") == ""  # self[0] after the loop: not provably once
+    x = torch.randn(2, 4)
+    for m, taps, cut in ((model, ["1.a", "1[b]"], True), (reuse, ["0", "1"], False)):
+        full = lt.extract(m, x, taps=taps)
+        early = lt.extract(m, x, taps=taps, stop_early=True)
+        assert ("output" not in early) is cut
+        assert [k for k in early if k != "output"] == [k for k in full if not k.startswith("output")]
+        for k in early:
+            torch.testing.assert_close(early[k], full[k], rtol=0, atol=0)

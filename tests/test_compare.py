@@ -350,12 +350,32 @@ def test_lt_export_file_aligns_by_module_path(torch_mod, tmp_path, exporter):
     assert status["conv"] == "absorbed" and status["bn"] == "pass"
     assert status["blocks.0"] == status["blocks.1"] == status["act#2"] == status["head"] == "pass"
     assert "no counterpart" not in status.values()
-    assert any("prefix" in n for n in report.notes)
     # a weight changed in the file is found at its own module, not at "output"
     weight = next(i.name for i in onnx.load(str(path)).graph.initializer if i.name.endswith("blocks.1.weight"))
     bad = tmp_path / "bad.onnx"
     _scale_initializer(path, bad, weight)
     assert lt.compare(model, x, bad).first_divergence == "blocks.1"
+
+
+def test_file_of_a_wrapper_aligns_with_the_inner_model(torch_mod, tmp_path):
+    """A file exported from ``Wrapper(model)`` names modules ``inner.conv``...: stripped, not 'no counterpart'."""
+    import layertap as lt
+
+    class Wrapper(torch_mod.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x)
+
+    model = _small_net(torch_mod)
+    x = torch_mod.randn(2, 3, 8, 8)
+    path = tmp_path / "wrapped.onnx"
+    torch_mod.onnx.export(Wrapper(model).eval(), (x,), str(path), dynamo=False)
+    report = lt.compare(model, x, path)
+    assert report.ok and sum(r.status == "pass" for r in report.rows) >= 7, str(report)
+    assert any("prefix 'inner.'" in n for n in report.notes)
 
 
 def test_wrapper_prefix():

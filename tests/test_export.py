@@ -498,3 +498,16 @@ def test_replacing_an_external_data_model_removes_its_old_data(tmp_path, torch_m
     (tmp_path / "m.onnx.data").write_bytes(b"not ours")  # a .data the old file never referred to stays
     lt.export(model, torch.randn(2, 64), path, exporter="torchscript")
     assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.data"]
+
+
+def test_file_reads_the_models_own_module_paths(rn_export, tmp_path):
+    """Scopes and weight names carry no wrapper prefix (``_fn.``/``/model/``), so the ONNX side finds modules by path."""
+    _, path, _ = rn_export
+    modules = {r.module for r in lt.onnx_layers(path).rows if r.module}
+    assert {"layer1.0.relu", "layer3.1.bn2", "fc"} <= modules
+    assert not any(m.split(".")[0] in ("_fn", "model") for m in modules)
+    proto = onnx.load(str(path), load_external_data=False)
+    assert not [i.name for i in proto.graph.initializer if i.name.startswith(("_fn.", "model."))]
+    assert not [n.name for n in proto.graph.node if n.name.startswith(("/model/", "/_fn/"))]
+    added = lt.add_outputs(path, tmp_path / "more.onnx", modules=["layer3.0.bn2"])
+    assert list(added) == ["layer3.0.bn2"]

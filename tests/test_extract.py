@@ -148,3 +148,22 @@ def test_timm_resnet_layers_and_stop_early(resnet10t):
         h.remove()
     assert list(early) == ["layer2"] and not ran  # timm's grad-checkpointing branch is dead in eval
     torch.testing.assert_close(early["layer2"], l2, **TOL)
+
+
+def test_gpt2_block_input_by_name_and_layer_index_portable(ids):
+    """GPT2 calls its blocks positionally: ``:input[hidden_states]`` still finds
+    the argument. ``h.0[0]`` is the block's hidden state whether the installed
+    transformers returns a tuple or a bare tensor (never a batch row)."""
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2Model(transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32, bos_token_id=0, eos_token_id=0)).eval()
+    with torch.no_grad():
+        ref = gpt2(input_ids=ids, output_hidden_states=True)
+    taps = ["h.1:input[hidden_states]", "h.0[0]", "h.1.attn[0]"]
+    out = lt.extract(gpt2, input_ids=ids, taps=taps)
+    torch.testing.assert_close(out["h.1:input[hidden_states]"], ref.hidden_states[1], **TOL)
+    torch.testing.assert_close(out["h.0[0]"], ref.hidden_states[1], **TOL)
+    early = lt.extract(gpt2, input_ids=ids, taps=taps, stop_early=True)
+    assert list(early) == list(out)[:3]  # call order, and no "output": the forward was cut
+    for k in taps:
+        torch.testing.assert_close(early[k], out[k], rtol=0, atol=0)

@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import layertap as lt  # noqa: E402
+from torch import nn  # noqa: E402
 from layertap.errors import SelectorError  # noqa: E402
 
 
@@ -77,3 +78,29 @@ def test_structured_outputs_and_other_method():
     assert table[0].structure.startswith("BaseModelOutputWithPooling(")
     assert not any(n.startswith("text_model") for n in table.names)
     assert "did not run in this get_image_features: text_model" in table.render()
+    # the table shows structures compactly; JSON keeps the full text above
+    assert "(1x17x32, None)" in table.render() and "(last_hidden_state=1x17x32" in table.render()
+
+
+class Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+        self.unused = nn.Linear(4, 4)
+        self.a_head_with_a_rather_long_name_that_users_copy = nn.Sequential(nn.Linear(4, 4))
+
+    def forward(self, x):
+        for blk in self.blocks:
+            x = blk(x)
+        return self.a_head_with_a_rather_long_name_that_users_copy(x)
+
+
+def test_tree_indent_idle_note_and_names_never_cut():
+    table = lt.layers(Stack(), torch.randn(2, 4))
+    # the ModuleList never runs: its elements sit directly under the root
+    assert [r.depth for r in table.rows] == [0, 1, 1, 1, 2]
+    # plain containers are not reported as "did not run"
+    assert table.notes == ["1 module(s) did not run in this forward: unused"]
+    text = table.render(width=70)
+    for name in table.names:
+        assert name in text, name

@@ -151,6 +151,14 @@ def test_bad_user_attributes(user_file, attr, fragment):
         load_model(f"{user_file}:{attr}")
 
 
+def test_unknown_attribute_names_the_file_not_its_private_module_name(user_file):
+    with pytest.raises(ModelSpecError) as e:
+        load_model(f"{user_file}:Nett")
+    assert str(e.value) == f"unknown attribute of '{user_file}': 'Nett'; did you mean: Net"
+    with pytest.raises(ModelSpecError, match=f"unknown attribute of '{user_file}:Net': 'fcc'"):
+        load_model(f"{user_file}:Net.fcc")
+
+
 def test_file_that_raises_on_import(tmp_path):
     path = tmp_path / "broken.py"
     path.write_text("raise ImportError('no gpu here')\n")
@@ -203,6 +211,7 @@ def test_pickled_module_refused_unless_unsafe(tmp_path):
 @pytest.mark.parametrize("name, content, fragment", [
     ("w.txt", b"x", "must end in one of"),
     ("w.pt", b"not a zip", "cannot read weights"),
+    ("w.pt", b"hello", "cannot read weights .* with torch.load \\(KeyError"),  # was an uncaught KeyError
     ("w.safetensors", b"garbage", "cannot read weights"),
 ])
 def test_unreadable_weights(tmp_path, name, content, fragment):
@@ -233,5 +242,8 @@ def test_make_inputs_named_positional_and_files(tmp_path):
     assert args == () and list(kwargs) == ["x", "mask"] and torch.equal(kwargs["x"], again["x"])
     with pytest.raises(LayertapError, match="unknown input name for forward\\(\\) 'msk'; did you mean: mask"):
         make_inputs(info, [InputSpec.parse("msk=2x3")], model=Two())
+    # no close match: the names forward() takes, in order
+    with pytest.raises(LayertapError, match="unknown input name for forward\\(\\) 'y' \\(forward\\(\\) takes: x, mask\\)$"):
+        make_inputs(info, [InputSpec.parse("y=2x3")], model=Two())
     with pytest.raises(LayertapError, match="no example inputs known for t:Two; pass --input"):
         make_inputs(info, [], model=Two())

@@ -9,6 +9,7 @@ data, so they work on a model loaded with ``load_external_data=False``.
 
 from __future__ import annotations
 
+import ast
 import itertools
 import json
 import re
@@ -160,6 +161,66 @@ def name_batch_symbols(model: onnx.ModelProto, input_names: Sequence[str]) -> di
     return mapping
 
 
+def strip_wrapper_scope(graph: onnx.GraphProto, prefixes: Sequence[str]) -> int:
+    """Make module scopes, node names and weight names read as the user's module paths.
+
+    The exporters see the user's model as a child of the export wrapper, so
+    every scope starts with the wrapper's attribute (``_fn.layer1.0.conv1``,
+    ``/model/layer1/layer1.0/conv1/Conv``, ``model.fc.weight``). Without the
+    prefix, ``layertap layers``/``add-outputs --module`` and ``compare`` see
+    the same paths as ``model.named_modules()``. Renames that would clash
+    with an existing name are skipped (the name stays as it was).
+
+    Returns:
+        The number of nodes whose scope was rewritten.
+
+    Example:
+        >>> n = helper.make_node("Relu", ["x"], ["/model/fc/Relu_output_0"], name="/model/fc/Relu")
+        >>> g = helper.make_graph([n], "g", [helper.make_tensor_value_info("x", 1, [2])],
+        ...                       [helper.make_tensor_value_info("/model/fc/Relu_output_0", 1, [2])])
+        >>> strip_wrapper_scope(g, ["model"])
+        1
+        >>> g.node[0].name, g.node[0].output[0]
+        ('/fc/Relu', '/fc/Relu_output_0')
+    """
+    changed = 0
+    node_names = {n.name for n in graph.node}
+    for node in graph.node:
+        scoped = _strip_dynamo_scopes(node, prefixes)
+        new = _strip_path(node.name, prefixes, sep="/")
+        if new != node.name and new not in node_names:
+            node_names.discard(node.name)
+            node_names.add(new)
+            node.name = new
+            scoped = True
+        changed += scoped
+    taken = all_value_names(graph)
+    mapping: dict[str, str] = {}
+    for name in sorted(taken):
+        new = _strip_path(name, prefixes, sep="/" if name.startswith("/") else ".")
+        if new != name and new not in taken and new not in mapping.values():
+            mapping[name] = new
+    rename_values(graph, mapping)
+    return changed
+
+
+def rename_values(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
+    """:func:`rename_value` for many names in one pass over the graph."""
+    if not mapping:
+        return
+    for vi in itertools.chain(graph.input, graph.output, graph.value_info):
+        vi.name = mapping.get(vi.name, vi.name)
+    for init in graph.initializer:
+        init.name = mapping.get(init.name, init.name)
+    for node in _walk_nodes(graph):
+        for i, name in enumerate(node.input):
+            if name in mapping:
+                node.input[i] = mapping[name]
+        for i, name in enumerate(node.output):
+            if name in mapping:
+                node.output[i] = mapping[name]
+
+
 def set_taps_metadata(model: onnx.ModelProto, records: Iterable[dict]) -> None:
     """Write the tap list under :data:`TAPS_KEY` (replacing an older one)."""
     keep = [p for p in model.metadata_props if p.key != TAPS_KEY]
@@ -224,6 +285,52 @@ def _all_tensors(graph: onnx.GraphProto):
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.TENSOR:
                 yield attr.t
+
+
+_NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+_CLASSES = "pkg.torch.onnx.class_hierarchy"
+_NAMESPACE = "namespace"
+
+
+def _strip_path(name: str, prefixes: Sequence[str], sep: str) -> str:
+    """``_fn.layer1`` -> ``layer1``, ``/model/fc/Gemm`` -> ``/fc/Gemm`` (``sep`` is ``.`` or ``/``)."""
+    lead = sep if sep == "/" else ""
+    for p in prefixes:
+        head = f"{lead}{p}{sep}"
+        if name.startswith(head) and len(name) > len(head):
+            return lead + name[len(head):]
+    return name
+
+
+def _strip_dynamo_scopes(node: onnx.NodeProto, prefixes: Sequence[str]) -> bool:
+    """Rewrite the dynamo exporter's scope metadata of one node; True if changed.
+
+    ``name_scopes`` is ``['', '_fn', '_fn.layer1', ..., fx_name]`` and
+    ``class_hierarchy`` the matching classes (``TapWrapper`` for ``''``, the
+    op last); ``namespace`` joins the pairs as ``path: class``. The model's own
+    level (``_fn``) becomes the root and takes the wrapper's place.
+    """
+    props = {p.key: p for p in node.metadata_props}
+    if _NAME_SCOPES not in props or _CLASSES not in props:
+        return False
+    try:
+        scopes = ast.literal_eval(props[_NAME_SCOPES].value)
+        classes = ast.literal_eval(props[_CLASSES].value)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return False
+    if not (isinstance(scopes, list) and isinstance(classes, list) and len(scopes) == len(classes) >= 3):
+        return False
+    levels = list(zip(scopes, classes))
+    if not any(path in prefixes for path, _ in levels[:-1]):
+        return False
+    if levels[1][0] in prefixes:  # the wrapper's level gives way to the model's
+        levels = [("", levels[1][1])] + levels[2:]
+    levels = [(_strip_path(path, prefixes, "."), cls) for path, cls in levels[:-1]] + [levels[-1]]
+    props[_NAME_SCOPES].value = repr([path for path, _ in levels])
+    props[_CLASSES].value = repr([cls for _, cls in levels])
+    if _NAMESPACE in props:
+        props[_NAMESPACE].value = "/".join(f"{path}: {cls}" for path, cls in levels)
+    return True
 
 
 def _fresh(base: str, taken: set[str]) -> str:

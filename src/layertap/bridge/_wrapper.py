@@ -24,6 +24,10 @@ from ..pytorch.taps import _root_input, _root_value, bound_method, output_tensor
 from ..selectors import Tap
 
 
+#: the wrapper attributes through which exporters reach the user's model; they
+#: prefix every module scope in the raw export (``_fn.layer1``, ``/model/layer1``)
+MODEL_ATTRIBUTES = ("model", "_fn")
+
 _TOKENS = itertools.count()
 _OUTPUTS: dict[int, list] = {}
 

@@ -15,7 +15,9 @@ How it works:
 3. The graph is edited without loading its weights: inputs and outputs get
    their names, every output becomes a distinct tensor (an ``Identity`` for an
    output that repeats another or is a graph input, pytorch#167848), batch
-   symbols are named ``batch`` / ``batch_<input>``, and the tap list is written
+   symbols are named ``batch`` / ``batch_<input>``, the wrapper's level is
+   dropped from module scopes and weight names (so the file reads
+   ``layer1.0.conv1``, as ``model.named_modules()`` does), and the tap list is written
    to the model's ``metadata_props`` under ``layertap.taps``.
 4. ONNX Runtime runs the file on the example inputs and, with a dynamic
    batch, on a second batch size different from the exported one; every
@@ -49,7 +51,7 @@ from ..selectors import Tap, parse_taps
 from . import _onnxedit as edit
 from ._verify import Check, ExportReport, ExportRow, compare
 from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL
-from ._wrapper import TapWrapper, input_names as signature_names
+from ._wrapper import MODEL_ATTRIBUTES, TapWrapper, input_names as signature_names
 
 EXPORTERS = ("dynamo", "torchscript")
 #: weights above this size go to an external data file (protobuf's hard limit is 2 GiB)
@@ -391,7 +393,7 @@ def _reason(e: BaseException) -> str:
 
 # -- graph edits and files -----------------------------------------------------
 def _finish_graph(plan: _Plan, raw: Path, final: Path) -> onnx.ModelProto:
-    """Name inputs, outputs and batch symbols, record the taps, write ``final``.
+    """Name inputs, outputs and batch symbols, drop the wrapper from scopes, record the taps, write ``final``.
 
     The graph is loaded without its weights (FIELD-NOTES: 0.3 s and 40 MB on
     a 3.2 GB model), so this step costs the same for any model size.
@@ -403,6 +405,7 @@ def _finish_graph(plan: _Plan, raw: Path, final: Path) -> onnx.ModelProto:
         plan.notes.append(f"{n_identity} output(s) repeat another output or an input; each got its own Identity node")
     if plan.dynamic:
         edit.name_batch_symbols(proto, plan.input_names)
+    edit.strip_wrapper_scope(proto.graph, MODEL_ATTRIBUTES)
     edit.set_taps_metadata(proto, [o.record() for o in plan.wrapper.outputs])
     _save(proto, raw, final, plan.external)
     return proto

@@ -34,6 +34,8 @@ _REPEATING = (
     ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef,
 )
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+# Modules whose forward may iterate over ``self`` to call their elements.
+_ITERABLE = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 _MAX_DEPTH = 3  # how deep self-method calls (self._forward_impl) are followed
 
 
@@ -72,7 +74,7 @@ def _chain_ancestor(model: nn.Module, path: str, method: str) -> str:
     caller_idx = 0
     for i in range(1, len(mods)):
         mod = mods[i]
-        if isinstance(mod, _CONTAINERS):
+        if _is_plain_container(mod):
             continue  # a container never runs; its elements are called by an ancestor
         caller = mods[caller_idx]
         meth = method if caller_idx == 0 else "forward"
@@ -83,6 +85,18 @@ def _chain_ancestor(model: nn.Module, path: str, method: str) -> str:
         best = ".".join(parts[:i])
         caller_idx = i
     return best
+
+
+def _is_plain_container(mod: nn.Module) -> bool:
+    """A ModuleList/ModuleDict that is never called itself. A subclass with its
+    own ``forward`` (torchvision's ``IntermediateLayerGetter``) is a module
+    that runs and calls its elements.
+
+    Example:
+        >>> _is_plain_container(nn.ModuleList()), _is_plain_container(nn.Sequential())
+        (True, False)
+    """
+    return isinstance(mod, _CONTAINERS) and type(mod).forward is nn.Module.forward
 
 
 def _common_prefix(paths: list[str]) -> str:
@@ -161,6 +175,14 @@ def _uses(fn: Callable, attr: str, via_container: bool, inst: nn.Module, depth: 
             return []
         if isinstance(node, (ast.For, ast.AsyncFor)):
             out: list[bool] = []
+            own = _element_name(node, self_name, None) if isinstance(inst, _ITERABLE) else None
+            if own is not None and not via_container:
+                # ``for name, m in self.items(): x = m(x)`` in a container
+                # subclass: each element, the child included, once per loop.
+                out.append(not in_loop and _called_once_in(node, own))
+                for child in [node.target, *node.body, *node.orelse]:
+                    out += visit(child, True, node)
+                return out
             elem = _element_name(node, self_name, attr) if via_container else None
             if elem is not None:
                 out.append(not in_loop and _called_once_in(node, elem))
@@ -236,12 +258,23 @@ def _parse_function(fn: Callable) -> ast.FunctionDef | ast.AsyncFunctionDef | No
     return func if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
 
 
-def _element_name(loop: ast.For | ast.AsyncFor, self_name: str, attr: str) -> str | None:
-    """The loop variable bound to the elements of ``self.<attr>``, if that is clear.
+def _element_name(loop: ast.For | ast.AsyncFor, self_name: str, attr: str | None) -> str | None:
+    """The loop variable bound to the elements of ``self.<attr>`` (``attr``
+    None: of ``self`` itself, a container subclass), if that is clear.
 
     Handles ``self.x``, ``self.x[a:b]``, ``self.x.values()``, ``self.x.items()``,
-    ``reversed(...)``, ``enumerate(...)`` and ``zip(...)``.
+    ``self.x.children()``, ``reversed(...)``, ``enumerate(...)`` and ``zip(...)``.
+
+    Example:
+        >>> loop = ast.parse("for name, m in self.items(): x = m(x)").body[0]
+        >>> _element_name(loop, "self", None), _element_name(loop, "self", "blocks")
+        ('m', None)
     """
+
+    def is_source(node: ast.AST) -> bool:
+        if attr is None:
+            return isinstance(node, ast.Name) and node.id == self_name
+        return _is_attr(node, self_name, attr)
 
     def resolve(it: ast.AST, target: ast.AST) -> str | None:
         if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and not it.keywords:
@@ -260,15 +293,15 @@ def _element_name(loop: ast.For | ast.AsyncFor, self_name: str, attr: str) -> st
             return None
         if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and not it.args:
             base = it.func.value
-            if _is_attr(base, self_name, attr):
-                if it.func.attr == "values":
+            if is_source(base):
+                if it.func.attr in ("values", "children"):
                     return target.id if isinstance(target, ast.Name) else None
                 if it.func.attr == "items" and isinstance(target, ast.Tuple) and len(target.elts) == 2:
                     return target.elts[1].id if isinstance(target.elts[1], ast.Name) else None
             return None
         if isinstance(it, ast.Subscript) and isinstance(it.slice, ast.Slice):
             it = it.value
-        if _is_attr(it, self_name, attr):
+        if is_source(it):
             return target.id if isinstance(target, ast.Name) else None
         return None
 

@@ -300,15 +300,12 @@ def _module_key(mod: nn.Module) -> int:
 
 
 def _forward_names(mod: nn.Module) -> tuple[str, ...]:
-    """Parameter names of ``mod.forward`` (cached per class), for ``:input[name]``."""
-    cls = type(mod)
-    names = _FORWARD_NAMES.get(cls)
-    if names is None:
-        names = _FORWARD_NAMES[cls] = param_names(mod.forward)
-    return names
+    """Parameter names of ``mod.forward``, for ``:input[name]``.
 
-
-_FORWARD_NAMES: dict[type, tuple[str, ...]] = {}
+    Read on each call, not cached per class: wrappers (accelerate, peft) may
+    replace ``forward`` on one instance only.
+    """
+    return param_names(mod.forward)
 
 
 def _input_value(args: tuple, kwargs: dict, tap: Tap, names: tuple[str, ...] = ()) -> Any:

@@ -8,6 +8,7 @@ from this table straight into ``--tap``.
 from __future__ import annotations
 
 import collections
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from ..report import Column, Table, fmt_shape
+from .callgraph import _is_plain_container
 from .taps import bound_method
 from .values import describe, summarize
 
@@ -54,9 +56,25 @@ def _fmt_name(row: LayerRow) -> str:
     return "  " * max(row.depth - 1, 0) + (row.name or "(root)")
 
 
+_TENSOR_RE = re.compile(r"Tensor\[([^\]]*)\]")
+_CLASS_RE = re.compile(r"\b[A-Za-z_]\w*\(")
+
+
+def compact_structure(structure: str) -> str:
+    """The table's short form of a ``describe`` text: shapes as ``1x16x32`` and no
+    class names, keeping the keys that ``[index]`` selectors use.
+
+    Example:
+        >>> compact_structure("BaseModelOutput(last_hidden_state=Tensor[1,16,32], pooler_output=Tensor[1,32]:float16)")
+        '(last_hidden_state=1x16x32, pooler_output=1x32:float16)'
+    """
+    text = _TENSOR_RE.sub(lambda m: m.group(1).replace(",", "x") or "scalar", structure)
+    return _CLASS_RE.sub("(", text)
+
+
 def _fmt_output(row: LayerRow) -> str:
     if row.structure is not None:
-        return row.structure
+        return compact_structure(row.structure)
     if row.shapes is None:
         return "-"
     return fmt_shape(row.shapes[0]) if row.shapes else "-"
@@ -96,6 +114,18 @@ class LayersTable(Table):
 
             return escape(whole_row[col.key](row))
         return Table._cell(row, col)
+
+    def __rich__(self):
+        table = super().__rich__()
+        # The first column is what users copy into --tap: never cut it. Long
+        # output structures fold onto more lines instead of ending in "…".
+        names = [_fmt_name(r) for r in self.rows] or [""]
+        table.columns[0].no_wrap = True
+        table.columns[0].min_width = max(len(n) for n in names)
+        for col, width in zip(table.columns[1:], (10, 5, 12, 7, 6)):
+            col.min_width = width
+        table.columns[3].overflow = "fold"
+        return table
 
     @property
     def names(self) -> list[str]:
@@ -163,54 +193,89 @@ def _summary(value: Any) -> tuple[list, list, str | None]:
     return shapes, dtypes, structure
 
 
-def _traced_rows(model: nn.Module, args: tuple, kwargs: dict, method: str) -> LayersTable:
-    fn = bound_method(model, method)
-    counts = _param_counts(model)
-    # named_modules() lists a shared module once, under its first path.
-    paths = {id(m): p for p, m in model.named_modules() if p}
-    mods = {id(m): m for m in model.modules()}
-    rows: list[LayerRow] = []
-    row_keys: list[int] = []
-    calls: dict[int, int] = collections.Counter()
-    open_rows: dict[int, list[int]] = collections.defaultdict(list)
+class _Recorder:
+    """Forward pre/post hooks that append one :class:`LayerRow` per module call."""
 
-    def pre(mod: nn.Module, _args: tuple) -> None:
+    def __init__(self, model: nn.Module) -> None:
+        self.counts = _param_counts(model)
+        # named_modules() lists a shared module once, under its first path.
+        self.paths = {id(m): p for p, m in model.named_modules() if p}
+        self.mods = {id(m): m for m in model.modules()}
+        self.rows: list[LayerRow] = []
+        self.keys: list[int] = []
+        self.calls: dict[int, int] = collections.Counter()
+        self.open: dict[int, list[int]] = collections.defaultdict(list)
+
+    def pre(self, mod: nn.Module, _args: tuple) -> None:
         key = id(mod)
-        path = paths[key]
-        rows.append(LayerRow(name=path, path=path, type=type(mod).__name__, call=calls[key], calls=None,
-                             shapes=None, dtypes=None, structure=None, params=counts[key], depth=_depth(path)))
-        row_keys.append(key)
-        calls[key] += 1
-        open_rows[key].append(len(rows) - 1)
+        path = self.paths[key]
+        self.rows.append(LayerRow(name=path, path=path, type=type(mod).__name__, call=self.calls[key], calls=None,
+                                  shapes=None, dtypes=None, structure=None, params=self.counts[key], depth=_depth(path)))
+        self.keys.append(key)
+        self.calls[key] += 1
+        self.open[key].append(len(self.rows) - 1)
 
-    def post(mod: nn.Module, _args: tuple, output: Any) -> None:
-        stack = open_rows[id(mod)]
+    def post(self, mod: nn.Module, _args: tuple, output: Any) -> None:
+        stack = self.open[id(mod)]
         if stack:
-            row = rows[stack.pop()]
+            row = self.rows[stack.pop()]
             row.shapes, row.dtypes, row.structure = _summary(output)
 
-    handles = []
-    root = LayerRow(name="", path="", type=type(model).__name__, call=0, calls=1, shapes=None, dtypes=None,
-                    structure=None, params=counts[id(model)], depth=0)
-    try:
-        for key, path in paths.items():
-            handles.append(mods[key].register_forward_pre_hook(pre))
-            handles.append(mods[key].register_forward_hook(post))
-        with torch.no_grad():
-            out = fn(*args, **kwargs)
-    finally:
-        for h in handles:
-            h.remove()
-    root.shapes, root.dtypes, root.structure = _summary(out)
-    for row, key in zip(rows, row_keys):
-        row.calls = calls[key]
-        if row.calls > 1:
-            row.name = f"{row.path}#{row.call}"
-    idle_all = {p for key, p in paths.items() if calls[key] == 0}
-    # Name only the topmost idle modules: "text_model", not each of its layers.
-    idle = [p for p in paths.values() if p in idle_all and p.rpartition(".")[0] not in idle_all]
-    notes = []
-    if idle:
+    def run(self, fn: Any, args: tuple, kwargs: dict) -> Any:
+        """Call ``fn`` with the hooks attached; they are removed on every exit."""
+        handles = []
+        try:
+            for key in self.paths:
+                handles.append(self.mods[key].register_forward_pre_hook(self.pre))
+                handles.append(self.mods[key].register_forward_hook(self.post))
+            with torch.no_grad():
+                return fn(*args, **kwargs)
+        finally:
+            for h in handles:
+                h.remove()
+
+    def finish(self) -> None:
+        """Fill in call counts, ``PATH#k`` names and tree depths."""
+        ran = {p for key, p in self.paths.items() if self.calls[key]}
+        for row, key in zip(self.rows, self.keys):
+            row.calls = self.calls[key]
+            if row.calls > 1:
+                row.name = f"{row.path}#{row.call}"
+            # Indent under the modules that appear in the table: a ModuleList
+            # never runs, so its elements sit one level under its parent.
+            row.depth = 1 + sum(1 for a in _ancestors(row.path) if a in ran)
+
+    def idle_note(self, method: str) -> list[str]:
+        """A note naming the topmost modules that did not run. Plain containers
+        (ModuleList, ModuleDict) never run themselves, so they are not named."""
+        idle_all = {
+            p for key, p in self.paths.items() if self.calls[key] == 0 and not _is_plain_container(self.mods[key])
+        }
+        # Name only the topmost idle modules: "text_model", not each of its layers.
+        idle = [p for p in self.paths.values() if p in idle_all and not any(a in idle_all for a in _ancestors(p))]
+        if not idle:
+            return []
         shown = ", ".join(idle[:5]) + (f", ... ({len(idle) - 5} more)" if len(idle) > 5 else "")
-        notes.append(f"{len(idle)} module(s) did not run in this {method}: {shown}")
-    return LayersTable([root, *rows], notes=notes)
+        return [f"{len(idle)} module(s) did not run in this {method}: {shown}"]
+
+
+def _ancestors(path: str) -> list[str]:
+    """Proper ancestors of a module path, root excluded.
+
+    Example:
+        >>> _ancestors("encoder.layer.0.attention")
+        ['encoder', 'encoder.layer', 'encoder.layer.0']
+    """
+    parts = path.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _traced_rows(model: nn.Module, args: tuple, kwargs: dict, method: str) -> LayersTable:
+    fn = bound_method(model, method)
+    rec = _Recorder(model)
+    out = rec.run(fn, args, kwargs)
+    rec.finish()
+    root = LayerRow(name="", path="", type=type(model).__name__, call=0, calls=1, shapes=None, dtypes=None,
+                    structure=None, params=rec.counts[id(model)], depth=0)
+    root.shapes, root.dtypes, root.structure = _summary(out)
+    return LayersTable([root, *rec.rows], notes=rec.idle_note(method))

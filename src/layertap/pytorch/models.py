@@ -109,9 +109,9 @@ def load_model(
         elif head == "transformers":
             model, info = _transformers(name, spec, config)
         elif head.endswith(".py"):
-            model, info = _instantiate(_load_file(head, spec), name, spec), ModelInfo(spec, "file")
+            model, info = _instantiate(_load_file(head, spec), name, spec, where=head), ModelInfo(spec, "file")
         else:
-            model, info = _instantiate(_import_module(head, spec), name, spec), ModelInfo(spec, "module")
+            model, info = _instantiate(_import_module(head, spec), name, spec, where=head), ModelInfo(spec, "module")
     if weights is not None:
         load_weights(model, weights, unsafe_pickle=unsafe_pickle, what=spec)
         info.weights = str(weights)
@@ -258,12 +258,18 @@ def _load_file(filename: str, spec: str):
     return module
 
 
-def _instantiate(module: Any, attr: str, spec: str) -> nn.Module:
+def _instantiate(module: Any, attr: str, spec: str, *, where: str) -> nn.Module:
+    """``module.<attr>`` (dotted), called with no arguments unless it is a module.
+
+    ``where`` names the module in errors as the user wrote it (a file path, not
+    the private name the file was imported under).
+    """
     obj: Any = module
-    for part in attr.split("."):
+    for depth, part in enumerate(attr.split(".")):
         if not hasattr(obj, part):
             names = [n for n in dir(obj) if not n.startswith("_")]
-            raise ModelSpecError(unknown_name(f"attribute in {getattr(obj, '__name__', spec)!r}", part, names))
+            owner = where if depth == 0 else f"{where}:{'.'.join(attr.split('.')[:depth])}"
+            raise ModelSpecError(unknown_name(f"attribute of {owner!r}:", part, names))
         obj = getattr(obj, part)
     if isinstance(obj, nn.Module):
         return obj
@@ -339,8 +345,11 @@ def _read_torch(file: Path, unsafe_pickle: bool) -> Any:
                 f"weights '{file}' are not a plain state dict: torch.load(weights_only=True) refused "
                 f"the pickled {refused.group(1)}; if the file is from a source you trust, pass --unsafe-load-pickle"
             ) from None
-    except (RuntimeError, OSError, EOFError, ValueError) as e:
-        raise ModelSpecError(f"cannot read weights '{file}' with torch.load: {_first_line(e)}") from None
+    except Exception as e:  # noqa: BLE001 - a corrupt file makes the unpickler raise anything (KeyError...)
+        raise ModelSpecError(
+            f"cannot read weights '{file}' with torch.load ({type(e).__name__}: {_first_line(e)}); "
+            "is it a state dict saved with torch.save?"
+        ) from None
     try:
         return torch.load(str(file), map_location="cpu", weights_only=False)
     except Exception as e:  # noqa: BLE001 - unpickling user files may raise anything
@@ -442,7 +451,8 @@ def make_inputs(
     if accepted is not None:
         for s in specs:
             if s.name is not None and s.name not in accepted:
-                raise LayertapError(unknown_name(f"input name for {method}()", s.name, sorted(accepted)))
+                takes = f"{method}() takes: {', '.join(accepted[:12]) or 'no named inputs'}"
+                raise LayertapError(unknown_name(f"input name for {method}()", s.name, accepted, hint=takes))
     rng = np.random.default_rng(seed)
     args: list[torch.Tensor] = []
     kwargs: dict[str, torch.Tensor] = {}
@@ -456,9 +466,9 @@ def make_inputs(
     return tuple(args), kwargs
 
 
-def _accepted_names(model: nn.Module | None, method: str) -> set[str] | None:
-    """Keyword names ``model.<method>`` takes; None when unknown or it takes ``**kwargs``
-    beyond typed ones (then every name is passed through)."""
+def _accepted_names(model: nn.Module | None, method: str) -> list[str] | None:
+    """Keyword names ``model.<method>`` takes, in signature order; None when unknown
+    or it takes only ``**kwargs`` (then every name is passed through)."""
     fn = getattr(model, method, None) if model is not None else None
     if fn is None:
         return None
@@ -468,7 +478,7 @@ def _accepted_names(model: nn.Module | None, method: str) -> set[str] | None:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return None
-    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     if any(p.kind is p.VAR_KEYWORD for p in params) and not names:
         return None
     return names

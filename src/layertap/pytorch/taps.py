@@ -148,15 +148,26 @@ def extract(
 
 
 def bound_method(model: nn.Module, method: str):
-    """``model`` itself for ``forward`` (so hooks fire), else the bound method."""
+    """``model`` itself for ``forward`` (so hooks fire), else the bound method.
+
+    Example:
+        >>> bound_method(nn.Linear(2, 2), "encode")
+        Traceback (most recent call last):
+        ...
+        layertap.errors.LayertapError: unknown method of Linear 'encode' (Linear's own methods: extra_repr, forward, reset_parameters)
+    """
     if not isinstance(model, nn.Module):
         raise LayertapError(f"expected a torch.nn.Module, got {type(model).__name__}")
     if method == "forward":
         return model
     fn = getattr(model, method, None)
-    if not callable(fn):
-        names = [n for n in dir(type(model)) if not n.startswith("_") and callable(getattr(type(model), n, None))]
-        raise LayertapError(unknown_name(f"method of {type(model).__name__}", method, names))
+    if not callable(fn) or method.startswith("_"):
+        cls = type(model)
+        names = [n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n, None))]
+        # The class's own methods (not nn.Module's) are the likely candidates.
+        own = [n for n in names if getattr(cls, n, None) is not getattr(nn.Module, n, None)]
+        hint = f"{cls.__name__}'s own methods: {', '.join(own[:10])}" if own else ""
+        raise LayertapError(unknown_name(f"method of {cls.__name__}", method, names, hint=hint))
     return fn
 
 

@@ -85,7 +85,18 @@ def first_tensor_index(value: Any) -> str | None:
         '[out]'
         >>> first_tensor_index((None,)) is None
         True
+        >>> first_tensor_index(CallArgs((None, torch.zeros(1)), {}, names=("mask", "hidden")))
+        '[hidden]'
+
     """
+    if isinstance(value, CallArgs):
+        # name the argument when its parameter name is known: [query], not [0]
+        names = {i: n for n, i in value.positional.items()}
+        for key, arg in value.items():
+            inner = first_tensor_index(arg)
+            if inner is not None:
+                return f"[{names.get(key, key)}]{inner}"
+        return None
     for suffix, _ in flatten(value):
         return suffix
     return None

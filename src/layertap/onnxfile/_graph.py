@@ -1,0 +1,129 @@
+"""Graph facts the scope mapping needs: who reads a tensor, what is a weight, call boundaries.
+
+Everything here reads only the graph structure (no weights), so a model loaded
+with ``load_external_data=False`` is enough.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Collection, Iterable
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+RULE_KEY = "pkg.onnxscript.rewriter.rule_name"
+# Ops whose output is not determined by their inputs: never treated as weights.
+_RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+
+
+class GraphFacts:
+    """Readers, graph outputs and weight-derived tensors of one graph, computed once.
+
+    Example:
+        >>> from onnx import helper, TensorProto, numpy_helper
+        >>> import numpy as np
+        >>> w = numpy_helper.from_array(np.ones((2, 2), np.float32), "W")
+        >>> nodes = [helper.make_node("Identity", ["W"], ["W2"]),          # shared weight
+        ...          helper.make_node("MatMul", ["x", "W2"], ["h"]),
+        ...          helper.make_node("Relu", ["h"], ["y"])]
+        >>> vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 2])
+        >>> facts = GraphFacts(helper.make_graph(nodes, "g", [vi("x")], [vi("y")], [w]))
+        >>> sorted(facts.weights), facts.entering([1]), facts.boundary([1]), facts.boundary([2])
+        (['W', 'W2'], ('x',), ('h',), ('y',))
+    """
+
+    def __init__(self, graph: "onnx.GraphProto") -> None:
+        self.graph = graph
+        self.uses = _uses(graph)
+        self.outputs = {o.name for o in graph.output}
+        self.weights = weight_derived(graph)
+        self.weight_nodes = frozenset(
+            i for i, n in enumerate(graph.node) if n.output and all(t in self.weights for t in n.output if t)
+        )
+
+    def boundary(self, nodes: Collection[int]) -> tuple[str, ...]:
+        """Tensors made by ``nodes`` and read outside them (or graph outputs), graph order.
+
+        Weight-derived tensors (a shared weight's ``Identity`` that happens to
+        sit in this scope) are left out unless nothing else leaves the nodes:
+        a module's result is an activation, not one of its weights.
+        """
+        inside = set(nodes)
+        found: list[str] = []
+        for i in sorted(inside):
+            for t in self.graph.node[i].output:
+                if t and (t in self.outputs or any(u not in inside for u in self.uses.get(t, ()))):
+                    found.append(t)
+        live = [t for t in found if t not in self.weights]
+        return tuple(live or found)
+
+    def entering(self, nodes: Collection[int]) -> tuple[str, ...]:
+        """Tensors read by ``nodes`` that they do not make, weights excluded, graph order."""
+        inside = set(nodes)
+        made = {t for i in inside for t in self.graph.node[i].output}
+        out: list[str] = []
+        for i in sorted(inside):
+            for t in self.graph.node[i].input:
+                if t and t not in made and t not in self.weights and t not in out:
+                    out.append(t)
+        return tuple(out)
+
+
+def weight_derived(graph: "onnx.GraphProto") -> set[str]:
+    """Initializers, ``Constant`` outputs, and every tensor computed only from them.
+
+    Why the closure: exporters share a weight through ``Identity`` nodes and
+    compute values such as MultiheadAttention's packed bias slices from
+    weights; such tensors are constants, never a module's input.
+
+    Example:
+        >>> from onnx import helper
+        >>> g = helper.make_graph([helper.make_node("Constant", [], ["c"], value_float=1.0),
+        ...                        helper.make_node("Neg", ["c"], ["d"]),
+        ...                        helper.make_node("Add", ["x", "d"], ["y"])], "g", [], [])
+        >>> sorted(weight_derived(g))
+        ['c', 'd']
+    """
+    names = {i.name for i in graph.initializer} | {i.values.name for i in graph.sparse_initializer}
+    for node in graph.node:
+        if node.op_type in _RANDOM_OPS:
+            continue
+        reads = [t for t in node.input if t] + sorted(_node_subgraph_reads(node))
+        if node.op_type == "Constant" and not node.input:
+            names.update(t for t in node.output if t)
+        elif reads and all(t in names for t in reads):
+            names.update(t for t in node.output if t)
+    return names
+
+
+def rules(node: "onnx.NodeProto") -> list[str]:
+    """The onnxscript rewrite rules recorded on ``node`` (``[]`` when none)."""
+    for p in node.metadata_props:
+        if p.key == RULE_KEY:
+            return [r.strip() for r in p.value.split(",") if r.strip()]
+    return []
+
+
+def _uses(graph: "onnx.GraphProto") -> dict[str, list[int]]:
+    """Tensor name -> indices of the nodes that read it (subgraph reads count for the parent node)."""
+    uses: dict[str, list[int]] = {}
+    for i, node in enumerate(graph.node):
+        for t in set(node.input) | _node_subgraph_reads(node):
+            if t:
+                uses.setdefault(t, []).append(i)
+    return uses
+
+
+def _node_subgraph_reads(node: "onnx.NodeProto") -> set[str]:
+    reads: set[str] = set()
+    for g in _subgraphs(node):
+        for inner in g.node:
+            reads |= set(inner.input) | _node_subgraph_reads(inner)
+    return reads
+
+
+def _subgraphs(node: "onnx.NodeProto") -> Iterable["onnx.GraphProto"]:
+    for attr in node.attribute:
+        if attr.HasField("g"):
+            yield attr.g
+        yield from attr.graphs
