@@ -224,7 +224,7 @@ def _tricky_model(torch_mod):
             for b in self.blocks:
                 h = b(h)
             seq = torch_mod.stack([h, h * 2, h * 3], 1)
-            seq = self.mha(seq, seq, seq, need_weights=False)[0]
+            seq = self.mha(seq, seq, seq, need_weights=False)[0] + seq  # see test_cancelled_transposes_*
             y, _ = self.lstm(seq)
             _, (hn, cn) = self.lstm2(y)
             y, aux = self.aux(y[:, -1] + hn[0] + cn[0])
@@ -307,12 +307,38 @@ def test_every_module_matches_pytorch_or_is_refused(exporter, torch_mod, tmp_pat
     if exporter == "dynamo":  # call numbers come from runs of nodes: merged calls must be refused
         assert "back-to-back" in why("act#0") and "back-to-back" in why("act#2")
         assert "back-to-back" in why("shared#0") and "back-to-back" in why("shared#1:input")
-        assert "lstm#0" in answered
-        # the optimizer deleted mha's closing transpose with lstm's opening one (no rule name left)
-        assert "never took" in why("mha#0") and "never took" in why("lstm#0:input")
+        assert "lstm#0" in answered and "lstm#0:input" in answered and "mha#0" in answered
     else:  # TorchScript numbers calls in node names
         assert {"act#0", "act#1", "act#2", "shared#1"} <= set(answered)
         assert "tuple element" in why("lstm#0")
+
+
+@pytest.mark.parametrize("exporter", [
+    "dynamo",
+    pytest.param("torchscript", marks=pytest.mark.xfail(strict=True, reason=(
+        "known limit: TorchScript's own peephole pass cancels the transposes and leaves no trace in node names, "
+        "so mha's output is answered with the un-transposed tensor"))),
+])
+def test_cancelled_transposes_between_modules(exporter, torch_mod, tmp_path):
+    """batch_first MHA straight into a batch_first LSTM: the optimizer deletes mha's closing
+    transpose together with lstm's opening one, so neither boundary tensor is in the graph."""
+    nn = torch_mod.nn
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha, self.lstm = nn.MultiheadAttention(16, 2, batch_first=True), nn.LSTM(16, 16, batch_first=True)
+
+        def forward(self, x):
+            return self.lstm(self.mha(x, x, x, need_weights=False)[0])[0]
+
+    torch_mod.manual_seed(0)
+    path = tmp_path / "m.onnx"
+    torch_mod.onnx.export(M().eval(), (torch_mod.randn(2, 3, 16),), str(path), dynamo=exporter == "dynamo", input_names=["x"])
+    smap = ScopeMap.from_model(onnx.load(str(path), load_external_data=False))
+    for sel in ["mha", "lstm:input"]:
+        with pytest.raises(OnnxFileError, match="never took"):
+            smap.resolve(Tap.parse(sel))
 
 
 def _scoped(op: str, inputs: list[str], outputs: list[str], scopes: list[str], rule: str | None = None):
