@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 CHILD = r"""
@@ -41,7 +40,6 @@ print(json.dumps({"wall_s": wall, "peak_mb": resource.getrusage(resource.RUSAGE_
 
 def build(folder: Path, gb: float) -> Path:
     """A MatMul chain whose weights (n_layers x dim x dim float32) sit in one sparse file."""
-    import onnx
     from onnx import TensorProto, helper
 
     dim, n = 16384, max(1, round(gb * 2**30 / (16384 * 16384 * 4)))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path

@@ -40,7 +40,6 @@ the next run.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import shutil

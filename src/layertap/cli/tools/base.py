@@ -39,9 +39,8 @@ class Tool:
         if as_json:
             sys.stdout.write(table.to_json() + "\n")
             return
-        from rich.console import Console
 
-        console = Console()
+        console = stdout_console()
         console.print(table)
         for line in table.footer():
             console.print(line, markup=False, highlight=False)
@@ -51,4 +50,17 @@ class Tool:
         """A status line on stderr (keeps stdout clean for --json)."""
         from rich.console import Console
 
-        Console(stderr=True).print(message, markup=False, highlight=False)
+        Console(stderr=True, width=10_000 if not sys.stderr.isatty() else None).print(
+            message, markup=False, highlight=False, soft_wrap=True
+        )
+
+
+def stdout_console():
+    """A rich console for stdout; wide when piped so names and paths are never cut.
+
+    On a terminal rich fits the window; piped output (a file, ``less``, CI
+    logs) would otherwise get rich's 80-column default and cut module paths.
+    """
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 200)

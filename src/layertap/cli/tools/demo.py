@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .base import Tool
+from .base import Tool, stdout_console
 
 MODEL = "torchvision:resnet18"
 SEED = 0
@@ -224,11 +224,9 @@ class DemoTool(Tool):
         parser.add_argument("--out", metavar="DIR", help="folder for the files the demo writes (default: a new temporary folder)")
 
     def run(self, ns: argparse.Namespace) -> int:
-        import sys
 
-        from rich.console import Console
 
-        console = Console(width=None if sys.stdout.isatty() else 120)
+        console = stdout_console()
         if ns.out:
             workdir = Path(ns.out)
             if not workdir.is_dir():

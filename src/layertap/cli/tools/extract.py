@@ -8,7 +8,7 @@ import sys
 from typing import Any, Iterator
 
 from ..args import InputArgs, ModelArgs, OutputArgs, TapArgs
-from .base import Tool
+from .base import Tool, stdout_console
 
 OUTPUT = OutputArgs(required=True, suffixes=(".npz", ".safetensors"), help="FILE.npz or FILE.safetensors (keys are the tap names)")
 
@@ -100,7 +100,6 @@ class ExtractTool(Tool):
     @staticmethod
     def print_saved(arrays: dict, notes: list[str]) -> None:
         """What was saved: one line per array (name, shape, dtype) on stdout."""
-        from rich.console import Console
         from rich.markup import escape
         from rich.table import Table
 
@@ -109,7 +108,7 @@ class ExtractTool(Tool):
             table.add_column(col)
         for name, a in arrays.items():
             table.add_row(escape(name), "x".join(str(d) for d in a.shape) or "scalar", str(a.dtype))
-        console = Console(width=None if sys.stdout.isatty() else 120)
+        console = stdout_console()
         console.print(table)
         for note in notes:
             console.print(note, markup=False, highlight=False)
