@@ -25,6 +25,9 @@ class CompareTool(Tool):
                        help="compare only this module and its submodules (repeatable)")
         g.add_argument("--no-ort-opt", action="store_true",
                        help="run ONNX Runtime with graph optimisations disabled (exposed outputs can change its fusions)")
+        g.add_argument("--memory-budget", type=positive_int, default=1024, metavar="MB",
+                       help="MB of intermediates held at once on each side; PyTorch values beyond it spill to a "
+                            "temporary folder and ONNX Runtime runs in more, smaller batches (default 1024)")
         g.add_argument("--batch-outputs", type=positive_int, default=None, metavar="N",
                        help="expose at most N ONNX tensors per ONNX Runtime run (default: as memory allows)")
         g.add_argument("--plot", metavar="FILE.png", help="write a PNG of the error per module (log scale)")
@@ -56,6 +59,7 @@ class CompareTool(Tool):
             modules=ns.module,
             ort_optimizations=not ns.no_ort_opt,
             batch_outputs=ns.batch_outputs,
+            memory_budget=ns.memory_budget << 20,
             progress=sys.stderr.isatty(),
         )
         if ns.plot is not None:
