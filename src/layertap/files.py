@@ -31,11 +31,12 @@ def check_output_path(path: str | os.PathLike, *, inputs: tuple = (), suffixes: 
     out = Path(path)
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
+        if parent.exists():
+            raise LayertapError(f"output folder '{parent}' is a file, not a folder")
         raise LayertapError(f"output folder '{parent}' does not exist; create it first")
     if out.is_dir():
         raise LayertapError(f"output '{out}' is a folder; give a file name")
-    if not os.access(parent, os.W_OK):
-        raise LayertapError(f"output folder '{parent}' is not writable")
+    _check_writable(parent)
     for src in inputs:
         if src is None:
             continue
@@ -48,6 +49,16 @@ def check_output_path(path: str | os.PathLike, *, inputs: tuple = (), suffixes: 
     if suffixes and out.suffix.lower() not in suffixes:
         raise LayertapError(f"output '{out}' must end in one of: {', '.join(suffixes)}")
     return out
+
+
+def _check_writable(folder: Path) -> None:
+    # os.access() says yes to root everywhere (even /proc); only creating a
+    # file tells the truth, and it costs one empty temporary file.
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise LayertapError(f"cannot write in output folder '{folder}': {e.strerror or e}") from None
 
 
 @contextlib.contextmanager
@@ -65,7 +76,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         'hi'
     """
     target = Path(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
+    except OSError as e:
+        raise LayertapError(f"cannot write in output folder '{target.parent}': {e.strerror or e}") from None
     os.close(fd)
     tmp = Path(tmp_name)
     try:

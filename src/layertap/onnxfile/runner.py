@@ -50,6 +50,8 @@ def run(
     mf = load_model(path)
     adder = OutputAdder(mf)
     pairs = [p for tap in taps for p in _resolve_tap(adder, tap)]
+    if not pairs and not list(adder._outputs):
+        raise OnnxFileError(f"'{path}' has no graph outputs, so there is nothing to run; pass --tap NAME to pick tensors")
     own = list(adder._outputs)
     added = adder.apply(pairs)
     try:
