@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
 
+from _tiny import tiny_clip  # noqa: E402
 import layertap as lt  # noqa: E402
 from layertap.errors import SelectorError  # noqa: E402
 
@@ -35,15 +36,7 @@ def ids():
 
 @pytest.fixture(scope="module")
 def clip():
-    torch.manual_seed(0)
-    cfg = transformers.CLIPConfig(
-        text_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                         vocab_size=100, max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1),
-        vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                           image_size=32, patch_size=8),
-        projection_dim=16,
-    )
-    return transformers.CLIPModel(cfg).eval()
+    return tiny_clip(layers=2)
 
 
 def test_bert_encoder_layers_match_hidden_states(bert, ids):

@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from _tiny import tiny_clip  # noqa: E402
 import layertap as lt  # noqa: E402
 from torch import nn  # noqa: E402
 from layertap.errors import SelectorError  # noqa: E402
@@ -62,15 +63,7 @@ def test_without_inputs_lists_modules_without_shapes(resnet18):
 
 
 def test_structured_outputs_and_other_method():
-    torch.manual_seed(0)
-    cfg = transformers.CLIPConfig(
-        text_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                         vocab_size=100, max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1),
-        vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                           image_size=32, patch_size=8),
-        projection_dim=16,
-    )
-    clip = transformers.CLIPModel(cfg).eval()
+    clip = tiny_clip(layers=1)
     table = lt.layers(clip, pixel_values=torch.randn(1, 3, 32, 32), method="get_image_features")
     attn = table.find("vision_model.encoder.layers.0.self_attn")
     assert attn.structure == "tuple(Tensor[1,17,32], None)"
