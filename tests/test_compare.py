@@ -406,6 +406,20 @@ def test_input_shape_the_file_cannot_take(resnet18, resnet_onnx_dynamo, torch_mo
         lt.compare(resnet18, torch_mod.randn(1, 3, 64, 64), resnet_onnx_dynamo)
 
 
+def test_input_shape_hint_fits_the_file():
+    # A dynamic-batch file fed the wrong image size used to suggest "--input 1x..." (not the
+    # user's batch) and "re-export with a dynamic batch" (the file already has one).
+    from layertap.bridge.compare import _check_feed_shapes
+    from layertap.errors import InputSpecError
+
+    with pytest.raises(InputSpecError) as e:
+        _check_feed_shapes({"x": np.zeros((4, 3, 64, 64))}, {"x": (None, 3, 224, 224)})
+    assert str(e.value) == ("input 'x' has shape 4x3x64x64 but the ONNX file expects ?x3x224x224 "
+                            "(exported with a fixed shape; pass --input 4x3x224x224)")
+    with pytest.raises(InputSpecError, match=r"pass --input 1x3 or re-export with a dynamic batch\)$"):
+        _check_feed_shapes({"x": np.zeros((2, 3))}, {"x": (1, 3)})
+
+
 def test_output_of_another_shape_fails(torch_mod, tmp_path):
     """Same module paths, other head size: the output cannot match, so it must not pass silently."""
     import layertap as lt

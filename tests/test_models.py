@@ -208,6 +208,26 @@ def test_pickled_module_refused_unless_unsafe(tmp_path):
     torch.testing.assert_close(dst.weight, src.weight)
 
 
+def test_unsafe_pickle_of_a_model_from_a_file_spec(tmp_path):
+    # README: `layertap layers mymodels.py:Net --weights trusted_full_model.pt --unsafe-load-pickle`.
+    # The pickle names its class `mymodels.Net` (saved by a script that imported mymodels);
+    # the folder is not on sys.path, so unpickling used to fail with "No module named 'mymodels'".
+    import subprocess
+    import sys
+
+    (tmp_path / "mymodels_rt.py").write_text(USER_CODE)
+    code = ("import torch, mymodels_rt; torch.manual_seed(1); m = mymodels_rt.Net(); "
+            "torch.save(m, 'whole.pt'); torch.save(m.state_dict(), 'sd.pt')")
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True)
+    spec = f"{tmp_path / 'mymodels_rt.py'}:Net"
+    with pytest.raises(ModelSpecError, match="--unsafe-load-pickle"):
+        load_model(spec, weights=tmp_path / "whole.pt")
+    model, _ = load_model(spec, weights=tmp_path / "whole.pt", unsafe_pickle=True)
+    saved = torch.load(tmp_path / "sd.pt", weights_only=True)
+    torch.testing.assert_close(model.fc.weight, saved["fc.weight"])
+    assert "mymodels_rt" not in sys.modules  # the alias lives only while unpickling
+
+
 @pytest.mark.parametrize("name, content, fragment", [
     ("w.txt", b"x", "must end in one of"),
     ("w.pt", b"not a zip", "cannot read weights"),

@@ -432,6 +432,23 @@ def _external_model(folder: Path, name: str = "m.onnx") -> Path:
     return path
 
 
+def test_written_files_get_the_umask_mode_not_0600(tmp_path):
+    # Files were renamed from mkstemp's 0600 temporaries: unreadable to the group,
+    # unlike the .onnx files export writes. They now get what open() would give.
+    src = _external_model(tmp_path)
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    old = os.umask(0o022)
+    try:
+        lt.add_outputs(src, other / "out.onnx", tensors=["h"])
+        done = run_cli("run", str(src), "--input", "2x64", "-o", str(tmp_path / "acts.npz"))
+    finally:
+        os.umask(old)
+    assert done.returncode == 0, done.stderr
+    for path in (other / "out.onnx", other / "out.onnx.data", tmp_path / "acts.npz"):
+        assert path.stat().st_mode & 0o777 == 0o644, path
+
+
 def test_external_data_same_and_other_folder(tmp_path):
     src = _external_model(tmp_path)
     before = folder_hashes(tmp_path)

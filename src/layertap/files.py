@@ -86,10 +86,17 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp
         if not tmp.exists() or tmp.stat().st_size == 0:
             raise LayertapError(f"nothing was written for '{target}'")
+        tmp.chmod(0o666 & ~_umask())  # mkstemp makes 0600; give the mode a plain open() would
         os.replace(tmp, target)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

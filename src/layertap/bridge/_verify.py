@@ -152,7 +152,8 @@ class ExportReport(Report):
         if fails:
             lines.append(f"{len(fails)} of {len(self.rows)} outputs FAILED ({tol}): " + ", ".join(r.name for r in fails))
         else:
-            lines.append(f"all {len(self.rows)} outputs match PyTorch ({tol})")
+            what = "the output matches" if len(self.rows) == 1 else f"all {len(self.rows)} outputs match"
+            lines.append(f"{what} PyTorch ({tol})")
         return lines
 
 

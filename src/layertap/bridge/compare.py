@@ -610,10 +610,14 @@ def _check_feed_shapes(feed: dict[str, np.ndarray], declared: dict[str, tuple[in
         fits = len(want) == a.ndim and all(w is None or w == d for w, d in zip(want, a.shape))
         if not fits:
             spelled = "x".join("?" if w is None else str(w) for w in want) or "a scalar"
+            same_rank = len(want) == a.ndim
+            # a symbolic size takes the user's own size; only a batch mismatch is fixed by a dynamic batch
+            fitting = "x".join(str(a.shape[i] if w is None and same_rank else (1 if w is None else w)) for i, w in enumerate(want))
+            batch_only = same_rank and a.ndim > 0 and all(w is None or w == d for w, d in zip(want[1:], a.shape[1:]))
             raise InputSpecError(
                 f"input '{name}' has shape {'x'.join(map(str, a.shape)) or 'a scalar'} but the ONNX file expects "
-                f"{spelled} (exported with a fixed shape; pass --input {spelled.replace('?', '1')} or re-export "
-                "with a dynamic batch)"
+                f"{spelled} (exported with a fixed shape; pass --input {fitting or 'a scalar'}"
+                + (" or re-export with a dynamic batch)" if batch_only else ")")
             )
 
 
@@ -723,11 +727,16 @@ def _check_same_model(view: _ScopeView, model: Any, onnx_path: str | os.PathLike
     model_paths = [p for p, _ in model.named_modules() if p]
     if not model_paths or onnx_paths & set(model_paths):
         return
-    sample = ", ".join(sorted(onnx_paths, key=lambda p: (p.count("."), p))[:3])
     raise OnnxFileError(
         f"'{onnx_path}' does not look like an export of {type(model).__name__}: none of its {len(onnx_paths)} "
-        f"module scopes ({sample}, ...) is a module of the model ({', '.join(model_paths[:3])}, ...)"
+        f"module scopes ({_first_few(sorted(onnx_paths, key=lambda p: (p.count('.'), p)))}) is a module of "
+        f"the model ({_first_few(model_paths)})"
     )
+
+
+def _first_few(names: Sequence[str], n: int = 3) -> str:
+    """``a, b, c, ...`` (the dots only when something was left out)."""
+    return ", ".join(names[:n]) + (", ..." if len(names) > n else "")
 
 
 # ---------------------------------------------------------------------------

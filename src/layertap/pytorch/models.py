@@ -109,11 +109,22 @@ def load_model(
         elif head == "transformers":
             model, info = _transformers(name, spec, config)
         elif head.endswith(".py"):
-            model, info = _instantiate(_load_file(head, spec), name, spec, where=head), ModelInfo(spec, "file")
+            user_module = _load_file(head, spec)
+            model, info = _instantiate(user_module, name, spec, where=head), ModelInfo(spec, "file")
         else:
             model, info = _instantiate(_import_module(head, spec), name, spec, where=head), ModelInfo(spec, "module")
     if weights is not None:
-        load_weights(model, weights, unsafe_pickle=unsafe_pickle, what=spec)
+        # A whole model pickled by a script that did ``import mymodels`` refers to
+        # ``mymodels.Net``: while unpickling, let that name mean the file the user named.
+        alias = Path(head).stem if head.endswith(".py") and unsafe_pickle else None
+        aliased = alias is not None and alias.isidentifier() and alias not in sys.modules
+        if aliased:
+            sys.modules[alias] = user_module
+        try:
+            load_weights(model, weights, unsafe_pickle=unsafe_pickle, what=spec)
+        finally:
+            if aliased:
+                sys.modules.pop(alias, None)
         info.weights = str(weights)
     return model.eval(), info
 
