@@ -1,0 +1,195 @@
+"""``lt.compare``'s alignment: pair each PyTorch module call with its ONNX
+tensors (the plan), split the plan into ORT runs (batches) and turn aligned
+values into :class:`~layertap.bridge.compare.CompareRow` rows.
+
+Used by :mod:`layertap.bridge.compare`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..report import fmt_shape
+from ._compare_report import ABSORBED, FAIL, NO_COUNTERPART, PASS, CompareRow, _merge, pair_tensors
+from ._compare_torch import _ArrayStore, _ModCall
+from .tolerance import ErrorStats, error_stats
+
+# How many following sibling module calls a failing call is checked against
+# before it is called a fusion (Conv -> BatchNorm -> ReLU is the longest
+# chain exporters fold).
+_FUSE_WINDOW = 2
+_NO_SCOPE_NOTE = "no ONNX node in its scope (a no-op in eval mode, or folded into constants)"
+
+
+@dataclass
+class _Item:
+    """A module call and the ONNX tensors that answer it (empty when none)."""
+
+    mc: _ModCall
+    tensors: tuple[str, ...] = ()
+    status: str | None = None  # preset for calls that will not be compared
+    note: str | None = None
+
+
+def _is_absorption(note: str) -> bool:
+    low = note.lower()
+    return any(w in low for w in ("fold", "fus", "absorb", "merge"))
+
+
+def _call_counts(calls: Sequence[_ModCall]) -> dict[str, int]:
+    """How many times PyTorch ran each module path."""
+    counts: dict[str, int] = {}
+    for mc in calls:
+        counts[mc.path] = max(counts.get(mc.path, 0), mc.call + 1)
+    return counts
+
+
+def _plan(calls: list[_ModCall], root: _ModCall, smap: Any, outputs: list[str], include_root: bool) -> list[_Item]:
+    """Pair each PyTorch module call with its ONNX tensors, or say why it has none.
+
+    ``smap`` answers ``counterparts()`` and ``calls(path)`` (a :class:`_ScopeView`).
+    """
+    counterparts = {(c.path, c.call): c for c in smap.counterparts()}
+    torch_calls = _call_counts(calls)
+    items: list[_Item] = []
+    for mc in calls:
+        item = _Item(mc)
+        cp = counterparts.get((mc.path, mc.call))
+        onnx_calls = smap.calls(mc.path)
+        if cp is None and onnx_calls == 0:
+            item.status, item.note = NO_COUNTERPART, _NO_SCOPE_NOTE
+        elif onnx_calls != torch_calls[mc.path]:
+            item.status = NO_COUNTERPART
+            item.note = (
+                f"PyTorch ran it {torch_calls[mc.path]} time(s), the ONNX graph shows {onnx_calls} call(s); "
+                "calls cannot be aligned"
+            )
+        elif cp is None:
+            item.status = NO_COUNTERPART
+        elif not cp.tensors:
+            item.status = ABSORBED if cp.absorbed_by or (cp.note and _is_absorption(cp.note)) else NO_COUNTERPART
+            item.note = f"fused into {cp.absorbed_by}; compared there" if cp.absorbed_by else cp.note
+        else:
+            item.tensors = tuple(cp.tensors)
+        if mc.note and not item.status:
+            item.status, item.note, item.tensors = NO_COUNTERPART, mc.note, ()
+        items.append(item)
+    if include_root:
+        items.append(_Item(root, tuple(outputs)))
+    return items
+
+
+def _batches(items: list[_Item], store: _ArrayStore, max_tensors: int | None, budget: int) -> list[list[_Item]]:
+    """Split the plan into contiguous batches, each one ORT run.
+
+    A batch holds at most ``max_tensors`` ONNX tensors and (estimated from the
+    PyTorch sizes) ``budget`` bytes; a single call over the budget gets a run
+    of its own.
+    """
+    out: list[list[_Item]] = [[]]
+    n_tensors = n_bytes = 0
+    for item in items:
+        k = len(item.tensors)
+        b = store.nbytes(item.mc.key) if k else 0
+        over = (max_tensors is not None and n_tensors + k > max_tensors) or n_bytes + b > budget
+        if k and n_tensors and over:
+            out.append([])
+            n_tensors = n_bytes = 0
+        out[-1].append(item)
+        n_tensors += k
+        n_bytes += b
+    return [b for b in out if b]
+
+
+class _RowBuilder:
+    """Turns aligned values into rows; detects folds the scopes did not report."""
+
+    def __init__(self, items: list[_Item], store: _ArrayStore, rtol: float, atol: float, torch_calls: dict[str, int]) -> None:
+        self.items = items
+        self.store = store
+        self.rtol = rtol
+        self.atol = atol
+        self.torch_calls = torch_calls
+        self.adopted: dict[int, tuple[ErrorStats, list[str], str]] = {}
+        self.position = {item.mc.key: i for i, item in enumerate(items)}
+
+    def name(self, mc: _ModCall) -> str:
+        if mc.path == "":
+            return "output"
+        return f"{mc.path}#{mc.call}" if self.torch_calls.get(mc.path, 1) > 1 else mc.path
+
+    def row(self, item: _Item, values: dict[str, np.ndarray]) -> CompareRow:
+        mc = item.mc
+        shapes = self.store.shapes(mc.key)
+        base = dict(name=self.name(mc), path=mc.path, call=mc.call, type=mc.type, shape=list(shapes[0]) if shapes else None)
+        if item.status is not None:
+            adopted = self.adopted.get(mc.key)
+            if adopted is not None and item.status == NO_COUNTERPART:
+                stats, names, donor = adopted
+                return CompareRow(**base, max_abs=stats.max_abs, rel_err=stats.rel_err, status=PASS if stats.ok else FAIL,
+                                  ok=stats.ok, onnx=names, note=f"compared at {donor}'s ONNX tensor (fused)")
+            return CompareRow(**base, max_abs=None, rel_err=None, status=item.status, ok=None, note=item.note)
+        onnx_arrays = [values[n] for n in item.tensors]
+        ref = self.store.get(mc.key)
+        stats, names, why = self._compare(ref, onnx_arrays, item.tensors)
+        if stats is None:
+            # Same inputs, other output shapes: the file does not compute the model's result.
+            # For an inner module the scope mapping may be at fault, so that is only "no counterpart".
+            status, ok = (FAIL, False) if mc.path == "" else (NO_COUNTERPART, None)
+            return CompareRow(**base, max_abs=None, rel_err=None, status=status, ok=ok, onnx=list(item.tensors), note=why)
+        if not stats.ok:
+            fused = self._fused_into(item, onnx_arrays)
+            if fused is not None:
+                donee, fstats, fnames = fused
+                self.adopted[donee.mc.key] = (fstats, fnames, base["name"])
+                return CompareRow(**base, max_abs=stats.max_abs, rel_err=stats.rel_err, status=ABSORBED, ok=None,
+                                  onnx=names, note=f"ONNX tensor holds {self.name(donee.mc)}'s value (fused)")
+        return CompareRow(**base, max_abs=stats.max_abs, rel_err=stats.rel_err, status=PASS if stats.ok else FAIL,
+                          ok=stats.ok, onnx=names, note=why)
+
+    def _compare(
+        self, ref: list[np.ndarray], got: list[np.ndarray], names: Sequence[str]
+    ) -> tuple[ErrorStats | None, list[str], str | None]:
+        pairs = pair_tensors([tuple(r.shape) for r in ref], [tuple(g.shape) for g in got])
+        if not pairs:
+            return None, [], (
+                f"shapes differ: ONNX {', '.join(fmt_shape(g.shape) for g in got)} vs "
+                f"PyTorch {', '.join(fmt_shape(r.shape) for r in ref) or 'nothing'}"
+            )
+        stats = []
+        for i, j in pairs:
+            r, g = ref[i], got[j]
+            if r.shape != g.shape:
+                g = g.reshape(r.shape)
+            stats.append(error_stats(r, g, self.rtol, self.atol))
+        why = None
+        if len(pairs) < len(got):
+            why = f"compared {len(pairs)} of {len(got)} ONNX tensors (others have no PyTorch tensor of that shape)"
+        return _merge(stats), [names[j] for _, j in pairs], why
+
+    def _fused_into(self, item: _Item, onnx_arrays: list[np.ndarray]) -> tuple[_Item, ErrorStats, list[str]] | None:
+        """A later sibling call whose PyTorch value the ONNX tensor holds."""
+        mc = item.mc
+        if mc.path == "":
+            return None
+        parent = mc.path.rpartition(".")[0]
+        seen = 0
+        for later in self.items[self.position[mc.key] + 1:]:
+            lp = later.mc.path
+            if lp == "" or (parent and not lp.startswith(parent + ".")):
+                break  # left the parent: no sibling follows
+            if lp.rpartition(".")[0] != parent:
+                continue  # a deeper call inside a sibling
+            seen += 1
+            if seen > _FUSE_WINDOW:
+                break
+            ref = self.store.get(later.mc.key)
+            if not ref:
+                continue
+            stats, names, _ = self._compare(ref, onnx_arrays, item.tensors)
+            if stats is not None and stats.ok:
+                return later, stats, names
+        return None

@@ -1,0 +1,294 @@
+"""``lt.compare``'s ONNX side: load the graph, run it in ONNX Runtime with chosen
+tensors exposed as outputs, map the PyTorch arguments onto its inputs, and view
+its module scopes under the model's own module paths.
+
+Used by :mod:`layertap.bridge.compare`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from ..errors import InputSpecError, OnnxFileError
+from ._compare_torch import _one_line, _to_numpy
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+_ORT_EXTERNAL_DIR_KEY = "session.model_external_initializers_file_folder_path"
+
+
+def _load_proto(onnx_path: str | os.PathLike) -> "onnx.ModelProto":
+    import onnx
+
+    p = Path(onnx_path)
+    if not p.is_file():
+        raise OnnxFileError(f"ONNX file '{p}' does not exist")
+    try:
+        # Graph only: weights stay in the external-data file, which ORT reads
+        # itself (FIELD-NOTES: loading them through onnx costs GBs on big models).
+        return onnx.load(str(p), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - protobuf raises several types
+        raise OnnxFileError(f"cannot read ONNX file '{p}': {e}") from None
+
+
+class _OrtRunner:
+    """Sessions over an in-memory copy of the graph with chosen tensors as outputs."""
+
+    def __init__(self, proto: "onnx.ModelProto", folder: Path, optimize: bool) -> None:
+        self.proto = proto
+        self.folder = folder
+        self.optimize = optimize
+        self._out_info = {o.name: o for o in proto.graph.output}
+        self._value_info = {v.name: v for v in proto.graph.value_info}
+        self.runs = 0
+
+    def input_names(self) -> list[tuple[str, str]]:
+        """(name, element type) of the graph's real inputs (not initializers)."""
+        import onnx
+
+        inits = {i.name for i in self.proto.graph.initializer}
+        out = []
+        for i in self.proto.graph.input:
+            if i.name in inits:
+                continue
+            et = i.type.tensor_type.elem_type
+            try:
+                dtype = onnx.helper.tensor_dtype_to_np_dtype(et).name if et else ""
+            except (KeyError, ValueError, TypeError):
+                dtype = ""  # a type numpy lacks (bfloat16, float8): feed as given
+            out.append((i.name, dtype))
+        return out
+
+    def input_shapes(self) -> dict[str, tuple[int | None, ...]]:
+        """Declared shape of each graph input; ``None`` for a symbolic or unknown dimension."""
+        out = {}
+        for i in self.proto.graph.input:
+            if i.type.tensor_type.HasField("shape"):
+                dims = i.type.tensor_type.shape.dim
+                out[i.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in dims)
+        return out
+
+    def run(self, names: list[str], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import onnx
+        import onnxruntime as ort
+
+        graph = self.proto.graph
+        saved = list(graph.output)
+        try:
+            del graph.output[:]
+            for n in names:
+                info = self._out_info.get(n) or self._value_info.get(n)
+                graph.output.append(info if info is not None else onnx.helper.make_empty_tensor_value_info(n))
+            data = self.proto.SerializeToString()
+        finally:
+            del graph.output[:]
+            graph.output.extend(saved)
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.graph_optimization_level = (
+            ort.GraphOptimizationLevel.ORT_ENABLE_ALL if self.optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        )
+        so.add_session_config_entry(_ORT_EXTERNAL_DIR_KEY, str(self.folder))
+        try:
+            sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+        except Exception as e:  # noqa: BLE001 - ORT raises its own types
+            raise OnnxFileError(f"ONNX Runtime cannot load the graph from '{self.folder}' with extra outputs: {_one_line(e)}") from None
+        del data
+        try:
+            values = sess.run(names, feed)
+        except Exception as e:  # noqa: BLE001
+            raise InputSpecError(f"ONNX Runtime rejected the inputs: {_one_line(e)}") from None
+        self.runs += 1
+        return dict(zip(names, values))
+
+
+def _feed(inputs: list[tuple[str, str]], args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
+    """Map the PyTorch arguments onto the graph inputs.
+
+    A keyword argument goes to the input of the same name; the remaining
+    inputs take the positional tensors in order, then the other keyword
+    tensors (nested tuples/lists flattened, as the exporters do). Non-tensor
+    arguments (``None``, Python numbers) are baked into an exported graph and
+    skipped.
+    """
+    import torch
+
+    from ..pytorch.values import flatten
+
+    names = [n for n, _ in inputs]
+    dtypes = dict(inputs)
+    feed: dict[str, Any] = {}
+    rest_values: list[Any] = [t for a in args for _, t in flatten(a)]
+    for k, v in kwargs.items():
+        flat = [t for _, t in flatten(v)]
+        if k in dtypes and len(flat) == 1:
+            feed[k] = flat[0]
+        else:
+            rest_values.extend(flat)
+    rest = [n for n in names if n not in feed]
+    if len(rest_values) != len(rest):
+        given = len(rest_values) + len(feed)
+        raise InputSpecError(
+            f"{given} input tensor{'s' if given != 1 else ''} given but the ONNX file takes {len(names)}: "
+            f"{', '.join(names)} (pass them positionally in that order, or by name)"
+        )
+    feed.update(zip(rest, rest_values))
+    out = {}
+    for n, t in feed.items():
+        a = _to_numpy(t) if isinstance(t, torch.Tensor) else np.asarray(t)
+        want = dtypes.get(n)
+        if want and a.dtype != np.dtype(want):
+            a = a.astype(want)  # e.g. int32 token ids for an int64 input
+        out[n] = a
+    return out
+
+
+def _check_feed_shapes(feed: dict[str, np.ndarray], declared: dict[str, tuple[int | None, ...]]) -> None:
+    """A clear one-line error before any run when an input cannot fit the file.
+
+    Example:
+        >>> _check_feed_shapes({"x": np.zeros((2, 3))}, {"x": (1, 3)})
+        Traceback (most recent call last):
+        ...
+        layertap.errors.InputSpecError: input 'x' has shape 2x3 but the ONNX file expects 1x3 (exported with a fixed shape; pass --input 1x3 or re-export with a dynamic batch)
+    """
+    for name, a in feed.items():
+        want = declared.get(name)
+        if want is None:
+            continue
+        fits = len(want) == a.ndim and all(w is None or w == d for w, d in zip(want, a.shape))
+        if not fits:
+            spelled = "x".join("?" if w is None else str(w) for w in want) or "a scalar"
+            same_rank = len(want) == a.ndim
+            # a symbolic size takes the user's own size; only a batch mismatch is fixed by a dynamic batch
+            fitting = "x".join(str(a.shape[i] if w is None and same_rank else (1 if w is None else w)) for i, w in enumerate(want))
+            batch_only = same_rank and a.ndim > 0 and all(w is None or w == d for w, d in zip(want[1:], a.shape[1:]))
+            raise InputSpecError(
+                f"input '{name}' has shape {'x'.join(map(str, a.shape)) or 'a scalar'} but the ONNX file expects "
+                f"{spelled} (exported with a fixed shape; pass --input {fitting or 'a scalar'}"
+                + (" or re-export with a dynamic batch)" if batch_only else ")")
+            )
+
+
+def _model_outputs(proto: "onnx.ModelProto") -> list[str]:
+    """The graph outputs that are the model's own result.
+
+    A file from ``lt.export`` also has tap outputs; its ``layertap.taps``
+    metadata marks the model's own outputs with ``"path": null``.
+    """
+    import json
+
+    names = [o.name for o in proto.graph.output]
+    for prop in proto.metadata_props:
+        if prop.key == "layertap.taps":
+            try:
+                entries = json.loads(prop.value)
+                own = [e["name"] for e in entries if isinstance(e, dict) and e.get("path") is None]
+            except (ValueError, TypeError, KeyError):
+                return names
+            own = [n for n in own if n in names]
+            return own or names
+    return names
+
+
+class _ScopeView:
+    """The file's module calls under the model's own module paths.
+
+    A file exported from a wrapper around the model names every module under
+    the wrapper's attribute: ``lt.export`` files read ``_fn.layer1.0.conv1``
+    (dynamo) or ``model.layer1.0.conv1`` (TorchScript). The view strips such
+    a prefix so that calls align with ``model.named_modules()``; the wrapper's
+    own call (the bare prefix) is the model's result, compared as ``output``.
+    It offers the two :class:`~layertap.onnxfile.scopes.ScopeMap` queries the
+    plan needs, ``counterparts()`` and ``calls(path)``.
+    """
+
+    def __init__(self, smap: Any, model_paths: set[str]) -> None:
+        self.source: str = smap.source
+        counterparts = smap.counterparts()
+        self.prefix = _wrapper_prefix({c.path for c in counterparts}, model_paths)
+        if self.prefix:
+            counterparts = [_unprefixed(c, self.prefix) for c in counterparts if c.path != self.prefix]
+        self._counterparts = counterparts
+        self._calls: dict[str, int] = {}
+        for c in counterparts:
+            self._calls[c.path] = self._calls.get(c.path, 0) + 1
+
+    def counterparts(self) -> list[Any]:
+        return list(self._counterparts)
+
+    def calls(self, path: str) -> int:
+        return self._calls.get(path, 0)
+
+    def paths(self) -> set[str]:
+        return set(self._calls)
+
+
+def _wrapper_prefix(onnx_paths: set[str], model_paths: set[str]) -> str:
+    """The module path prefix the file adds to the model's paths ("" for none).
+
+    A prefix (one or more leading components, for nested wrappers) is chosen
+    only when stripping it makes more of the file's paths known to the model
+    than as they are.
+
+    Example:
+        >>> _wrapper_prefix({"_fn", "_fn.conv1", "_fn.layer1.0"}, {"conv1", "layer1", "layer1.0"})
+        '_fn'
+        >>> _wrapper_prefix({"conv1", "layer1.0"}, {"conv1", "layer1", "layer1.0"})
+        ''
+    """
+    candidates: set[str] = set()
+    for p in onnx_paths:
+        parts = p.split(".")
+        candidates.update(".".join(parts[:k]) for k in range(1, min(len(parts), 4)))
+    best, best_hits = "", len(onnx_paths & model_paths)
+    for prefix in sorted(candidates, key=len):  # shortest first: ties keep the shallower prefix
+        cut = len(prefix) + 1
+        hits = sum(1 for p in onnx_paths if p.startswith(prefix + ".") and p[cut:] in model_paths)
+        if hits > best_hits:
+            best, best_hits = prefix, hits
+    return best
+
+
+def _unprefixed(cp: Any, prefix: str) -> Any:
+    """``cp`` with ``prefix.`` removed from its path and from module names in its note."""
+    import dataclasses
+
+    cut = len(prefix) + 1
+    fields: dict[str, Any] = {"path": cp.path[cut:] if cp.path.startswith(prefix + ".") else cp.path}
+    if cp.note:
+        fields["note"] = re.sub(rf"(?<![\w.]){re.escape(prefix)}\.(?=\w)", "", cp.note)
+    absorbed_by = getattr(cp, "absorbed_by", None)
+    if absorbed_by and absorbed_by.startswith(prefix + "."):
+        fields["absorbed_by"] = absorbed_by[cut:]
+    return dataclasses.replace(cp, **fields)
+
+
+def _check_same_model(view: _ScopeView, model: Any, onnx_path: str | os.PathLike) -> None:
+    """Refuse a file whose module scopes name none of the model's modules.
+
+    Without this, every module would be ``no counterpart`` and a file of
+    another model would "compare clean" on its output alone.
+    """
+    onnx_paths = view.paths()
+    if view.source == "none" or not onnx_paths:
+        return
+    model_paths = [p for p, _ in model.named_modules() if p]
+    if not model_paths or onnx_paths & set(model_paths):
+        return
+    raise OnnxFileError(
+        f"'{onnx_path}' does not look like an export of {type(model).__name__}: none of its {len(onnx_paths)} "
+        f"module scopes ({_first_few(sorted(onnx_paths, key=lambda p: (p.count('.'), p)))}) is a module of "
+        f"the model ({_first_few(model_paths)})"
+    )
+
+
+def _first_few(names: Sequence[str], n: int = 3) -> str:
+    """``a, b, c, ...`` (the dots only when something was left out)."""
+    return ", ".join(names[:n]) + (", ..." if len(names) > n else "")

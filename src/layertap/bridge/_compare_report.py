@@ -1,0 +1,201 @@
+"""``lt.compare``'s report: :class:`CompareRow`, :class:`CompareReport`, row statuses
+and :func:`pair_tensors` (which ONNX tensor answers which PyTorch tensor).
+
+Used by :mod:`layertap.bridge.compare`, which re-exports the public names.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+from ..report import Column, Report, fmt_float, fmt_shape
+from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL, ErrorStats
+
+PASS, FAIL, NO_COUNTERPART, ABSORBED = "pass", "FAIL", "no counterpart", "absorbed"
+STATISTIC = "rel_err = max|onnx - torch| / max|torch|; pass when max_abs <= atol + rtol * max|torch|"
+
+
+@dataclass
+class CompareRow:
+    """One PyTorch module call and how its ONNX counterpart compares.
+
+    Attributes:
+        name: ``PATH`` (``PATH#k`` when the module ran more than once);
+            ``output`` for the model's own result.
+        path, call: module path and 0-based call index.
+        type: the module's class name.
+        shape: shape of the (first) PyTorch tensor compared.
+        max_abs: ``max |onnx - torch|``.
+        rel_err: ``max_abs / max |torch|`` (see the module docstring).
+        status: ``pass``, ``FAIL``, ``no counterpart`` or ``absorbed``.
+        ok: True/False for compared calls, ``None`` when nothing was compared.
+        onnx: ONNX tensor names compared.
+        note: why a call was not compared, or where a fused value was compared.
+    """
+
+    name: str
+    path: str
+    call: int
+    type: str
+    shape: list[int] | None
+    max_abs: float | None
+    rel_err: float | None
+    status: str
+    ok: bool | None
+    onnx: list[str] = field(default_factory=list)
+    note: str | None = None
+
+
+class CompareReport(Report):
+    """Result of :func:`compare`: one row per module call, in PyTorch execution order.
+
+    Attributes:
+        ok: True when no compared call failed (absorbed / no-counterpart calls never fail).
+        first_divergence: name of the first failing module call (``None`` when all agree).
+        first_divergence_row: that row.
+        rtol, atol: the tolerances used.
+
+    Example:
+        >>> r = CompareReport([CompareRow("fc", "fc", 0, "Linear", [1, 2], 1.0, 0.5, FAIL, False)], rtol=1e-3, atol=1e-5)
+        >>> r.ok, r.first_divergence, r.to_dict()["first_divergence"]
+        (False, 'fc', 'fc')
+    """
+
+    title = "PyTorch vs ONNX Runtime, module by module"
+    columns: ClassVar[Sequence[Column]] = (
+        Column("name", "module"),
+        Column("type", "type"),
+        Column("shape", "shape", fmt_shape, no_wrap=True),
+        Column("max_abs", "max abs err", fmt_float, "right", no_wrap=True),
+        Column("rel_err", "rel err", fmt_float, "right", no_wrap=True),
+        Column("status", "status", no_wrap=True),
+        Column("note", "note"),
+    )
+
+    def __init__(
+        self,
+        rows: Sequence[CompareRow] = (),
+        notes: Sequence[str] = (),
+        *,
+        rtol: float = DEFAULT_RTOL,
+        atol: float = DEFAULT_ATOL,
+        onnx_path: str | None = None,
+        ort_optimizations: bool = True,
+        ort_runs: int = 0,
+    ) -> None:
+        super().__init__(rows, notes)
+        self.rtol = rtol
+        self.atol = atol
+        self.onnx_path = onnx_path
+        self.ort_optimizations = ort_optimizations
+        self.ort_runs = ort_runs
+
+    @property
+    def first_divergence_row(self) -> CompareRow | None:
+        """The first row that failed (every compared row before it passed)."""
+        for row in self.rows:
+            if row.ok is False:
+                return row
+        return None
+
+    @property
+    def first_divergence(self) -> str | None:
+        """Name (``PATH`` or ``PATH#k``) of the first failing module call, or ``None``."""
+        row = self.first_divergence_row
+        return row.name if row is not None else None
+
+    def plot(self, path: str | os.PathLike) -> None:
+        """Write the error-per-module PNG (log scale, first divergence marked) atomically."""
+        from ._plot import write_plot
+
+        write_plot(self, path)
+
+    def counts(self) -> dict[str, int]:
+        """How many rows have each status."""
+        out = {PASS: 0, FAIL: 0, ABSORBED: 0, NO_COUNTERPART: 0}
+        for row in self.rows:
+            out[row.status] = out.get(row.status, 0) + 1
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "ok": self.ok,
+            "first_divergence": self.first_divergence,
+            "onnx": self.onnx_path,
+            "rtol": self.rtol,
+            "atol": self.atol,
+            "statistic": STATISTIC,
+            "ort_optimizations": self.ort_optimizations,
+            "ort_runs": self.ort_runs,
+            "counts": self.counts(),
+        }
+        if self.notes:
+            out["notes"] = list(self.notes)
+        return out
+
+    def footer(self) -> list[str]:
+        c = self.counts()
+        lines = [f"note: {n}" for n in self.notes]
+        lines.append(
+            f"{c[PASS]} pass, {c[FAIL]} FAIL, {c[ABSORBED]} absorbed, {c[NO_COUNTERPART]} without counterpart "
+            f"(rtol {self.rtol:g}, atol {self.atol:g}; {STATISTIC})"
+        )
+        row = self.first_divergence_row
+        if row is None:
+            lines.append("no divergence: every compared module agrees")
+        else:
+            lines.append(
+                f"first divergence: {row.name} ({row.type}): max abs err {fmt_float(row.max_abs)}, "
+                f"rel err {fmt_float(row.rel_err)}; every module before it agrees"
+            )
+        return lines
+
+
+def _merge(stats: Sequence[ErrorStats]) -> ErrorStats:
+    """Worst case over several tensors of one module call."""
+    return ErrorStats(
+        max(s.max_abs for s in stats),
+        max(s.scale for s in stats),
+        max(s.rel_err for s in stats),
+        all(s.ok for s in stats),
+    )
+
+
+def pair_tensors(torch_shapes: Sequence[tuple], onnx_shapes: Sequence[tuple]) -> list[tuple[int, int]]:
+    """Pair ONNX tensors with PyTorch tensors of one module call.
+
+    By position when the counts agree and every shape matches. Otherwise
+    matching runs from the end: an ONNX call can leak extra boundary tensors
+    *before* its real outputs (an inner value that a tap, or a shared
+    subexpression, uses outside the module), while a module's results are the
+    last values it computes. Each PyTorch tensor, last first, takes the last
+    unused ONNX tensor of the same shape. Returns ``(torch_index, onnx_index)``
+    pairs in ONNX order; unpaired tensors are left out.
+
+    Example:
+        >>> pair_tensors([(2, 4), (2, 4, 4)], [(2, 4, 4)])
+        [(1, 0)]
+        >>> pair_tensors([(2, 4), (2, 4)], [(2, 4), (2, 4)])
+        [(0, 0), (1, 1)]
+        >>> pair_tensors([(1, 5, 8)], [(1, 5, 8), (1, 5, 8)])  # an inner value leaked first
+        [(0, 1)]
+    """
+    if len(torch_shapes) == len(onnx_shapes) and all(_same_shape(t, o) for t, o in zip(torch_shapes, onnx_shapes)):
+        return [(i, i) for i in range(len(onnx_shapes))]
+    used: set[int] = set()
+    pairs: list[tuple[int, int]] = []
+    for i in reversed(range(len(torch_shapes))):
+        for j in reversed(range(len(onnx_shapes))):
+            if j not in used and _same_shape(torch_shapes[i], onnx_shapes[j]):
+                used.add(j)
+                pairs.append((i, j))
+                break
+    return sorted(pairs, key=lambda p: p[1])
+
+
+def _same_shape(a: tuple, b: tuple) -> bool:
+    """Equal shapes, or equal after dropping size-1 dimensions (same element order)."""
+    a, b = tuple(a), tuple(b)
+    return a == b or tuple(d for d in a if d != 1) == tuple(d for d in b if d != 1)

@@ -1,0 +1,220 @@
+"""``lt.compare``'s PyTorch side: run the model once with hooks on every module
+and keep each call's output as numpy (spilling to disk beyond a memory budget).
+
+Used by :mod:`layertap.bridge.compare`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import numpy as np
+
+from ..errors import InputSpecError, LayertapError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+
+class _ArrayStore:
+    """Arrays by key; beyond ``budget`` bytes new ones spill to a temporary folder.
+
+    Spilled arrays come back memory-mapped, so only the pages being compared
+    are resident.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.held = 0
+        self.spilled = 0
+        self._mem: dict[int, list[np.ndarray]] = {}
+        self._disk: dict[int, list[str]] = {}
+        self._shapes: dict[int, list[tuple[int, ...]]] = {}
+        self._nbytes: dict[int, int] = {}
+        self._dir: str | None = None
+
+    def put(self, key: int, arrays: list[np.ndarray], shared: bool = False) -> None:
+        """Store ``arrays``; ``shared`` arrays already held elsewhere cost nothing."""
+        nbytes = 0 if shared else sum(a.nbytes for a in arrays)
+        self._shapes[key] = [tuple(a.shape) for a in arrays]
+        self._nbytes[key] = sum(a.nbytes for a in arrays)
+        if shared or self.held + nbytes <= self.budget:
+            self._mem[key] = arrays
+            self.held += nbytes
+            return
+        if self._dir is None:
+            self._dir = tempfile.mkdtemp(prefix="layertap-compare-")
+        paths = []
+        for i, a in enumerate(arrays):
+            p = os.path.join(self._dir, f"{key}_{i}.npy")
+            np.save(p, a, allow_pickle=False)
+            paths.append(p)
+        self._disk[key] = paths
+        self.spilled += nbytes
+
+    def has(self, key: int) -> bool:
+        return key in self._shapes
+
+    def shapes(self, key: int) -> list[tuple[int, ...]]:
+        return self._shapes.get(key, [])
+
+    def nbytes(self, key: int) -> int:
+        return self._nbytes.get(key, 0)
+
+    def get(self, key: int) -> list[np.ndarray]:
+        if key in self._mem:
+            return self._mem[key]
+        if key in self._disk:
+            return [np.load(p, mmap_mode="r", allow_pickle=False) for p in self._disk[key]]
+        return []
+
+    def close(self) -> None:
+        self._mem.clear()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+
+@dataclass
+class _ModCall:
+    """One module call as PyTorch ran it; ``key`` is its position in return order."""
+
+    key: int
+    path: str
+    call: int
+    type: str
+    note: str | None = None  # why it holds no tensor
+
+
+def _to_numpy(t: "torch.Tensor") -> np.ndarray:
+    import torch
+
+    t = t.detach()
+    if t.dtype in (torch.bfloat16,) or (t.is_floating_point() and t.element_size() < 2):
+        t = t.float()  # numpy has no bfloat16 / float8
+    if t.is_complex() or t.layout != torch.strided:
+        t = t.to_dense() if t.layout != torch.strided else t
+    # copy: in-place modules (ReLU(inplace=True)) overwrite the tensor later
+    return t.to("cpu", copy=True).numpy()
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:400]
+
+
+class _TorchRecorder:
+    """Forward hooks that record every module call, in return order, into a store.
+
+    A module's output is copied to numpy the moment the call returns (a later
+    in-place op cannot change it). A container (``Sequential``, a residual
+    block's last child) often returns its last child's tensor object
+    unchanged; that value is stored once and shared, not copied twice.
+
+    Example:
+        >>> import torch
+        >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()).eval()
+        >>> store = _ArrayStore(1 << 20)
+        >>> rec = _TorchRecorder(m, store, lambda path: True)
+        >>> with rec.hooks(), torch.no_grad():
+        ...     _ = m(torch.ones(1, 2))
+        >>> [(c.path, c.call) for c in rec.calls]
+        [('0', 0), ('1', 0)]
+    """
+
+    def __init__(self, model: Any, store: _ArrayStore, wanted: Callable[[str], bool]) -> None:
+        self.model = model
+        self.store = store
+        self.wanted = wanted
+        self.calls: list[_ModCall] = []
+        self._names = {id(m): p for p, m in model.named_modules() if p}
+        self._counts: dict[int, int] = {}
+        self._open: dict[int, list[int]] = {}  # call indices of calls not yet returned (recursion)
+        self._last: tuple[list[Any], list[np.ndarray], list[int]] = ([], [], [])  # tensors, arrays, versions
+
+    @contextmanager
+    def hooks(self) -> Iterator[None]:
+        """Hooks on every submodule, removed on exit (exceptions too)."""
+        handles = []
+        try:
+            for path, mod in self.model.named_modules():
+                if path:
+                    handles.append(mod.register_forward_pre_hook(self._pre))
+                    handles.append(mod.register_forward_hook(self._post))
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+            self._last = ([], [], [])
+
+    def _pre(self, mod: Any, _args: Any) -> None:
+        k = id(mod)
+        c = self._counts.get(k, 0)
+        self._counts[k] = c + 1
+        self._open.setdefault(k, []).append(c)
+
+    def _post(self, mod: Any, _args: Any, output: Any) -> None:
+        k = id(mod)
+        c = (self._open.get(k) or [self._counts[k] - 1]).pop()
+        mc = _ModCall(len(self.calls), self._names[k], c, type(mod).__name__)
+        self.calls.append(mc)
+        if self.wanted(mc.path):
+            self._record(mc, output)
+
+    def _record(self, mc: _ModCall, output: Any) -> None:
+        from ..pytorch.values import flatten
+
+        tensors = [t for _, t in flatten(output)]
+        if not tensors:
+            mc.note = "PyTorch output holds no tensor"
+            return
+        prev, prev_arrays, versions = self._last
+        if (
+            len(prev) == len(tensors)
+            and all(a is b for a, b in zip(prev, tensors))
+            and all(t._version == v for t, v in zip(tensors, versions))
+        ):
+            self.store.put(mc.key, prev_arrays, shared=True)
+            return
+        arrays = [_to_numpy(t) for t in tensors]
+        self.store.put(mc.key, arrays)
+        self._last = (tensors, arrays, [t._version for t in tensors])
+
+
+def _run_torch(
+    model: Any,
+    args: tuple,
+    kwargs: dict,
+    method: str,
+    store: _ArrayStore,
+    wanted: Callable[[str], bool],
+) -> tuple[list[_ModCall], _ModCall]:
+    """Run the model once; record every module call in return order.
+
+    Returns the calls and the root call (the model's result, stored last).
+    """
+    import torch
+
+    from ..pytorch.taps import bound_method
+    from ..pytorch.values import flatten
+
+    fn = bound_method(model, method)
+    recorder = _TorchRecorder(model, store, wanted)
+    with recorder.hooks(), torch.no_grad():
+        try:
+            out = fn(*args, **kwargs)
+        except (TypeError, ValueError, RuntimeError, IndexError) as e:
+            # Almost always inputs that do not fit the model; the chain keeps the traceback.
+            raise InputSpecError(
+                f"{type(model).__name__}.{method} failed on the given inputs: {type(e).__name__}: {_one_line(e)}"
+            ) from e
+    root = _ModCall(len(recorder.calls), "", 0, type(model).__name__)
+    tensors = [t for _, t in flatten(out)]
+    if not tensors:
+        raise LayertapError(f"{type(model).__name__}.{method} returned no tensor; there is nothing to compare")
+    store.put(root.key, [_to_numpy(t) for t in tensors])
+    return recorder.calls, root
