@@ -278,8 +278,23 @@ def test_bad_inputs_raise_layertap_errors(resnet18, resnet_input, resnet_onnx_dy
         lt.compare(resnet18, (resnet_input, resnet_input), resnet_onnx_dynamo)
     bad = tmp_path / "garbage.onnx"
     bad.write_bytes(b"not a model")
-    with pytest.raises(OnnxFileError, match="cannot read"):
+    with pytest.raises(OnnxFileError, match="is not an ONNX file"):
         lt.compare(resnet18, resnet_input, bad)
+    # the same external-data policy as every ONNX command: nothing outside the model's folder
+    import onnx
+
+    escaping = tmp_path / "sub" / "escaping.onnx"
+    escaping.parent.mkdir()
+    proto = onnx.load(str(resnet_onnx_dynamo))
+    onnx.save_model(proto, str(escaping), save_as_external_data=True, location="w.bin", size_threshold=0)
+    graph = onnx.load(str(escaping), load_external_data=False)
+    for init in graph.graph.initializer:
+        for entry in init.external_data:
+            if entry.key == "location":
+                entry.value = "../w.bin"
+    escaping.write_bytes(graph.SerializeToString())
+    with pytest.raises(OnnxFileError, match="outside the model's folder"):
+        lt.compare(resnet18, resnet_input, escaping)
 
 
 def test_plot_is_written(clean_reports, perturbed, resnet18, resnet_input, tmp_path):

@@ -20,23 +20,6 @@ from ._compare_torch import _one_line, _to_numpy
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
-_ORT_EXTERNAL_DIR_KEY = "session.model_external_initializers_file_folder_path"
-
-
-def _load_proto(onnx_path: str | os.PathLike) -> "onnx.ModelProto":
-    import onnx
-
-    p = Path(onnx_path)
-    if not p.is_file():
-        raise OnnxFileError(f"ONNX file '{p}' does not exist")
-    try:
-        # Graph only: weights stay in the external-data file, which ORT reads
-        # itself (FIELD-NOTES: loading them through onnx costs GBs on big models).
-        return onnx.load(str(p), load_external_data=False)
-    except Exception as e:  # noqa: BLE001 - protobuf raises several types
-        raise OnnxFileError(f"cannot read ONNX file '{p}': {e}") from None
-
-
 class _OrtRunner:
     """Sessions over an in-memory copy of the graph with chosen tensors as outputs."""
 
@@ -76,7 +59,8 @@ class _OrtRunner:
 
     def run(self, names: list[str], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import onnx
-        import onnxruntime as ort
+
+        from ..onnxfile.outputs import ort_session
 
         graph = self.proto.graph
         saved = list(graph.output)
@@ -85,21 +69,15 @@ class _OrtRunner:
             for n in names:
                 info = self._out_info.get(n) or self._value_info.get(n)
                 graph.output.append(info if info is not None else onnx.helper.make_empty_tensor_value_info(n))
-            data = self.proto.SerializeToString()
+            try:
+                sess = ort_session(self.proto, self.folder, optimize=self.optimize)
+            except Exception as e:  # noqa: BLE001 - ORT raises its own types
+                raise OnnxFileError(
+                    f"ONNX Runtime cannot load the graph from '{self.folder}' with extra outputs: {_one_line(e)}"
+                ) from None
         finally:
             del graph.output[:]
             graph.output.extend(saved)
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        so.graph_optimization_level = (
-            ort.GraphOptimizationLevel.ORT_ENABLE_ALL if self.optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        )
-        so.add_session_config_entry(_ORT_EXTERNAL_DIR_KEY, str(self.folder))
-        try:
-            sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
-        except Exception as e:  # noqa: BLE001 - ORT raises its own types
-            raise OnnxFileError(f"ONNX Runtime cannot load the graph from '{self.folder}' with extra outputs: {_one_line(e)}") from None
-        del data
         try:
             values = sess.run(names, feed)
         except Exception as e:  # noqa: BLE001

@@ -41,7 +41,6 @@ the next run.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -57,7 +56,6 @@ from ._compare_onnx import (
     _check_feed_shapes,
     _check_same_model,
     _feed,
-    _load_proto,
     _model_outputs,
     _OrtRunner,
     _ScopeView,
@@ -195,6 +193,7 @@ def compare(
         >>> report.ok, report.first_divergence                               # doctest: +SKIP
         (True, None)
     """
+    from ..onnxfile.modelfile import load_model
     from ..onnxfile.scopes import ScopeMap
     from ..pytorch.taps import bound_method
 
@@ -202,11 +201,14 @@ def compare(
     bound_method(model, method)  # a non-module or an unknown method fails before any work
     args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
     kwargs = dict(kwargs or {})
-    proto = _load_proto(onnx_path)
+    # The shared loader: graph only (weights stay on disk for ORT) and the
+    # external-data safety checks every ONNX command applies.
+    onnx_file = load_model(onnx_path)
+    proto = onnx_file.model
     view = _ScopeView(ScopeMap.from_model(proto), {p for p, _ in model.named_modules() if p})
     _check_same_model(view, model, onnx_path)
     wanted, include_root = _module_filter(model, modules)
-    runner = _OrtRunner(proto, Path(onnx_path).resolve().parent, ort_optimizations)
+    runner = _OrtRunner(proto, onnx_file.folder, ort_optimizations)
     # Inputs first: a wrong number or shape of arguments should not cost a forward.
     feed = _feed(runner.input_names(), args, kwargs)
     _check_feed_shapes(feed, runner.input_shapes())

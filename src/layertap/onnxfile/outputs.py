@@ -238,12 +238,17 @@ def _ort_types(mf: ModelFile, tensors: Sequence[str]) -> dict[str, "onnx.ValueIn
     return out
 
 
-def ort_session(model: "onnx.ModelProto", folder: Path):
-    """An ORT CPU session on an in-memory model whose external data lies in ``folder``."""
+def ort_session(model: "onnx.ModelProto", folder: Path, *, optimize: bool = True):
+    """An ORT CPU session on an in-memory model whose external data lies in ``folder``.
+
+    ``optimize=False`` turns ORT's graph optimisations off (``ORT_DISABLE_ALL``).
+    """
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder.resolve()))
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
