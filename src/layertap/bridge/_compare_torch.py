@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import numpy as np
 
 from ..errors import InputSpecError, LayertapError
+from ..pytorch.callhooks import CallHooks
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -107,7 +108,7 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())[:400]
 
 
-class _TorchRecorder:
+class _TorchRecorder(CallHooks):
     """Forward hooks that record every module call, in return order, into a store.
 
     A module's output is copied to numpy the moment the call returns (a later
@@ -127,40 +128,23 @@ class _TorchRecorder:
     """
 
     def __init__(self, model: Any, store: _ArrayStore, wanted: Callable[[str], bool]) -> None:
-        self.model = model
+        super().__init__(model)
         self.store = store
         self.wanted = wanted
         self.calls: list[_ModCall] = []
-        self._names = {id(m): p for p, m in model.named_modules() if p}
-        self._counts: dict[int, int] = {}
-        self._open: dict[int, list[int]] = {}  # call indices of calls not yet returned (recursion)
         self._last: tuple[list[Any], list[np.ndarray], list[int]] = ([], [], [])  # tensors, arrays, versions
 
     @contextmanager
     def hooks(self) -> Iterator[None]:
         """Hooks on every submodule, removed on exit (exceptions too)."""
-        handles = []
         try:
-            for path, mod in self.model.named_modules():
-                if path:
-                    handles.append(mod.register_forward_pre_hook(self._pre))
-                    handles.append(mod.register_forward_hook(self._post))
-            yield
+            with super().hooks():
+                yield
         finally:
-            for h in handles:
-                h.remove()
             self._last = ([], [], [])
 
-    def _pre(self, mod: Any, _args: Any) -> None:
-        k = id(mod)
-        c = self._counts.get(k, 0)
-        self._counts[k] = c + 1
-        self._open.setdefault(k, []).append(c)
-
-    def _post(self, mod: Any, _args: Any, output: Any) -> None:
-        k = id(mod)
-        c = (self._open.get(k) or [self._counts[k] - 1]).pop()
-        mc = _ModCall(len(self.calls), self._names[k], c, type(mod).__name__)
+    def on_return(self, mod: Any, path: str, call: int, output: Any) -> None:
+        mc = _ModCall(len(self.calls), path, call, type(mod).__name__)
         self.calls.append(mc)
         if self.wanted(mc.path):
             self._record(mc, output)

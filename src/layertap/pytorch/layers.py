@@ -7,7 +7,6 @@ from this table straight into ``--tap``.
 
 from __future__ import annotations
 
-import collections
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ from torch import nn
 
 from ..report import Column, Table, fmt_shape
 from .callgraph import _is_plain_container
+from .callhooks import CallHooks
 from .taps import bound_method
 from .values import describe, summarize
 
@@ -193,52 +193,41 @@ def _summary(value: Any) -> tuple[list, list, str | None]:
     return shapes, dtypes, structure
 
 
-class _Recorder:
-    """Forward pre/post hooks that append one :class:`LayerRow` per module call."""
+class _Recorder(CallHooks):
+    """Appends one :class:`LayerRow` per module call, in the order calls start."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.counts = _param_counts(model)
-        # named_modules() lists a shared module once, under its first path.
-        self.paths = {id(m): p for p, m in model.named_modules() if p}
+        super().__init__(model)
+        self.param_counts = _param_counts(model)
         self.mods = {id(m): m for m in model.modules()}
         self.rows: list[LayerRow] = []
         self.keys: list[int] = []
-        self.calls: dict[int, int] = collections.Counter()
-        self.open: dict[int, list[int]] = collections.defaultdict(list)
+        self._row_of: dict[tuple[int, int], int] = {}  # (module, call) -> row, until it returns
 
-    def pre(self, mod: nn.Module, _args: tuple) -> None:
+    def on_start(self, mod: nn.Module, path: str, call: int) -> None:
         key = id(mod)
-        path = self.paths[key]
-        self.rows.append(LayerRow(name=path, path=path, type=type(mod).__name__, call=self.calls[key], calls=None,
-                                  shapes=None, dtypes=None, structure=None, params=self.counts[key], depth=_depth(path)))
+        self.rows.append(LayerRow(name=path, path=path, type=type(mod).__name__, call=call, calls=None,
+                                  shapes=None, dtypes=None, structure=None, params=self.param_counts[key],
+                                  depth=_depth(path)))
         self.keys.append(key)
-        self.calls[key] += 1
-        self.open[key].append(len(self.rows) - 1)
+        self._row_of[(key, call)] = len(self.rows) - 1
 
-    def post(self, mod: nn.Module, _args: tuple, output: Any) -> None:
-        stack = self.open[id(mod)]
-        if stack:
-            row = self.rows[stack.pop()]
+    def on_return(self, mod: nn.Module, path: str, call: int, output: Any) -> None:
+        index = self._row_of.pop((id(mod), call), None)
+        if index is not None:
+            row = self.rows[index]
             row.shapes, row.dtypes, row.structure = _summary(output)
 
     def run(self, fn: Any, args: tuple, kwargs: dict) -> Any:
         """Call ``fn`` with the hooks attached; they are removed on every exit."""
-        handles = []
-        try:
-            for key in self.paths:
-                handles.append(self.mods[key].register_forward_pre_hook(self.pre))
-                handles.append(self.mods[key].register_forward_hook(self.post))
-            with torch.no_grad():
-                return fn(*args, **kwargs)
-        finally:
-            for h in handles:
-                h.remove()
+        with self.hooks(), torch.no_grad():
+            return fn(*args, **kwargs)
 
     def finish(self) -> None:
         """Fill in call counts, ``PATH#k`` names and tree depths."""
-        ran = {p for key, p in self.paths.items() if self.calls[key]}
+        ran = {p for key, p in self.paths.items() if self.counts[key]}
         for row, key in zip(self.rows, self.keys):
-            row.calls = self.calls[key]
+            row.calls = self.counts[key]
             if row.calls > 1:
                 row.name = f"{row.path}#{row.call}"
             # Indent under the modules that appear in the table: a ModuleList
@@ -249,7 +238,7 @@ class _Recorder:
         """A note naming the topmost modules that did not run. Plain containers
         (ModuleList, ModuleDict) never run themselves, so they are not named."""
         idle_all = {
-            p for key, p in self.paths.items() if self.calls[key] == 0 and not _is_plain_container(self.mods[key])
+            p for key, p in self.paths.items() if self.counts[key] == 0 and not _is_plain_container(self.mods[key])
         }
         # Name only the topmost idle modules: "text_model", not each of its layers.
         idle = [p for p in self.paths.values() if p in idle_all and not any(a in idle_all for a in _ancestors(p))]
@@ -276,6 +265,6 @@ def _traced_rows(model: nn.Module, args: tuple, kwargs: dict, method: str) -> La
     out = rec.run(fn, args, kwargs)
     rec.finish()
     root = LayerRow(name="", path="", type=type(model).__name__, call=0, calls=1, shapes=None, dtypes=None,
-                    structure=None, params=rec.counts[id(model)], depth=0)
+                    structure=None, params=rec.param_counts[id(model)], depth=0)
     root.shapes, root.dtypes, root.structure = _summary(out)
     return LayersTable([root, *rec.rows], notes=rec.idle_note(method))
