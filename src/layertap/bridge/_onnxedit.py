@@ -18,6 +18,8 @@ from typing import Iterable, Sequence
 import onnx
 from onnx import helper
 
+from ..onnxfile.modelfile import all_tensors
+
 #: model ``metadata_props`` key holding the tap list (see docs/ARCHITECTURE.md)
 TAPS_KEY = "layertap.taps"
 
@@ -259,7 +261,7 @@ def shape_of(vi: onnx.ValueInfoProto) -> list[int | str] | None:
 def external_locations(model: onnx.ModelProto) -> set[str]:
     """File names that initializers keep their data in (external data)."""
     found = set()
-    for t in _all_tensors(model.graph):
+    for t in all_tensors(model):
         if t.data_location == onnx.TensorProto.EXTERNAL:
             found.update(e.value for e in t.external_data if e.key == "location")
     return found
@@ -277,14 +279,6 @@ def _walk_nodes(graph: onnx.GraphProto):
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for g in attr.graphs:
                     yield from _walk_nodes(g)
-
-
-def _all_tensors(graph: onnx.GraphProto):
-    yield from graph.initializer
-    for node in _walk_nodes(graph):
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR:
-                yield attr.t
 
 
 _NAME_SCOPES = "pkg.torch.onnx.name_scopes"

@@ -111,7 +111,7 @@ def _check_unique_names(path: Path, model: "onnx.ModelProto") -> None:
 def _external_refs(model: "onnx.ModelProto") -> Iterator[ExternalRef]:
     import onnx
 
-    for t in _all_tensors(model):
+    for t in all_tensors(model):
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
         info = {kv.key: kv.value for kv in t.external_data}
@@ -123,8 +123,16 @@ def _external_refs(model: "onnx.ModelProto") -> Iterator[ExternalRef]:
         yield ExternalRef(t.name, info.get("location", ""), offset, length)
 
 
-def _all_tensors(model: "onnx.ModelProto") -> Iterator["onnx.TensorProto"]:
-    """Every TensorProto: initializers and attribute tensors, in subgraphs and functions too."""
+def all_tensors(model: "onnx.ModelProto") -> Iterator["onnx.TensorProto"]:
+    """Every TensorProto: initializers and attribute tensors, in subgraphs and functions too.
+
+    Example:
+        >>> from onnx import helper, numpy_helper
+        >>> import numpy as np
+        >>> g = helper.make_graph([], "g", [], [], initializer=[numpy_helper.from_array(np.zeros(1, np.float32), "w")])
+        >>> [t.name for t in all_tensors(helper.make_model(g))]
+        ['w']
+    """
     graphs = [model.graph]
     while graphs:
         g = graphs.pop()

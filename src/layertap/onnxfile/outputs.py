@@ -298,9 +298,9 @@ def _copy_data(mf: ModelFile, out: Path, created: list[Path]) -> dict[str, str]:
 
 
 def _relocate(model: "onnx.ModelProto", renames: dict[str, str]) -> None:
-    from .modelfile import _all_tensors
+    from .modelfile import all_tensors
 
-    for t in _all_tensors(model):
+    for t in all_tensors(model):
         for kv in t.external_data:
             if kv.key == "location" and kv.value in renames:
                 kv.value = renames[kv.value]
