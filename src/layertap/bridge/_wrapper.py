@@ -20,7 +20,7 @@ from torch import nn
 
 from ..errors import LayertapError, SelectorError
 from ..pytorch.capture import Capture
-from ..pytorch.taps import _root_input, _root_value, bound_method, output_tensors
+from ..pytorch.taps import root_input, root_value, bound_method, output_tensors
 from ..selectors import Tap
 
 
@@ -136,8 +136,8 @@ class TapWrapper(nn.Module):
         values = list(model_out.values())
         for tap in self.taps:
             if tap in self._root_taps:
-                src = _root_input(args, kwargs, tap) if tap.port == "input" else out
-                values.append(_root_value(tap, src, detach=True))
+                src = root_input(args, kwargs, tap) if tap.port == "input" else out
+                values.append(root_value(tap, src, detach=True))
                 infos.append(_info(tap, tap.name, 0))
                 continue
             for name, call in _names_of(tap, cap):

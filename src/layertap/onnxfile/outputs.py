@@ -253,15 +253,11 @@ def ort_session(model: "onnx.ModelProto", folder: Path, *, optimize: bool = True
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def _elem_map() -> dict[str, int]:
-    names = {
-        "float": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7, "string": 8,
-        "bool": 9, "float16": 10, "double": 11, "uint32": 12, "uint64": 13, "bfloat16": 16,
-    }
-    return names
-
-
-_ORT_ELEM = _elem_map()
+# ORT's element type names (``tensor(float)``) -> ONNX TensorProto element types
+_ORT_ELEM = {
+    "float": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7, "string": 8,
+    "bool": 9, "float16": 10, "double": 11, "uint32": 12, "uint64": 13, "bfloat16": 16,
+}
 
 
 # ---------------------------------------------------------------------------

@@ -74,7 +74,7 @@ def _chain_ancestor(model: nn.Module, path: str, method: str) -> str:
     caller_idx = 0
     for i in range(1, len(mods)):
         mod = mods[i]
-        if _is_plain_container(mod):
+        if is_plain_container(mod):
             continue  # a container never runs; its elements are called by an ancestor
         caller = mods[caller_idx]
         meth = method if caller_idx == 0 else "forward"
@@ -87,13 +87,13 @@ def _chain_ancestor(model: nn.Module, path: str, method: str) -> str:
     return best
 
 
-def _is_plain_container(mod: nn.Module) -> bool:
+def is_plain_container(mod: nn.Module) -> bool:
     """A ModuleList/ModuleDict that is never called itself. A subclass with its
     own ``forward`` (torchvision's ``IntermediateLayerGetter``) is a module
     that runs and calls its elements.
 
     Example:
-        >>> _is_plain_container(nn.ModuleList()), _is_plain_container(nn.Sequential())
+        >>> is_plain_container(nn.ModuleList()), is_plain_container(nn.Sequential())
         (True, False)
     """
     return isinstance(mod, _CONTAINERS) and type(mod).forward is nn.Module.forward

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..report import Column, Table, fmt_shape
-from .callgraph import _is_plain_container
+from .callgraph import is_plain_container
 from .callhooks import CallHooks
 from .taps import bound_method
 from .values import describe, summarize
@@ -238,7 +238,7 @@ class _Recorder(CallHooks):
         """A note naming the topmost modules that did not run. Plain containers
         (ModuleList, ModuleDict) never run themselves, so they are not named."""
         idle_all = {
-            p for key, p in self.paths.items() if self.counts[key] == 0 and not _is_plain_container(self.mods[key])
+            p for key, p in self.paths.items() if self.counts[key] == 0 and not is_plain_container(self.mods[key])
         }
         # Name only the topmost idle modules: "text_model", not each of its layers.
         idle = [p for p in self.paths.values() if p in idle_all and not any(a in idle_all for a in _ancestors(p))]

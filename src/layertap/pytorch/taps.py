@@ -10,7 +10,7 @@ from torch import nn
 
 from ..errors import LayertapError, SelectorError, unknown_name
 from ..selectors import Tap, index_text, parse_taps
-from .capture import Capture, StopForward
+from .capture import Capture, StopForward, _input_value
 from .values import describe, flatten, not_a_tensor, param_names, pick
 
 
@@ -127,7 +127,7 @@ def extract(
     result: dict[str, torch.Tensor] = {}
     for t in root_taps:
         if t.port == "input":
-            result[t.name] = _root_value(t, _root_input(args, kwargs, t, fn), detach)
+            result[t.name] = root_value(t, root_input(args, kwargs, t, fn), detach)
     cap = Capture(model, hooked, detach=detach, stop_early=stop_early, method=method)
     out: Any = None
     stopped = False
@@ -142,7 +142,7 @@ def extract(
         return result
     for t in root_taps:
         if t.port == "output":
-            result[t.name] = _root_value(t, out, detach)
+            result[t.name] = root_value(t, out, detach)
     result.update(output_tensors(out, detach=detach))
     return result
 
@@ -184,15 +184,20 @@ def output_tensors(out: Any, *, detach: bool = True, name: str = "output") -> di
     return items
 
 
-def _root_input(args: tuple, kwargs: dict, tap: Tap, fn: Any = None) -> Any:
+def root_input(args: tuple, kwargs: dict, tap: Tap, fn: Any = None) -> Any:
     """The arguments of the root method as an ``:input`` tap sees them
     (``fn``, the bound method, names positional arguments)."""
-    from .capture import _input_value
-
     return _input_value(args, kwargs, tap, param_names(fn) if fn is not None else ())
 
 
-def _root_value(tap: Tap, value: Any, detach: bool) -> torch.Tensor:
+def root_value(tap: Tap, value: Any, detach: bool) -> torch.Tensor:
+    """The tensor a root tap (``""``, ``:input``, ``[index]``) selects from the
+    method's arguments or result, cloned (and detached unless ``detach=False``).
+
+    Example:
+        >>> root_value(Tap.parse("[1]"), (torch.zeros(1), torch.ones(2)), detach=True)
+        tensor([1., 1.])
+    """
     if tap.call not in (None, 0, -1):
         raise SelectorError(f"tap {str(tap)!r}: the root method runs once; call #{tap.call} is out of range")
     where = f"tap {tap.name!r}: root {tap.port}"

@@ -212,7 +212,7 @@ def describe(value: Any, depth: int = 0) -> str:
     if isinstance(value, (tuple, list)):
         inner = ", ".join(describe(v, depth + 1) for v in value[:8])
         more = ", ..." if len(value) > 8 else ""
-        return f"{type(value).__name__ if hasattr(value, '_fields') else type(value).__name__}({inner}{more})"
+        return f"{type(value).__name__}({inner}{more})"
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         inner = ", ".join(f"{f.name}={describe(getattr(value, f.name), depth + 1)}" for f in dataclasses.fields(value))
         return f"{type(value).__name__}({inner})"
