@@ -93,15 +93,10 @@ class _ModCall:
 
 
 def _to_numpy(t: "torch.Tensor") -> np.ndarray:
-    import torch
+    """A copy: in-place modules (``ReLU(inplace=True)``) overwrite the tensor later."""
+    from ..pytorch.values import tensor_to_numpy
 
-    t = t.detach()
-    if t.dtype in (torch.bfloat16,) or (t.is_floating_point() and t.element_size() < 2):
-        t = t.float()  # numpy has no bfloat16 / float8
-    if t.is_complex() or t.layout != torch.strided:
-        t = t.to_dense() if t.layout != torch.strided else t
-    # copy: in-place modules (ReLU(inplace=True)) overwrite the tensor later
-    return t.to("cpu", copy=True).numpy()
+    return tensor_to_numpy(t, copy=True)
 
 
 def _one_line(e: BaseException) -> str:

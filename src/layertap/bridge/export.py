@@ -48,6 +48,7 @@ from torch import nn
 from ..errors import InputSpecError, LayertapError
 from ..files import check_output_path
 from ..selectors import Tap, parse_taps
+from ..pytorch.values import tensor_to_numpy
 from . import _onnxedit as edit
 from ._verify import Check, ExportReport, ExportRow, compare
 from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL
@@ -511,7 +512,7 @@ def _verify(final: Path, plan: _Plan, rows: list[ExportRow], rtol: float, atol: 
         with torch.no_grad():
             runs.append((other, plan.wrapper.run(other)))
     for tensors, expected in runs:
-        feeds = {n: _numpy(t) for n, t in zip(plan.input_names, tensors)}
+        feeds = {n: tensor_to_numpy(t) for n, t in zip(plan.input_names, tensors)}
         batch = {n: int(t.shape[0]) for n, t in zip(plan.input_names, tensors) if t.dim() > 0}
         try:
             got = sess.run(plan.output_names, feeds, run_opts)
@@ -521,7 +522,7 @@ def _verify(final: Path, plan: _Plan, rows: list[ExportRow], rtol: float, atol: 
                 row.add(Check(batch, None, None, None, False, problem))
             continue
         for row, a, b in zip(rows, got, expected):
-            row.add(compare(a, _numpy(b), rtol=rtol, atol=atol, batch=batch))
+            row.add(compare(a, tensor_to_numpy(b), rtol=rtol, atol=atol, batch=batch))
 
 
 def _batch_words(batch: dict[str, int]) -> str:
@@ -532,8 +533,3 @@ def _batch_words(batch: dict[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in batch.items())
 
 
-def _numpy(t: torch.Tensor):
-    t = t.detach().cpu()
-    if t.dtype == torch.bfloat16:
-        t = t.float()
-    return t.numpy()

@@ -10,6 +10,7 @@ import dataclasses
 import inspect
 from typing import Any, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from ..errors import SelectorError
@@ -58,6 +59,25 @@ class CallArgs(dict):
             name = next((n for n, i in self.positional.items() if i == key), None)
             return f"{name}=" if name else ""
         return f"{key}="
+
+
+def tensor_to_numpy(t: torch.Tensor, *, copy: bool = False) -> np.ndarray:
+    """A tensor as a CPU numpy array, detached.
+
+    Dtypes numpy lacks (bfloat16, float8) become float32; sparse tensors
+    become dense. ``copy=True`` never shares memory with ``t``, so a later
+    in-place op (``ReLU(inplace=True)``) cannot change the array.
+
+    Example:
+        >>> tensor_to_numpy(torch.ones(2, dtype=torch.bfloat16)).dtype
+        dtype('float32')
+    """
+    t = t.detach()
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    if t.dtype == torch.bfloat16 or (t.is_floating_point() and t.element_size() < 2):
+        t = t.float()
+    return t.to("cpu", copy=copy).numpy()
 
 
 def param_names(fn: Any) -> tuple[str, ...]:

@@ -62,13 +62,13 @@ def to_numpy(tensors: dict) -> tuple[dict, list[str]]:
     """name -> ndarray; dtypes numpy lacks (bfloat16) become float32, with a note."""
     import torch
 
+    from ...pytorch.values import tensor_to_numpy
+
     arrays, notes = {}, []
     for name, t in tensors.items():
-        t = t.detach().cpu()
         if t.dtype == torch.bfloat16:
             notes.append(f"{name}: bfloat16 saved as float32")
-            t = t.float()
-        arrays[name] = t.contiguous().numpy()
+        arrays[name] = tensor_to_numpy(t)
     return arrays, notes
 
 
