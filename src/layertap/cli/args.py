@@ -58,6 +58,25 @@ class ModelArgs(ArgGroup):
             unsafe_pickle=ns.unsafe_load_pickle,
         )
 
+    @classmethod
+    def load_with_inputs(cls, ns: argparse.Namespace, *, need_inputs: bool = True):
+        """``(model, info, args, kwargs)`` for a MODEL and its ``--input`` specs.
+
+        ``--input`` is parsed before the model is built, so a typo fails fast.
+        With ``need_inputs=False`` a model without known inputs gets ``args=None``.
+        """
+        specs = InputArgs.specs(ns)  # before torch is imported
+
+        from ..pytorch.models import make_inputs
+        from .tools.base import status
+
+        with status(f"loading {ns.model}"):
+            model, info = cls.load(ns)
+        if not specs and not info.inputs and not need_inputs:
+            return model, info, None, {}
+        args, kwargs = make_inputs(info, specs, model=model, method=ns.method, seed=ns.seed)
+        return model, info, args, kwargs
+
 
 class InputArgs(ArgGroup):
     """``--input SPEC`` (repeatable) and ``--seed``."""

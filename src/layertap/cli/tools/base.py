@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from ..args import ArgGroup
 
@@ -64,3 +65,31 @@ def stdout_console():
     from rich.console import Console
 
     return Console(width=None if sys.stdout.isatty() else 200)
+
+
+@contextlib.contextmanager
+def status(message: str) -> Iterator[None]:
+    """A spinner on stderr while a long step runs; silent when stderr is not a terminal."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield
+        return
+    with console.status(message):
+        yield
+
+
+@contextlib.contextmanager
+def running(info: Any, method: str, args: tuple, kwargs: dict) -> Iterator[None]:
+    """Turn an error raised by the user's model into a one-line user error."""
+    from ...errors import LayertapError
+    from ...pytorch.models import run_failed
+
+    with status(f"running {info.spec}.{method}"):
+        try:
+            yield
+        except LayertapError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the model may raise anything on bad inputs
+            raise run_failed(e, info, method, args, kwargs) from e

@@ -41,13 +41,10 @@ class CompareTool(Tool):
             raise OnnxFileError(f"ONNX file '{onnx_path}' does not exist")
         if ns.plot is not None:
             check_output_path(ns.plot, inputs=(ns.onnx,), suffixes=(".png",))
-        specs = InputArgs.specs(ns)
+        model, info, args, kwargs = ModelArgs.load_with_inputs(ns)  # parses --input first
 
         from ...bridge.compare import compare
-        from ...pytorch.models import make_inputs
 
-        model, info = ModelArgs.load(ns)
-        args, kwargs = make_inputs(info, specs, model=model, method=ns.method, seed=ns.seed)
         report = compare(
             model,
             args,

@@ -44,13 +44,10 @@ class ExportTool(Tool):
         # Cheap checks first: a bad path or tap fails before torch is imported.
         out = _OUTPUT.check(ns)
         taps = TapArgs.taps(ns)
-        specs = InputArgs.specs(ns)
+        model, info, args, kwargs = ModelArgs.load_with_inputs(ns)  # parses --input first
 
         from ...bridge.export import export
-        from ...pytorch.models import make_inputs
 
-        model, info = ModelArgs.load(ns)
-        args, kwargs = make_inputs(info, specs, model=model, method=ns.method, seed=ns.seed)
         if sys.stderr.isatty():  # progress only for a person watching
             self.say(f"exporting {ns.model} ({ns.exporter} exporter) to {out} ...")
         report = export(

@@ -3,59 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
-from typing import Any, Iterator
 
 from ..args import InputArgs, ModelArgs, OutputArgs, TapArgs
-from .base import Tool, stdout_console
+from .base import Tool, running, status, stdout_console
 
 OUTPUT = OutputArgs(required=True, suffixes=(".npz", ".safetensors"), help="FILE.npz or FILE.safetensors (keys are the tap names)")
-
-
-@contextlib.contextmanager
-def status(message: str) -> Iterator[None]:
-    """A spinner on stderr while a long step runs; silent when stderr is not a terminal."""
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    if not console.is_terminal:
-        yield
-        return
-    with console.status(message):
-        yield
-
-
-def load_with_inputs(ns: argparse.Namespace, *, need_inputs: bool = True):
-    """``(model, info, args, kwargs)`` for a MODEL and its ``--input`` specs.
-
-    ``--input`` is parsed before the model is built, so a typo fails fast.
-    With ``need_inputs=False`` a model without known inputs gets ``args=None``.
-    """
-    from ...pytorch.models import make_inputs
-
-    specs = InputArgs.specs(ns)
-    with status(f"loading {ns.model}"):
-        model, info = ModelArgs.load(ns)
-    if not specs and not info.inputs and not need_inputs:
-        return model, info, None, {}
-    args, kwargs = make_inputs(info, specs, model=model, method=ns.method, seed=ns.seed)
-    return model, info, args, kwargs
-
-
-@contextlib.contextmanager
-def running(info: Any, method: str, args: tuple, kwargs: dict) -> Iterator[None]:
-    """Turn an error raised by the user's model into a one-line user error."""
-    from ...errors import LayertapError
-    from ...pytorch.models import run_failed
-
-    with status(f"running {info.spec}.{method}"):
-        try:
-            yield
-        except LayertapError:
-            raise
-        except Exception as e:  # noqa: BLE001 - the model may raise anything on bad inputs
-            raise run_failed(e, info, method, args, kwargs) from e
 
 
 def to_numpy(tensors: dict) -> tuple[dict, list[str]]:
@@ -86,7 +39,7 @@ class ExtractTool(Tool):
         from ...files import save_arrays
         from ...pytorch.taps import extract
 
-        model, info, args, kwargs = load_with_inputs(ns)
+        model, info, args, kwargs = ModelArgs.load_with_inputs(ns)
         with running(info, ns.method, args, kwargs):
             values = extract(model, *args, taps=taps, method=ns.method, stop_early=ns.stop_early, **kwargs)
         arrays, notes = to_numpy(values)

@@ -18,9 +18,9 @@ class LayersTool(Tool):
         if ns.model.lower().endswith(".onnx"):
             return self.run_onnx(ns)
         from ...pytorch.layers import layers
-        from .extract import load_with_inputs, running
+        from .base import running
 
-        model, info, args, kwargs = load_with_inputs(ns, need_inputs=False)
+        model, info, args, kwargs = ModelArgs.load_with_inputs(ns, need_inputs=False)
         if args is None:
             table = layers(model, run=False)
         else:
@@ -28,16 +28,6 @@ class LayersTool(Tool):
                 table = layers(model, *args, method=ns.method, **kwargs)
         self.print_table(table, ns.json)
         return 0
-
-    @staticmethod
-    def print_table(table, as_json: bool = False) -> None:
-        """Rich on a terminal; plain 160-column text when piped (rich would squeeze to 80)."""
-        import sys
-
-        if as_json or sys.stdout.isatty():
-            Tool.print_table(table, as_json)
-        else:
-            sys.stdout.write(table.render(width=160) + "\n")
 
     def run_onnx(self, ns: argparse.Namespace) -> int:
         """List an ONNX file's tensors; never imports torch."""
