@@ -119,7 +119,10 @@ def test_report_renders_and_serialises(clean_reports):
 def test_without_ort_optimisations(resnet18, resnet_input, resnet_onnx_dynamo):
     import layertap as lt
 
-    report = lt.compare(resnet18, resnet_input, resnet_onnx_dynamo, ort_optimizations=False, modules=["layer2"], progress=True)
+    from layertap.cli.console import StepProgress
+
+    with StepProgress(enabled=True) as progress:
+        report = lt.compare(resnet18, resnet_input, resnet_onnx_dynamo, ort_optimizations=False, modules=["layer2"], progress=progress)
     assert report.ok and report.ort_optimizations is False
     assert any("ORT_DISABLE_ALL" in n for n in report.notes)
     assert report.rows and all(r.path.startswith("layer2") for r in report.rows)
@@ -394,7 +397,7 @@ def test_file_of_a_wrapper_aligns_with_the_inner_model(torch_mod, tmp_path):
 
 
 def test_wrapper_prefix():
-    from layertap.bridge.compare import _wrapper_prefix
+    from layertap.bridge.compare.onnx_side import wrapper_prefix as _wrapper_prefix
 
     model = {"conv", "blocks", "blocks.0", "head"}
     assert _wrapper_prefix({"_fn", "_fn.conv", "_fn.blocks.0", "_fn.head"}, model) == "_fn"
@@ -424,7 +427,7 @@ def test_input_shape_the_file_cannot_take(resnet18, resnet_onnx_dynamo, torch_mo
 def test_input_shape_hint_fits_the_file():
     # A dynamic-batch file fed the wrong image size used to suggest "--input 1x..." (not the
     # user's batch) and "re-export with a dynamic batch" (the file already has one).
-    from layertap.bridge.compare import _check_feed_shapes
+    from layertap.bridge.compare.onnx_side import check_feed_shapes as _check_feed_shapes
     from layertap.errors import InputSpecError
 
     with pytest.raises(InputSpecError) as e:

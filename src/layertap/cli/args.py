@@ -68,7 +68,7 @@ class ModelArgs(ArgGroup):
         specs = InputArgs.specs(ns)  # before torch is imported
 
         from ..pytorch.models import make_inputs
-        from .tools.base import status
+        from .console import status
 
         with status(f"loading {ns.model}"):
             model, info = cls.load(ns)

@@ -61,12 +61,12 @@ def onnx_layers(path: str | os.PathLike) -> OnnxLayers:
     """
     import onnx
 
-    from .outputs import _inferred_types
+    from .ort import inferred_types
     from .scopes import ScopeMap
 
     mf = load_model(path)
     graph = mf.model.graph
-    types = _inferred_types(mf.model)
+    types = inferred_types(mf.model)
     scopes = ScopeMap.from_model(mf.model)
     owners = scopes.owners()
     inits = {i.name for i in graph.initializer}

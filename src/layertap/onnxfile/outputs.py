@@ -30,6 +30,7 @@ from ..errors import OnnxFileError, unknown_name
 from ..files import atomic_path, check_output_path
 from ..selectors import Tap
 from .modelfile import ModelFile, load_model
+from .ort import inferred_types, ort_types
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -170,10 +171,10 @@ class OutputAdder:
 
     def _types(self, tensors: Sequence[str]) -> dict[str, "onnx.ValueInfoProto"]:
         """Type and shape per tensor: shape inference first, ONNX Runtime for the rest."""
-        known = _inferred_types(self.mf.model)
+        known = inferred_types(self.mf.model)
         missing = [t for t in dict.fromkeys(tensors) if t not in known]
         if missing:
-            known.update(_ort_types(self.mf, missing))
+            known.update(ort_types(self.mf.model, self.mf.folder, missing))
         still = [t for t in missing if t not in known]
         if still:
             raise OnnxFileError(
@@ -181,83 +182,6 @@ class OutputAdder:
                 "refusing to write an untyped output"
             )
         return known
-
-
-# ---------------------------------------------------------------------------
-# types
-# ---------------------------------------------------------------------------
-def _inferred_types(model: "onnx.ModelProto") -> dict[str, "onnx.ValueInfoProto"]:
-    import onnx
-
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:  # noqa: BLE001 - fall back to ORT for every tensor
-        inferred = model
-    g = inferred.graph
-    out: dict[str, onnx.ValueInfoProto] = {}
-    for vi in list(g.value_info) + list(g.input) + list(g.output):
-        if _is_typed(vi):
-            out[vi.name] = vi
-    for init in g.initializer:
-        if init.name not in out:
-            out[init.name] = onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
-    return out
-
-
-def _is_typed(vi) -> bool:
-    which = vi.type.WhichOneof("value")
-    if which != "tensor_type":
-        return which is not None
-    return vi.type.tensor_type.elem_type != 0
-
-
-def _ort_types(mf: ModelFile, tensors: Sequence[str]) -> dict[str, "onnx.ValueInfoProto"]:
-    """Ask ONNX Runtime for the types of tensors that shape inference left untyped.
-
-    ORT accepts untyped graph outputs and reports their types after its own
-    inference; nothing is run.
-    """
-    import onnx
-
-    probe = onnx.ModelProto()
-    probe.CopyFrom(mf.model)
-    for t in tensors:
-        probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(t))
-    try:
-        sess = ort_session(probe, mf.folder)
-    except Exception:  # noqa: BLE001 - reported by the caller as untyped
-        return {}
-    out = {}
-    for o in sess.get_outputs():
-        if o.name in tensors and o.type.startswith("tensor("):
-            elem = _ORT_ELEM.get(o.type[len("tensor("):-1])
-            if elem is None:
-                continue
-            shape = [d if isinstance(d, (int, str)) and d != "" else None for d in (o.shape or [])]
-            out[o.name] = onnx.helper.make_tensor_value_info(o.name, elem, shape if o.shape is not None else None)
-    return out
-
-
-def ort_session(model: "onnx.ModelProto", folder: Path, *, optimize: bool = True):
-    """An ORT CPU session on an in-memory model whose external data lies in ``folder``.
-
-    ``optimize=False`` turns ORT's graph optimisations off (``ORT_DISABLE_ALL``).
-    """
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if not optimize:
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder.resolve()))
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
-# ORT's element type names (``tensor(float)``) -> ONNX TensorProto element types
-_ORT_ELEM = {
-    "float": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7, "string": 8,
-    "bool": 9, "float16": 10, "double": 11, "uint32": 12, "uint64": 13, "bfloat16": 16,
-}
 
 
 # ---------------------------------------------------------------------------

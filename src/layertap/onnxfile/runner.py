@@ -15,14 +15,9 @@ import numpy as np
 from ..errors import InputSpecError, OnnxFileError, SelectorError, unknown_name
 from ..inputs import random_array
 from .modelfile import load_model
-from .outputs import OutputAdder, ort_session
+from .ort import ORT_NUMPY, ort_session
+from .outputs import OutputAdder
 
-_ORT_NUMPY = {
-    "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
-    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16, "tensor(int8)": np.int8,
-    "tensor(uint8)": np.uint8, "tensor(uint16)": np.uint16, "tensor(uint32)": np.uint32,
-    "tensor(uint64)": np.uint64, "tensor(bool)": np.bool_,
-}
 
 
 def run(
@@ -124,7 +119,7 @@ def _feeds(sess, inputs: Any, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     feeds = {}
     for spec in specs:
-        dtype = _ORT_NUMPY.get(spec.type)
+        dtype = ORT_NUMPY.get(spec.type)
         if spec.name in given:
             feeds[spec.name] = _check_input(spec, np.asarray(given[spec.name]), dtype)
         else:

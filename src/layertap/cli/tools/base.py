@@ -8,6 +8,7 @@ import sys
 from typing import Any, Iterator, Sequence
 
 from ..args import ArgGroup
+from ..console import say, status, stdout_console
 
 
 class Tool:
@@ -46,38 +47,7 @@ class Tool:
         for line in table.footer():
             console.print(line, markup=False, highlight=False)
 
-    @staticmethod
-    def say(message: str) -> None:
-        """A status line on stderr (keeps stdout clean for --json)."""
-        from rich.console import Console
-
-        Console(stderr=True, width=10_000 if not sys.stderr.isatty() else None).print(
-            message, markup=False, highlight=False, soft_wrap=True
-        )
-
-
-def stdout_console():
-    """A rich console for stdout; wide when piped so names and paths are never cut.
-
-    On a terminal rich fits the window; piped output (a file, ``less``, CI
-    logs) would otherwise get rich's 80-column default and cut module paths.
-    """
-    from rich.console import Console
-
-    return Console(width=None if sys.stdout.isatty() else 200)
-
-
-@contextlib.contextmanager
-def status(message: str) -> Iterator[None]:
-    """A spinner on stderr while a long step runs; silent when stderr is not a terminal."""
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    if not console.is_terminal:
-        yield
-        return
-    with console.status(message):
-        yield
+    say = staticmethod(say)
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ...errors import OnnxFileError
+from ..console import StepProgress
 from ..args import InputArgs, JsonArgs, ModelArgs, ToleranceArgs, positive_int
 from .base import Tool
 
@@ -45,20 +46,21 @@ class CompareTool(Tool):
 
         from ...bridge.compare import compare
 
-        report = compare(
-            model,
-            args,
-            onnx_path,
-            kwargs=kwargs,
-            method=ns.method,
-            rtol=ns.rtol,
-            atol=ns.atol,
-            modules=ns.module,
-            ort_optimizations=not ns.no_ort_opt,
-            batch_outputs=ns.batch_outputs,
-            memory_budget=ns.memory_budget << 20,
-            progress=sys.stderr.isatty(),
-        )
+        with StepProgress(enabled=sys.stderr.isatty()) as progress:
+            report = compare(
+                model,
+                args,
+                onnx_path,
+                kwargs=kwargs,
+                method=ns.method,
+                rtol=ns.rtol,
+                atol=ns.atol,
+                modules=ns.module,
+                ort_optimizations=not ns.no_ort_opt,
+                batch_outputs=ns.batch_outputs,
+                memory_budget=ns.memory_budget << 20,
+                progress=progress,
+            )
         if ns.plot is not None:
             report.plot(ns.plot)
         self.print_table(report, as_json=ns.json)

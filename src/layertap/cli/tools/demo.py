@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .base import Tool, stdout_console
+from ..console import stdout_console
+from .base import Tool
 
 MODEL = "torchvision:resnet18"
 SEED = 0

@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from ..args import InputArgs, ModelArgs, OutputArgs, TapArgs
-from .base import Tool, running, status, stdout_console
+from ..console import status, stdout_console
+from .base import Tool, running
 
 OUTPUT = OutputArgs(required=True, suffixes=(".npz", ".safetensors"), help="FILE.npz or FILE.safetensors (keys are the tap names)")
 

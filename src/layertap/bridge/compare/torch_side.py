@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
-from ..errors import InputSpecError, LayertapError
-from ..pytorch.callhooks import CallHooks
+from ...errors import InputSpecError, LayertapError
+from ...pytorch.callhooks import CallHooks
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 
-class _ArrayStore:
+class ArrayStore:
     """Arrays by key; beyond ``budget`` bytes new ones spill to a temporary folder.
 
     Spilled arrays come back memory-mapped, so only the pages being compared
@@ -82,7 +82,7 @@ class _ArrayStore:
 
 
 @dataclass
-class _ModCall:
+class ModuleCall:
     """One module call as PyTorch ran it; ``key`` is its position in return order."""
 
     key: int
@@ -92,14 +92,14 @@ class _ModCall:
     note: str | None = None  # why it holds no tensor
 
 
-def _to_numpy(t: "torch.Tensor") -> np.ndarray:
+def to_numpy(t: "torch.Tensor") -> np.ndarray:
     """A copy: in-place modules (``ReLU(inplace=True)``) overwrite the tensor later."""
-    from ..pytorch.values import tensor_to_numpy
+    from ...pytorch.values import tensor_to_numpy
 
     return tensor_to_numpy(t, copy=True)
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
     return " ".join(str(e).split())[:400]
 
 
@@ -114,7 +114,7 @@ class _TorchRecorder(CallHooks):
     Example:
         >>> import torch
         >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()).eval()
-        >>> store = _ArrayStore(1 << 20)
+        >>> store = ArrayStore(1 << 20)
         >>> rec = _TorchRecorder(m, store, lambda path: True)
         >>> with rec.hooks(), torch.no_grad():
         ...     _ = m(torch.ones(1, 2))
@@ -122,11 +122,11 @@ class _TorchRecorder(CallHooks):
         [('0', 0), ('1', 0)]
     """
 
-    def __init__(self, model: Any, store: _ArrayStore, wanted: Callable[[str], bool]) -> None:
+    def __init__(self, model: Any, store: ArrayStore, wanted: Callable[[str], bool]) -> None:
         super().__init__(model)
         self.store = store
         self.wanted = wanted
-        self.calls: list[_ModCall] = []
+        self.calls: list[ModuleCall] = []
         self._last: tuple[list[Any], list[np.ndarray], list[int]] = ([], [], [])  # tensors, arrays, versions
 
     @contextmanager
@@ -139,13 +139,13 @@ class _TorchRecorder(CallHooks):
             self._last = ([], [], [])
 
     def on_return(self, mod: Any, path: str, call: int, output: Any) -> None:
-        mc = _ModCall(len(self.calls), path, call, type(mod).__name__)
+        mc = ModuleCall(len(self.calls), path, call, type(mod).__name__)
         self.calls.append(mc)
         if self.wanted(mc.path):
             self._record(mc, output)
 
-    def _record(self, mc: _ModCall, output: Any) -> None:
-        from ..pytorch.values import flatten
+    def _record(self, mc: ModuleCall, output: Any) -> None:
+        from ...pytorch.values import flatten
 
         tensors = [t for _, t in flatten(output)]
         if not tensors:
@@ -159,27 +159,27 @@ class _TorchRecorder(CallHooks):
         ):
             self.store.put(mc.key, prev_arrays, shared=True)
             return
-        arrays = [_to_numpy(t) for t in tensors]
+        arrays = [to_numpy(t) for t in tensors]
         self.store.put(mc.key, arrays)
         self._last = (tensors, arrays, [t._version for t in tensors])
 
 
-def _run_torch(
+def run_torch(
     model: Any,
     args: tuple,
     kwargs: dict,
     method: str,
-    store: _ArrayStore,
+    store: ArrayStore,
     wanted: Callable[[str], bool],
-) -> tuple[list[_ModCall], _ModCall]:
+) -> tuple[list[ModuleCall], ModuleCall]:
     """Run the model once; record every module call in return order.
 
     Returns the calls and the root call (the model's result, stored last).
     """
     import torch
 
-    from ..pytorch.taps import bound_method
-    from ..pytorch.values import flatten
+    from ...pytorch.taps import bound_method
+    from ...pytorch.values import flatten
 
     fn = bound_method(model, method)
     recorder = _TorchRecorder(model, store, wanted)
@@ -189,11 +189,11 @@ def _run_torch(
         except (TypeError, ValueError, RuntimeError, IndexError) as e:
             # Almost always inputs that do not fit the model; the chain keeps the traceback.
             raise InputSpecError(
-                f"{type(model).__name__}.{method} failed on the given inputs: {type(e).__name__}: {_one_line(e)}"
+                f"{type(model).__name__}.{method} failed on the given inputs: {type(e).__name__}: {one_line(e)}"
             ) from e
-    root = _ModCall(len(recorder.calls), "", 0, type(model).__name__)
+    root = ModuleCall(len(recorder.calls), "", 0, type(model).__name__)
     tensors = [t for _, t in flatten(out)]
     if not tensors:
         raise LayertapError(f"{type(model).__name__}.{method} returned no tensor; there is nothing to compare")
-    store.put(root.key, [_to_numpy(t) for t in tensors])
+    store.put(root.key, [to_numpy(t) for t in tensors])
     return recorder.calls, root

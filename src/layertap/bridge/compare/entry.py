@@ -41,38 +41,17 @@ the next run.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from ..errors import LayertapError, unknown_name
+from ...errors import LayertapError, unknown_name
 
-# The parts live beside this module: _compare_report (rows, report, pairing),
-# _compare_torch (PyTorch run and value store), _compare_onnx (graph, ORT,
-# feeds, scopes) and _compare_align (plan, batches, rows). The public names
-# are re-exported here.
-from ._compare_align import _batches, _call_counts, _Item, _plan, _RowBuilder
-from ._compare_onnx import (
-    _check_feed_shapes,
-    _check_same_model,
-    _feed,
-    _model_outputs,
-    _OrtRunner,
-    _ScopeView,
-    _wrapper_prefix,  # noqa: F401 - tests import it from here
-)
-from ._compare_report import (
-    ABSORBED,
-    FAIL,
-    NO_COUNTERPART,
-    PASS,
-    STATISTIC,
-    CompareReport,
-    CompareRow,
-    pair_tensors,
-)
-from ._compare_torch import _ArrayStore, _run_torch
-from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL, ErrorStats, error_stats
+from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL
+from .align import Item, RowBuilder, call_counts, plan_items, split_batches
+from .onnx_side import OrtRunner, ScopeView, check_feed_shapes, check_same_model, feed_from_args, model_outputs
+from .report import CompareReport, CompareRow
+from .torch_side import ArrayStore, run_torch
 
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of intermediates held at once, per side
 
@@ -83,42 +62,20 @@ FUSION_NOTE = (
 )
 
 
-# ---------------------------------------------------------------------------
-# progress
-# ---------------------------------------------------------------------------
-class _Progress:
-    """Transient progress lines on stderr; silent unless enabled."""
+class Progress(Protocol):
+    """What ``compare`` reports its steps to (the CLI passes a terminal progress bar)."""
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self._progress = None
-        self._task = None
+    def step(self, description: str, total: int = 1) -> None: ...
 
-    def __enter__(self) -> "_Progress":
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    def advance(self, n: int = 1) -> None: ...
 
-            self._progress = Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                console=Console(stderr=True), transient=True,
-            )
-            self._progress.start()
-        return self
 
+class _Silent:
     def step(self, description: str, total: int = 1) -> None:
-        if self._progress is not None:
-            if self._task is not None:
-                self._progress.remove_task(self._task)
-            self._task = self._progress.add_task(description, total=total)
+        pass
 
     def advance(self, n: int = 1) -> None:
-        if self._progress is not None and self._task is not None:
-            self._progress.advance(self._task, n)
-
-    def __exit__(self, *exc) -> None:
-        if self._progress is not None:
-            self._progress.stop()
+        pass
 
 
 # ---------------------------------------------------------------------------
@@ -158,7 +115,7 @@ def compare(
     ort_optimizations: bool = True,
     batch_outputs: int | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
-    progress: bool = False,
+    progress: Progress | None = None,
 ) -> CompareReport:
     """Compare a PyTorch model with its ONNX file module by module in ONNX Runtime.
 
@@ -178,7 +135,8 @@ def compare(
         batch_outputs: at most this many ONNX tensors per ORT run (default: as
             many as fit ``memory_budget``).
         memory_budget: bytes of intermediates held at once on each side.
-        progress: show progress on stderr.
+        progress: receives the steps (``step``/``advance``), e.g. the CLI's
+            :class:`layertap.cli.console.StepProgress`; ``None``: silent.
 
     Returns:
         A :class:`CompareReport`: ``.ok``, ``.rows`` (one per module call, in
@@ -193,9 +151,9 @@ def compare(
         >>> report.ok, report.first_divergence                               # doctest: +SKIP
         (True, None)
     """
-    from ..onnxfile.modelfile import load_model
-    from ..onnxfile.scopes import ScopeMap
-    from ..pytorch.taps import bound_method
+    from ...onnxfile.modelfile import load_model
+    from ...onnxfile.scopes import ScopeMap
+    from ...pytorch.taps import bound_method
 
     _check_options(rtol, atol, batch_outputs, memory_budget)
     bound_method(model, method)  # a non-module or an unknown method fails before any work
@@ -205,25 +163,25 @@ def compare(
     # external-data safety checks every ONNX command applies.
     onnx_file = load_model(onnx_path)
     proto = onnx_file.model
-    view = _ScopeView(ScopeMap.from_model(proto), {p for p, _ in model.named_modules() if p})
-    _check_same_model(view, model, onnx_path)
+    view = ScopeView(ScopeMap.from_model(proto), {p for p, _ in model.named_modules() if p})
+    check_same_model(view, model, onnx_path)
     wanted, include_root = _module_filter(model, modules)
-    runner = _OrtRunner(proto, onnx_file.folder, ort_optimizations)
+    runner = OrtRunner(proto, onnx_file.folder, ort_optimizations)
     # Inputs first: a wrong number or shape of arguments should not cost a forward.
-    feed = _feed(runner.input_names(), args, kwargs)
-    _check_feed_shapes(feed, runner.input_shapes())
+    feed = feed_from_args(runner.input_names(), args, kwargs)
+    check_feed_shapes(feed, runner.input_shapes())
 
-    store = _ArrayStore(memory_budget)
+    store = ArrayStore(memory_budget)
     try:
-        with _Progress(progress) as prog:
-            prog.step("PyTorch forward")
-            calls, root = _run_torch(model, args, kwargs, method, store, wanted)
-            prog.advance()
-            items = [it for it in _plan(calls, root, view, _model_outputs(proto), include_root) if wanted(it.mc.path) or it.mc is root]
-            builder = _RowBuilder(items, store, float(rtol), float(atol), _call_counts(calls))
-            batches = _batches(items, store, batch_outputs, memory_budget)
-            prog.step("ONNX Runtime and compare", total=len(items))
-            rows = _compare_batches(batches, builder, runner, feed, prog)
+        prog = progress if progress is not None else _Silent()
+        prog.step("PyTorch forward")
+        calls, root = run_torch(model, args, kwargs, method, store, wanted)
+        prog.advance()
+        items = [it for it in plan_items(calls, root, view, model_outputs(proto), include_root) if wanted(it.mc.path) or it.mc is root]
+        builder = RowBuilder(items, store, float(rtol), float(atol), call_counts(calls))
+        batches = split_batches(items, store, batch_outputs, memory_budget)
+        prog.step("ONNX Runtime and compare", total=len(items))
+        rows = _compare_batches(batches, builder, runner, feed, prog)
     finally:
         store.close()
     return CompareReport(
@@ -248,7 +206,7 @@ def _check_options(rtol: Any, atol: Any, batch_outputs: Any, memory_budget: Any)
 
 
 def _compare_batches(
-    batches: list[list[_Item]], builder: _RowBuilder, runner: _OrtRunner, feed: dict[str, np.ndarray], prog: _Progress
+    batches: list[list[Item]], builder: RowBuilder, runner: OrtRunner, feed: dict[str, np.ndarray], prog: Progress
 ) -> list[CompareRow]:
     """One ORT run per batch; each batch's arrays are compared and dropped before the next run."""
     rows: list[CompareRow] = []
@@ -262,7 +220,7 @@ def _compare_batches(
     return rows
 
 
-def _notes(model: Any, view: _ScopeView, runner: _OrtRunner, store: _ArrayStore) -> list[str]:
+def _notes(model: Any, view: ScopeView, runner: OrtRunner, store: ArrayStore) -> list[str]:
     """What the reader needs to know to trust (or doubt) the rows."""
     if runner.optimize:
         notes = [FUSION_NOTE]
@@ -282,21 +240,3 @@ def _notes(model: Any, view: _ScopeView, runner: _OrtRunner, store: _ArrayStore)
         notes.append(f"{store.spilled / 2**20:.0f} MiB of PyTorch values were held on disk (memory_budget)")
     return notes
 
-
-__all__ = [
-    "compare",
-    "CompareReport",
-    "CompareRow",
-    "pair_tensors",
-    "DEFAULT_RTOL",
-    "DEFAULT_ATOL",
-    "DEFAULT_MEMORY_BUDGET",
-    "error_stats",
-    "ErrorStats",
-    "PASS",
-    "FAIL",
-    "NO_COUNTERPART",
-    "ABSORBED",
-    "STATISTIC",
-    "FUSION_NOTE",
-]

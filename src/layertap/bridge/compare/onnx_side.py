@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ..errors import InputSpecError, OnnxFileError
-from ._compare_torch import _one_line, _to_numpy
+from ...errors import InputSpecError, OnnxFileError
+from .torch_side import one_line, to_numpy
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
-class _OrtRunner:
+class OrtRunner:
     """Sessions over an in-memory copy of the graph with chosen tensors as outputs."""
 
     def __init__(self, proto: "onnx.ModelProto", folder: Path, optimize: bool) -> None:
@@ -60,7 +60,7 @@ class _OrtRunner:
     def run(self, names: list[str], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import onnx
 
-        from ..onnxfile.outputs import ort_session
+        from ...onnxfile.ort import ort_session
 
         graph = self.proto.graph
         saved = list(graph.output)
@@ -73,7 +73,7 @@ class _OrtRunner:
                 sess = ort_session(self.proto, self.folder, optimize=self.optimize)
             except Exception as e:  # noqa: BLE001 - ORT raises its own types
                 raise OnnxFileError(
-                    f"ONNX Runtime cannot load the graph from '{self.folder}' with extra outputs: {_one_line(e)}"
+                    f"ONNX Runtime cannot load the graph from '{self.folder}' with extra outputs: {one_line(e)}"
                 ) from None
         finally:
             del graph.output[:]
@@ -81,12 +81,12 @@ class _OrtRunner:
         try:
             values = sess.run(names, feed)
         except Exception as e:  # noqa: BLE001
-            raise InputSpecError(f"ONNX Runtime rejected the inputs: {_one_line(e)}") from None
+            raise InputSpecError(f"ONNX Runtime rejected the inputs: {one_line(e)}") from None
         self.runs += 1
         return dict(zip(names, values))
 
 
-def _feed(inputs: list[tuple[str, str]], args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
+def feed_from_args(inputs: list[tuple[str, str]], args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
     """Map the PyTorch arguments onto the graph inputs.
 
     A keyword argument goes to the input of the same name; the remaining
@@ -97,7 +97,7 @@ def _feed(inputs: list[tuple[str, str]], args: tuple, kwargs: dict) -> dict[str,
     """
     import torch
 
-    from ..pytorch.values import flatten
+    from ...pytorch.values import flatten
 
     names = [n for n, _ in inputs]
     dtypes = dict(inputs)
@@ -119,7 +119,7 @@ def _feed(inputs: list[tuple[str, str]], args: tuple, kwargs: dict) -> dict[str,
     feed.update(zip(rest, rest_values))
     out = {}
     for n, t in feed.items():
-        a = _to_numpy(t) if isinstance(t, torch.Tensor) else np.asarray(t)
+        a = to_numpy(t) if isinstance(t, torch.Tensor) else np.asarray(t)
         want = dtypes.get(n)
         if want and a.dtype != np.dtype(want):
             a = a.astype(want)  # e.g. int32 token ids for an int64 input
@@ -127,11 +127,11 @@ def _feed(inputs: list[tuple[str, str]], args: tuple, kwargs: dict) -> dict[str,
     return out
 
 
-def _check_feed_shapes(feed: dict[str, np.ndarray], declared: dict[str, tuple[int | None, ...]]) -> None:
+def check_feed_shapes(feed: dict[str, np.ndarray], declared: dict[str, tuple[int | None, ...]]) -> None:
     """A clear one-line error before any run when an input cannot fit the file.
 
     Example:
-        >>> _check_feed_shapes({"x": np.zeros((2, 3))}, {"x": (1, 3)})
+        >>> check_feed_shapes({"x": np.zeros((2, 3))}, {"x": (1, 3)})
         Traceback (most recent call last):
         ...
         layertap.errors.InputSpecError: input 'x' has shape 2x3 but the ONNX file expects 1x3 (exported with a fixed shape; pass --input 1x3 or re-export with a dynamic batch)
@@ -154,7 +154,7 @@ def _check_feed_shapes(feed: dict[str, np.ndarray], declared: dict[str, tuple[in
             )
 
 
-def _model_outputs(proto: "onnx.ModelProto") -> list[str]:
+def model_outputs(proto: "onnx.ModelProto") -> list[str]:
     """The graph outputs that are the model's own result.
 
     A file from ``lt.export`` also has tap outputs; its ``layertap.taps``
@@ -175,7 +175,7 @@ def _model_outputs(proto: "onnx.ModelProto") -> list[str]:
     return names
 
 
-class _ScopeView:
+class ScopeView:
     """The file's module calls under the model's own module paths.
 
     A file exported from a wrapper around the model names every module under
@@ -190,7 +190,7 @@ class _ScopeView:
     def __init__(self, smap: Any, model_paths: set[str]) -> None:
         self.source: str = smap.source
         counterparts = smap.counterparts()
-        self.prefix = _wrapper_prefix({c.path for c in counterparts}, model_paths)
+        self.prefix = wrapper_prefix({c.path for c in counterparts}, model_paths)
         if self.prefix:
             counterparts = [_unprefixed(c, self.prefix) for c in counterparts if c.path != self.prefix]
         self._counterparts = counterparts
@@ -208,7 +208,7 @@ class _ScopeView:
         return set(self._calls)
 
 
-def _wrapper_prefix(onnx_paths: set[str], model_paths: set[str]) -> str:
+def wrapper_prefix(onnx_paths: set[str], model_paths: set[str]) -> str:
     """The module path prefix the file adds to the model's paths ("" for none).
 
     A prefix (one or more leading components, for nested wrappers) is chosen
@@ -216,9 +216,9 @@ def _wrapper_prefix(onnx_paths: set[str], model_paths: set[str]) -> str:
     than as they are.
 
     Example:
-        >>> _wrapper_prefix({"_fn", "_fn.conv1", "_fn.layer1.0"}, {"conv1", "layer1", "layer1.0"})
+        >>> wrapper_prefix({"_fn", "_fn.conv1", "_fn.layer1.0"}, {"conv1", "layer1", "layer1.0"})
         '_fn'
-        >>> _wrapper_prefix({"conv1", "layer1.0"}, {"conv1", "layer1", "layer1.0"})
+        >>> wrapper_prefix({"conv1", "layer1.0"}, {"conv1", "layer1", "layer1.0"})
         ''
     """
     candidates: set[str] = set()
@@ -248,7 +248,7 @@ def _unprefixed(cp: Any, prefix: str) -> Any:
     return dataclasses.replace(cp, **fields)
 
 
-def _check_same_model(view: _ScopeView, model: Any, onnx_path: str | os.PathLike) -> None:
+def check_same_model(view: ScopeView, model: Any, onnx_path: str | os.PathLike) -> None:
     """Refuse a file whose module scopes name none of the model's modules.
 
     Without this, every module would be ``no counterpart`` and a file of

@@ -10,8 +10,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
-from ..report import Column, Report, fmt_float, fmt_shape
-from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL, ErrorStats
+from ...report import Column, Report, fmt_float, fmt_shape
+from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL, ErrorStats
 
 PASS, FAIL, NO_COUNTERPART, ABSORBED = "pass", "FAIL", "no counterpart", "absorbed"
 STATISTIC = "rel_err = max|onnx - torch| / max|torch|; pass when max_abs <= atol + rtol * max|torch|"
@@ -108,7 +108,7 @@ class CompareReport(Report):
 
     def plot(self, path: str | os.PathLike) -> None:
         """Write the error-per-module PNG (log scale, first divergence marked) atomically."""
-        from ._plot import write_plot
+        from .plot import write_plot
 
         write_plot(self, path)
 
@@ -153,7 +153,7 @@ class CompareReport(Report):
         return lines
 
 
-def _merge(stats: Sequence[ErrorStats]) -> ErrorStats:
+def merge_stats(stats: Sequence[ErrorStats]) -> ErrorStats:
     """Worst case over several tensors of one module call."""
     return ErrorStats(
         max(s.max_abs for s in stats),

@@ -12,10 +12,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..report import fmt_shape
-from ._compare_report import ABSORBED, FAIL, NO_COUNTERPART, PASS, CompareRow, _merge, pair_tensors
-from ._compare_torch import _ArrayStore, _ModCall
-from .tolerance import ErrorStats, error_stats
+from ...report import fmt_shape
+from .report import ABSORBED, FAIL, NO_COUNTERPART, PASS, CompareRow, merge_stats, pair_tensors
+from .torch_side import ArrayStore, ModuleCall
+from ..tolerance import ErrorStats, error_stats
 
 # How many following sibling module calls a failing call is checked against
 # before it is called a fusion (Conv -> BatchNorm -> ReLU is the longest
@@ -25,10 +25,10 @@ _NO_SCOPE_NOTE = "no ONNX node in its scope (a no-op in eval mode, or folded int
 
 
 @dataclass
-class _Item:
+class Item:
     """A module call and the ONNX tensors that answer it (empty when none)."""
 
-    mc: _ModCall
+    mc: ModuleCall
     tensors: tuple[str, ...] = ()
     status: str | None = None  # preset for calls that will not be compared
     note: str | None = None
@@ -39,7 +39,7 @@ def _is_absorption(note: str) -> bool:
     return any(w in low for w in ("fold", "fus", "absorb", "merge"))
 
 
-def _call_counts(calls: Sequence[_ModCall]) -> dict[str, int]:
+def call_counts(calls: Sequence[ModuleCall]) -> dict[str, int]:
     """How many times PyTorch ran each module path."""
     counts: dict[str, int] = {}
     for mc in calls:
@@ -47,16 +47,16 @@ def _call_counts(calls: Sequence[_ModCall]) -> dict[str, int]:
     return counts
 
 
-def _plan(calls: list[_ModCall], root: _ModCall, smap: Any, outputs: list[str], include_root: bool) -> list[_Item]:
+def plan_items(calls: list[ModuleCall], root: ModuleCall, smap: Any, outputs: list[str], include_root: bool) -> list[Item]:
     """Pair each PyTorch module call with its ONNX tensors, or say why it has none.
 
-    ``smap`` answers ``counterparts()`` and ``calls(path)`` (a :class:`_ScopeView`).
+    ``smap`` answers ``counterparts()`` and ``calls(path)`` (a :class:`ScopeView`).
     """
     counterparts = {(c.path, c.call): c for c in smap.counterparts()}
-    torch_calls = _call_counts(calls)
-    items: list[_Item] = []
+    torch_calls = call_counts(calls)
+    items: list[Item] = []
     for mc in calls:
-        item = _Item(mc)
+        item = Item(mc)
         cp = counterparts.get((mc.path, mc.call))
         onnx_calls = smap.calls(mc.path)
         if cp is None and onnx_calls == 0:
@@ -78,18 +78,18 @@ def _plan(calls: list[_ModCall], root: _ModCall, smap: Any, outputs: list[str], 
             item.status, item.note, item.tensors = NO_COUNTERPART, mc.note, ()
         items.append(item)
     if include_root:
-        items.append(_Item(root, tuple(outputs)))
+        items.append(Item(root, tuple(outputs)))
     return items
 
 
-def _batches(items: list[_Item], store: _ArrayStore, max_tensors: int | None, budget: int) -> list[list[_Item]]:
+def split_batches(items: list[Item], store: ArrayStore, max_tensors: int | None, budget: int) -> list[list[Item]]:
     """Split the plan into contiguous batches, each one ORT run.
 
     A batch holds at most ``max_tensors`` ONNX tensors and (estimated from the
     PyTorch sizes) ``budget`` bytes; a single call over the budget gets a run
     of its own.
     """
-    out: list[list[_Item]] = [[]]
+    out: list[list[Item]] = [[]]
     n_tensors = n_bytes = 0
     for item in items:
         k = len(item.tensors)
@@ -104,10 +104,10 @@ def _batches(items: list[_Item], store: _ArrayStore, max_tensors: int | None, bu
     return [b for b in out if b]
 
 
-class _RowBuilder:
+class RowBuilder:
     """Turns aligned values into rows; detects folds the scopes did not report."""
 
-    def __init__(self, items: list[_Item], store: _ArrayStore, rtol: float, atol: float, torch_calls: dict[str, int]) -> None:
+    def __init__(self, items: list[Item], store: ArrayStore, rtol: float, atol: float, torch_calls: dict[str, int]) -> None:
         self.items = items
         self.store = store
         self.rtol = rtol
@@ -116,12 +116,12 @@ class _RowBuilder:
         self.adopted: dict[int, tuple[ErrorStats, list[str], str]] = {}
         self.position = {item.mc.key: i for i, item in enumerate(items)}
 
-    def name(self, mc: _ModCall) -> str:
+    def name(self, mc: ModuleCall) -> str:
         if mc.path == "":
             return "output"
         return f"{mc.path}#{mc.call}" if self.torch_calls.get(mc.path, 1) > 1 else mc.path
 
-    def row(self, item: _Item, values: dict[str, np.ndarray]) -> CompareRow:
+    def row(self, item: Item, values: dict[str, np.ndarray]) -> CompareRow:
         mc = item.mc
         shapes = self.store.shapes(mc.key)
         base = dict(name=self.name(mc), path=mc.path, call=mc.call, type=mc.type, shape=list(shapes[0]) if shapes else None)
@@ -168,9 +168,9 @@ class _RowBuilder:
         why = None
         if len(pairs) < len(got):
             why = f"compared {len(pairs)} of {len(got)} ONNX tensors (others have no PyTorch tensor of that shape)"
-        return _merge(stats), [names[j] for _, j in pairs], why
+        return merge_stats(stats), [names[j] for _, j in pairs], why
 
-    def _fused_into(self, item: _Item, onnx_arrays: list[np.ndarray]) -> tuple[_Item, ErrorStats, list[str]] | None:
+    def _fused_into(self, item: Item, onnx_arrays: list[np.ndarray]) -> tuple[Item, ErrorStats, list[str]] | None:
         """A later sibling call whose PyTorch value the ONNX tensor holds."""
         mc = item.mc
         if mc.path == "":

@@ -11,11 +11,11 @@ import math
 import os
 from typing import TYPE_CHECKING
 
-from ..errors import LayertapError
-from ..files import atomic_write_bytes, check_output_path
+from ...errors import LayertapError
+from ...files import atomic_write_bytes, check_output_path
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .compare import CompareReport
+    from .report import CompareReport
 
 # Errors of exactly 0 cannot sit on a log axis; they are drawn at this floor.
 _FLOOR = 1e-12

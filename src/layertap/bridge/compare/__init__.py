@@ -1,0 +1,41 @@
+"""``lt.compare``: PyTorch vs ONNX Runtime, module by module (see :mod:`.entry`).
+
+The parts, each importing the others by their public names:
+
+* :mod:`.entry` - ``compare`` itself: the steps, notes and options;
+* :mod:`.report` - :class:`CompareRow`, :class:`CompareReport`, row statuses, :func:`pair_tensors`;
+* :mod:`.torch_side` - the hooked PyTorch run and the value store that spills to disk;
+* :mod:`.onnx_side` - ONNX Runtime runs in batches, feeds, the file's scopes under the model's paths;
+* :mod:`.align` - module calls <-> ONNX tensors (the plan), batches, rows;
+* :mod:`.plot` - ``--plot`` PNG.
+
+Example:
+    >>> from layertap.bridge.compare import CompareRow, PASS
+    >>> CompareRow("fc", "fc", 0, "Linear", [1, 10], 0.0, 0.0, PASS, True).status
+    'pass'
+"""
+
+from __future__ import annotations
+
+from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL, ErrorStats, error_stats
+from .entry import DEFAULT_MEMORY_BUDGET, FUSION_NOTE, Progress, compare
+from .report import ABSORBED, FAIL, NO_COUNTERPART, PASS, STATISTIC, CompareReport, CompareRow, pair_tensors
+
+__all__ = [
+    "compare",
+    "Progress",
+    "CompareReport",
+    "CompareRow",
+    "pair_tensors",
+    "DEFAULT_RTOL",
+    "DEFAULT_ATOL",
+    "DEFAULT_MEMORY_BUDGET",
+    "error_stats",
+    "ErrorStats",
+    "PASS",
+    "FAIL",
+    "NO_COUNTERPART",
+    "ABSORBED",
+    "STATISTIC",
+    "FUSION_NOTE",
+]

@@ -1,0 +1,100 @@
+"""Terminal output shared by the tools: status lines, spinners, progress bars, the stdout console.
+
+A leaf module: it imports nothing from the rest of ``layertap.cli`` (so
+``args.py`` and ``tools/`` can both use it without an import cycle), and rich
+only inside its functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any, Iterator
+
+
+def stdout_console() -> Any:
+    """A rich console for stdout; wide when piped so names and paths are never cut.
+
+    On a terminal rich fits the window; piped output (a file, ``less``, CI
+    logs) would otherwise get rich's 80-column default and cut module paths.
+
+    Example:
+        >>> stdout_console().width >= 80
+        True
+    """
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def say(message: str) -> None:
+    """A status line on stderr (keeps stdout clean for --json).
+
+    Example:
+        >>> say("wrote out.onnx")  # on stderr
+    """
+    from rich.console import Console
+
+    Console(stderr=True, width=10_000 if not sys.stderr.isatty() else None).print(
+        message, markup=False, highlight=False, soft_wrap=True
+    )
+
+
+@contextlib.contextmanager
+def status(message: str) -> Iterator[None]:
+    """A spinner on stderr while a long step runs; silent when stderr is not a terminal.
+
+    Example:
+        >>> with status("loading"):
+        ...     pass
+    """
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield
+        return
+    with console.status(message):
+        yield
+
+
+class StepProgress:
+    """Transient progress bars on stderr, one per step; silent unless enabled.
+
+    Implements :class:`layertap.bridge.compare.Progress` (``step``/``advance``).
+
+    Example:
+        >>> with StepProgress(enabled=False) as prog:
+        ...     prog.step("PyTorch forward"); prog.advance()
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._progress: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> StepProgress:
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=Console(stderr=True), transient=True,
+            )
+            self._progress.start()
+        return self
+
+    def step(self, description: str, total: int = 1) -> None:
+        if self._progress is not None:
+            if self._task is not None:
+                self._progress.remove_task(self._task)
+            self._task = self._progress.add_task(description, total=total)
+
+    def advance(self, n: int = 1) -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.advance(self._task, n)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()

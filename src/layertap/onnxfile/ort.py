@@ -1,0 +1,122 @@
+"""ONNX Runtime for the ONNX side: sessions on in-memory models, and tensor types.
+
+Everything here imports ``onnx``/``onnxruntime`` lazily, never torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+# ORT's type names (``tensor(float)``) -> numpy dtypes
+ORT_NUMPY: dict[str, Any] = {
+    "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16, "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8, "tensor(uint16)": np.uint16, "tensor(uint32)": np.uint32,
+    "tensor(uint64)": np.uint64, "tensor(bool)": np.bool_,
+}
+
+# ORT's element type names (``tensor(float)``) -> ONNX TensorProto element types
+_ORT_ELEM = {
+    "float": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7, "string": 8,
+    "bool": 9, "float16": 10, "double": 11, "uint32": 12, "uint64": 13, "bfloat16": 16,
+}
+
+
+def ort_session(model: "onnx.ModelProto", folder: Path, *, optimize: bool = True) -> Any:
+    """An ORT CPU session on an in-memory model whose external data lies in ``folder``.
+
+    ``optimize=False`` turns ORT's graph optimisations off (``ORT_DISABLE_ALL``).
+
+    Example:
+        >>> import onnx, onnx.helper as h
+        >>> from pathlib import Path
+        >>> g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g",
+        ...     [h.make_tensor_value_info("x", 1, [2])], [h.make_tensor_value_info("y", 1, [2])])
+        >>> m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+        >>> [o.name for o in ort_session(m, Path(".")).get_outputs()]
+        ['y']
+    """
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder.resolve()))
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def inferred_types(model: "onnx.ModelProto") -> dict[str, "onnx.ValueInfoProto"]:
+    """Typed value infos by tensor name from ONNX shape inference (non-strict), plus initializers.
+
+    Example:
+        >>> import onnx.helper as h
+        >>> g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g",
+        ...     [h.make_tensor_value_info("x", 1, [2])], [h.make_tensor_value_info("y", 0, None)])
+        >>> inferred_types(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))["y"].type.tensor_type.elem_type
+        1
+    """
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # noqa: BLE001 - shape inference fails on some valid files; ORT types the rest
+        inferred = model
+    g = inferred.graph
+    out: dict[str, onnx.ValueInfoProto] = {}
+    for vi in list(g.value_info) + list(g.input) + list(g.output):
+        if _is_typed(vi):
+            out[vi.name] = vi
+    for init in g.initializer:
+        if init.name not in out:
+            out[init.name] = onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+    return out
+
+
+def _is_typed(vi: Any) -> bool:
+    which = vi.type.WhichOneof("value")
+    if which != "tensor_type":
+        return which is not None
+    return vi.type.tensor_type.elem_type != 0
+
+
+def ort_types(model: "onnx.ModelProto", folder: Path, tensors: Sequence[str]) -> dict[str, "onnx.ValueInfoProto"]:
+    """Ask ONNX Runtime for the types of tensors that shape inference left untyped.
+
+    ORT accepts untyped graph outputs and reports their types after its own
+    inference; nothing is run. Tensors ORT cannot type are left out.
+
+    Example:
+        >>> import onnx.helper as h
+        >>> from pathlib import Path
+        >>> g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g",
+        ...     [h.make_tensor_value_info("x", 1, [2])], [h.make_tensor_value_info("y", 1, [2])])
+        >>> m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+        >>> ort_types(m, Path("."), ["x"])["x"].type.tensor_type.elem_type
+        1
+    """
+    import onnx
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    for t in tensors:
+        probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(t))
+    try:
+        sess = ort_session(probe, folder)
+    except Exception:  # noqa: BLE001 - reported by the caller as untyped
+        return {}
+    out = {}
+    for o in sess.get_outputs():
+        if o.name in tensors and o.type.startswith("tensor("):
+            elem = _ORT_ELEM.get(o.type[len("tensor("):-1])
+            if elem is None:
+                continue
+            shape = [d if isinstance(d, (int, str)) and d != "" else None for d in (o.shape or [])]
+            out[o.name] = onnx.helper.make_tensor_value_info(o.name, elem, shape if o.shape is not None else None)
+    return out
