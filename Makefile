@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.layertap-installed
 
-.PHONY: demo test install bench clean
+.PHONY: demo test lint install bench clean
 
 install: $(STAMP)
 
@@ -18,8 +18,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/layertap demo
 
-test: $(STAMP)
+test: $(STAMP) lint
 	$(PY) -m pytest -q -n 2 --dist loadfile --doctest-modules tests src/layertap
+
+# ruff and mypy are configured in pyproject.toml (what they check and why)
+lint: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m mypy
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done

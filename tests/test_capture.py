@@ -432,7 +432,7 @@ def test_no_hook_survives_a_model_exception():
 def test_no_hook_survives_an_exception_in_the_with_block(resnet18):
     with pytest.raises(ZeroDivisionError):
         with lt.tap(resnet18, ["layer1", "fc:input"]):
-            1 / 0
+            1 / 0  # noqa: B018 - the error raised inside the block
     assert no_hooks(resnet18)
 
 

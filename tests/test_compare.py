@@ -118,7 +118,6 @@ def test_report_renders_and_serialises(clean_reports):
 
 def test_without_ort_optimisations(resnet18, resnet_input, resnet_onnx_dynamo):
     import layertap as lt
-
     from layertap.cli.console import StepProgress
 
     with StepProgress(enabled=True) as progress:

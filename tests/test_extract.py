@@ -12,8 +12,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
 
-from _tiny import tiny_clip  # noqa: E402
 import layertap as lt  # noqa: E402
+from _tiny import tiny_clip  # noqa: E402
 from layertap.errors import SelectorError  # noqa: E402
 
 TOL = dict(rtol=1e-4, atol=1e-4)

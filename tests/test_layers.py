@@ -9,9 +9,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from _tiny import tiny_clip  # noqa: E402
-import layertap as lt  # noqa: E402
 from torch import nn  # noqa: E402
+
+import layertap as lt  # noqa: E402
+from _tiny import tiny_clip  # noqa: E402
 from layertap.errors import SelectorError  # noqa: E402
 
 

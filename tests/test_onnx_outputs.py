@@ -15,11 +15,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import layertap as lt
+from conftest import run_cli
 from layertap.errors import LayertapError, OnnxFileError
 from layertap.onnxfile.scopes import ScopeMap
 from layertap.selectors import Tap
-
-from conftest import run_cli
 
 MODULES = ["layer3.1", "layer2.0.relu#1", "layer1.0.bn1", "layer2.0.downsample.1"]
 

@@ -171,7 +171,7 @@ class Report(Table):
 
 
 def _row_dict(row: Any) -> dict[str, Any]:
-    if dataclasses.is_dataclass(row):
+    if dataclasses.is_dataclass(row) and not isinstance(row, type):
         return dataclasses.asdict(row)
     return dict(row)
 

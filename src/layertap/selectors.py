@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Iterable, Sequence, Union
+from typing import Iterable, Sequence
 
 from .errors import SelectorError
 
-Index = Union[int, str]
+Index = int | str
 
 _FORBIDDEN = "=#:[]"
 _TAP_RE = re.compile(
@@ -62,7 +62,7 @@ class Tap:
     alias: str | None = None
 
     @classmethod
-    def parse(cls, text: str) -> "Tap":
+    def parse(cls, text: str | Tap) -> Tap:
         """Parse selector text; raise :class:`SelectorError` naming the fault."""
         if isinstance(text, Tap):
             return text

@@ -260,7 +260,7 @@ def shape_of(vi: onnx.ValueInfoProto) -> list[int | str] | None:
 
 def external_locations(model: onnx.ModelProto) -> set[str]:
     """File names that initializers keep their data in (external data)."""
-    found = set()
+    found: set[str] = set()
     for t in all_tensors(model):
         if t.data_location == onnx.TensorProto.EXTERNAL:
             found.update(e.value for e in t.external_data if e.key == "location")

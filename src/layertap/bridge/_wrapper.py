@@ -20,9 +20,8 @@ from torch import nn
 
 from ..errors import LayertapError, SelectorError
 from ..pytorch.capture import Capture
-from ..pytorch.taps import root_input, root_value, bound_method, output_tensors
+from ..pytorch.taps import bound_method, output_tensors, root_input, root_value
 from ..selectors import Tap
-
 
 #: the wrapper attributes through which exporters reach the user's model; they
 #: prefix every module scope in the raw export (``_fn.layer1``, ``/model/layer1``)

@@ -47,12 +47,13 @@ from torch import nn
 
 from ..errors import InputSpecError, LayertapError
 from ..files import check_output_path
-from ..selectors import Tap, parse_taps
 from ..pytorch.values import tensor_to_numpy
+from ..selectors import Tap, parse_taps
 from . import _onnxedit as edit
 from ._verify import Check, ExportReport, ExportRow, compare
+from ._wrapper import MODEL_ATTRIBUTES, TapWrapper
+from ._wrapper import input_names as signature_names
 from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL
-from ._wrapper import MODEL_ATTRIBUTES, TapWrapper, input_names as signature_names
 
 EXPORTERS = ("dynamo", "torchscript")
 #: weights above this size go to an external data file (protobuf's hard limit is 2 GiB)
@@ -284,7 +285,7 @@ def _run_exporter(plan: _Plan, raw: Path, exporter: str, fallback: bool, opset: 
     try:
         _export_dynamo(plan, raw, opset)
         return "dynamo"
-    except Exception as e:  # noqa: BLE001 - any exporter failure is reported in one line
+    except Exception as e:
         _reraise_own(e)
         why = _reason(e)
         if not fallback:
@@ -323,7 +324,7 @@ def _export_torchscript(plan: _Plan, raw: Path, opset: int | None) -> None:
     try:
         with _quiet():
             torch.onnx.export(plan.wrapper, tuple(plan.traced), str(raw), dynamo=False, verbose=False, **options)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         _reraise_own(e)
         raise LayertapError(f"the torchscript exporter failed: {_reason(e)}") from e
 
@@ -331,11 +332,12 @@ def _export_torchscript(plan: _Plan, raw: Path, opset: int | None) -> None:
 def _reraise_own(e: BaseException) -> None:
     """A bad tap found while the exporter traced is the user's error, not the exporter's."""
     seen = set()
-    while e is not None and id(e) not in seen:
-        if isinstance(e, LayertapError):
-            raise e
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, LayertapError):
+            raise cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
 
 
 def _no_onnx_log(*_args: Any) -> None:
@@ -478,7 +480,7 @@ def _rows(proto: onnx.ModelProto, wrapper: TapWrapper) -> list[ExportRow]:
         elem = vi.type.tensor_type.elem_type
         rows.append(ExportRow(
             name=vi.name,
-            source=info.selector if info.path is not None else "model output",
+            source=info.selector if info.path is not None and info.selector is not None else "model output",
             shape=edit.shape_of(vi),
             dtype=_ONNX_DTYPES.get(elem, str(elem)).lower(),
         ))
@@ -504,7 +506,7 @@ def _verify(final: Path, plan: _Plan, rows: list[ExportRow], rtol: float, atol: 
     run_opts.log_severity_level = 4
     try:
         sess = ort.InferenceSession(str(final), opts, providers=["CPUExecutionProvider"])
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise LayertapError(f"ONNX Runtime cannot load the exported model: {_reason(e)}") from e
     runs = [(plan.example, plan.reference)]
     if plan.dynamic and any(t.dim() > 0 for t in plan.example):

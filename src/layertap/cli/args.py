@@ -125,7 +125,7 @@ class TapArgs(ArgGroup):
 class OutputArgs(ArgGroup):
     """``-o/--output FILE``."""
 
-    def __init__(self, required: bool, suffixes: tuple[str, ...], help: str) -> None:
+    def __init__(self, required: bool, suffixes: tuple[str, ...], help: str) -> None:  # noqa: A002 - argparse's own name
         self.required = required
         self.suffixes = suffixes
         self.help = help

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from ..errors import LayertapError
 
@@ -29,7 +29,7 @@ TOOLS = {
 class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors as one line and exit 2."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise LayertapError(f"{message} (see '{self.prog} --help')")
 
 
@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except SystemExit:
         raise
-    except BaseException as e:  # noqa: BLE001 - the CLI must never show a traceback
+    except BaseException as e:
         if debug:
             raise
         _error(f"{type(e).__name__}: {_first_line(e)} (rerun with --debug for the traceback)")

@@ -78,7 +78,8 @@ def onnx_layers(path: str | os.PathLike) -> OnnxLayers:
         module, call = owners.get(k, (None, None))
         for t in node.output:
             if t:
-                rows.append(TensorRow(t, node.op_type, node.name or None, *_type_of(types.get(t)), module or None, call if module else None))
+                owner = (module or None, call if module else None)
+                rows.append(TensorRow(t, node.op_type, node.name or None, *_type_of(types.get(t)), *owner))
     notes = []
     if scopes.source == "none":
         notes.append("no module scopes in this file (neither torch.onnx dynamo metadata nor TorchScript node names)")

@@ -19,7 +19,6 @@ from .ort import ORT_NUMPY, ort_session
 from .outputs import OutputAdder
 
 
-
 def run(
     path: str | os.PathLike,
     inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray] | None = None,

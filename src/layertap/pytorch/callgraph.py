@@ -24,7 +24,7 @@ import ast
 import functools
 import inspect
 import textwrap
-from typing import Callable
+from typing import Callable, TypeGuard
 
 from torch import nn
 
@@ -145,7 +145,7 @@ def _uses(fn: Callable, attr: str, via_container: bool, inst: nn.Module, depth: 
     owner = _owner_class(fn)
     ok = True
 
-    def is_self_attr(node: ast.AST) -> bool:
+    def is_self_attr(node: ast.AST) -> TypeGuard[ast.Attribute]:
         return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == self_name
 
     def visit(node: ast.AST, in_loop: bool, parent: ast.AST | None) -> list[bool]:

@@ -116,8 +116,8 @@ def load_model(
     if weights is not None:
         # A whole model pickled by a script that did ``import mymodels`` refers to
         # ``mymodels.Net``: while unpickling, let that name mean the file the user named.
-        alias = Path(head).stem if head.endswith(".py") and unsafe_pickle else None
-        aliased = alias is not None and alias.isidentifier() and alias not in sys.modules
+        alias = Path(head).stem if head.endswith(".py") and unsafe_pickle else ""
+        aliased = alias.isidentifier() and alias not in sys.modules
         if aliased:
             sys.modules[alias] = user_module
         try:
@@ -207,7 +207,7 @@ def _sub_config(config: Any, attr: str, *subs: str) -> Any:
     return None
 
 
-def _transformers_inputs(cls: type, config: Any) -> tuple[list[InputSpec], int]:
+def _transformers_inputs(cls: Any, config: Any) -> tuple[list[InputSpec], int]:
     """Named example inputs the forward takes: token ids, pixels, audio."""
     params = inspect.signature(cls.forward).parameters
     vocab = _sub_config(config, "vocab_size", "text_config", "decoder", "encoder")

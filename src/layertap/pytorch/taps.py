@@ -24,11 +24,12 @@ class TapResult:
     def __init__(self, capture: Capture) -> None:
         self._capture = capture
         self.outputs: dict[str, torch.Tensor] = {}
+        self._stopped = False
 
     @property
     def stopped(self) -> bool:
         """True if ``stop_early`` cut the forward short."""
-        return getattr(self, "_stopped", False)
+        return self._stopped
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self.outputs:

@@ -13,9 +13,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...report import fmt_shape
+from ..tolerance import ErrorStats, error_stats
 from .report import ABSORBED, FAIL, NO_COUNTERPART, PASS, CompareRow, merge_stats, pair_tensors
 from .torch_side import ArrayStore, ModuleCall
-from ..tolerance import ErrorStats, error_stats
 
 # How many following sibling module calls a failing call is checked against
 # before it is called a fusion (Conv -> BatchNorm -> ReLU is the longest
@@ -124,13 +124,13 @@ class RowBuilder:
     def row(self, item: Item, values: dict[str, np.ndarray]) -> CompareRow:
         mc = item.mc
         shapes = self.store.shapes(mc.key)
-        base = dict(name=self.name(mc), path=mc.path, call=mc.call, type=mc.type, shape=list(shapes[0]) if shapes else None)
+        base: dict[str, Any] = dict(name=self.name(mc), path=mc.path, call=mc.call, type=mc.type, shape=list(shapes[0]) if shapes else None)
         if item.status is not None:
             adopted = self.adopted.get(mc.key)
             if adopted is not None and item.status == NO_COUNTERPART:
-                stats, names, donor = adopted
-                return CompareRow(**base, max_abs=stats.max_abs, rel_err=stats.rel_err, status=PASS if stats.ok else FAIL,
-                                  ok=stats.ok, onnx=names, note=f"compared at {donor}'s ONNX tensor (fused)")
+                got, onnx_names, donor = adopted
+                return CompareRow(**base, max_abs=got.max_abs, rel_err=got.rel_err, status=PASS if got.ok else FAIL,
+                                  ok=got.ok, onnx=onnx_names, note=f"compared at {donor}'s ONNX tensor (fused)")
             return CompareRow(**base, max_abs=None, rel_err=None, status=item.status, ok=None, note=item.note)
         onnx_arrays = [values[n] for n in item.tensors]
         ref = self.store.get(mc.key)

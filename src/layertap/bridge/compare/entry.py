@@ -46,7 +46,6 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from ...errors import LayertapError, unknown_name
-
 from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL
 from .align import Item, RowBuilder, call_counts, plan_items, split_batches
 from .onnx_side import OrtRunner, ScopeView, check_feed_shapes, check_same_model, feed_from_args, model_outputs

@@ -134,7 +134,7 @@ def check_feed_shapes(feed: dict[str, np.ndarray], declared: dict[str, tuple[int
         >>> check_feed_shapes({"x": np.zeros((2, 3))}, {"x": (1, 3)})
         Traceback (most recent call last):
         ...
-        layertap.errors.InputSpecError: input 'x' has shape 2x3 but the ONNX file expects 1x3 (exported with a fixed shape; pass --input 1x3 or re-export with a dynamic batch)
+        layertap.errors.InputSpecError: input 'x' has shape 2x3 but the ONNX file expects 1x3 (exported with a fixed shape; ...
     """
     for name, a in feed.items():
         want = declared.get(name)

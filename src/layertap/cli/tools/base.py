@@ -61,5 +61,5 @@ def running(info: Any, method: str, args: tuple, kwargs: dict) -> Iterator[None]
             yield
         except LayertapError:
             raise
-        except Exception as e:  # noqa: BLE001 - the model may raise anything on bad inputs
+        except Exception as e:
             raise run_failed(e, info, method, args, kwargs) from e

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from ...errors import OnnxFileError
-from ..console import StepProgress
 from ..args import InputArgs, JsonArgs, ModelArgs, ToleranceArgs, positive_int
+from ..console import StepProgress
 from .base import Tool
 
 

@@ -74,8 +74,7 @@ def _row(name: str, v) -> ValueRow:
 
     v = np.asarray(v)
     numeric = v.size and (np.issubdtype(v.dtype, np.number) or v.dtype == np.bool_)
-    f = v.astype(np.float64) if numeric else None
-    return ValueRow(
-        name, list(v.shape), v.dtype.name,
-        float(f.min()) if numeric else None, float(f.max()) if numeric else None, float(f.mean()) if numeric else None,
-    )
+    if not numeric:
+        return ValueRow(name, list(v.shape), v.dtype.name, None, None, None)
+    f = v.astype(np.float64)
+    return ValueRow(name, list(v.shape), v.dtype.name, float(f.min()), float(f.max()), float(f.mean()))
