@@ -71,7 +71,9 @@ def fold_dynamo(graph: "onnx.GraphProto", calls: list[Call]) -> None:
 
 def fold_torchscript(graph: "onnx.GraphProto", calls: list[Call], facts: GraphFacts) -> None:
     """A Conv with an anonymous constant weight had a BatchNorm folded in (see module doc)."""
-    known = {c.path for c in calls}
+    # Paths that own a node directly: a BatchNorm with an activation child (timm's
+    # BatchNormAct2d) has nodes under its scope even when its own BatchNormalization was folded.
+    owning = {c.path for c in (innermost(calls, i) for i in range(len(graph.node))) if c is not None}
     added: list[Call] = []
     for i, node in enumerate(graph.node):
         if node.op_type != "Conv" or len(node.input) < 2:
@@ -83,7 +85,7 @@ def fold_torchscript(graph: "onnx.GraphProto", calls: list[Call], facts: GraphFa
         if weight == owner.path + ".weight" or weight not in facts.weights:
             continue
         bn = guess_batchnorm(owner.path)
-        if bn is not None and bn in known:
+        if bn is not None and bn in owning:
             continue  # the BatchNorm has nodes of its own: nothing was folded into this Conv
         if bn is None:
             owner.note = (
@@ -96,11 +98,20 @@ def fold_torchscript(graph: "onnx.GraphProto", calls: list[Call], facts: GraphFa
             f"that node's output is {bn}'s value, not this Conv's"
         )
         owner.absorbed_by = bn
-        added.append(Call(
-            bn, _next_call(calls + added, bn), [i],
-            input_note=f"its input, the output of {owner.path}, was folded into node {node.name}",
-        ))
+        input_note = f"its input, the output of {owner.path}, was folded into node {node.name}"
+        after = _call_after(calls, bn, i)
+        if after is not None:  # the BatchNorm's call exists through its children: the fused node joins it
+            after.nodes = sorted([i, *after.nodes])
+            after.input_note = after.input_note or input_note
+            continue
+        added.append(Call(bn, _next_call(calls + added, bn), [i], input_note=input_note))
     calls.extend(added)
+
+
+def _call_after(calls: list[Call], path: str, index: int) -> Call | None:
+    """The call of ``path`` whose first node comes next after node ``index``."""
+    later = [c for c in calls if c.path == path and c.first > index]
+    return min(later, key=lambda c: c.first) if later else None
 
 
 def distrust_rewrites(graph: "onnx.GraphProto", calls: list[Call], facts: GraphFacts) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 
 from ...report import fmt_shape
 from ..tolerance import ErrorStats, error_stats
-from .report import ABSORBED, FAIL, NO_COUNTERPART, PASS, CompareRow, merge_stats, pair_tensors
+from .report import ABSORBED, FAIL, NO_COUNTERPART, PASS, CompareRow, merge_stats, pair_tensors, same_shape
 from .torch_side import ArrayStore, ModuleCall
 
 # How many following sibling module calls a failing call is checked against
@@ -52,13 +52,17 @@ def plan_items(calls: list[ModuleCall], root: ModuleCall, smap: Any, outputs: li
 
     ``smap`` answers ``counterparts()`` and ``calls(path)`` (a :class:`ScopeView`).
     """
-    counterparts = {(c.path, c.call): c for c in smap.counterparts()}
     torch_calls = call_counts(calls)
+    found = _with_real_absorbers(smap.counterparts(), calls, torch_calls)
+    counterparts = {(c.path, c.call): c for c in found}
+    n_calls: dict[str, int] = {}
+    for c in found:
+        n_calls[c.path] = n_calls.get(c.path, 0) + 1
     items: list[Item] = []
     for mc in calls:
         item = Item(mc)
         cp = counterparts.get((mc.path, mc.call))
-        onnx_calls = smap.calls(mc.path)
+        onnx_calls = n_calls.get(mc.path, 0)
         if cp is None and onnx_calls == 0:
             item.status, item.note = NO_COUNTERPART, _NO_SCOPE_NOTE
         elif onnx_calls != torch_calls[mc.path]:
@@ -80,6 +84,52 @@ def plan_items(calls: list[ModuleCall], root: ModuleCall, smap: Any, outputs: li
     if include_root:
         items.append(Item(root, tuple(outputs)))
     return items
+
+
+def _with_real_absorbers(counterparts: list[Any], calls: list[ModuleCall], torch_calls: dict[str, int]) -> list[Any]:
+    """Counterparts whose absorbing module (a BatchNorm the scopes could only guess by
+    name, ``conv1 -> bn1``) is renamed to the module PyTorch really ran right after the
+    Conv: DenseNet's ``conv0`` is followed by ``norm0``, not ``bn0``."""
+    import dataclasses
+
+    renames: dict[str, str] = {}
+    for cp in counterparts:
+        guess = cp.absorbed_by
+        if not guess or guess in torch_calls or guess in renames:
+            continue
+        real = _next_norm(calls, cp.path, torch_calls, {c.path for c in counterparts})
+        if real is not None:
+            renames[guess] = real
+    if not renames:
+        return counterparts
+    out = []
+    for cp in counterparts:
+        fields: dict[str, Any] = {}
+        if cp.path in renames:
+            fields["path"] = renames[cp.path]
+        if cp.absorbed_by in renames:
+            fields["absorbed_by"] = renames[cp.absorbed_by]
+            if cp.note:
+                fields["note"] = cp.note.replace(cp.absorbed_by, renames[cp.absorbed_by])
+        out.append(dataclasses.replace(cp, **fields) if fields else cp)
+    return out
+
+
+def _next_norm(calls: list[ModuleCall], conv: str, torch_calls: dict[str, int], in_file: set[str]) -> str | None:
+    """The normalisation module PyTorch ran right after ``conv`` (the same one every
+    time it ran), when the file has no scope of its own for it."""
+    found: set[str] = set()
+    for k, mc in enumerate(calls):
+        if mc.path != conv:
+            continue
+        nxt = calls[k + 1] if k + 1 < len(calls) else None
+        if nxt is None or "Norm" not in nxt.type or nxt.path in in_file:
+            return None
+        found.add(nxt.path)
+    if len(found) != 1:
+        return None
+    norm = found.pop()
+    return norm if torch_calls.get(norm) == torch_calls.get(conv) else None
 
 
 def split_batches(items: list[Item], store: ArrayStore, max_tensors: int | None, budget: int) -> list[list[Item]]:
@@ -104,6 +154,11 @@ def split_batches(items: list[Item], store: ArrayStore, max_tensors: int | None,
     return [b for b in out if b]
 
 
+def _ambiguous(shapes: list[tuple]) -> bool:
+    """Several outputs of one shape: position and shape cannot tell them apart."""
+    return len(set(shapes)) < len(shapes)
+
+
 class RowBuilder:
     """Turns aligned values into rows; detects folds the scopes did not report."""
 
@@ -115,6 +170,7 @@ class RowBuilder:
         self.torch_calls = torch_calls
         self.adopted: dict[int, tuple[ErrorStats, list[str], str]] = {}
         self.position = {item.mc.key: i for i, item in enumerate(items)}
+        self.onnx_of: dict[tuple[int, int], str] = {}  # (call key, output index) -> ONNX tensor compared
 
     def name(self, mc: ModuleCall) -> str:
         if mc.path == "":
@@ -134,7 +190,7 @@ class RowBuilder:
             return CompareRow(**base, max_abs=None, rel_err=None, status=item.status, ok=None, note=item.note)
         onnx_arrays = [values[n] for n in item.tensors]
         ref = self.store.get(mc.key)
-        stats, names, why = self._compare(ref, onnx_arrays, item.tensors)
+        stats, names, why = self._compare(ref, onnx_arrays, item.tensors, mc)
         if stats is None:
             # Same inputs, other output shapes: the file does not compute the model's result.
             # For an inner module the scope mapping may be at fault, so that is only "no counterpart".
@@ -151,14 +207,26 @@ class RowBuilder:
                           ok=stats.ok, onnx=names, note=why)
 
     def _compare(
-        self, ref: list[np.ndarray], got: list[np.ndarray], names: Sequence[str]
+        self, ref: list[np.ndarray], got: list[np.ndarray], names: Sequence[str], mc: ModuleCall | None = None
     ) -> tuple[ErrorStats | None, list[str], str | None]:
-        pairs = pair_tensors([tuple(r.shape) for r in ref], [tuple(g.shape) for g in got])
+        ref_shapes, got_shapes = [tuple(r.shape) for r in ref], [tuple(g.shape) for g in got]
+        # graph outputs come in the model's flattened output order; an inner call's tensors do not
+        if mc is not None and mc.path and _ambiguous(ref_shapes):
+            pairs = self._pairs_by_flow(mc, ref_shapes, got_shapes, names)
+            if not pairs:
+                return None, [], (
+                    "its outputs have equal shapes and the graph does not tell which ONNX tensor holds which "
+                    "element (no child module's tensor is among them)"
+                )
+        else:
+            pairs = pair_tensors(ref_shapes, got_shapes)
         if not pairs:
             return None, [], (
                 f"shapes differ: ONNX {', '.join(fmt_shape(g.shape) for g in got)} vs "
                 f"PyTorch {', '.join(fmt_shape(r.shape) for r in ref) or 'nothing'}"
             )
+        if mc is not None:
+            self.onnx_of.update(((mc.key, i), names[j]) for i, j in pairs)
         stats = []
         for i, j in pairs:
             r, g = ref[i], got[j]
@@ -169,6 +237,41 @@ class RowBuilder:
         if len(pairs) < len(got):
             why = f"compared {len(pairs)} of {len(got)} ONNX tensors (others have no PyTorch tensor of that shape)"
         return merge_stats(stats), [names[j] for _, j in pairs], why
+
+    def _pairs_by_flow(
+        self, mc: ModuleCall, ref_shapes: list[tuple], got_shapes: list[tuple], names: Sequence[str]
+    ) -> list[tuple[int, int]]:
+        """Pair equal-shaped outputs by data flow: element i is the tensor object some child call
+        returned, and that child's compared ONNX tensor is one of ``names``. Whatever stays
+        unresolved pairs only when one PyTorch and one ONNX tensor of its shape are left."""
+        pairs: dict[int, int] = {}
+        for i, src in enumerate(mc.sources or []):
+            name = self._flow_name(src)
+            if name in names and names.index(name) not in pairs.values():
+                pairs[i] = names.index(name)
+        left_ref = [i for i in range(len(ref_shapes)) if i not in pairs]
+        left_got = [j for j in range(len(got_shapes)) if j not in pairs.values()]
+        for i in left_ref:
+            same_ref = [k for k in left_ref if ref_shapes[k] == ref_shapes[i]]
+            same_got = [j for j in left_got if same_shape(ref_shapes[i], got_shapes[j])]
+            if len(same_ref) == 1 and len(same_got) == 1:
+                pairs[i] = same_got[0]
+        return sorted(pairs.items(), key=lambda p: p[1])
+
+    def _flow_name(self, src: tuple[int, int] | None) -> str | None:
+        """The ONNX tensor compared for the call output ``src``, following pass-through calls down."""
+        seen = 0
+        while src is not None and seen < 64:
+            name = self.onnx_of.get(src)
+            if name is not None:
+                return name
+            pos = self.position.get(src[0])
+            if pos is None:
+                return None
+            sources = self.items[pos].mc.sources or []
+            src = sources[src[1]] if src[1] < len(sources) else None
+            seen += 1
+        return None
 
     def _fused_into(self, item: Item, onnx_arrays: list[np.ndarray]) -> tuple[Item, ErrorStats, list[str]] | None:
         """A later sibling call whose PyTorch value the ONNX tensor holds."""

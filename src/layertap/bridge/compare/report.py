@@ -148,9 +148,31 @@ class CompareReport(Report):
         else:
             lines.append(
                 f"first divergence: {row.name} ({row.type}): max abs err {fmt_float(row.max_abs)}, "
-                f"rel err {fmt_float(row.rel_err)}; every module before it agrees"
+                f"rel err {fmt_float(row.rel_err)}; {self._before_divergence(row)}"
             )
         return lines
+
+    def uncompared_before(self, row: CompareRow) -> list[CompareRow]:
+        """Rows not compared between ``row`` and the last compared row before it.
+
+        A divergence found at ``row`` may have started in any of them.
+        """
+        out: list[CompareRow] = []
+        for prev in reversed(self.rows[: self.rows.index(row)]):
+            if prev.ok is not None:
+                break
+            if prev.status == NO_COUNTERPART:
+                out.append(prev)
+        return out[::-1]
+
+    def _before_divergence(self, row: CompareRow) -> str:
+        gap = self.uncompared_before(row)
+        if not gap:
+            return "every module before it agrees"
+        names = ", ".join(r.name for r in gap[-5:]) + (f" and {len(gap) - 5} before them" if len(gap) > 5 else "")
+        were = "were" if len(gap) > 1 else "was"
+        return (f"every compared module before it agrees, but {names} just before it {were} not compared "
+                "(no counterpart), so the divergence may start there")
 
 
 def merge_stats(stats: Sequence[ErrorStats]) -> ErrorStats:
@@ -182,20 +204,20 @@ def pair_tensors(torch_shapes: Sequence[tuple], onnx_shapes: Sequence[tuple]) ->
         >>> pair_tensors([(1, 5, 8)], [(1, 5, 8), (1, 5, 8)])  # an inner value leaked first
         [(0, 1)]
     """
-    if len(torch_shapes) == len(onnx_shapes) and all(_same_shape(t, o) for t, o in zip(torch_shapes, onnx_shapes)):
+    if len(torch_shapes) == len(onnx_shapes) and all(same_shape(t, o) for t, o in zip(torch_shapes, onnx_shapes)):
         return [(i, i) for i in range(len(onnx_shapes))]
     used: set[int] = set()
     pairs: list[tuple[int, int]] = []
     for i in reversed(range(len(torch_shapes))):
         for j in reversed(range(len(onnx_shapes))):
-            if j not in used and _same_shape(torch_shapes[i], onnx_shapes[j]):
+            if j not in used and same_shape(torch_shapes[i], onnx_shapes[j]):
                 used.add(j)
                 pairs.append((i, j))
                 break
     return sorted(pairs, key=lambda p: p[1])
 
 
-def _same_shape(a: tuple, b: tuple) -> bool:
+def same_shape(a: tuple, b: tuple) -> bool:
     """Equal shapes, or equal after dropping size-1 dimensions (same element order)."""
     a, b = tuple(a), tuple(b)
     return a == b or tuple(d for d in a if d != 1) == tuple(d for d in b if d != 1)

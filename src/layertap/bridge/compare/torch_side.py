@@ -90,6 +90,9 @@ class ModuleCall:
     call: int
     type: str
     note: str | None = None  # why it holds no tensor
+    # per output tensor: (key, index) of the latest earlier call that returned that very
+    # tensor object (the child that produced it), or None; tells tuple elements apart
+    sources: list[tuple[int, int] | None] | None = None
 
 
 def to_numpy(t: "torch.Tensor") -> np.ndarray:
@@ -128,6 +131,7 @@ class _TorchRecorder(CallHooks):
         self.wanted = wanted
         self.calls: list[ModuleCall] = []
         self._last: tuple[list[Any], list[np.ndarray], list[int]] = ([], [], [])  # tensors, arrays, versions
+        self._made_by: dict[int, tuple[Any, tuple[int, int]]] = {}  # id(tensor) -> (weakref, (key, index))
 
     @contextmanager
     def hooks(self) -> Iterator[None]:
@@ -137,6 +141,7 @@ class _TorchRecorder(CallHooks):
                 yield
         finally:
             self._last = ([], [], [])
+            self._made_by = {}
 
     def on_return(self, mod: Any, path: str, call: int, output: Any) -> None:
         mc = ModuleCall(len(self.calls), path, call, type(mod).__name__)
@@ -151,6 +156,7 @@ class _TorchRecorder(CallHooks):
         if not tensors:
             mc.note = "PyTorch output holds no tensor"
             return
+        self._track_sources(mc, tensors)
         prev, prev_arrays, versions = self._last
         if (
             len(prev) == len(tensors)
@@ -162,6 +168,21 @@ class _TorchRecorder(CallHooks):
         arrays = [to_numpy(t) for t in tensors]
         self.store.put(mc.key, arrays)
         self._last = (tensors, arrays, [t._version for t in tensors])
+
+    def _track_sources(self, mc: ModuleCall, tensors: list[Any]) -> None:
+        """Which earlier call returned each of these tensor objects (weak refs: nothing kept alive)."""
+        import weakref
+
+        sources: list[tuple[int, int] | None] = []
+        for t in tensors:
+            seen = self._made_by.get(id(t))
+            sources.append(seen[1] if seen is not None and seen[0]() is t else None)
+        mc.sources = sources
+        for i, t in enumerate(tensors):
+            try:
+                self._made_by[id(t)] = (weakref.ref(t), (mc.key, i))
+            except TypeError:  # a tensor subclass without weakref support
+                pass
 
 
 def run_torch(
