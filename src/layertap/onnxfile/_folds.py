@@ -146,6 +146,7 @@ def distrust_rewrites(graph: "onnx.GraphProto", calls: list[Call], facts: GraphF
                 continue
             if c.note is None and set(node.output) & set(facts.boundary(c.nodes)):
                 c.note = f"{why}; its value is not trusted as this call's output"
+                c.rewritten = True
             if c.input_note is None and set(node.input) & set(facts.entering(c.nodes)):
                 c.input_note = f"{why}; its input is not trusted as this call's input"
 
@@ -199,6 +200,7 @@ def distrust_bypassed_edges(graph: "onnx.GraphProto", calls: list[Call], facts: 
                 inside_reader, inside_maker = c.has(i), c.has(producer[t])
                 if inside_maker and not inside_reader and c.note is None:
                     c.note = f"{why}; its value is not trusted as this call's output"
+                    c.rewritten = True
                 if inside_reader and not inside_maker and c.input_note is None:
                     c.input_note = f"{why}; its input is not trusted as this call's input"
 

@@ -74,6 +74,9 @@ class Counterpart:
             BatchNorm), the module path whose node holds the fused value;
             ``None`` otherwise, and under TorchScript when the BatchNorm's name
             cannot be guessed.
+        unverified: for a call refused only because an optimizer rewrite may
+            have moved its value, the boundary tensors it would have had; a
+            caller that knows the true value can check them numerically.
 
     Example:
         >>> cp = Counterpart("layer1.0.conv1", 0, (), "folded into node X with layer1.0.bn1", "layer1.0.bn1")
@@ -86,6 +89,7 @@ class Counterpart:
     tensors: tuple[str, ...]
     note: str | None = None
     absorbed_by: str | None = None
+    unverified: tuple[str, ...] = ()
 
 
 class ScopeMap:
@@ -239,7 +243,8 @@ class ScopeMap:
     # -- helpers --------------------------------------------------------------
     def _counterpart(self, c: Call) -> Counterpart:
         if c.note is not None:
-            return Counterpart(c.path, c.call, (), c.note, c.absorbed_by)
+            unverified = self._boundary(c) if c.rewritten else ()
+            return Counterpart(c.path, c.call, (), c.note, c.absorbed_by, unverified)
         return Counterpart(c.path, c.call, self._boundary(c), None, c.absorbed_by)
 
     def _boundary(self, c: Call) -> tuple[str, ...]:
