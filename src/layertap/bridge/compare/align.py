@@ -76,7 +76,7 @@ def plan_items(calls: list[ModuleCall], root: ModuleCall, smap: Any, outputs: li
             )
         elif cp is None:
             item.status = NO_COUNTERPART
-        elif not cp.tensors and getattr(cp, "unverified", ()):
+        elif not cp.tensors and cp.unverified:
             item.tensors, item.unverified = tuple(cp.unverified), cp.note
         elif not cp.tensors:
             item.status = ABSORBED if cp.absorbed_by or (cp.note and _is_absorption(cp.note)) else NO_COUNTERPART
