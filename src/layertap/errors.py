@@ -9,7 +9,10 @@ carry ``.ok`` and the CLI turns ``ok=False`` into exit 1.
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Iterable
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class LayertapError(ValueError):
@@ -55,6 +58,20 @@ def close_matches(word: str, candidates: Iterable[str], n: int = 5) -> list[str]
         tail = [c for c in pool if c.endswith("." + word) or c == word]
         found = tail[:n]
     return found
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters (terminal escapes, newlines) shown as ``\\xNN``.
+
+    Names come from untrusted files: an ONNX tensor named ``ESC[2J`` must not
+    clear the user's terminal. Every place that prints a name goes through here
+    (error lines, tables, status lines).
+
+    Example:
+        >>> print(printable("relu" + chr(27) + "[2J"))
+        relu\\x1b[2J
+    """
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def unknown_name(kind: str, name: str, candidates: Iterable[str], hint: str = "") -> str:

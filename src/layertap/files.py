@@ -3,24 +3,116 @@
 Outputs are written to a temporary file in the target folder and renamed into
 place, so a failure at any point leaves no partial or empty file behind and
 never touches an existing file of the same name until the new one is complete.
+
+Every file an operation reads is recorded (:func:`note_input`) while an
+:func:`operation` scope is open (the CLI opens one per command); every output
+path is checked against that record (resolved paths and ``os.path.samefile``)
+when it is validated and again just before anything is written, so no command
+can overwrite what it reads: a weights file, an ``--input`` array, a model's
+``.py`` file, an ONNX file's external data.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
+import stat
 import tempfile
+import urllib.parse
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterable, Iterator
 
 from .errors import LayertapError
+
+#: temporary names keep at most this much of the target's name (NAME_MAX is 255 bytes)
+_TMP_NAME_KEEP = 120
+#: (resolved path, (st_dev, st_ino) or None, what it is) for each file the operation reads
+_READS: contextvars.ContextVar[list[tuple[Path, tuple[int, int] | None, str]] | None] = contextvars.ContextVar(
+    "layertap_reads", default=None
+)
+
+
+@contextlib.contextmanager
+def operation() -> Iterator[None]:
+    """Scope for one operation: files read inside it may not be written by it.
+
+    Nested scopes share the outermost one (a CLI command that calls
+    ``lt.add_outputs`` checks against everything the command read).
+
+    Example:
+        >>> import tempfile, os
+        >>> src = os.path.join(tempfile.mkdtemp(), "w.npz")
+        >>> _ = open(src, "wb").write(b"x")
+        >>> with operation():
+        ...     note_input(src, "--weights")
+        ...     check_output_path(src)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        layertap.errors.LayertapError: output '...w.npz' is the input file (--weights); write to a new path (inputs are never modified)
+    """
+    if _READS.get() is not None:
+        yield
+        return
+    token = _READS.set([])
+    try:
+        yield
+    finally:
+        _READS.reset(token)
+
+
+def note_input(path: str | os.PathLike | None, what: str = "") -> None:
+    """Record that the running :func:`operation` reads ``path`` (no-op outside one)."""
+    reads = _READS.get()
+    if reads is None or path is None or str(path) == "":
+        return
+    p = Path(path)
+    reads.append((_resolved(p), _file_id(p), what))
+
+
+def _resolved(p: Path) -> Path:
+    try:
+        return p.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: compare as written
+        return p.absolute()
+
+
+def _file_id(p: Path) -> tuple[int, int] | None:
+    try:
+        st = p.stat()
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def refuse_inputs(out: str | os.PathLike, inputs: Iterable[Any] = ()) -> None:
+    """Raise when ``out`` is (or links to) a file the operation reads, or one of ``inputs``."""
+    what = _input_kind(Path(out), inputs)
+    if what is not None:
+        shown = f" ({what})" if what else ""
+        raise LayertapError(f"output '{out}' is the input file{shown}; write to a new path (inputs are never modified)")
+
+
+def is_input(path: str | os.PathLike) -> bool:
+    """Whether the running :func:`operation` reads ``path``."""
+    return _input_kind(Path(path)) is not None
+
+
+def _input_kind(target: Path, inputs: Iterable[Any] = ()) -> str | None:
+    resolved, fid = _resolved(target), _file_id(target)
+    extra = [(_resolved(Path(p)), _file_id(Path(p)), "") for p in inputs if p is not None and str(p)]
+    for path, other, what in [*(_READS.get() or []), *extra]:
+        if path == resolved or (fid is not None and other == fid):
+            return what
+    return None
 
 
 def check_output_path(path: str | os.PathLike, *, inputs: tuple = (), suffixes: tuple[str, ...] = ()) -> Path:
     """Validate an output path before any work is done.
 
     Refuses a missing folder, a folder given as the file, an output equal to
-    one of ``inputs``, and (when given) a suffix outside ``suffixes``.
+    one of ``inputs`` or to any file the :func:`operation` reads, and (when
+    given) a suffix outside ``suffixes``.
 
     Example:
         >>> check_output_path("/nonexistent-dir/out.onnx")
@@ -37,15 +129,7 @@ def check_output_path(path: str | os.PathLike, *, inputs: tuple = (), suffixes: 
     if out.is_dir():
         raise LayertapError(f"output '{out}' is a folder; give a file name")
     _check_writable(parent)
-    for src in inputs:
-        if src is None:
-            continue
-        try:
-            same = out.resolve() == Path(src).resolve()
-        except OSError:
-            same = False
-        if same:
-            raise LayertapError(f"output '{out}' is the input file; write to a new path (inputs are never modified)")
+    refuse_inputs(out, inputs)
     if suffixes and out.suffix.lower() not in suffixes:
         raise LayertapError(f"output '{out}' must end in one of: {', '.join(suffixes)}")
     return out
@@ -76,21 +160,38 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         'hi'
     """
     target = Path(path)
-    try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
-    except OSError as e:
-        raise LayertapError(f"cannot write in output folder '{target.parent}': {e.strerror or e}") from None
-    os.close(fd)
-    tmp = Path(tmp_name)
+    refuse_inputs(target)
+    tmp = temp_path(target)
     try:
         yield tmp
         if not tmp.exists() or tmp.stat().st_size == 0:
             raise LayertapError(f"nothing was written for '{target}'")
-        tmp.chmod(0o666 & ~_umask())  # mkstemp makes 0600; give the mode a plain open() would
-        os.replace(tmp, target)
+        refuse_inputs(target)  # the operation may have read more files since it started
+        replace_keeping_mode(tmp, target)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def temp_path(target: Path, suffix: str = ".tmp") -> Path:
+    """A new empty hidden file beside ``target`` (its name fits NAME_MAX for any target name)."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{target.name[:_TMP_NAME_KEEP]}.", suffix=suffix, dir=target.parent or ".")
+    except OSError as e:
+        raise LayertapError(f"cannot write in output folder '{target.parent}': {e.strerror or e}") from None
+    os.close(fd)
+    return Path(name)
+
+
+def replace_keeping_mode(tmp: Path, target: Path) -> None:
+    """Rename ``tmp`` onto ``target``; the result keeps ``target``'s permission bits
+    when it existed, else gets the mode a plain ``open()`` would (mkstemp makes 0600)."""
+    try:
+        mode = stat.S_IMODE(target.stat().st_mode)
+    except OSError:
+        mode = 0o666 & ~_umask()
+    tmp.chmod(mode)
+    os.replace(tmp, target)
 
 
 def _umask() -> int:
@@ -105,10 +206,63 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         tmp.write_bytes(data)
 
 
+_ALIAS_HINT = "give the tap an alias (NAME=selector) that no other output uses"
+
+
+def unique_names(*groups: Iterable[tuple[str, Any]], what: str = "outputs", hint: str = _ALIAS_HINT) -> dict[str, Any]:
+    """Join ``(name, value)`` pairs into one dict; refuse a name given twice.
+
+    Every command that names its results (taps, flattened model outputs,
+    ONNX outputs) builds the dict here, so a collision is an error, never a
+    silently dropped value.
+
+    Example:
+        >>> unique_names([("output", 1)], [("body.0", 2)])
+        {'output': 1, 'body.0': 2}
+        >>> unique_names([("output", 1)], [("output", 2)])
+        Traceback (most recent call last):
+        ...
+        layertap.errors.LayertapError: two outputs are both named 'output'; give the tap an alias (NAME=selector) that no other output uses
+    """
+    out: dict[str, Any] = {}
+    for group in groups:
+        for name, value in group:
+            if name in out:
+                raise LayertapError(f"two {what} are both named {name!r}; {hint}")
+            out[name] = value
+    return out
+
+
+def npz_member(name: str) -> str:
+    """The ``.npz`` member name for an array name: the name itself when it is a
+    safe relative path, else percent-encoded (``urllib.parse.unquote`` restores it).
+
+    A member name is a path to every unzip tool: ``..``, a leading ``/``, a
+    backslash or a control character could make it land outside the folder.
+
+    Example:
+        >>> npz_member("layer1#0"), npz_member("../../x"), npz_member("/a/b")
+        ('layer1#0', '%2E%2E/%2E%2E/x', '%2Fa/b')
+    """
+    unsafe = (
+        name.startswith("/") or "\\" in name or "%" in name or name == ""
+        or any(ord(c) < 32 or ord(c) == 127 for c in name)
+        or any(part in (".", "..") for part in name.split("/"))
+    )
+    if not unsafe:
+        return name
+    encoded = urllib.parse.quote(name, safe="/#[]:.,=+-_ ")
+    if encoded.startswith("/"):
+        encoded = "%2F" + encoded[1:]
+    return "/".join("%2E" * len(p) if p in (".", "..") else p for p in encoded.split("/"))
+
+
 def save_arrays(path: str | os.PathLike, arrays: dict) -> Path:
     """Save name -> numpy array as ``.npz`` or ``.safetensors``, atomically.
 
-    Keys are kept exactly (tap names contain '.', '#', '[' and ':').
+    Keys are kept exactly (tap names contain '.', '#', '[' and ':'); in
+    ``.npz`` a name that is not a safe member path is percent-encoded (see
+    :func:`npz_member`).
 
     Example:
         >>> import numpy as np, tempfile, os
@@ -123,8 +277,10 @@ def save_arrays(path: str | os.PathLike, arrays: dict) -> Path:
     arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
     with atomic_path(out) as tmp:
         if out.suffix.lower() == ".npz":
+            members = unique_names(((npz_member(k), v) for k, v in arrays.items()), what="npz members",
+                                   hint="write .safetensors instead, which keeps names as they are")
             with open(tmp, "wb") as f:
-                np.savez(f, **arrays)
+                np.savez(f, **members)
         else:
             try:
                 from safetensors.numpy import save_file

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputSpecError
+from .files import note_input
 
 DTYPES = {
     "float32": np.float32, "float": np.float32, "f32": np.float32,
@@ -53,6 +54,7 @@ class InputSpec:
         if raw.lower().endswith(".npy"):
             if not Path(raw).is_file():
                 raise InputSpecError(f"bad --input {text!r}: file {raw!r} does not exist")
+            note_input(raw, "--input")
             return cls(name=name, shape=None, dtype="", path=raw)
         shape_txt, _, dtype = raw.partition(":")
         dtype = dtype or "float32"

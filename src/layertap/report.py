@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Sequence
 
+from .errors import printable
+
 
 @dataclass(frozen=True)
 class Column:
@@ -125,7 +127,7 @@ class Table:
         console = Console(file=buf, width=width, color_system=None, force_terminal=False)
         console.print(self)
         for line in self.footer():
-            console.print(line, markup=False, highlight=False)
+            console.print(printable(line), markup=False, highlight=False)
         return buf.getvalue().rstrip("\n")
 
     def __str__(self) -> str:
@@ -140,7 +142,7 @@ class Table:
         text = col.fmt(value) if col.fmt else ("-" if value is None else str(value))
         from rich.markup import escape
 
-        return escape(text)
+        return escape(printable(text))
 
 
 class Report(Table):

@@ -24,8 +24,9 @@ How it works:
    output is compared with PyTorch (see :mod:`layertap.bridge._verify` for
    the error measures).
 5. The file appears only when all of that worked: it is built in a hidden
-   folder beside the target and renamed into place (the external data file
-   first, then the ``.onnx`` that refers to it by its final name).
+   folder beside the target and published with its data file as one unit
+   (:func:`layertap.onnxfile.publish.publish`: the data under a fresh name,
+   the ``.onnx`` renamed last, the replaced file's data removed after).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from torch import nn
 
 from ..errors import InputSpecError, LayertapError
 from ..files import check_output_path
+from ..onnxfile.publish import publish
 from ..pytorch.values import tensor_to_numpy
 from ..selectors import Tap, parse_taps
 from . import _onnxedit as edit
@@ -128,8 +130,8 @@ def export(
     out = check_output_path(path, suffixes=(".onnx",))
     _check_options(model, exporter)
     plan = _plan(model, args, kwargs, taps, method, input_names, dynamic_batch, external_data)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as work:
-        raw, final = _work_paths(Path(work), out.name)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name[:120]}.") as work:
+        raw, final = _work_paths(Path(work), "model.onnx")  # short: any output name fits NAME_MAX
         used = _run_exporter(plan, raw, exporter, fallback, opset)
         proto = _finish_graph(plan, raw, final)
         rows = _rows(proto, plan.wrapper)
@@ -443,31 +445,10 @@ def _data_name(onnx_path: Path) -> str:
 
 
 def _publish(final: Path, out: Path) -> None:
-    """Move the finished files into place.
-
-    The data file goes first, so the ``.onnx`` never points at a missing
-    file. When the file being replaced kept its weights in ``<out>.data`` and
-    the new one does not, that data file is removed: it belongs to no model
-    any more.
-    """
+    """Move the finished ``.onnx`` and its data file into place as one unit (see onnxfile.publish)."""
+    proto = onnx.load(str(final), load_external_data=False)
     data = final.parent / _data_name(final)
-    old_data = out.parent / _data_name(out)
-    stale = not data.exists() and old_data.exists() and _data_name(out) in _locations_of(out)
-    if data.exists():
-        os.replace(data, old_data)
-    os.replace(final, out)
-    if stale:
-        old_data.unlink(missing_ok=True)
-
-
-def _locations_of(path: Path) -> set[str]:
-    """External data files an existing ONNX file refers to (empty if unreadable)."""
-    if not path.is_file():
-        return set()
-    try:
-        return edit.external_locations(onnx.load(str(path), load_external_data=False))
-    except Exception:  # noqa: BLE001 - not our file or not ONNX: leave its neighbours alone
-        return set()
+    publish(proto, out, {data.name: data} if data.exists() else {})
 
 
 # -- verification ------------------------------------------------------------

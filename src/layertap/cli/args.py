@@ -134,12 +134,41 @@ class OutputArgs(ArgGroup):
         parser.add_argument("-o", "--output", required=self.required, metavar="FILE", help=self.help)
 
     def check(self, ns: argparse.Namespace, inputs: tuple = ()):
-        """Validate the output path before any work (folder exists, not an input)."""
-        from ..files import check_output_path
+        """Validate the output path before any work (folder exists, not a file the command reads)."""
+        from ..files import check_output_path, note_input
 
+        for path, what in read_paths(ns):
+            note_input(path, what)
         if ns.output is None:
             return None
         return check_output_path(ns.output, inputs=inputs, suffixes=self.suffixes)
+
+
+#: namespace attribute -> what that file is, for every option naming a file a command reads
+_READ_OPTIONS = {
+    "weights": "--weights", "config": "--config", "onnx": "", "src": "",
+}
+
+
+def read_paths(ns: argparse.Namespace):
+    """``(path, what)`` for every file the parsed command line says it reads.
+
+    The library records what it opens as well (external data, imported files);
+    this lets the CLI refuse a bad ``-o`` before anything is loaded.
+    """
+    for attr, what in _READ_OPTIONS.items():
+        value = getattr(ns, attr, None)
+        if isinstance(value, str) and value:
+            yield value, what
+    model = getattr(ns, "model", None)
+    if isinstance(model, str):
+        head = model.rpartition(":")[0] if ".py:" in model else model
+        if head.lower().endswith((".py", ".onnx")):
+            yield head, "MODEL"
+    for text in getattr(ns, "input", None) or []:
+        value = text.split("=", 1)[-1]
+        if value.lower().endswith(".npy"):
+            yield value, "--input"
 
 
 def nonneg_float(text: str) -> float:

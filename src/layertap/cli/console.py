@@ -35,8 +35,10 @@ def say(message: str) -> None:
     """
     from rich.console import Console
 
+    from ..errors import printable
+
     Console(stderr=True, width=10_000 if not sys.stderr.isatty() else None).print(
-        message, markup=False, highlight=False, soft_wrap=True
+        printable(message), markup=False, highlight=False, soft_wrap=True
     )
 
 

@@ -8,11 +8,13 @@ unless ``--debug`` is given.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import signal
 import sys
-from typing import NoReturn, Sequence
+from typing import Iterator, NoReturn, Sequence
 
-from ..errors import LayertapError
+from ..errors import LayertapError, printable
 
 # subcommand -> "module:Class" under layertap.cli.tools; imported when the parser is built
 TOOLS = {
@@ -62,12 +64,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not ns.command:
             parser.print_help()
             return 2
-        return int(tools[ns.command].run(ns) or 0)
+        with _signals_raise(), _operation(), _json_stdout(getattr(ns, "json", False)):
+            return _run_tool(tools[ns.command], ns)
     except LayertapError as e:
         if debug:
             raise
         _error(str(e))
         return e.exit_code
+    except Terminated as e:
+        _error(f"stopped by {e.name}; temporary files were removed and no output was changed")
+        return 128 + e.signum
     except KeyboardInterrupt:
         _error("interrupted")
         return 130
@@ -80,8 +86,75 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def _run_tool(tool, ns: argparse.Namespace) -> int:
+    # argparse's --help/--version exit while parsing, before this point: a
+    # SystemExit from here on comes from code the command ran (the user's model).
+    try:
+        return int(tool.run(ns) or 0)
+    except SystemExit as e:
+        raise LayertapError(
+            f"the model code called sys.exit({e.code!r}) while 'layertap {ns.command}' was running it; "
+            "layertap stopped (exit 2): make the model's import, factory and forward return instead of exiting"
+        ) from None
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP, raised like KeyboardInterrupt so every ``finally`` runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into :class:`Terminated` while a command runs.
+
+    Python's default for them kills the process on the spot, skipping the
+    cleanup of temporary files and folders that SIGINT (KeyboardInterrupt) gets.
+    """
+    def handler(signum, _frame):
+        raise Terminated(signum)
+
+    wanted = [getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    old = {}
+    try:
+        for s in wanted:
+            old[s] = signal.signal(s, handler)
+    except ValueError:  # not the main thread: signals cannot be handled here
+        pass
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _operation():
+    from ..files import operation
+
+    return operation()
+
+
+@contextlib.contextmanager
+def _json_stdout(as_json: bool) -> Iterator[None]:
+    """With ``--json``, anything else printed to stdout (the model's own print) goes to stderr."""
+    if not as_json:
+        yield
+        return
+    from .tools import base
+
+    base.JSON_OUT = sys.stdout
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        base.JSON_OUT = None
+
+
 def _error(message: str) -> None:
-    sys.stderr.write(f"layertap: error: {_first_line(message)}\n")
+    sys.stderr.write(f"layertap: error: {printable(_first_line(message))}\n")
 
 
 def _first_line(e: object) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from ..errors import OnnxFileError
+from ..files import note_input
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -90,6 +91,9 @@ def load_model(path: str | os.PathLike) -> ModelFile:
     _check_unique_names(p, model)
     refs = list(_external_refs(model))
     _check_external(p, refs)
+    note_input(p)
+    for loc in dict.fromkeys(r.location for r in refs):
+        note_input(p.parent / loc, f"external data of '{p}'")
     return ModelFile(path=p, model=model, external=refs)
 
 

@@ -10,8 +10,10 @@ Runtime refuses data paths that leave a model's folder, so references cannot
 point back at the originals. Decision: when ``DST`` sits in ``SRC``'s folder
 the output refers to the very same data files (no copy, instant, the input's
 files are only read); otherwise each data file is copied next to ``DST`` as
-``DST.data`` (``DST.data1``, ... when there are several) and the references are
-rewritten. Write into the input's folder to avoid copying big weights.
+``DST.data`` (``DST.data1``, ... when there are several; a fresh name when
+replacing an earlier ``DST``, see :mod:`layertap.onnxfile.publish`) and the
+references are rewritten. Write into the input's folder to avoid copying big
+weights.
 
 Naming: a tensor asked for by name keeps its name; a module output gets its
 selector's name (``layer3.1``, ``layer2.0.relu#1``) through an ``Identity`` node.
@@ -27,10 +29,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from ..errors import OnnxFileError, unknown_name
-from ..files import atomic_path, check_output_path
+from ..files import check_output_path, operation, refuse_inputs, temp_path
 from ..selectors import Tap
 from .modelfile import ModelFile, load_model
 from .ort import inferred_types, ort_types
+from .publish import publish
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -63,12 +66,14 @@ def add_outputs(
         >>> lt.add_outputs("resnet18.onnx", "tapped.onnx", modules=["layer3.1"])   # doctest: +SKIP
         ['layer3.1']
     """
-    out = check_output_path(dst, inputs=(src,), suffixes=(".onnx",))
-    mf = load_model(src)
-    adder = OutputAdder(mf)
-    pairs = adder.resolve(tensors=tensors, modules=modules, all=all)
-    added = adder.apply(pairs)
-    _write(mf, out)
+    with operation():
+        out = check_output_path(dst, inputs=(src,), suffixes=(".onnx",))
+        mf = load_model(src)
+        adder = OutputAdder(mf)
+        pairs = adder.resolve(tensors=tensors, modules=modules, all=all)
+        added = adder.apply(pairs)
+        refuse_inputs(out)  # now that the external data files are known
+        _write(mf, out)
     return added
 
 
@@ -188,42 +193,18 @@ class OutputAdder:
 # writing
 # ---------------------------------------------------------------------------
 def _write(mf: ModelFile, out: Path) -> None:
-    """Write the edited model atomically; make its external data resolve from ``out``'s folder."""
-    created: list[Path] = []
+    """Write the edited model and (in another folder) copies of its data, as one unit (see publish)."""
+    copies: dict[str, Path] = {}
     try:
         if mf.external and out.parent.resolve() != mf.folder.resolve():
-            renames = _copy_data(mf, out, created)
-            _relocate(mf.model, renames)
-        data = mf.model.SerializeToString()
-        with atomic_path(out) as tmp:
-            tmp.write_bytes(data)
-    except BaseException:
-        for p in created:
-            with contextlib.suppress(OSError):
-                p.unlink()
-        raise
-
-
-def _copy_data(mf: ModelFile, out: Path, created: list[Path]) -> dict[str, str]:
-    files = mf.data_files()
-    renames: dict[str, str] = {}
-    for k, loc in enumerate(files):
-        new = f"{out.name}.data" + (str(k) if k else "")
-        target = out.parent / new
-        with atomic_path(target) as tmp:
-            shutil.copyfile(mf.folder / loc, tmp)
-        created.append(target)
-        renames[loc] = new
-    return renames
-
-
-def _relocate(model: "onnx.ModelProto", renames: dict[str, str]) -> None:
-    from .modelfile import all_tensors
-
-    for t in all_tensors(model):
-        for kv in t.external_data:
-            if kv.key == "location" and kv.value in renames:
-                kv.value = renames[kv.value]
+            for loc in mf.data_files():
+                copies[loc] = temp_path(out, suffix=".data.tmp")
+                shutil.copyfile(mf.folder / loc, copies[loc])
+        publish(mf.model, out, copies)
+    finally:
+        for tmp in copies.values():
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
 
 
 # ---------------------------------------------------------------------------

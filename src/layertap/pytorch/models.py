@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ..errors import LayertapError, ModelSpecError, close_matches, unknown_name
+from ..files import note_input
 from ..inputs import DEFAULT_INT_HIGH, InputSpec
 
 ZOOS = ("torchvision", "timm", "transformers")
@@ -184,6 +185,7 @@ def _transformers(name: str, spec: str, config_path: str | os.PathLike | None) -
         path = Path(config_path)
         if not path.is_file():
             raise ModelSpecError(f"--config file '{path}' does not exist")
+        note_input(path, "--config")
         try:
             config = config_class.from_json_file(str(path))
         except (ValueError, OSError, TypeError) as e:
@@ -248,6 +250,7 @@ def _load_file(filename: str, spec: str):
     path = Path(filename)
     if not path.is_file():
         raise ModelSpecError(f"model file '{path}' does not exist (MODEL {spec!r})")
+    note_input(path, "MODEL")
     modname = f"layertap_user_{abs(hash(str(path.resolve())))}"
     if modname in sys.modules:
         return sys.modules[modname]
@@ -320,6 +323,7 @@ def load_weights(model: nn.Module, path: str | os.PathLike, *, unsafe_pickle: bo
     file = Path(path)
     if not file.is_file():
         raise ModelSpecError(f"weights file '{file}' does not exist")
+    note_input(file, "--weights")
     suffix = file.suffix.lower()
     if suffix not in WEIGHT_SUFFIXES:
         raise ModelSpecError(f"weights file '{file}' must end in one of: {', '.join(WEIGHT_SUFFIXES)}")

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..errors import LayertapError, SelectorError, unknown_name
+from ..files import unique_names
 from ..selectors import Tap, index_text, parse_taps
 from .capture import Capture, StopForward, _input_value
 from .values import describe, flatten, not_a_tensor, param_names, pick
@@ -125,10 +126,7 @@ def extract(
     fn = bound_method(model, method)
     root_taps = [t for t in parsed if t.path == "" and method != "forward"]
     hooked = [t for t in parsed if t not in root_taps]
-    result: dict[str, torch.Tensor] = {}
-    for t in root_taps:
-        if t.port == "input":
-            result[t.name] = root_value(t, root_input(args, kwargs, t, fn), detach)
+    inputs = [(t.name, root_value(t, root_input(args, kwargs, t, fn), detach)) for t in root_taps if t.port == "input"]
     cap = Capture(model, hooked, detach=detach, stop_early=stop_early, method=method)
     out: Any = None
     stopped = False
@@ -138,14 +136,11 @@ def extract(
             out = fn(*args, **kwargs)
         except StopForward:
             stopped = True
-    result.update(cap.results())
+    captured = list(cap.results().items())
     if stopped:
-        return result
-    for t in root_taps:
-        if t.port == "output":
-            result[t.name] = root_value(t, out, detach)
-    result.update(output_tensors(out, detach=detach))
-    return result
+        return unique_names(inputs, captured)
+    outputs = [(t.name, root_value(t, out, detach)) for t in root_taps if t.port == "output"]
+    return unique_names(inputs, captured, outputs, output_tensors(out, detach=detach).items())
 
 
 def bound_method(model: nn.Module, method: str):
@@ -179,7 +174,8 @@ def output_tensors(out: Any, *, detach: bool = True, name: str = "output") -> di
         >>> list(output_tensors((torch.zeros(1), {"a": torch.ones(1)})))
         ['output[0]', 'output[1][a]']
     """
-    items = dict(flatten(out, name))
+    items = unique_names(flatten(out, name), what="parts of the model's result",
+                         hint="its keys print the same (e.g. 1 and '1'); return distinct keys")
     if detach:
         items = {k: v.detach() for k, v in items.items()}
     return items

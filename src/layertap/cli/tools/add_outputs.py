@@ -6,7 +6,7 @@ import argparse
 import sys
 import warnings
 
-from ...errors import LayertapError
+from ...errors import LayertapError, printable
 from ..args import OutputArgs
 from .base import Tool
 
@@ -33,6 +33,7 @@ class AddOutputsTool(Tool):
             warnings.simplefilter("always")
             added = add_outputs(ns.src, ns.output, tensors=ns.tensor, modules=ns.module, all=ns.all)
         for w in caught:
-            sys.stderr.write(f"layertap: warning: {w.message}\n")
-        sys.stderr.write(f"wrote {ns.output} with {len(added)} new output(s): {', '.join(added[:20])}{' ...' if len(added) > 20 else ''}\n")
+            sys.stderr.write(printable(f"layertap: warning: {w.message}") + "\n")
+        shown = f"{', '.join(added[:20])}{' ...' if len(added) > 20 else ''}"
+        sys.stderr.write(printable(f"wrote {ns.output} with {len(added)} new output(s): {shown}") + "\n")
         return 0

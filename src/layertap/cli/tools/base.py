@@ -7,8 +7,12 @@ import contextlib
 import sys
 from typing import Any, Iterator, Sequence
 
+from ...errors import printable
 from ..args import ArgGroup
 from ..console import say, status, stdout_console
+
+#: where ``--json`` output goes while stdout is redirected to stderr (set by cli.main)
+JSON_OUT: Any = None
 
 
 class Tool:
@@ -39,13 +43,13 @@ class Tool:
     def print_table(table: Any, as_json: bool = False) -> None:
         """Print a :class:`~layertap.report.Table` as rich text or JSON."""
         if as_json:
-            sys.stdout.write(table.to_json() + "\n")
+            (JSON_OUT or sys.stdout).write(table.to_json() + "\n")
             return
 
         console = stdout_console()
         console.print(table)
         for line in table.footer():
-            console.print(line, markup=False, highlight=False)
+            console.print(printable(line), markup=False, highlight=False)
 
     say = staticmethod(say)
 

@@ -55,14 +55,16 @@ class ExtractTool(Tool):
     def print_saved(arrays: dict, notes: list[str]) -> None:
         """What was saved: one line per array (name, shape, dtype) on stdout."""
         from rich.markup import escape
+
+        from ...errors import printable
         from rich.table import Table
 
         table = Table(title="saved", title_justify="left")
         for col in ("name", "shape", "dtype"):
             table.add_column(col)
         for name, a in arrays.items():
-            table.add_row(escape(name), "x".join(str(d) for d in a.shape) or "scalar", str(a.dtype))
+            table.add_row(escape(printable(name)), "x".join(str(d) for d in a.shape) or "scalar", str(a.dtype))
         console = stdout_console()
         console.print(table)
         for note in notes:
-            console.print(note, markup=False, highlight=False)
+            console.print(printable(note), markup=False, highlight=False)

@@ -1,0 +1,429 @@
+"""Hostile inputs, part 2 (issue 9): data loss, exit codes, resources, security.
+
+Every case checks what ``test_hostile.py`` checks (exit status, exactly one
+``layertap: error:`` line, no traceback, no partial or temporary file left,
+inputs byte-identical) and, where an earlier output exists, that it is intact.
+Concurrency, signal and disk-full cases run the CLI in subprocesses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from layertap.cli.main import main
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+TINY_PY = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+        def forward(self, x):
+            return self.body(x)
+
+    class Keys(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 2)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return {1: y, "1": y + 1}
+
+    def make():
+        torch.manual_seed(0)
+        return Tiny()
+
+    def keys():
+        return Keys()
+    """
+)
+
+
+# -- building blocks ---------------------------------------------------------
+def tiny_file(tmp: Path, extra: str = "") -> str:
+    path = tmp / "tiny.py"
+    path.write_text(TINY_PY + textwrap.dedent(extra))
+    return str(path)
+
+
+def matmul_model(folder: Path, *, name: str = "m.onnx", data: str | None = None, seed: int = 0,
+                 size: int = 3, doc_bytes: int = 0) -> Path:
+    """Y = relu(X @ W), X 2 x size; W in ``data`` (external) when given."""
+    folder.mkdir(parents=True, exist_ok=True)
+    w = np.random.default_rng(seed).standard_normal((size, size)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["X", "W"], ["H"], name="mm"), helper.make_node("Relu", ["H"], ["Y"], name="relu")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, size])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, size])],
+                          initializer=[numpy_helper.from_array(w, "W")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    if doc_bytes:
+        m.doc_string = "d" * doc_bytes
+    path = folder / name
+    if data is None:
+        onnx.save(m, str(path))
+    else:
+        onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data, size_threshold=0)
+    return path
+
+
+def ort_run(path: Path, x: np.ndarray | None = None) -> np.ndarray:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    inp = sess.get_inputs()[0]
+    x = np.ones([d if isinstance(d, int) else 1 for d in inp.shape], np.float32) if x is None else x
+    return sess.run(None, {inp.name: x})[0]
+
+
+def hash_tree(root: Path) -> dict[str, str]:
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+def leftovers(root: Path) -> list[str]:
+    """Temporary files and folders layertap makes (``.NAME.XXXX.tmp``, ``.NAME.XXXX/``)."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob(".*") if p.name.endswith(".tmp") or p.is_dir())
+
+
+def one_error(code: int, err: str, out: str = "", *, expect: str = "", status: int = 2) -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == status, f"exit {code}, stderr={err!r}"
+    assert len(lines) == 1, f"expected one line, got {err!r}"
+    assert lines[0].startswith("layertap: error: "), lines[0]
+    assert "Traceback" not in err + out
+    assert expect.lower() in lines[0].lower(), f"{lines[0]!r} lacks {expect!r}"
+    return lines[0]
+
+
+def refused(tmp: Path, argv: list[str], capsys, *, expect: str = "", status: int = 2,
+            intact: tuple[Path, ...] = ()) -> str:
+    """Run ``argv`` in-process; check the usual promises; return the error line."""
+    before = hash_tree(tmp)
+    code = main(argv)
+    cap = capsys.readouterr()
+    line = one_error(code, cap.err, cap.out, expect=expect, status=status)
+    assert not leftovers(tmp), leftovers(tmp)
+    after = hash_tree(tmp)
+    assert {k: v for k, v in after.items() if k in before} == before, "an input or earlier output changed"
+    for p in intact:
+        assert p.exists(), f"{p} was removed"
+    return line
+
+
+def cli(*args: str, timeout: int = 300, preexec=None, env: dict | None = None, cwd: str | None = None):
+    return subprocess.run([sys.executable, "-m", "layertap", *args], capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=preexec, env={**os.environ, "PYTHONPATH": SRC, **(env or {})}, cwd=cwd)
+
+
+# -- 1. an output is never a file the command reads ------------------------------
+def test_extract_weights_as_output(tmp_path, capsys):
+    import torch
+    from safetensors.torch import save_file
+
+    spec = tiny_file(tmp_path) + ":make"
+    weights = tmp_path / "W.safetensors"
+    save_file({k: v.contiguous() for k, v in _tiny_state(torch).items()}, str(weights))
+    line = refused(tmp_path, ["extract", spec, "--weights", str(weights), "--tap", "body.0", "--input", "2x4",
+                              "-o", str(weights)], capsys, expect="--weights")
+    assert "input file" in line
+
+
+def _tiny_state(torch):
+    from torch import nn
+
+    torch.manual_seed(0)
+    seq = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    return {f"body.{k}": v for k, v in seq.state_dict().items()}
+
+
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+@pytest.mark.parametrize("what", ["--input", "--config", "MODEL", "--weights"])
+def test_output_links_to_an_input(tmp_path, capsys, what, link):
+    """Resolved paths catch symlinks, ``samefile`` catches hard links; suffixes cannot hide an input."""
+    spec_file = tiny_file(tmp_path)
+    npy = tmp_path / "x.npy"
+    np.save(npy, np.ones((2, 4), np.float32))
+    config = tmp_path / "cfg.json"
+    config.write_text("{}")
+    weights = tmp_path / "w.pt"
+    weights.write_bytes(b"not read: the output check comes first")
+    target = {"--input": npy, "--config": config, "MODEL": Path(spec_file), "--weights": weights}[what]
+    out = tmp_path / "out.npz"
+    (os.symlink if link == "symlink" else os.link)(target, out)
+    argv = ["extract", spec_file + ":make", "--tap", "body.0", "-o", str(out), "--input", str(npy)]
+    argv += {"--config": ["--config", str(config)], "--weights": ["--weights", str(weights)]}.get(what, [])
+    refused(tmp_path, argv, capsys, expect="input file", intact=(target,))
+
+
+def test_add_outputs_onto_external_data_of_input(tmp_path, capsys):
+    src = matmul_model(tmp_path, data="weights.onnx")
+    expected = ort_run(src)
+    refused(tmp_path, ["add-outputs", str(src), "-o", str(tmp_path / "weights.onnx"), "--tensor", "H"], capsys,
+            expect="external data")
+    np.testing.assert_array_equal(ort_run(src), expected)
+
+
+def test_run_onto_external_data_of_input(tmp_path, capsys):
+    src = matmul_model(tmp_path, data="w.npz")
+    refused(tmp_path, ["run", str(src), "-o", str(tmp_path / "w.npz")], capsys, expect="external data")
+
+
+def test_python_api_refuses_external_data_as_output(tmp_path):
+    import layertap as lt
+    from layertap.errors import LayertapError
+
+    src = matmul_model(tmp_path, data="w.onnx")
+    before = hash_tree(tmp_path)
+    with pytest.raises(LayertapError, match="external data"):
+        lt.add_outputs(src, tmp_path / "w.onnx", tensors=["H"])
+    assert hash_tree(tmp_path) == before
+
+
+def test_read_files_do_not_leak_between_commands(tmp_path, capsys):
+    """The record is per command: a file read by one command may be written by the next."""
+    src = matmul_model(tmp_path / "a")
+    out = tmp_path / "a" / "t.onnx"
+    assert main(["add-outputs", str(src), "-o", str(out), "--tensor", "H"]) == 0
+    assert main(["add-outputs", str(out), "-o", str(tmp_path / "a" / "u.onnx"), "--tensor", "Y"]) == 0
+    assert main(["add-outputs", str(src), "-o", str(out), "--tensor", "H"]) == 0
+    capsys.readouterr()
+
+
+# -- 3. colliding output names -------------------------------------------------
+@pytest.mark.parametrize("factory, tap, expect", [
+    ("make", "output=body.0", "'output'"),  # a tap alias equal to the model's output
+    ("keys", "lin", "output[1]"),           # a result {1: a, "1": b}
+])
+def test_extract_colliding_names(tmp_path, capsys, factory, tap, expect):
+    spec = tiny_file(tmp_path) + ":" + factory
+    out = tmp_path / "a.npz"
+    refused(tmp_path, ["extract", spec, "--tap", tap, "--input", "2x4", "-o", str(out)], capsys, expect=expect)
+    assert not out.exists()
+
+
+def test_npz_member_names_are_safe(tmp_path, capsys):
+    """13: a tensor named like a path cannot become a path-traversal zip member."""
+    import zipfile
+
+    folder = tmp_path / "m"
+    src = matmul_model(folder)
+    proto = onnx.load(str(src))
+    for n in proto.graph.node:
+        n.output[:] = ["../../x" if o == "H" else o for o in n.output]
+        n.input[:] = ["../../x" if i == "H" else i for i in n.input]
+    onnx.save(proto, str(src))
+    out = folder / "acts.npz"
+    assert main(["run", str(src), "--tap", "../../x", "-o", str(out)]) == 0
+    capsys.readouterr()
+    with zipfile.ZipFile(out) as z:
+        names = z.namelist()
+    assert all(".." not in n.split("/") and not n.startswith("/") for n in names), names
+    from urllib.parse import unquote
+
+    with np.load(out) as saved:
+        assert "../../x" in {unquote(k) for k in saved.files}
+
+
+# -- 4. permissions ------------------------------------------------------------
+def test_replacing_an_output_keeps_its_mode(tmp_path, capsys):
+    src = matmul_model(tmp_path / "m")
+    onnx_out, npz_out = tmp_path / "m" / "t.onnx", tmp_path / "m" / "a.npz"
+    for argv, out in ((["add-outputs", str(src), "-o", str(onnx_out), "--tensor", "H"], onnx_out),
+                      (["run", str(src), "-o", str(npz_out)], npz_out)):
+        assert main(argv) == 0
+        out.chmod(0o600)
+        assert main(argv) == 0
+        assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    capsys.readouterr()
+
+
+# -- 2. an .onnx and its data change as one unit -------------------------------------
+def _pair_ok(out: Path, src: Path) -> None:
+    """``out`` loads with its own data and computes what ``src`` computes."""
+    np.testing.assert_array_equal(ort_run(out), ort_run(src))
+
+
+def test_replacing_keeps_earlier_pair_until_the_new_one_is_complete(tmp_path, capsys):
+    a = matmul_model(tmp_path / "a", data="w.bin", seed=1)
+    b = matmul_model(tmp_path / "b", data="w.bin", seed=2)
+    out = tmp_path / "out" / "t.onnx"
+    out.parent.mkdir()
+    for src in (a, b, a):
+        assert main(["add-outputs", str(src), "-o", str(out), "--tensor", "H"]) == 0
+        _pair_ok(out, src)
+        # exactly the data file the .onnx names is left: the replaced one was removed after
+        assert sorted(p.name for p in out.parent.iterdir()) == sorted({"t.onnx", *_locations(out)})
+    capsys.readouterr()
+
+
+def _locations(path: Path) -> set[str]:
+    from layertap.onnxfile.publish import external_locations
+
+    return external_locations(onnx.load(str(path), load_external_data=False))
+
+
+def test_export_replacing_external_pair(tmp_path):
+    """lt.export publishes the same way: the earlier pair stays whole, its old data goes after."""
+    import torch
+
+    import layertap as lt
+
+    out = tmp_path / "e.onnx"
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU()).eval()
+        x = torch.randn(2, 4)
+        lt.export(model, x, out, ["0"], exporter="torchscript", external_data=True, dynamic_batch=False)
+        got = ort_run(out, x.numpy())
+        np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted({"e.onnx", *_locations(out)})
+
+
+def _fsize_limit(limit: int):
+    def apply():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+@pytest.fixture(params=["tmpfs", "rlimit"])
+def small_disk(request, tmp_path):
+    """(folder, mounted): a 256 KiB tmpfs (where this machine lets us mount one), or a plain
+    folder whose writers get RLIMIT_FSIZE."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    mounted = False
+    if request.param == "tmpfs":
+        mounted = os.geteuid() == 0 and subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True).returncode == 0
+        if not mounted:
+            pytest.skip("cannot mount a tmpfs here (needs root); the rlimit variant covers the mechanism")
+    try:
+        yield mnt, mounted
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("fails_at", ["data copy", "onnx write"])
+def test_disk_full_keeps_previous_pair(tmp_path, small_disk, fails_at):
+    """2: ENOSPC (tmpfs) or EFBIG (RLIMIT_FSIZE) while replacing: the earlier t.onnx still loads."""
+    disk, mounted = small_disk
+    if fails_at == "data copy":  # 40 KiB of data each: the second copy does not fit in 20 KiB
+        first_kw = second_kw = dict(size=100)
+    else:                        # 4 KiB of data fits, a 100 KiB graph does not
+        first_kw, second_kw = dict(size=32), dict(size=32, doc_bytes=100 << 10)
+    small = matmul_model(tmp_path / "small", data="w.bin", seed=1, **first_kw)
+    big = matmul_model(tmp_path / "big", data="w.bin", seed=2, **second_kw)
+    out = disk / "t.onnx"
+    first = cli("add-outputs", str(small), "-o", str(out), "--tensor", "H")
+    assert first.returncode == 0, first.stderr
+    preexec = None
+    if mounted:  # leave 20 KiB free
+        st = os.statvfs(disk)
+        (disk / "filler").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - (20 << 10)))
+    else:
+        preexec = _fsize_limit(20 << 10)
+    before = hash_tree(disk)
+    second = cli("add-outputs", str(big), "-o", str(out), "--tensor", "H", preexec=preexec)
+    one_error(second.returncode, second.stderr, second.stdout)
+    assert hash_tree(disk) == before
+    assert not leftovers(disk)
+    _pair_ok(out, small)
+
+
+def test_concurrent_writers_never_mix(tmp_path):
+    """2: two add-outputs to one -o at once: t.onnx and its data always come from the same run."""
+    a = matmul_model(tmp_path / "a", data="w.bin", seed=1, size=512)   # 1 MiB of data: copies overlap
+    b = matmul_model(tmp_path / "b", data="w.bin", seed=2, size=512)
+    out = tmp_path / "out" / "t.onnx"
+    out.parent.mkdir()
+    env = {**os.environ, "PYTHONPATH": SRC}
+    x = np.ones((2, 512), np.float32)
+    want = {ort_run(a, x).tobytes(), ort_run(b, x).tobytes()}
+    for _ in range(3):
+        procs = [subprocess.Popen([sys.executable, "-m", "layertap", "add-outputs", str(src), "-o", str(out), "--tensor", "H"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) for src in (a, b)]
+        for p in procs:
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err
+        assert ort_run(out, x).tobytes() in want
+        assert sorted(q.name for q in out.parent.iterdir()) == sorted({"t.onnx", *_locations(out)})
+        assert not leftovers(out.parent)
+
+
+# -- 5. SIGTERM and SIGHUP clean up like SIGINT ----------------------------------------
+SIGNAL_AFTER = textwrap.dedent(
+    """
+    import importlib, os, signal, sys
+    module, attr, sig = sys.argv[1:4]
+    target = importlib.import_module(module)
+    original = getattr(target, attr)
+
+    def hooked(*args, **kwargs):
+        result = original(*args, **kwargs)
+        os.kill(os.getpid(), getattr(signal, sig))  # arrives while the temporary files exist
+        return result
+
+    setattr(target, attr, hooked)
+    from layertap.cli.main import main
+    sys.exit(main(sys.argv[4:]))
+    """
+)
+
+
+def _signalled(tmp: Path, module: str, attr: str, sig: str, argv: list[str]):
+    script = tmp / "signal_after.py"
+    script.write_text(SIGNAL_AFTER)
+    return subprocess.run([sys.executable, str(script), module, attr, sig, *argv], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": SRC})
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_signal_during_data_copy_cleans_up(tmp_path, sig):
+    src = matmul_model(tmp_path / "a", data="w.bin", seed=1)
+    out = tmp_path / "out" / "t.onnx"
+    out.parent.mkdir()
+    assert cli("add-outputs", str(src), "-o", str(out), "--tensor", "H").returncode == 0
+    before = hash_tree(tmp_path)
+    other = matmul_model(tmp_path / "b", data="w.bin", seed=2)
+    before = {**before, **hash_tree(tmp_path / "b")}
+    r = _signalled(tmp_path, "shutil", "copyfile", sig, ["add-outputs", str(other), "-o", str(out), "--tensor", "Y"])
+    one_error(r.returncode, r.stderr, r.stdout, expect=sig, status=128 + getattr(signal, sig))
+    assert not leftovers(tmp_path)
+    assert {k: v for k, v in hash_tree(tmp_path).items() if k in before} == before
+    _pair_ok(out, src)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_signal_during_export_removes_work_folder(tmp_path, sig):
+    spec = tiny_file(tmp_path) + ":make"
+    out = tmp_path / "e.onnx"
+    r = _signalled(tmp_path, "layertap.bridge.export", "_finish_graph", sig,
+                   ["export", spec, "--input", "2x4", "--exporter", "torchscript", "-o", str(out)])
+    one_error(r.returncode, r.stderr, r.stdout, expect=sig, status=128 + getattr(signal, sig))
+    assert not out.exists()
+    assert not leftovers(tmp_path), leftovers(tmp_path)
