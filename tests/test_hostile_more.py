@@ -9,7 +9,6 @@ Concurrency, signal and disk-full cases run the CLI in subprocesses.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import resource
 import signal
@@ -17,7 +16,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np

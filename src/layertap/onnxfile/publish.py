@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 _NAME_MAX = 255
 
 
-def publish(model: "onnx.ModelProto", out: Path, data: Mapping[str, Path] = {}) -> None:  # noqa: B006 - read only
+def publish(model: "onnx.ModelProto", out: Path, data: Mapping[str, Path] = {}) -> None:
     """Write ``model`` (weights left external) to ``out`` together with new data files.
 
     Args:

@@ -55,9 +55,9 @@ class ExtractTool(Tool):
     def print_saved(arrays: dict, notes: list[str]) -> None:
         """What was saved: one line per array (name, shape, dtype) on stdout."""
         from rich.markup import escape
+        from rich.table import Table
 
         from ...errors import printable
-        from rich.table import Table
 
         table = Table(title="saved", title_justify="left")
         for col in ("name", "shape", "dtype"):
