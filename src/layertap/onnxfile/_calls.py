@@ -1,9 +1,9 @@
 """Module calls: which nodes belong to which call of which module.
 
 The TorchScript exporter numbers calls in node names (``relu_1``). The dynamo
-exporter does not: there a call is a maximal run of consecutive nodes (graph
-order) inside the module's scope, and two calls with no node of another scope
-between them (``act(act(x))``, a shared block applied in a loop) read as one.
+exporter does not: there calls are told apart by data flow (:func:`build_calls`),
+and two calls with nothing of another module between them (``act(act(x))``,
+a shared block applied in a loop) read as one.
 :func:`refuse_merged_calls` finds those and refuses them rather than answer
 with the wrong call.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
+from ._graph import GraphFacts, connected_groups
 from ._reading import Chain
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -55,48 +56,102 @@ class Call:
         return self.first <= index <= self.last and index in self.node_set
 
 
-def build_calls(graph: "onnx.GraphProto", chains: Sequence[Chain | None]) -> list[Call]:
-    """Group nodes into module calls: explicit TorchScript suffixes, else runs.
+def build_calls(graph: "onnx.GraphProto", chains: Sequence[Chain | None], facts: GraphFacts | None = None) -> list[Call]:
+    """Group nodes into module calls: TorchScript suffixes where given, else data flow.
+
+    Under dynamo a module's nodes split into groups connected by tensors one
+    node makes and another reads; two groups are one call when the later does
+    not depend on the earlier and no node of another module lies between
+    them (a module computing two independent branches), else separate calls.
+    Graph order alone cannot tell calls apart: quantizers interleave the
+    nodes of neighbouring calls.
 
     Example:
         >>> from onnx import helper
         >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
         ...                        helper.make_node("Relu", ["b"], ["c"])], "g", [], [])
         >>> [(c.path, c.call, c.nodes) for c in build_calls(g, [(("act", None),), None, (("act", None),)])]
-        [('act', 0, [0, 2])]
+        [('act', 0, [0]), ('act', 1, [2])]
         >>> [(c.path, c.call, c.nodes) for c in build_calls(g, [(("act", None),), (("neg", None),), (("act", None),)])]
         [('act', 0, [0]), ('act', 1, [2]), ('neg', 0, [1])]
     """
-    runs = _runs(graph, chains)
-    explicit: dict[str, set] = {}
-    for path, call in runs:
-        explicit.setdefault(path, set()).add(call)
-    calls: list[Call] = []
-    for path, keys in explicit.items():
-        calls.extend(_calls_of(path, sorted(keys, key=lambda k: -1 if k is None else k), runs))
-    return calls
-
-
-def _runs(graph: "onnx.GraphProto", chains: Sequence[Chain | None]) -> dict[tuple[str, "int | None"], list[list[int]]]:
-    """Maximal runs per (path, explicit call); nodes without scope do not break runs."""
-    runs: dict[tuple[str, int | None], list[list[int]]] = {}
-    active: set = set()
+    facts = facts or GraphFacts(graph)
+    members: dict[str, dict[int | None, list[int]]] = {}
     for i, (node, chain) in enumerate(zip(graph.node, chains)):
         if chain is None or (node.op_type in _NO_SCOPE_OPS and not node.input):
             continue
-        for key in chain:
-            if key in active:
-                runs[key][-1].append(i)
-            else:
-                runs.setdefault(key, []).append([i])
-        active = set(chain)
-    return runs
+        for path, key in chain:
+            members.setdefault(path, {}).setdefault(key, []).append(i)
+    calls: list[Call] = []
+    for path, keyed in members.items():
+        if any(k is not None for k in keyed):
+            calls.extend(_numbered_calls(path, keyed))
+        else:
+            groups = _split_by_flow(graph, keyed[None], facts, chains, path)
+            calls.extend(Call(path, k, nodes) for k, nodes in enumerate(groups))
+    return calls
 
 
-def _calls_of(path: str, keys: list, runs: dict) -> list[Call]:
-    if len(keys) > 1:  # TorchScript suffixes number the calls: one call per suffix
-        return [Call(path, k, sorted(i for r in runs[(path, key)] for i in r)) for k, key in enumerate(keys)]
-    return [Call(path, k, run) for k, run in enumerate(runs[(path, keys[0])])]
+def _numbered_calls(path: str, keyed: dict) -> list[Call]:
+    """TorchScript: one call per suffix; a call whose nodes all vanished (fused away) is kept, refused."""
+    out = [Call(path, k, sorted(nodes)) for k, nodes in sorted(keyed.items())]
+    have = {c.call for c in out}
+    for k in range(max(have)):
+        if k not in have:
+            why = f"no node of call #{k} of {path!r} is left in this file (a tool that rewrote it removed or fused them)"
+            out.append(Call(path, k, [], note=why, input_note=why))
+    return sorted(out, key=lambda c: c.call)
+
+
+def _split_by_flow(graph: "onnx.GraphProto", nodes: list[int], facts: GraphFacts,
+                   chains: Sequence[Chain | None], path: str) -> list[list[int]]:
+    live = [i for i in nodes if i not in facts.weight_nodes] or list(nodes)
+    groups = connected_groups(graph, live, facts)
+    merged: list[list[int]] = [groups[0]]
+    for g in groups[1:]:
+        last = merged[-1]
+        if _contiguous(graph, chains, path, max(last), g[0], facts) and not _reaches(graph, last, g, facts):
+            last.extend(g)
+        else:
+            merged.append(g)
+    placed = {i: k for k, g in enumerate(merged) for i in g}
+    for i in nodes:  # weight-only nodes go with the call that reads them first (else the one before them)
+        if i in placed:
+            continue
+        readers = sorted(u for t in graph.node[i].output for u in facts.uses.get(t, ()) if u in placed)
+        before = [k for k, g in enumerate(merged) if g[0] < i]
+        k = placed[readers[0]] if readers else (before[-1] if before else 0)
+        merged[k].append(i)
+    return [sorted(g) for g in merged]
+
+
+def _contiguous(graph: "onnx.GraphProto", chains: Sequence[Chain | None], path: str, end: int, start: int,
+                facts: GraphFacts) -> bool:
+    """No node of another module between ``end`` and ``start`` (weights and constants do not count)."""
+    for j in range(end + 1, start):
+        chain = chains[j]
+        if j in facts.weight_nodes or chain is None or (graph.node[j].op_type in _NO_SCOPE_OPS and not graph.node[j].input):
+            continue
+        if all(p != path for p, _ in chain):
+            return False
+    return True
+
+
+def _reaches(graph: "onnx.GraphProto", src: list[int], dst: list[int], facts: GraphFacts) -> bool:
+    """Whether a node of ``dst`` depends on a node of ``src`` (graph order bounds the search)."""
+    target, limit = set(dst), max(dst)
+    seen: set[int] = set()
+    todo = list(src)
+    while todo:
+        i = todo.pop()
+        for t in graph.node[i].output:
+            for u in facts.uses.get(t, ()):
+                if u in target:
+                    return True
+                if u <= limit and u not in seen:
+                    seen.add(u)
+                    todo.append(u)
+    return False
 
 
 def innermost(calls: Sequence[Call], node_index: int) -> Call | None:

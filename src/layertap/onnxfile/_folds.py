@@ -26,19 +26,22 @@ catches those from the ``pkg.torch.onnx.fx_node`` text.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from ._calls import Call, innermost
-from ._graph import GraphFacts, rules
-from ._reading import join
+from ._graph import FIRST_NODE_FUSIONS, GraphFacts, activation, is_fusion, rules
+from ._reading import NodeScopes, join, tensor_op
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
+
+    from ._placing import Suspect
 
 FX_NODE_KEY = "pkg.torch.onnx.fx_node"
 _FX_NAME_RE = re.compile(r"%([A-Za-z_]\w*)")
 _BN_FOLD_RULES = {"FuseBatchNormIntoConv", "FuseBatchNormIntoConvTranspose", "FuseBatchNormIntoGemm"}
 _FOLD_OPS = {"Conv", "ConvTranspose", "Gemm"}
+_CONV_OPS = frozenset({"Conv", "ConvInteger", "QLinearConv"})
 # onnxscript rules that rewrite one node into one node computing the same value
 # from the same inputs (or into Identity): module boundaries are untouched.
 LOCAL_RULES = frozenset({
@@ -69,20 +72,22 @@ def fold_dynamo(graph: "onnx.GraphProto", calls: list[Call]) -> None:
     calls.extend(added)
 
 
-def fold_torchscript(graph: "onnx.GraphProto", calls: list[Call], facts: GraphFacts) -> None:
-    """A Conv with an anonymous constant weight had a BatchNorm folded in (see module doc)."""
+def fold_torchscript(graph: "onnx.GraphProto", calls: list[Call], facts: GraphFacts, ns: NodeScopes) -> None:
+    """A Conv with an anonymous constant weight had a BatchNorm folded in (see module doc).
+
+    The Conv is the call's one exporter-named node (other nodes of the call
+    were made by a quantizer around it), or, when a tool replaced the Conv
+    altogether, the call's value tensor still carries the Conv's name
+    (``/conv1/Conv_output_0``) and no initializer carries the module's weight name.
+    """
     # Paths that own a node directly: a BatchNorm with an activation child (timm's
     # BatchNormAct2d) has nodes under its scope even when its own BatchNormalization was folded.
     owning = {c.path for c in (innermost(calls, i) for i in range(len(graph.node))) if c is not None}
+    inits = [i.name for i in graph.initializer]
     added: list[Call] = []
-    for i, node in enumerate(graph.node):
-        if node.op_type != "Conv" or len(node.input) < 2:
-            continue
-        owner = innermost(calls, i)
-        if owner is None or len(owner.nodes) != 1:
-            continue  # a Conv module is exactly its Conv node
-        weight = node.input[1]
-        if weight == owner.path + ".weight" or weight not in facts.weights:
+    for owner in list(calls):
+        node = _folded_conv(graph, owner, calls, facts, ns, inits)
+        if node is None:
             continue
         bn = guess_batchnorm(owner.path)
         if bn is not None and bn in owning:
@@ -99,12 +104,12 @@ def fold_torchscript(graph: "onnx.GraphProto", calls: list[Call], facts: GraphFa
         )
         owner.absorbed_by = bn
         input_note = f"its input, the output of {owner.path}, was folded into node {node.name}"
-        after = _call_after(calls, bn, i)
+        after = _call_after(calls, bn, owner.first)
         if after is not None:  # the BatchNorm's call exists through its children: the fused node joins it
-            after.nodes = sorted([i, *after.nodes])
+            after.nodes = sorted({*owner.nodes, *after.nodes})
             after.input_note = after.input_note or input_note
             continue
-        added.append(Call(bn, _next_call(calls + added, bn), [i], input_note=input_note))
+        added.append(Call(bn, owner.call, list(owner.nodes), input_note=input_note))
     calls.extend(added)
 
 
@@ -112,6 +117,107 @@ def _call_after(calls: list[Call], path: str, index: int) -> Call | None:
     """The call of ``path`` whose first node comes next after node ``index``."""
     later = [c for c in calls if c.path == path and c.first > index]
     return min(later, key=lambda c: c.first) if later else None
+
+
+_QUANT_WEIGHT_SUFFIXES = ("_DequantizeLinear_Output", "_quantized")
+
+
+def _folded_conv(graph: "onnx.GraphProto", c: Call, calls: list[Call], facts: GraphFacts, ns: NodeScopes,
+                 inits: list[str]) -> "onnx.NodeProto | None":
+    """The Conv node of call ``c`` when its weight is anonymous (a BatchNorm was folded in), else ``None``."""
+    if c.note is not None or not c.nodes:
+        return None
+    own = [i for i in c.nodes if ns.kinds[i] == "own"]
+    if len(own) == 1 and graph.node[own[0]].op_type in _CONV_OPS and not is_fusion(graph.node[own[0]]) \
+            and innermost([c2 for c2 in calls if c2.note is None], own[0]) is c:
+        node = graph.node[own[0]]
+        weight = node.input[1] if len(node.input) > 1 else ""
+        for suffix in _QUANT_WEIGHT_SUFFIXES:
+            weight = weight.removesuffix(suffix)
+        folded = weight != c.path + ".weight" and node.input[1] in facts.weights
+        return node if folded else None
+    if own:
+        return None
+    values = [i for i in c.nodes if ns.kinds[i] == "value"]
+    if values and tensor_op(graph.node[values[-1]].output[0]) in _CONV_OPS \
+            and innermost([c2 for c2 in calls if c2.note is None], values[-1]) is c:
+        mine = c.path + ".weight"
+        return None if any(n == mine or n.startswith(mine + "_") for n in inits) else graph.node[values[-1]]
+    return None
+
+
+def fold_fusions(graph: "onnx.GraphProto", calls: list[Call], ns: NodeScopes, facts: GraphFacts) -> None:
+    """Nodes whose op fused several ops (ONNX Runtime): the last module wins, the others are absorbed.
+
+    Under TorchScript names the fused node's name is its first op's and its
+    output tensor's name its last op's (:mod:`._reading`); the node computes
+    the last module's value, and the modules named only by the node (conv1, and
+    bn1 folded into it earlier) are refused with ``absorbed_by`` = the last.
+    Without that tensor name nothing says which modules the ops came from, so
+    the calls the node's output leaves are refused. Unless the op keeps its
+    first node's inputs (``FusedConv``, ``FusedGemm``), it may also have
+    swallowed the last ops of the modules it reads from: their outputs there
+    are refused too.
+    """
+    known = {c.path for c in calls}
+    by_key = {(c.path, c.call): c for c in calls}
+    added: list[Call] = []
+    for i, node in enumerate(graph.node):
+        if not is_fusion(node):
+            continue
+        what = _describe(node)
+        value = ns.chains[i] if ns.kinds[i] == "value" else None
+        if value:
+            last = value[-1][0]
+            for path, k in _absorbed(graph, node, ns.name_chains[i] or (), value, known, facts):
+                why = (f"fused into node {node.name or node.op_type} ({what}) with {last}: that node's output is "
+                       f"{last}'s value, not this module's")
+                c = by_key.get((path, k))
+                if c is None:
+                    added.append(Call(path, k, [i], note=why, input_note=why, absorbed_by=last))
+                else:
+                    c.note, c.absorbed_by = c.note or why, last
+            for c in calls:
+                if c.path == last and c.has(i) and c.input_note is None and \
+                        (ns.name_chains[i] != value or node.op_type not in FIRST_NODE_FUSIONS):
+                    c.input_note = f"its input was fused into node {node.name or node.op_type} ({what})"
+        else:
+            for c in calls:
+                if c.has(i) and c.note is None and set(node.output) & set(facts.boundary(c.nodes)):
+                    c.note = (f"node {node.name or node.op_type} ({what}) fuses several operations and this file does "
+                              "not record which modules they came from")
+        if node.op_type not in FIRST_NODE_FUSIONS and not _skip_norm_without_bias(node):
+            why = (f"its output is read by node {node.name or node.op_type} ({what}), which ONNX Runtime fused from "
+                   "several nodes that may include this module's last operations")
+            reads = {t for t in node.input if t and t not in facts.weights}
+            for c in calls:
+                if not c.has(i) and c.note is None and reads & set(facts.boundary(c.nodes)):
+                    c.note = why
+    calls.extend(added)
+
+
+def _absorbed(graph: "onnx.GraphProto", node: "onnx.NodeProto", named: tuple, value: tuple, known: set[str],
+              facts: GraphFacts) -> list[tuple[str, int]]:
+    """Modules only the fused node's own name names (plus a BatchNorm folded into its Conv)."""
+    paths = {p for p, _ in value}
+    out = [(p, k) for p, k in named if p not in paths]
+    if out and node.op_type in _CONV_OPS | FIRST_NODE_FUSIONS and len(node.input) > 1:
+        conv, k = out[-1]
+        bn = guess_batchnorm(conv)
+        if node.input[1] != conv + ".weight" and node.input[1] in facts.weights and bn and bn not in known:
+            out.append((bn, k))
+    return out
+
+
+def _describe(node: "onnx.NodeProto") -> str:
+    act = activation(node)
+    return f"{node.op_type} with activation {act}" if act else node.op_type
+
+
+def _skip_norm_without_bias(node: "onnx.NodeProto") -> bool:
+    # SkipLayerNormalization adds its two inputs before normalising; a fifth input
+    # would be a bias it took from the Linear before it
+    return node.op_type == "SkipLayerNormalization" and (len(node.input) < 5 or not node.input[4])
 
 
 def distrust_rewrites(graph: "onnx.GraphProto", calls: list[Call], facts: GraphFacts) -> None:
@@ -149,6 +255,23 @@ def distrust_rewrites(graph: "onnx.GraphProto", calls: list[Call], facts: GraphF
                 c.rewritten = True
             if c.input_note is None and set(node.input) & set(facts.entering(c.nodes)):
                 c.input_note = f"{why}; its input is not trusted as this call's input"
+
+
+def distrust_suspects(calls: list[Call], suspects: "Sequence[Suspect]", facts: GraphFacts) -> None:
+    """Refuse the output (input) of calls at a tensor where a placed island meets them (:mod:`._placing`)."""
+    out = {s.tensor: s.why for s in suspects if s.side == "out"}
+    into = {s.tensor: s.why for s in suspects if s.side == "in"}
+    for c in calls:
+        if not c.nodes:
+            continue
+        if c.note is None:
+            hit = next((t for t in facts.boundary(c.nodes) if t in out), None)
+            if hit is not None:
+                c.note = f"its output {hit} is read by nodes another tool inserted: {out[hit]}"
+        if c.input_note is None:
+            hit = next((t for t in facts.entering(c.nodes) if t in into), None)
+            if hit is not None:
+                c.input_note = f"its input {hit} is made by nodes another tool inserted: {into[hit]}"
 
 
 def distrust_bypassed_edges(graph: "onnx.GraphProto", calls: list[Call], facts: GraphFacts) -> None:

@@ -96,6 +96,64 @@ def weight_derived(graph: "onnx.GraphProto") -> set[str]:
     return names
 
 
+# ONNX Runtime's fused ops whose own name is the first fused node's and whose inputs are that node's
+FIRST_NODE_FUSIONS = frozenset({"FusedConv", "FusedGemm", "NhwcFusedConv"})
+_QUANT_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
+
+
+def is_fusion(node: "onnx.NodeProto") -> bool:
+    """Whether a node's op stands for several fused ops (ORT's ``Fused*``, ``com.microsoft`` ops, ``activation``).
+
+    Example:
+        >>> from onnx import helper
+        >>> is_fusion(helper.make_node("FusedConv", ["x", "w"], ["y"], domain="com.microsoft", activation="Relu"))
+        True
+        >>> is_fusion(helper.make_node("Conv", ["x", "w"], ["y"])), is_fusion(helper.make_node("QuantizeLinear", ["x", "s"], ["y"]))
+        (False, False)
+    """
+    if node.op_type in _QUANT_OPS:
+        return False
+    return (node.op_type.startswith("Fused") or node.domain.startswith("com.microsoft")
+            or any(a.name == "activation" for a in node.attribute))
+
+
+def activation(node: "onnx.NodeProto") -> str | None:
+    """The ``activation`` attribute of a fused node (``"Relu"``), else ``None``."""
+    for a in node.attribute:
+        if a.name == "activation":
+            return a.s.decode(errors="replace")
+    return None
+
+
+def connected_groups(graph: "onnx.GraphProto", nodes: Iterable[int], facts: GraphFacts) -> list[list[int]]:
+    """Split ``nodes`` into groups linked by a tensor one of them makes and another reads; graph order.
+
+    Example:
+        >>> from onnx import helper
+        >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
+        ...                        helper.make_node("Abs", ["x"], ["c"])], "g", [], [])
+        >>> connected_groups(g, [0, 1, 2], GraphFacts(g))
+        [[0, 1], [2]]
+    """
+    parent = {i: i for i in nodes}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in list(parent):
+        for t in graph.node[i].output:
+            for u in facts.uses.get(t, ()):
+                if u in parent:
+                    parent[find(u)] = find(i)
+    groups: dict[int, list[int]] = {}
+    for i in sorted(parent):
+        groups.setdefault(find(i), []).append(i)
+    return sorted(groups.values(), key=lambda g: g[0])
+
+
 def rules(node: "onnx.NodeProto") -> list[str]:
     """The onnxscript rewrite rules recorded on ``node`` (``[]`` when none)."""
     for p in node.metadata_props:

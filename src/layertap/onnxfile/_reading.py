@@ -3,44 +3,130 @@
 * torch.export-based exporter: node ``metadata_props`` ``pkg.torch.onnx.name_scopes``
   (read with :func:`ast.literal_eval`, never eval);
 * TorchScript exporter: node names such as ``/layer2/layer2.0/relu_1/Relu``.
+
+Files that other tools rewrote (ONNX Runtime's optimizer, the quantizers) keep
+TorchScript names only in part. A node name is the exporter's own when its
+last component is the node's op type (``.../conv1/Conv``, ``.../relu_1/Relu``);
+other names (``gemm_input_reshape_token_20``, ``.../Conv_quant``,
+``.../Relu_output_0_QuantizeLinear``) were made by a tool. Tensor names are
+more faithful: a tool that replaces nodes usually keeps the name of the last
+replaced node's output (``/layer1/layer1.0/relu/Relu_output_0`` on the
+``FusedConv`` that fused conv1, bn1 and relu), so that name says whose value
+the new node computes (:func:`read_nodes`, kind ``"value"``).
 """
 
 from __future__ import annotations
 
 import ast
 import re
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
 NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 _CALL_SUFFIX_RE = re.compile(r"^(?P<base>.+)_(?P<call>\d+)$")
+_OP_COMPONENT_RE = re.compile(r"^(?P<op>[A-Za-z][A-Za-z0-9]*?)(?:_\d+)?$")
+_TS_TENSOR_RE = re.compile(r"^(?P<node>/.+/[A-Za-z][A-Za-z0-9]*(?:_\d+)?)_output_\d+$")
 
 Chain = tuple[tuple[str, "int | None"], ...]  # (module path, explicit call or None), outer first
 
 
-def read_chains(graph: "onnx.GraphProto") -> tuple[list[Chain | None], str]:
-    """Per node: its chain of enclosing modules (root excluded), and the source.
+@dataclass(frozen=True)
+class NodeScopes:
+    """Per node: its chain of modules and where that chain came from.
 
-    The source is ``"dynamo"``, ``"torchscript"`` or ``"none"``. Dynamo
-    chains carry no call index (``None``); TorchScript ones do (``relu_1`` is
-    call 1).
+    ``kinds[i]`` is ``"own"`` (the exporter's metadata or node name: the node
+    computes an op of that module), ``"value"`` (a TorchScript tensor name on a
+    node a tool made or fused: the node's output is that module's value, its
+    inputs may come from elsewhere) or ``None`` (no scope: a node another tool
+    inserted; :mod:`._placing` places it by data flow). ``"unscoped"``: a
+    TorchScript exporter node made outside any module (``Unsqueeze_161``).
+    """
+
+    chains: list[Chain | None]
+    kinds: list[str | None]
+    source: str
+    name_chains: list[Chain | None]  # TorchScript: the chain of the node's own name, kept for fusions
+    existing: frozenset[tuple[str, str]] = frozenset()
+
+    def tensor_chain(self, name: str) -> Chain | None:
+        """The chain a TorchScript tensor name (``/a/b/Relu_output_0``) names; ``None`` otherwise."""
+        parts = _tensor_parts(name) if self.source == "torchscript" else None
+        return None if parts is None else _ts_resolve(_ts_levels(parts), set(self.existing))
+
+
+def read_nodes(graph: "onnx.GraphProto", fused: Callable[["onnx.NodeProto"], bool]) -> NodeScopes:
+    """Chains and their kinds for every node (see :class:`NodeScopes`).
+
+    ``fused(node)`` says whether a node's op fused several ops (its own name
+    then names the first of them, its output tensor the last).
 
     Example:
         >>> from onnx import helper
-        >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="/layer1/layer1.0/relu_1/Relu"),
-        ...                        helper.make_node("Relu", ["y"], ["z"], name="/layer1/layer1.0/relu/Relu")], "g", [], [])
-        >>> read_chains(g)
-        ([(('layer1', 0), ('layer1.0', 0), ('layer1.0.relu', 1)), (('layer1', 0), ('layer1.0', 0), ('layer1.0.relu', 0))], 'torchscript')
+        >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["/act/Relu_output_0"], name="/act/Relu"),
+        ...     helper.make_node("Neg", ["/act/Relu_output_0"], ["/neg/Neg_output_0"], name="tool_made_7")], "g", [], [])
+        >>> ns = read_nodes(g, lambda n: False)
+        >>> ns.chains, ns.kinds, ns.tensor_chain("/act/Relu_output_0")
+        ([(('act', 0),), (('neg', 0),)], ['own', 'value'], (('act', 0),))
     """
     dynamo = [_dynamo_scopes(n) for n in graph.node]
     if any(s is not None for s in dynamo):
-        return [None if s is None else tuple((p, None) for p in s) for s in dynamo], "dynamo"
-    parts = [_torchscript_parts(n.name) for n in graph.node]
-    if any(p for p in parts):
-        return _torchscript_chains(parts), "torchscript"
-    return [None] * len(graph.node), "none"
+        chains = [None if s is None else tuple((p, None) for p in s) for s in dynamo]
+        return NodeScopes(chains, ["own" if c is not None else None for c in chains], "dynamo", list(chains))
+    own = [_torchscript_parts(n.name) if _own_name(n) else None for n in graph.node]
+    made = [_tensor_parts(n.output[0]) if n.output else None for n in graph.node]
+    if not any(own) and not any(made):
+        return NodeScopes([None] * len(graph.node), [None] * len(graph.node), "none", [None] * len(graph.node))
+    named = [_torchscript_parts(n.name) for n in graph.node]
+    existing = _existing_levels(named + made)
+    resolve = lambda parts: None if parts is None else _ts_resolve(_ts_levels(parts), existing)  # noqa: E731
+    chains: list[Chain | None] = []
+    kinds: list[str | None] = []
+    for node, o, m in zip(graph.node, own, made):
+        if o is not None and not (fused(node) and m is not None):
+            chains.append(resolve(o))
+            kinds.append("own")
+        elif m is not None:
+            chains.append(resolve(m))
+            kinds.append("value")
+        else:  # the exporter's own unscoped nodes (``Unsqueeze_161``) stay outside modules, as exported
+            chains.append(None)
+            kinds.append("unscoped" if _exporter_unscoped(node) else None)
+    return NodeScopes(chains, kinds, "torchscript", [resolve(o) for o in own], frozenset(existing))
+
+
+def _exporter_unscoped(node: "onnx.NodeProto") -> bool:
+    m = _OP_COMPONENT_RE.match(node.name)
+    return bool(m) and m.group("op") == node.op_type
+
+
+def _own_name(node: "onnx.NodeProto") -> bool:
+    """Whether a node's name is the TorchScript exporter's (last component = its op type)."""
+    if not node.name.startswith("/"):
+        return False
+    m = _OP_COMPONENT_RE.match(node.name.rsplit("/", 1)[-1])
+    return bool(m) and (m.group("op") == node.op_type or node.op_type.endswith(m.group("op")))
+
+
+def tensor_op(name: str) -> str | None:
+    """The op type a TorchScript tensor name was made by: ``/conv1/Conv_output_0`` -> ``Conv``."""
+    m = _TS_TENSOR_RE.match(name)
+    if not m:
+        return None
+    op = _OP_COMPONENT_RE.match(m.group("node").rsplit("/", 1)[-1])
+    return op.group("op") if op else None
+
+
+def _tensor_parts(name: str) -> list[str] | None:
+    """``/layer1/layer1.0/relu/Relu_output_0`` -> ``['layer1', 'layer1.0', 'relu']``."""
+    m = _TS_TENSOR_RE.match(name)
+    return _torchscript_parts(m.group("node")) if m else None
+
+
+def _existing_levels(parts_per_node: Sequence[list[str] | None]) -> set[tuple[str, str]]:
+    return {lv for p in parts_per_node if p for lv in _ts_levels(p)}
 
 
 def _dynamo_scopes(node: "onnx.NodeProto") -> list[str] | None:
@@ -65,12 +151,6 @@ def _torchscript_parts(name: str) -> list[str] | None:
     if any(not p for p in parts):
         return None
     return parts[:-1]
-
-
-def _torchscript_chains(parts_per_node: Sequence[list[str] | None]) -> list[Chain | None]:
-    levels = [None if p is None else _ts_levels(p) for p in parts_per_node]
-    existing = {lv for node_levels in levels if node_levels for lv in node_levels}
-    return [None if lv is None else _ts_resolve(lv, existing) for lv in levels]
 
 
 def _ts_levels(parts: list[str]) -> list[tuple[str, str]]:

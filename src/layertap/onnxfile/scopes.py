@@ -50,9 +50,17 @@ from typing import TYPE_CHECKING
 from ..errors import OnnxFileError, unknown_name
 from ..selectors import Tap
 from ._calls import Call, build_calls, refuse_merged_calls
-from ._folds import distrust_bypassed_edges, distrust_rewrites, fold_dynamo, fold_torchscript
-from ._graph import RULE_KEY, GraphFacts
-from ._reading import NAME_SCOPES_KEY, read_chains
+from ._folds import (
+    distrust_bypassed_edges,
+    distrust_rewrites,
+    distrust_suspects,
+    fold_dynamo,
+    fold_fusions,
+    fold_torchscript,
+)
+from ._graph import RULE_KEY, GraphFacts, is_fusion
+from ._placing import place_floating
+from ._reading import NAME_SCOPES_KEY, read_nodes
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -133,18 +141,22 @@ class ScopeMap:
         """Read module scopes from a model (weights not needed)."""
         graph = model.graph
         facts = GraphFacts(graph)
-        chains, source = read_chains(graph)
+        ns = read_nodes(graph, is_fusion)
+        suspects = place_floating(graph, ns, facts)
+        chains = ns.chains
         node_paths = [c[-1][0] if c else None for c in chains]
-        calls = build_calls(graph, chains)
-        if source == "torchscript":
+        calls = build_calls(graph, chains, facts)
+        if ns.source == "torchscript":
             # call numbers come from node names, so back-to-back calls never merge
-            fold_torchscript(graph, calls, facts)
+            fold_torchscript(graph, calls, facts, ns)
         else:
             refuse_merged_calls(graph, calls, node_paths, facts.weight_nodes)
             fold_dynamo(graph, calls)
             distrust_bypassed_edges(graph, calls, facts)
+        fold_fusions(graph, calls, ns, facts)
         distrust_rewrites(graph, calls, facts)
-        return cls(source, calls, graph, node_paths, facts)
+        distrust_suspects(calls, suspects, facts)
+        return cls(ns.source, calls, graph, node_paths, facts)
 
     # -- queries --------------------------------------------------------------
     def modules(self) -> list[str]:
