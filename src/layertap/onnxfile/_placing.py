@@ -111,15 +111,15 @@ class _Placer:
 
     def _chain(self, island: list[int], reads: list[str], outs: list[str], readers: list[int]) -> tuple[Chain, bool]:
         ns = self.ns
-        targets = {ns.chains[u] for u in readers}
+        targets = {ns.chains[u] or () for u in readers}
         if readers and not set(outs) & self.facts.outputs and all(ns.kinds[u] == "value" for u in readers) \
                 and len(targets) == 1:
-            return next(iter(targets)), False  # rule 1
+            return targets.pop(), False  # rule 1
         pair = self._qdq_pair(island)
         if pair is not None and len(set(reads)) == 1:
             t = reads[0]
             p = self.producer.get(t)
-            own = ns.chains[p] if p is not None and ns.chains[p] is not None else ()
+            own: Chain = (ns.chains[p] or ()) if p is not None else ()
             if self._keeps_values(self.graph.node[pair[0]], t):
                 return own, False  # rule 2
             named = ns.tensor_chain(t)

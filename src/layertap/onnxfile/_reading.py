@@ -73,8 +73,8 @@ def read_nodes(graph: "onnx.GraphProto", fused: Callable[["onnx.NodeProto"], boo
     """
     dynamo = [_dynamo_scopes(n) for n in graph.node]
     if any(s is not None for s in dynamo):
-        chains = [None if s is None else tuple((p, None) for p in s) for s in dynamo]
-        return NodeScopes(chains, ["own" if c is not None else None for c in chains], "dynamo", list(chains))
+        found: list[Chain | None] = [None if s is None else tuple((p, None) for p in s) for s in dynamo]
+        return NodeScopes(found, ["own" if c is not None else None for c in found], "dynamo", list(found))
     own = [_torchscript_parts(n.name) if _own_name(n) else None for n in graph.node]
     made = [_tensor_parts(n.output[0]) if n.output else None for n in graph.node]
     if not any(own) and not any(made):
@@ -99,7 +99,7 @@ def read_nodes(graph: "onnx.GraphProto", fused: Callable[["onnx.NodeProto"], boo
 
 def _exporter_unscoped(node: "onnx.NodeProto") -> bool:
     m = _OP_COMPONENT_RE.match(node.name)
-    return bool(m) and m.group("op") == node.op_type
+    return m is not None and m.group("op") == node.op_type
 
 
 def _own_name(node: "onnx.NodeProto") -> bool:
@@ -107,7 +107,7 @@ def _own_name(node: "onnx.NodeProto") -> bool:
     if not node.name.startswith("/"):
         return False
     m = _OP_COMPONENT_RE.match(node.name.rsplit("/", 1)[-1])
-    return bool(m) and (m.group("op") == node.op_type or node.op_type.endswith(m.group("op")))
+    return m is not None and (m.group("op") == node.op_type or node.op_type.endswith(m.group("op")))
 
 
 def tensor_op(name: str) -> str | None:
