@@ -17,3 +17,21 @@ def tiny_clip(layers: int = 2):
         projection_dim=16,
     )
     return transformers.CLIPModel(cfg).eval()
+
+
+def small_cnn():
+    """Conv-BN-ReLU stem and block, pool, Linear: 3x16x16 images in, 4 logits out (seed 0).
+
+    Usable as a MODEL spec: ``tests/_tiny.py:small_cnn``.
+    """
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.add_module("stem", nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()))
+    model.add_module("block", nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()))
+    model.add_module("pool", nn.AdaptiveAvgPool2d(1))
+    model.add_module("flat", nn.Flatten())
+    model.add_module("fc", nn.Linear(8, 4))
+    return model.eval()

@@ -77,6 +77,7 @@ class Table:
 
     columns: ClassVar[Sequence[Column]] = ()
     title: ClassVar[str | None] = None
+    report_kind: ClassVar[str] = "table"  # which layertap.reports fragment draws it as HTML
 
     def __init__(self, rows: Sequence[Any] = (), notes: Sequence[str] = ()) -> None:
         self.rows = list(rows)
@@ -132,6 +133,12 @@ class Table:
 
     def __str__(self) -> str:
         return self.render()
+
+    def _repr_html_(self) -> str:
+        """Notebook rendering: the same HTML fragments as ``--report`` pages."""
+        from .reports import repr_html
+
+        return repr_html(self)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} with {len(self.rows)} rows>"

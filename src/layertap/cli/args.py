@@ -218,3 +218,46 @@ def need(value: Any, message: str) -> Any:
     if value is None or value == [] or value == "":
         raise LayertapError(message)
     return value
+
+
+class ReportArgs(ArgGroup):
+    """``--report FILE.html``: a self-contained HTML report (checked before any work)."""
+
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--report", metavar="FILE.html",
+                            help="also write a self-contained HTML report (opens offline; tables, charts, thumbnails)")
+
+    @staticmethod
+    def check(ns: argparse.Namespace, inputs: tuple = ()):
+        """Refuse an unwritable or clashing report path before anything is loaded."""
+        if ns.report is None:
+            return None
+        from ..reports import check_report_path
+
+        return check_report_path(ns.report, inputs=inputs)
+
+    @staticmethod
+    def write(ns: argparse.Namespace, document: str) -> None:
+        """Write the report atomically and say so on stderr."""
+        import sys
+
+        from ..reports import write_report
+
+        write_report(ns.report, document)
+        sys.stderr.write(f"wrote report {ns.report}\n")
+
+    @staticmethod
+    def inputs_text(args: Any, kwargs: dict | None = None) -> str:
+        """``1x3x224x224, ids=2x7`` for the arguments a model ran on (anything with ``.shape``).
+
+        Example:
+            >>> import numpy as np
+            >>> ReportArgs.inputs_text((np.zeros((1, 3)),), {"mask": np.zeros((2, 7))})
+            '1x3, mask=2x7'
+        """
+        def one(v: Any) -> str:
+            shape = getattr(v, "shape", None)
+            return "x".join(str(d) for d in shape) or "scalar" if shape is not None else type(v).__name__
+
+        parts = [one(a) for a in (args or ())] + [f"{k}={one(v)}" for k, v in (kwargs or {}).items()]
+        return ", ".join(parts) or "-"

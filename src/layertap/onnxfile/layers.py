@@ -31,6 +31,7 @@ class OnnxLayers(Table):
     """
 
     title = "ONNX tensors"
+    report_kind = "onnx_layers"
     columns = [
         Column("name", "Tensor"),
         Column("op", "Op"),

@@ -96,6 +96,7 @@ class LayersTable(Table):
     """
 
     title = "layers"
+    report_kind = "layers"
     columns = [
         Column("name", "module (tap name)"),
         Column("type", "type"),

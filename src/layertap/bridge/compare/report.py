@@ -64,6 +64,7 @@ class CompareReport(Report):
     """
 
     title = "PyTorch vs ONNX Runtime, module by module"
+    report_kind = "compare"
     columns: ClassVar[Sequence[Column]] = (
         Column("name", "module"),
         Column("type", "type"),

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ...errors import OnnxFileError
-from ..args import InputArgs, JsonArgs, ModelArgs, ToleranceArgs, positive_int
+from ..args import InputArgs, JsonArgs, ModelArgs, ReportArgs, ToleranceArgs, positive_int
 from ..console import StepProgress
 from .base import Tool
 
@@ -17,7 +17,7 @@ class CompareTool(Tool):
 
     name = "compare"
     help = "compare PyTorch and ONNX Runtime layer by layer and name the first diverging module"
-    groups = (ModelArgs(), InputArgs(), ToleranceArgs(), JsonArgs())
+    groups = (ModelArgs(), InputArgs(), ToleranceArgs(), JsonArgs(), ReportArgs())
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("onnx", metavar="FILE.onnx", help="the exported file (never modified)")
@@ -32,6 +32,9 @@ class CompareTool(Tool):
         g.add_argument("--batch-outputs", type=positive_int, default=None, metavar="N",
                        help="expose at most N ONNX tensors per ONNX Runtime run (default: as memory allows)")
         g.add_argument("--plot", metavar="FILE.png", help="write a PNG of the error per module (log scale)")
+        g.add_argument("--node-data", metavar="FILE.json",
+                       help="write Model Explorer node data keyed by the ONNX file's node names: the error in FILE.json, "
+                            "status in FILE.status.json, module path in FILE.module.json")
 
     def run(self, ns: argparse.Namespace) -> int:
         from ...files import check_output_path
@@ -42,6 +45,11 @@ class CompareTool(Tool):
             raise OnnxFileError(f"ONNX file '{onnx_path}' does not exist")
         if ns.plot is not None:
             check_output_path(ns.plot, inputs=(ns.onnx,), suffixes=(".png",))
+        ReportArgs.check(ns, inputs=(ns.onnx,))
+        if ns.node_data is not None:
+            from ...reports.nodedata import check_node_data_path
+
+            check_node_data_path(ns.node_data, inputs=(ns.onnx,))
         model, info, args, kwargs = ModelArgs.load_with_inputs(ns)  # parses --input first
 
         from ...bridge.compare import compare
@@ -66,4 +74,19 @@ class CompareTool(Tool):
         self.print_table(report, as_json=ns.json)
         if ns.plot is not None and not ns.json:
             self.say(f"wrote {ns.plot}")
+        self.write_visuals(ns, report, info)
         return 0 if report.ok else 1
+
+    @staticmethod
+    def write_visuals(ns: argparse.Namespace, report, info) -> None:
+        """``--report`` and ``--node-data``, once the numbers are in."""
+        if ns.report:
+            from ...reports import report_page
+
+            summary = [("reference", ns.model), ("candidate", ns.onnx)]
+            ReportArgs.write(ns, report_page(report, f"compare {ns.model} vs {Path(ns.onnx).name}", summary=summary))
+        if ns.node_data:
+            from ...reports.nodedata import write_node_data
+
+            written = write_node_data(report, ns.onnx, ns.node_data)
+            sys.stderr.write(f"wrote Model Explorer node data {', '.join(map(str, written))}\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..args import InputArgs, ModelArgs, OutputArgs, TapArgs
+from ..args import InputArgs, ModelArgs, OutputArgs, ReportArgs, TapArgs
 from ..console import status, stdout_console
 from .base import Tool, running
 
@@ -29,7 +29,7 @@ def to_numpy(tensors: dict) -> tuple[dict, list[str]]:
 class ExtractTool(Tool):
     name = "extract"
     help = "run a model once and save the tapped tensors to .npz or .safetensors"
-    groups = (ModelArgs(), TapArgs(required=True), InputArgs(), OUTPUT)
+    groups = (ModelArgs(), TapArgs(required=True), InputArgs(), OUTPUT, ReportArgs())
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--stop-early", action="store_true", help="stop the forward once every tap is captured (no 'output' then)")
@@ -37,6 +37,7 @@ class ExtractTool(Tool):
     def run(self, ns: argparse.Namespace) -> int:
         taps = TapArgs.taps(ns)  # cheap checks first: nothing is built for a typo
         out = OUTPUT.check(ns)
+        ReportArgs.check(ns, inputs=(out,))
         from ...files import save_arrays
         from ...pytorch.taps import extract
 
@@ -49,6 +50,12 @@ class ExtractTool(Tool):
         self.print_saved(arrays, notes)
         # plain write: rich would wrap a long path when stderr is a pipe
         sys.stderr.write(f"wrote {len(arrays)} array(s) to {out}\n")
+        if ns.report:
+            from ...reports import tensors_page
+
+            summary = [("model", ns.model), ("inputs", ReportArgs.inputs_text(args, kwargs)), ("tapped tensors", len(arrays)),
+                       ("saved to", str(out))]
+            ReportArgs.write(ns, tensors_page(f"extract from {ns.model}", arrays, summary=summary, notes=notes))
         return 0
 
     @staticmethod

@@ -1,0 +1,173 @@
+"""``compare --node-data``: per-node values for Google's Model Explorer.
+
+Model Explorer (``ai-edge-model-explorer``) overlays "node data" on a graph: a
+JSON ``GraphNodeData`` (``{"name", "results": {node id: {"value", "bgColor"}},
+...}``, see ``model_explorer.node_data_builder``). Its ONNX adapter uses the
+ONNX node names as node ids, so the keys here are the file's node names.
+
+Three overlays are written, because one overlay holds one value per node:
+``FILE.json`` the relative error (numeric; coloured by status), and beside
+it ``FILE.status.json`` (pass / FAIL / absorbed ...) and ``FILE.module.json``
+(the PyTorch module call the node belongs to). Never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from .html import field
+
+STATUS_COLORS = {"pass": "#b9e4c5", "FAIL": "#f2a7a7", "first": "#c0262d", "absorbed": "#e3e5ea",
+                 "no counterpart": "#f4f5f7"}
+NON_FINITE = 1e30  # JSON has no NaN/inf; a non-finite error is written as this value (and coloured FAIL)
+SUFFIXES = (".json",)
+
+
+def sibling_paths(path: str | os.PathLike) -> dict[str, Path]:
+    """The three files ``--node-data FILE.json`` writes.
+
+    Example:
+        >>> {k: p.name for k, p in sibling_paths("out/err.json").items()}
+        {'error': 'err.json', 'status': 'err.status.json', 'module': 'err.module.json'}
+    """
+    p = Path(path)
+    stem = p.name[: -len(p.suffix)] if p.suffix else p.name
+    return {"error": p, "status": p.with_name(f"{stem}.status.json"), "module": p.with_name(f"{stem}.module.json")}
+
+
+def check_node_data_path(path: str | os.PathLike, *, inputs: tuple = ()) -> dict[str, Path]:
+    """Refuse unwritable or clashing node-data paths before any work."""
+    from ..files import check_output_path
+
+    paths = sibling_paths(path)
+    for p in paths.values():
+        check_output_path(p, inputs=inputs, suffixes=SUFFIXES)
+    return paths
+
+
+def node_data(report: Any, onnx_path: str | os.PathLike) -> dict[str, dict]:
+    """The three ``GraphNodeData`` overlays (``error``, ``status``, ``module``) as dicts.
+
+    Each node gets the row of the tensor it produces when that tensor was
+    compared, else the row of the module call it belongs to (or of the
+    nearest enclosing module that ran once).
+
+    Example:
+        >>> import onnx, tempfile, os
+        >>> from onnx import helper, TensorProto
+        >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu_node")], "g",
+        ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.onnx"); onnx.save(helper.make_model(g), path)
+        >>> from layertap.bridge.compare import CompareReport, CompareRow
+        >>> r = CompareReport([CompareRow("act", "act", 0, "ReLU", [1], 0.5, 0.5, "FAIL", False, onnx=["y"])])
+        >>> data = node_data(r, path)
+        >>> data["error"]["results"], data["module"]["results"]["relu_node"]["value"]
+        ({'relu_node': {'value': 0.5, 'bgColor': '#c0262d', 'textColor': '#ffffff'}}, 'act')
+    """
+    rows_of = _node_rows(report, onnx_path)
+    first = next((r for r in report.rows if field(r, "ok") is False), None)
+    error: dict[str, dict] = {}
+    status: dict[str, dict] = {}
+    module: dict[str, dict] = {}
+    for node, row in rows_of.items():
+        st = field(row, "status", "-")
+        key = "first" if row is first else st
+        color = STATUS_COLORS.get(key)
+        rel = field(row, "rel_err")
+        if rel is not None:
+            value = float(rel) if math.isfinite(rel) else NON_FINITE
+            error[node] = _result(value, color, white_text=row is first)
+        status[node] = _result("FAIL (first divergence)" if row is first else st, color, white_text=row is first)
+        module[node] = _result(field(row, "name", "?") if field(row, "path") else "(root)", None)
+    return {
+        "error": _graph_node_data("layertap rel_err", error),
+        "status": _graph_node_data("layertap status", status, labels=True),
+        "module": _graph_node_data("layertap module", module, labels=True),
+    }
+
+
+def _graph_node_data(name: str, results: dict, labels: bool = False) -> dict:
+    """Every field of ``GraphNodeData``, in its order, as its ``to_json_string`` writes them."""
+    return {
+        "results": results, "name": name, "thresholds": [], "gradient": [],
+        "hideInAggregatedStatsTable": False, "hideInChildrenStatsTable": False,
+        # label counts per group ("3 FAIL, 5 pass") only work for text values
+        "showExpandedSummaryOnGroupNode": labels, "showLabelCountColumnsInChildrenStatsTable": labels,
+    }
+
+
+def _result(value: Any, color: str | None, white_text: bool = False) -> dict:
+    out: dict[str, Any] = {"value": value}
+    if color:
+        out["bgColor"] = color
+        if white_text:
+            out["textColor"] = "#ffffff"
+    return out
+
+
+def _node_rows(report: Any, onnx_path: str | os.PathLike) -> dict[str, Any]:
+    """ONNX node name -> the compare row that describes it."""
+    from ..onnxfile.modelfile import load_model
+
+    model = load_model(onnx_path).model
+    graph = model.graph
+    by_tensor: dict[str, Any] = {}
+    for r in report.rows:  # a tensor several module calls share (a block's last ReLU) goes to the innermost
+        for t in field(r, "onnx") or []:
+            if t not in by_tensor or len(field(r, "path") or "") > len(field(by_tensor[t], "path") or ""):
+                by_tensor[t] = r
+    by_call = {(field(r, "path"), field(r, "call")): r for r in report.rows}
+    single = _single_call_rows(report.rows)
+    owners = _owners(model) if by_call else {}
+    out: dict[str, Any] = {}
+    for k, node in enumerate(graph.node):
+        if not node.name:
+            continue  # Model Explorer invents ids for unnamed nodes; nothing stable to key by
+        row = next((by_tensor[t] for t in node.output if t in by_tensor), None)
+        if row is None:
+            row = _enclosing_row(owners[k], by_call, single) if k in owners else single.get("")
+        if row is not None:
+            out[node.name] = row
+    return out
+
+
+def _owners(model: Any) -> dict[int, tuple[str, int]]:
+    from ..onnxfile.scopes import ScopeMap
+
+    return ScopeMap.from_model(model).owners()
+
+
+def _single_call_rows(rows: Any) -> dict[str, Any]:
+    """Module path -> its row, for modules that ran exactly once."""
+    seen: dict[str, list[Any]] = {}
+    for r in rows:
+        seen.setdefault(field(r, "path"), []).append(r)
+    return {p: rs[0] for p, rs in seen.items() if len(rs) == 1}
+
+
+def _enclosing_row(owner: tuple[str, int], by_call: dict, single: dict) -> Any:
+    """The row of the owning call when it has a value, else of the nearest enclosing module that ran once."""
+    row = by_call.get(owner)
+    if row is not None and field(row, "rel_err") is not None:
+        return row
+    parts = owner[0].split(".")
+    for i in range(len(parts) - 1, -1, -1):
+        anc = single.get(".".join(parts[:i]))
+        if anc is not None and field(anc, "rel_err") is not None:
+            return anc
+    return row
+
+
+def write_node_data(report: Any, onnx_path: str | os.PathLike, path: str | os.PathLike) -> list[Path]:
+    """Write the three overlays atomically; returns the paths written."""
+    from ..files import atomic_write_bytes
+
+    paths = check_node_data_path(path, inputs=(onnx_path,))
+    data = node_data(report, onnx_path)
+    for kind, p in paths.items():
+        atomic_write_bytes(p, (json.dumps(data[kind], indent=1) + "\n").encode("utf-8"))
+    return list(paths.values())
