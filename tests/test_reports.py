@@ -177,9 +177,9 @@ def test_node_data_validates_with_model_explorer_and_keys_are_nodes(cnn_files, t
     from layertap.reports.nodedata import write_node_data
 
     sys.path.insert(0, str(TINY.parent))
-    from _tiny import small_cnn
-
     import torch
+
+    from _tiny import small_cnn
 
     good, bad = cnn_files
     report = lt.compare(small_cnn(), (torch.randn(2, 3, 16, 16),), bad)

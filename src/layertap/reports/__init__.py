@@ -67,7 +67,7 @@ def tensors_page(title: str, arrays: Mapping[str, Any], *, summary: Sequence[tup
     from .tensors import tensors_fragment
 
     return page(title, cards(summary) if summary else "", notes_list(notes),
-                section("tapped tensors", tensors_fragment(arrays), id="tensors"))
+                section("tapped tensors", tensors_fragment(arrays), anchor="tensors"))
 
 
 def check_report_path(path: str | os.PathLike, *, inputs: tuple = ()) -> Path:

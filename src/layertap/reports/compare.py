@@ -45,13 +45,13 @@ def compare_fragment(report: Any) -> str:
     fi = _first_index(rows)
     first = rows[fi] if fi is not None else None
     parts = [_verdict(report, first), _cards(report, rows), notes_list(getattr(report, "notes", []))]
-    parts.append(section("what happened", explain(report), id="explanation"))
-    parts.append(section("error per module", _chart(report, rows), id="chart"))
+    parts.append(section("what happened", explain(report), anchor="explanation"))
+    parts.append(section("error per module", _chart(report, rows), anchor="chart"))
     counts = getattr(report, "first_divergence_counts", None)
     if counts:
-        parts.append(section("first divergence over samples", _counts_table(counts), id="samples"))
-    parts.append(section("module tree", _tree(rows, first), id="tree"))
-    parts.append(section("every row, in order", _flat(rows, first), id="rows"))
+        parts.append(section("first divergence over samples", _counts_table(counts), anchor="samples"))
+    parts.append(section("module tree", _tree(rows, first), anchor="tree"))
+    parts.append(section("every row, in order", _flat(rows, first), anchor="rows"))
     return "".join(parts)
 
 
@@ -66,7 +66,7 @@ def _cards(report: Any, rows: Sequence[Any]) -> str:
     for r in rows:
         counts[field(r, "status", "?")] = counts.get(field(r, "status", "?"), 0) + 1
     order = ("pass", "FAIL", "absorbed", "no counterpart")
-    items = [(status, counts[status]) for status in order if status in counts]
+    items: list[tuple[str, Any]] = [(status, counts[status]) for status in order if status in counts]
     items += [(status, n) for status, n in counts.items() if status not in order]
     items += [("rtol", f"{getattr(report, 'rtol', float('nan')):g}"), ("atol", f"{getattr(report, 'atol', float('nan')):g}")]
     for attr, label in (("metric", "metric"), ("samples", "samples"), ("ort_runs", "ORT runs")):
@@ -191,7 +191,8 @@ def _chart(report: Any, rows: Sequence[Any]) -> str:
               f'<span><i style="background:{FAIL_COLOR}"></i>FAIL</span>',
               f'<span><i style="background:{TOL_COLOR}"></i>tolerance (rtol)</span>']
     if has_local:
-        legend.append(f'<span><i style="background:#fff;border:2px solid {LOCAL_COLOR}"></i>local error (fed the reference\'s inputs)</span>')
+        swatch = f'<i style="background:#fff;border:2px solid {LOCAL_COLOR}"></i>'
+        legend.append(f"<span>{swatch}local error (fed the reference's inputs)</span>")
     hidden = len(rows) - len(compared)
     note = (f'<p class="muted">{len(compared)} compared calls in execution order, log scale; {hidden} calls without a '
             "value (absorbed or without counterpart) are left out. Hover a point for its module.</p>")

@@ -118,10 +118,10 @@ def page(title: str, *parts: str) -> str:
     )
 
 
-def section(title: str, *parts: str, id: str | None = None) -> str:
+def section(title: str, *parts: str, anchor: str | None = None) -> str:
     """``<section>`` with an ``<h2>`` heading."""
-    anchor = f' id="{esc(id)}"' if id else ""
-    return f"<section{anchor}><h2>{esc(title)}</h2>{''.join(parts)}</section>"
+    ident = f' id="{esc(anchor)}"' if anchor else ""
+    return f"<section{ident}><h2>{esc(title)}</h2>{''.join(parts)}</section>"
 
 
 def cards(items: Iterable[tuple[str, Any]], css: dict[str, str] | None = None) -> str:

@@ -62,7 +62,7 @@ def layers_fragment(table: Any) -> str:
     cut = f"first {MAX_TREE_ROWS} of {len(rows)} rows shown" if len(rows) > MAX_TREE_ROWS else ""
     tree = render_tree(["module (tap name)", "type", "output", "dtype", "params", "calls"], nest(nodes),
                        widths=(10, 11, 6, 7, 3.5), keep=1, note=cut)
-    return summary + notes_list(table.notes) + section("module tree", tree, id="tree")
+    return summary + notes_list(table.notes) + section("module tree", tree, anchor="tree")
 
 
 def onnx_layers_fragment(table: Any) -> str:
@@ -90,7 +90,7 @@ def onnx_layers_fragment(table: Any) -> str:
     top = _onnx_tree(rows[:MAX_TREE_ROWS])
     cut = f"first {MAX_TREE_ROWS} of {len(rows)} tensors shown" if len(rows) > MAX_TREE_ROWS else ""
     tree = render_tree(["module / tensor", "op", "dtype", "shape"], top, widths=(10, 6, 10), keep=2, note=cut)
-    return summary + notes_list(getattr(table, "notes", [])) + section("tensors by module", tree, id="tree")
+    return summary + notes_list(getattr(table, "notes", [])) + section("tensors by module", tree, anchor="tree")
 
 
 def _onnx_tree(rows: list[Any]) -> list[Node]:

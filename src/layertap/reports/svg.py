@@ -60,7 +60,8 @@ def error_chart(points: Sequence[ErrorPoint], *, tolerance: float | None, first:
     if tolerance:
         ty = y(tolerance)
         parts.append(f'<line x1="{_LEFT}" x2="{_LEFT + pw}" y1="{ty:.1f}" y2="{ty:.1f}" stroke="{TOL_COLOR}" stroke-dasharray="6 4"/>')
-        parts.append(f'<text x="{_LEFT + pw - 4}" y="{ty - 4:.1f}" text-anchor="end" font-size="11" fill="#5d6675">tolerance {tolerance:g}</text>')
+        parts.append(f'<text x="{_LEFT + pw - 4}" y="{ty - 4:.1f}" text-anchor="end" font-size="11" fill="#5d6675">'
+                     f"tolerance {tolerance:g}</text>")
     if first is not None:
         parts += _first_marker(x(first), points[first].name, pw)
     parts += _series(points, "local", x, y, LOCAL_COLOR, dashed=True)
@@ -88,7 +89,8 @@ def _y_axis(lo: float, hi: float, y, pw: float, label: str) -> list[str]:
         out.append(f'<line x1="{_LEFT}" x2="{_LEFT + pw}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#eef0f4"/>')
         out.append(f'<text x="{_LEFT - 6}" y="{yy + 4:.1f}" text-anchor="end" font-size="11" fill="#5d6675">1e{e}</text>')
     mid = _TOP + (_H - _TOP - _BOTTOM) / 2
-    out.append(f'<text transform="translate(14 {mid:.0f}) rotate(-90)" text-anchor="middle" font-size="12" fill="#3d4554">{esc(label)} (log)</text>')
+    out.append(f'<text transform="translate(14 {mid:.0f}) rotate(-90)" text-anchor="middle" font-size="12" fill="#3d4554">'
+               f"{esc(label)} (log)</text>")
     return out
 
 
@@ -96,7 +98,8 @@ def _first_marker(fx: float, name: str, pw: float) -> list[str]:
     anchor = "end" if fx > _LEFT + 0.6 * pw else "start"
     dx = -6 if anchor == "end" else 6
     return [
-        f'<line x1="{fx:.1f}" x2="{fx:.1f}" y1="{_TOP - 6}" y2="{_H - _BOTTOM}" stroke="{FAIL_COLOR}" stroke-width="1.5" class="first-divergence"/>',
+        f'<line x1="{fx:.1f}" x2="{fx:.1f}" y1="{_TOP - 6}" y2="{_H - _BOTTOM}" stroke="{FAIL_COLOR}" stroke-width="1.5" '
+        'class="first-divergence"/>',
         f'<text x="{fx + dx:.1f}" y="{_TOP - 10}" text-anchor="{anchor}" font-size="12" font-weight="600" fill="{FAIL_COLOR}">'
         f"first divergence: {esc(name)}</text>",
     ]
@@ -154,7 +157,8 @@ def _x_labels(points: Sequence[ErrorPoint], x, first: int | None) -> list[str]:
     for i in sorted(ticks):
         name = points[i].name if len(points[i].name) <= 24 else "…" + points[i].name[-23:]
         color = FAIL_COLOR if i == first else "#3d4554"
-        out.append(f'<text transform="translate({x(i):.1f} {base}) rotate(-45)" text-anchor="end" font-size="10" fill="{color}">{esc(name)}</text>')
+        out.append(f'<text transform="translate({x(i):.1f} {base}) rotate(-45)" text-anchor="end" font-size="10" '
+                   f'fill="{color}">{esc(name)}</text>')
     return out
 
 
@@ -179,7 +183,8 @@ def histogram(values: np.ndarray, bins: int = 40) -> str:
         for i, c in enumerate(counts):
             if c:
                 bh = max(1.0, (h - 4) * c / top)
-                out.append(f'<rect x="{i * bw:.1f}" y="{h - bh:.1f}" width="{max(bw - 0.6, 0.6):.1f}" height="{bh:.1f}" fill="{PASS_COLOR}"><title>{c}</title></rect>')
+                out.append(f'<rect x="{i * bw:.1f}" y="{h - bh:.1f}" width="{max(bw - 0.6, 0.6):.1f}" height="{bh:.1f}" '
+                           f'fill="{PASS_COLOR}"><title>{c}</title></rect>')
         out.append(f'<text x="0" y="{h + pad - 2}" font-size="10" fill="#5d6675">{lo:.3g}</text>')
         out.append(f'<text x="{w}" y="{h + pad - 2}" font-size="10" text-anchor="end" fill="#5d6675">{hi:.3g}</text>')
         if lo < 0 < hi:

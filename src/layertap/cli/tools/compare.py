@@ -74,11 +74,11 @@ class CompareTool(Tool):
         self.print_table(report, as_json=ns.json)
         if ns.plot is not None and not ns.json:
             self.say(f"wrote {ns.plot}")
-        self.write_visuals(ns, report, info)
+        self.write_visuals(ns, report)
         return 0 if report.ok else 1
 
     @staticmethod
-    def write_visuals(ns: argparse.Namespace, report, info) -> None:
+    def write_visuals(ns: argparse.Namespace, report) -> None:
         """``--report`` and ``--node-data``, once the numbers are in."""
         if ns.report:
             from ...reports import report_page
