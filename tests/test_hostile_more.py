@@ -9,6 +9,7 @@ Concurrency, signal and disk-full cases run the CLI in subprocesses.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import resource
 import signal
@@ -16,6 +17,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -425,3 +427,169 @@ def test_signal_during_export_removes_work_folder(tmp_path, sig):
     one_error(r.returncode, r.stderr, r.stdout, expect=sig, status=128 + getattr(signal, sig))
     assert not out.exists()
     assert not leftovers(tmp_path), leftovers(tmp_path)
+
+
+# -- 6. model code that exits or prints ---------------------------------------------
+EXITS = {
+    "import": "import sys\nsys.exit(0)\n",
+    "factory": "import sys\ndef bye():\n    sys.exit('bye')\n",
+    "forward": textwrap.dedent("""
+        import sys
+        def bye():
+            class Quit(Tiny):
+                def forward(self, x):
+                    sys.exit(0)
+            return Quit()
+        """),
+}
+
+
+@pytest.mark.parametrize("where", list(EXITS))
+def test_model_code_sys_exit_is_exit_2(tmp_path, capsys, where):
+    path = tmp_path / f"exits_{where}.py"
+    path.write_text(EXITS[where] if where == "import" else TINY_PY + EXITS[where])
+    out = tmp_path / "a.npz"
+    line = refused(tmp_path, ["extract", f"{path}:{'make' if where == 'import' else 'bye'}", "--tap", "body.0",
+                              "--input", "2x4", "-o", str(out)], capsys, expect="sys.exit")
+    assert "model code" in line
+    assert not out.exists()
+
+
+def test_model_print_does_not_break_json(tmp_path, capsys):
+    spec = tiny_file(tmp_path, """
+        def chatty():
+            class Chatty(Tiny):
+                def forward(self, x):
+                    print("hello from forward")
+                    return super().forward(x)
+            print("hello from the factory")
+            return Chatty()
+        """) + ":chatty"
+    assert main(["layers", spec, "--input", "2x4", "--json"]) == 0
+    cap = capsys.readouterr()
+    json.loads(cap.out)  # nothing but the JSON on stdout
+    assert "hello from forward" in cap.err
+
+
+# -- 7-10. bounded time and memory --------------------------------------------------
+def _as_limit(gib: int):
+    def apply():
+        resource.setrlimit(resource.RLIMIT_AS, (gib << 30, gib << 30))
+    return apply
+
+
+def _one_warning(err: str, expect: str) -> None:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("layertap: warning: "), err
+    assert expect in lines[0], lines[0]
+
+
+def test_deep_torchscript_scope_is_linear(tmp_path):
+    """7: a node name with 40,000 scope levels (80 KB) once took 4.8 GB; now it is ignored with a warning."""
+    src = matmul_model(tmp_path)
+    proto = onnx.load(str(src))
+    proto.graph.node[0].name = "/" + "/".join(["a"] * 40_000) + "/MatMul"
+    proto.graph.node[1].name = "/body/Relu"
+    onnx.save(proto, str(src))
+    r = cli("layers", str(src), "--json", preexec=_as_limit(3))
+    assert r.returncode == 0, r.stderr[-500:]
+    _one_warning(r.stderr, "40000 module levels")
+    assert {row["name"] for row in json.loads(r.stdout)["rows"]} >= {"H", "Y"}
+
+
+def _with_metadata(path: Path, value: str) -> Path:
+    proto = onnx.load(str(path))
+    helper.set_model_props(proto, {"layertap.taps": value})
+    onnx.save(proto, str(path))
+    return path
+
+
+@pytest.mark.parametrize("value", ["[" * 200_000 + "]" * 200_000, "{not json", '{"name": "H"}'])
+def test_bad_taps_metadata_is_a_warning(tmp_path, value):
+    """8: bad layertap.taps metadata (200k-deep JSON, not JSON, not a list) is ignored; tensors still work."""
+    src = _with_metadata(matmul_model(tmp_path), value)
+    r = cli("run", str(src), "--tap", "H", "--json")
+    assert r.returncode == 0, r.stderr[-500:]
+    _one_warning(r.stderr, "layertap.taps metadata")
+    assert "H" in {row["name"] for row in json.loads(r.stdout)["rows"]}
+
+
+def test_huge_random_input_is_checked_before_allocating(tmp_path, capsys):
+    """9: --input X=1x3x100000x100000 on a fixed 2x3 model: the shape error, not MemoryError."""
+    src = matmul_model(tmp_path)
+    refused(tmp_path, ["run", str(src), "--input", "X=1x3x100000x100000"], capsys, expect="must have shape 2x3")
+    refused(tmp_path, ["run", str(src), "--input", "1x3x100000x100000"], capsys, expect="must have shape 2x3")
+
+
+def test_huge_random_input_for_pytorch_is_refused_before_allocating(tmp_path, capsys):
+    spec = tiny_file(tmp_path) + ":make"
+    refused(tmp_path, ["extract", spec, "--tap", "body.0", "--input", "100000x100000x100000", "-o", str(tmp_path / "a.npz")],
+            capsys, expect="GiB")
+
+
+def _sparse_npy(path: Path, shape: tuple[int, ...]) -> Path:
+    """A .npy whose header says ``shape`` (float32), its data a hole: no disk used."""
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": shape})
+        f.truncate(f.tell() + int(np.prod(shape)) * 4)
+    return path
+
+
+def test_big_npy_header_checked_first(tmp_path):
+    """9: a 10 GB .npy of the wrong shape fails on its header, never read (3 GiB address-space cap)."""
+    src = matmul_model(tmp_path)
+    big = _sparse_npy(tmp_path / "big.npy", (50_000, 50_000))
+    before = hash_tree(tmp_path / "m") if (tmp_path / "m").exists() else {}
+    r = cli("run", str(src), "--input", f"X={big}", preexec=_as_limit(3))
+    one_error(r.returncode, r.stderr, r.stdout, expect="must have shape 2x3")
+    assert big.stat().st_size > 10**10 and before == (hash_tree(tmp_path / "m") if before else {})
+
+
+def test_npy_input_is_memory_mapped_and_native(tmp_path, capsys):
+    """9, 14: a right-shaped .npy runs (mapped), and big-endian data is converted, not refused."""
+    src = matmul_model(tmp_path)
+    x = np.arange(6, dtype=">f4").reshape(2, 3)
+    np.save(tmp_path / "be.npy", x)
+    out = tmp_path / "acts.npz"
+    assert main(["run", str(src), "--input", f"X={tmp_path / 'be.npy'}", "-o", str(out)]) == 0
+    capsys.readouterr()
+    with np.load(out) as saved:
+        np.testing.assert_allclose(saved["output"], ort_run(src, x.astype(np.float32)))
+
+
+def _sparse_safetensors(path: Path, tensors: dict[str, tuple[int, ...]]) -> Path:
+    header, offset = {}, 0
+    for name, shape in tensors.items():
+        n = int(np.prod(shape)) * 4
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little") + blob)
+        f.truncate(f.tell() + offset)
+    return path
+
+
+def test_big_safetensors_with_wrong_key_fails_on_its_header(tmp_path):
+    """9: a 16 GB safetensors file with a wrong key gives the key diff (8 GiB address-space cap)."""
+    spec = tiny_file(tmp_path) + ":make"
+    big = _sparse_safetensors(tmp_path / "big.safetensors", {"body.0.weight": (8, 4), "huge": (64_000, 64_000)})
+    r = cli("layers", spec, "--weights", str(big), preexec=_as_limit(8))
+    line = one_error(r.returncode, r.stderr, r.stdout, expect="unexpected key: huge")
+    assert "missing keys" in line
+
+
+def test_many_named_inputs_stay_linear():
+    """10: 25,000 named --input cost about what positional ones cost (the duplicate check was quadratic)."""
+    from layertap.inputs import parse_inputs
+
+    def timed(texts):
+        t0 = time.perf_counter()
+        parse_inputs(texts)
+        return time.perf_counter() - t0
+
+    n = 25_000
+    positional = timed(["2x3"] * n)
+    named = timed([f"x{i}=2x3" for i in range(n)])
+    assert named < 3 * positional + 1.0, (named, positional)

@@ -44,6 +44,10 @@ class OnnxFileError(LayertapError):
     """An ONNX file that is unreadable, unsafe, or lacks what was asked."""
 
 
+class LayertapWarning(UserWarning):
+    """Something in an input was ignored (the CLI prints one ``layertap: warning:`` line)."""
+
+
 def close_matches(word: str, candidates: Iterable[str], n: int = 5) -> list[str]:
     """Return up to ``n`` candidates close to ``word``, best first.
 

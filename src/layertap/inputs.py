@@ -5,6 +5,7 @@ numpy only, so ONNX-only commands can use it without importing torch.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,18 +70,61 @@ class InputSpec:
         shape = tuple(int(d) for d in shape_txt.split("x"))
         return cls(name=name, shape=shape, dtype=str(np.dtype(DTYPES[dtype])))
 
+    def header(self) -> tuple[tuple[int, ...], np.dtype]:
+        """``(shape, dtype)`` of :meth:`array` without reading the data (a ``.npy`` file's header only).
+
+        Example:
+            >>> InputSpec.parse("2x7:int64").header()
+            ((2, 7), dtype('int64'))
+        """
+        if self.path is None:
+            return tuple(self.shape or ()), np.dtype(self.dtype)
+        try:
+            with open(self.path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read(f)
+        except (ValueError, OSError) as e:
+            raise InputSpecError(f"cannot read --input file {self.path!r}: {e}") from None
+        return tuple(shape), dtype.newbyteorder("=")  # array() converts to native byte order
+
     def array(self, rng: np.random.Generator | None = None, int_high: int = DEFAULT_INT_HIGH) -> np.ndarray:
         """The data: the ``.npy`` file, or seeded random values of the shape.
 
         Floats are standard normal; integers are uniform in ``[0, int_high)``
         (token ids must stay below the vocabulary size); bools are random.
+        A ``.npy`` file is memory-mapped (read as it is used) and converted to
+        native byte order; random data is refused before allocating when it
+        cannot fit in memory.
         """
         if self.path is not None:
-            try:
-                return np.load(self.path, allow_pickle=False)
+            shape, _ = self.header()
+            try:  # mapped: pages are read as they are used; an empty array cannot be mapped
+                arr = np.load(self.path, allow_pickle=False, mmap_mode="r" if all(shape) else None)
             except (ValueError, OSError) as e:
                 raise InputSpecError(f"cannot read --input file {self.path!r}: {e}") from None
+            return arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
+        _check_fits(self)
         return random_array(self.shape, self.dtype, rng, int_high)
+
+
+def _check_fits(spec: InputSpec) -> None:
+    shape, dtype = spec.header()
+    need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    have = _memory_bytes()
+    if have and need > have:
+        shown = "x".join(map(str, shape))
+        raise InputSpecError(
+            f"--input {shown}:{dtype.name} needs {need / 2**30:.1f} GiB, more than this machine's "
+            f"{have / 2**30:.1f} GiB of memory; pass a smaller shape"
+        )
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not POSIX
+        return 0
 
 
 def random_array(shape, dtype, rng: np.random.Generator | None = None, int_high: int = DEFAULT_INT_HIGH) -> np.ndarray:
@@ -110,8 +154,10 @@ def parse_inputs(texts: list[str] | None) -> list[InputSpec]:
     named = [s.name is not None for s in specs]
     if any(named) and not all(named):
         raise InputSpecError("--input specs must all be named (NAME=...) or all positional")
-    names = [s.name for s in specs if s.name]
-    dup = {n for n in names if names.count(n) > 1}
-    if dup:
-        raise InputSpecError(f"--input name {sorted(dup)[0]!r} given twice")
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.name in seen:
+            raise InputSpecError(f"--input name {spec.name!r} given twice")
+        if spec.name:
+            seen.add(spec.name)
     return specs

@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not ns.command:
             parser.print_help()
             return 2
-        with _signals_raise(), _operation(), _json_stdout(getattr(ns, "json", False)):
+        with _signals_raise(), _operation(), _warnings_one_line(), _json_stdout(getattr(ns, "json", False)):
             return _run_tool(tools[ns.command], ns)
     except LayertapError as e:
         if debug:
@@ -129,6 +129,30 @@ def _signals_raise() -> Iterator[None]:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def _warnings_one_line() -> Iterator[None]:
+    """layertap's own warnings (something in an input was ignored) as one ``layertap: warning:`` line."""
+    import warnings
+
+    from ..errors import LayertapWarning
+
+    shown: set[str] = set()
+    with warnings.catch_warnings():
+        default = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if not issubclass(category, LayertapWarning):
+                return default(message, category, filename, lineno, file, line)
+            text = printable(_first_line(message))
+            if text not in shown:
+                shown.add(text)
+                sys.stderr.write(f"layertap: warning: {text}\n")
+            return None
+
+        warnings.showwarning = show
+        yield
 
 
 def _operation():

@@ -26,6 +26,9 @@ if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
 NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
+#: deeper module nesting is not read: every level holds its full path, so the
+#: cost grows with depth x name length (no real model nests this deep)
+MAX_SCOPE_DEPTH = 256
 _CALL_SUFFIX_RE = re.compile(r"^(?P<base>.+)_(?P<call>\d+)$")
 _OP_COMPONENT_RE = re.compile(r"^(?P<op>[A-Za-z][A-Za-z0-9]*?)(?:_\d+)?$")
 _TS_TENSOR_RE = re.compile(r"^(?P<node>/.+/[A-Za-z][A-Za-z0-9]*(?:_\d+)?)_output_\d+$")
@@ -138,7 +141,7 @@ def _dynamo_scopes(node: "onnx.NodeProto") -> list[str] | None:
                 return None
             if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value) and value:
                 # root first, FX node name last: modules are the middle
-                return [v for v in value[1:-1] if v]
+                return _capped([v for v in value[1:-1] if v], node.name)
             return None
     return None
 
@@ -150,7 +153,24 @@ def _torchscript_parts(name: str) -> list[str] | None:
     parts = name.split("/")[1:]
     if any(not p for p in parts):
         return None
-    return parts[:-1]
+    return _capped(parts[:-1], name)
+
+
+def _capped(scopes: list[str], name: str) -> list[str] | None:
+    """``scopes``, or None (with a warning) when they nest deeper than :data:`MAX_SCOPE_DEPTH`."""
+    if len(scopes) <= MAX_SCOPE_DEPTH:
+        return scopes
+    import warnings
+
+    from ..errors import LayertapWarning
+
+    warnings.warn(
+        f"node or tensor {name[:60]!r}... nests {len(scopes)} module levels (more than {MAX_SCOPE_DEPTH}); "
+        "its module scope is ignored (tensor names still work)",
+        LayertapWarning,
+        stacklevel=2,
+    )
+    return None
 
 
 def _ts_levels(parts: list[str]) -> list[tuple[str, str]]:

@@ -13,11 +13,11 @@ size) and checks each external-data reference before anything runs:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from ..errors import OnnxFileError
+from ..errors import LayertapWarning, OnnxFileError
 from ..files import note_input
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,6 +47,7 @@ class ModelFile:
     path: Path
     model: "onnx.ModelProto"
     external: list[ExternalRef]
+    _taps: list[dict] | None = field(default=None, repr=False)
 
     @property
     def folder(self) -> Path:
@@ -57,17 +58,43 @@ class ModelFile:
         return list(dict.fromkeys(r.location for r in self.external))
 
     def taps_metadata(self) -> list[dict]:
-        """The ``layertap.taps`` records written by ``lt.export`` (empty if none)."""
-        import json
+        """The ``layertap.taps`` records written by ``lt.export`` (empty if none or unreadable)."""
+        if self._taps is None:
+            self._taps = taps_records(self.model)
+        return self._taps
 
-        for p in self.model.metadata_props:
-            if p.key == "layertap.taps":
-                try:
-                    value = json.loads(p.value)
-                except ValueError:
-                    return []
-                return [r for r in value if isinstance(r, dict) and isinstance(r.get("name"), str)]
-        return []
+
+def taps_records(model: "onnx.ModelProto") -> list[dict]:
+    """The ``layertap.taps`` records of a model; bad metadata warns and counts as none.
+
+    The metadata comes from the file: a deeply nested or malformed value must
+    not make the file unusable (its tensor names still work).
+
+    Example:
+        >>> import onnx, warnings
+        >>> m = onnx.ModelProto()
+        >>> onnx.helper.set_model_props(m, {"layertap.taps": "[" * 200_000})
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore")
+        ...     taps_records(m)
+        []
+    """
+    import json
+    import warnings
+
+    for p in model.metadata_props:
+        if p.key == "layertap.taps":
+            try:
+                value = json.loads(p.value)
+            except (ValueError, RecursionError) as e:
+                value = e
+            if not isinstance(value, list):
+                why = f"{type(value).__name__}: {str(value)[:80]}" if isinstance(value, Exception) else "not a list"
+                warnings.warn(f"ignoring the file's layertap.taps metadata ({why}); tensor names still work",
+                              LayertapWarning, stacklevel=2)
+                return []
+            return [r for r in value if isinstance(r, dict) and isinstance(r.get("name"), str)]
+    return []
 
 
 def load_model(path: str | os.PathLike) -> ModelFile:

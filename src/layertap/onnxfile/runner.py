@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import InputSpecError, OnnxFileError, SelectorError, unknown_name
-from ..inputs import random_array
+from ..inputs import InputSpec, random_array
 from .modelfile import load_model
 from .ort import ORT_NUMPY, ort_session
 from .outputs import OutputAdder
@@ -101,13 +101,16 @@ def _parse(text: str):
 
 
 def _feeds(sess, inputs: Any, seed: int) -> dict[str, np.ndarray]:
+    """Arrays per model input; an :class:`~layertap.inputs.InputSpec` value is checked
+    against the model's declared input before its data is made or read."""
     specs = sess.get_inputs()
     names = [s.name for s in specs]
+    known = set(names)
     if inputs is None:
-        given: dict[str, np.ndarray] = {}
+        given: dict[str, Any] = {}
     elif isinstance(inputs, Mapping):
         given = dict(inputs)
-        extra = [k for k in given if k not in names]
+        extra = [k for k in given if k not in known]
         if extra:
             raise InputSpecError(unknown_name("input", extra[0], names, hint=f"the model's inputs are {', '.join(names)}"))
     else:
@@ -115,12 +118,21 @@ def _feeds(sess, inputs: Any, seed: int) -> dict[str, np.ndarray]:
         if len(seq) != len(names):
             raise InputSpecError(f"the model takes {len(names)} input(s) ({', '.join(names)}), got {len(seq)}")
         given = dict(zip(names, seq))
+    by_name = {s.name: s for s in specs}
+    for name, value in given.items():
+        if isinstance(value, InputSpec):
+            _check_input(by_name[name], *value.header(), ORT_NUMPY.get(by_name[name].type))
+    spec_rng = np.random.default_rng(seed)  # --input specs draw in the order given
+    given = {k: v.array(spec_rng) if isinstance(v, InputSpec) else v for k, v in given.items()}
     rng = np.random.default_rng(seed)
     feeds = {}
     for spec in specs:
         dtype = ORT_NUMPY.get(spec.type)
         if spec.name in given:
-            feeds[spec.name] = _check_input(spec, np.asarray(given[spec.name]), dtype)
+            arr = np.asarray(given[spec.name])
+            arr = arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
+            _check_input(spec, arr.shape, arr.dtype, dtype)
+            feeds[spec.name] = arr
         else:
             if dtype is None:
                 raise InputSpecError(f"cannot make random data for input {spec.name!r} of type {spec.type}; pass it")
@@ -129,14 +141,13 @@ def _feeds(sess, inputs: Any, seed: int) -> dict[str, np.ndarray]:
     return feeds
 
 
-def _check_input(spec, arr: np.ndarray, dtype) -> np.ndarray:
+def _check_input(spec, shape: tuple[int, ...], got: np.dtype, dtype) -> None:
     want = [d if isinstance(d, int) and d > 0 else None for d in (spec.shape or [])]
     shown = "x".join(str(d) if isinstance(d, int) and d > 0 else str(d or "?") for d in (spec.shape or [])) or "scalar"
-    if dtype is not None and arr.dtype != np.dtype(dtype):
+    if dtype is not None and got != np.dtype(dtype):
         raise InputSpecError(
-            f"input {spec.name!r} must be {np.dtype(dtype).name} with shape {shown}, got {arr.dtype.name}"
+            f"input {spec.name!r} must be {np.dtype(dtype).name} with shape {shown}, got {got.name}"
         )
-    if len(want) != arr.ndim or any(w is not None and w != a for w, a in zip(want, arr.shape)):
-        got = "x".join(str(d) for d in arr.shape) or "scalar"
-        raise InputSpecError(f"input {spec.name!r} must have shape {shown} ({np.dtype(dtype).name if dtype else spec.type}), got {got}")
-    return arr
+    if len(want) != len(shape) or any(w is not None and w != a for w, a in zip(want, shape)):
+        text = "x".join(str(d) for d in shape) or "scalar"
+        raise InputSpecError(f"input {spec.name!r} must have shape {shown} ({np.dtype(dtype).name if dtype else spec.type}), got {text}")

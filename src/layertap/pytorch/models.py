@@ -266,6 +266,9 @@ def _load_file(filename: str, spec: str):
     except Exception as e:  # noqa: BLE001 - user code may raise anything at import time
         sys.modules.pop(modname, None)
         raise ModelSpecError(f"running '{path}' for MODEL {spec!r} failed: {type(e).__name__}: {e}") from None
+    except BaseException:  # SystemExit, KeyboardInterrupt: no half-run module stays cached
+        sys.modules.pop(modname, None)
+        raise
     finally:
         with contextlib.suppress(ValueError):
             sys.path.remove(folder)
@@ -327,13 +330,42 @@ def load_weights(model: nn.Module, path: str | os.PathLike, *, unsafe_pickle: bo
     suffix = file.suffix.lower()
     if suffix not in WEIGHT_SUFFIXES:
         raise ModelSpecError(f"weights file '{file}' must end in one of: {', '.join(WEIGHT_SUFFIXES)}")
+    if suffix == ".safetensors":  # keys and shapes from the header first: a wrong file costs no memory
+        _check_state(model, _safetensors_shapes(file), file, what)
     state = _read_safetensors(file) if suffix == ".safetensors" else _read_torch(file, unsafe_pickle)
-    state = _state_dict_of(state, file)
+    state = _check_state(model, _state_dict_of(state, file), file, what)
+    model.load_state_dict(state, strict=True)
+
+
+def _check_state(model: nn.Module, state: dict, file: Path, what: str) -> dict:
+    """``state`` with a DataParallel prefix dropped; raise when its keys or shapes differ from the model's."""
     state = _strip_prefix(state, model.state_dict())
     problems = state_dict_diff(model.state_dict(), state)
     if problems:
         raise ModelSpecError(f"weights '{file}' do not match {what}: {problems}")
-    model.load_state_dict(state, strict=True)
+    return state
+
+
+def _safetensors_shapes(file: Path) -> dict[str, torch.Tensor]:
+    """name -> a meta tensor of the stored shape, from the file's JSON header only.
+
+    Read by hand: safetensors' own reader maps the whole file first, which
+    fails (or costs address space) for a huge file before any key is compared.
+    """
+    import json
+
+    try:
+        with open(file, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 0 < size <= _SAFETENSORS_HEADER_MAX:
+                raise ValueError(f"header size {size} is not plausible")
+            header = json.loads(f.read(size))
+        return {k: torch.empty(v["shape"], device="meta") for k, v in header.items() if k != "__metadata__"}
+    except (OSError, ValueError, RecursionError, TypeError, KeyError, RuntimeError) as e:
+        raise ModelSpecError(f"cannot read weights '{file}' as safetensors: {type(e).__name__}: {_first_line(e)}") from None
+
+
+_SAFETENSORS_HEADER_MAX = 100 << 20  # the format's own limit
 
 
 def _read_safetensors(file: Path) -> dict:
@@ -349,16 +381,18 @@ def _read_safetensors(file: Path) -> dict:
 
 def _read_torch(file: Path, unsafe_pickle: bool) -> Any:
     try:
-        return torch.load(str(file), map_location="cpu", weights_only=True)
+        return _torch_load(file, weights_only=True)
     except pickle.UnpicklingError as e:
-        # torch's message is many lines; the useful part is the refused class.
+        # torch's message is many lines; the useful part is what it refused.
         refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
-        if refused is None:
+        detail = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))
+        what = f"the pickled {refused.group(1)}" if refused else f"it ({detail.group(1).strip()})" if detail else None
+        if what is None:
             raise ModelSpecError(f"cannot read weights '{file}': not a torch checkpoint (unpickling failed)") from None
         if not unsafe_pickle:
             raise ModelSpecError(
                 f"weights '{file}' are not a plain state dict: torch.load(weights_only=True) refused "
-                f"the pickled {refused.group(1)}; if the file is from a source you trust, pass --unsafe-load-pickle"
+                f"{what}; if the file is from a source you trust, pass --unsafe-load-pickle"
             ) from None
     except Exception as e:  # noqa: BLE001 - a corrupt file makes the unpickler raise anything (KeyError...)
         raise ModelSpecError(
@@ -366,9 +400,20 @@ def _read_torch(file: Path, unsafe_pickle: bool) -> Any:
             "is it a state dict saved with torch.save?"
         ) from None
     try:
-        return torch.load(str(file), map_location="cpu", weights_only=False)
+        return _torch_load(file, weights_only=False)
     except Exception as e:  # noqa: BLE001 - unpickling user files may raise anything
         raise ModelSpecError(f"cannot unpickle '{file}': {type(e).__name__}: {_first_line(e)}") from None
+
+
+def _torch_load(file: Path, *, weights_only: bool) -> Any:
+    """``torch.load`` memory-mapped (tensors are read when used, so a key check costs no memory);
+    files in the old non-zip format cannot be mapped and are read whole."""
+    try:
+        return torch.load(str(file), map_location="cpu", weights_only=weights_only, mmap=True)
+    except RuntimeError as e:
+        if "mmap" not in str(e):
+            raise
+    return torch.load(str(file), map_location="cpu", weights_only=weights_only)
 
 
 def _first_line(e: BaseException) -> str:
@@ -464,8 +509,9 @@ def make_inputs(
             + "; pass --input SHAPE[:DTYPE] (e.g. --input 1x3x224x224) or --input NAME=FILE.npy"
         )
     if accepted is not None:
+        allowed = set(accepted)  # a set: thousands of --input stay linear
         for s in specs:
-            if s.name is not None and s.name not in accepted:
+            if s.name is not None and s.name not in allowed:
                 takes = f"{method}() takes: {', '.join(accepted[:12]) or 'no named inputs'}"
                 raise LayertapError(unknown_name(f"input name for {method}()", s.name, accepted, hint=takes))
     rng = np.random.default_rng(seed)

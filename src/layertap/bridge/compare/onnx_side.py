@@ -160,19 +160,11 @@ def model_outputs(proto: "onnx.ModelProto") -> list[str]:
     A file from ``lt.export`` also has tap outputs; its ``layertap.taps``
     metadata marks the model's own outputs with ``"path": null``.
     """
-    import json
+    from ...onnxfile.modelfile import taps_records
 
     names = [o.name for o in proto.graph.output]
-    for prop in proto.metadata_props:
-        if prop.key == "layertap.taps":
-            try:
-                entries = json.loads(prop.value)
-                own = [e["name"] for e in entries if isinstance(e, dict) and e.get("path") is None]
-            except (ValueError, TypeError, KeyError):
-                return names
-            own = [n for n in own if n in names]
-            return own or names
-    return names
+    own = [e["name"] for e in taps_records(proto) if e.get("path") is None]
+    return [n for n in own if n in names] or names
 
 
 class ScopeView:

@@ -47,7 +47,7 @@ class RunTool(Tool):
         from ...onnxfile.runner import run
 
         self.groups[2].check(ns, inputs=(ns.onnx,))
-        inputs = _inputs(InputArgs.specs(ns), ns.seed)
+        inputs = _inputs(InputArgs.specs(ns))
         values = run(ns.onnx, inputs, taps=ns.tap, seed=ns.seed)
         if ns.output:
             save_arrays(ns.output, values)
@@ -57,16 +57,13 @@ class RunTool(Tool):
         return 0
 
 
-def _inputs(specs, seed: int) -> Any:
-    import numpy as np
-
+def _inputs(specs) -> Any:
     if not specs:
         return None
-    rng = np.random.default_rng(seed)
-    arrays = [s.array(rng) for s in specs]
+    # the specs themselves: lt.run checks them against the model before making or reading data
     if specs[0].name is not None:
-        return {s.name: a for s, a in zip(specs, arrays)}
-    return arrays
+        return {s.name: s for s in specs}
+    return specs
 
 
 def _row(name: str, v) -> ValueRow:
