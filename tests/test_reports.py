@@ -137,6 +137,7 @@ def test_repr_html_of_layers_export_and_compare_reports(torch_mod, cnn_files, tm
         "onnx": lt.onnx_layers(cnn_files[0])._repr_html_(),
         "export": lt.export(model, (x,), tmp_path / "e.onnx", taps=["block"])._repr_html_(),
         "compare": lt.compare(model, (x,), cnn_files[1])._repr_html_(),
+        "extract": lt.extract(model, x, taps=["stem", "fc:input"])._repr_html_(),
     }
     for kind, html in htmls.items():
         assert html.startswith('<div class="lt"><style>') and html.endswith("</div>"), kind
@@ -146,6 +147,7 @@ def test_repr_html_of_layers_export_and_compare_reports(torch_mod, cnn_files, tm
     assert "node_Conv" not in htmls["onnx"] and "block.1" in htmls["onnx"] and "Relu" in htmls["onnx"]
     assert "block" in htmls["export"] and "pass" in htmls["export"]
     assert 'class="errchart"' in htmls["compare"] and "first divergence: block" in htmls["compare"]
+    assert htmls["extract"].count("data:image/png;base64,") == 3 and "samples x features" in htmls["extract"]
 
 
 # -- command line ----------------------------------------------------------------------

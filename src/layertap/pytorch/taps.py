@@ -96,7 +96,7 @@ def extract(
     stop_early: bool = False,
     detach: bool = True,
     **kwargs: Any,
-) -> dict[str, torch.Tensor]:
+) -> "Extraction":
     """Run ``model.<method>(*args, **kwargs)`` once and return the tapped values.
 
     Args:
@@ -112,7 +112,7 @@ def extract(
         detach: return detached tensors (default) or keep autograd.
 
     Returns:
-        dict name -> tensor in capture order, then ``"output"`` (or
+        :class:`Extraction` (a dict) name -> tensor in capture order, then ``"output"`` (or
         ``"output[0]"``, ``"output[logits]"``... for structured results).
 
     Example:
@@ -138,9 +138,26 @@ def extract(
             stopped = True
     captured = list(cap.results().items())
     if stopped:
-        return unique_names(inputs, captured)
+        return Extraction(unique_names(inputs, captured))
     outputs = [(t.name, root_value(t, out, detach)) for t in root_taps if t.port == "output"]
-    return unique_names(inputs, captured, outputs, output_tensors(out, detach=detach).items())
+    return Extraction(unique_names(inputs, captured, outputs, output_tensors(out, detach=detach).items()))
+
+
+class Extraction(dict):
+    """What :func:`extract` returns: a plain ``dict`` name -> tensor that a notebook
+    shows as feature-map thumbnails, histograms and NaN/Inf counts.
+
+    Example:
+        >>> e = Extraction({"x": torch.ones(1, 2, 4, 4)})
+        >>> isinstance(e, dict), "data:image/png;base64," in e._repr_html_()
+        (True, True)
+    """
+
+    def _repr_html_(self) -> str:
+        from ..reports import tensors_html
+        from .values import tensor_to_numpy
+
+        return tensors_html({k: tensor_to_numpy(v) for k, v in self.items() if isinstance(v, torch.Tensor)})
 
 
 def bound_method(model: nn.Module, method: str):

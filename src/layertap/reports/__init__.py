@@ -38,6 +38,10 @@ def fragment_html(obj: Any) -> str:
         from .layers import onnx_layers_fragment
 
         return onnx_layers_fragment(obj)
+    if kind == "features":
+        from .features import features_fragment
+
+        return features_fragment(obj)
     return table_fragment(obj)
 
 
@@ -52,6 +56,13 @@ def repr_html(obj: Any) -> str:
         True
     """
     return fragment(fragment_html(obj))
+
+
+def tensors_html(arrays: Mapping[str, Any]) -> str:
+    """Notebook HTML for name -> array (an extraction's ``_repr_html_``)."""
+    from .tensors import tensors_fragment
+
+    return fragment(tensors_fragment(arrays))
 
 
 def report_page(obj: Any, title: str, *, extra: Sequence[str] = (), summary: Sequence[tuple[str, Any]] = ()) -> str:
@@ -93,4 +104,4 @@ def write_report(path: str | os.PathLike, document: str) -> Path:
     return out
 
 
-__all__ = ["check_report_path", "esc", "fragment_html", "repr_html", "report_page", "tensors_page", "write_report"]
+__all__ = ["check_report_path", "esc", "fragment_html", "repr_html", "report_page", "tensors_html", "tensors_page", "write_report"]

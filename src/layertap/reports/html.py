@@ -72,6 +72,7 @@ CSS = """
   .lt .tree .row .cell.lead{margin-left:calc(var(--d,0em) + 1em)}
   .lt .tree .row .cell.keep{order:1;font-size:1em;color:inherit;margin-left:0}
   .lt .tree .row .cell:empty{display:none}
+  .lt .tree .row:not(.head) .cell:not(.keep)::before{content:attr(data-h) " ";color:#9aa1ad}
   .lt .tree .row .br{display:block;order:2;flex-basis:100%;height:0}
   .lt .tree .row.head .cell{display:none}.lt .tree .row.head .cell.keep{display:inline}
   .lt .tensors{grid-template-columns:minmax(0,1fr)}

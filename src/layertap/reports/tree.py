@@ -107,8 +107,9 @@ def render_tree(headers: Sequence[str], top: Sequence[Node], *, widths: Sequence
         >>> out.count("<details"), "Linear" in out
         (1, True)
     """
-    head = _row(esc(headers[0]), [esc(h) for h in headers[1:]], "head", keep, 0)
-    body = "".join(_render(n, 0, keep) for n in top)
+    names = [esc(h) for h in headers[1:]]
+    head = _row(esc(headers[0]), names, "head", keep, 0, names)
+    body = "".join(_render(n, 0, keep, names) for n in top)
     buttons = (
         '<button class="lt-btn" type="button" onclick="ltTree(this,true)">expand all</button>'
         '<button class="lt-btn" type="button" onclick="ltTree(this,false)">collapse all</button>'
@@ -118,25 +119,26 @@ def render_tree(headers: Sequence[str], top: Sequence[Node], *, widths: Sequence
     return f'{buttons}{extra}<div class="tree" style="--lt-cols:minmax(0,1fr) {cols}">{head}{body}</div>'
 
 
-def _render(n: Node, depth: int, keep: int) -> str:
+def _render(n: Node, depth: int, keep: int, names: Sequence[str]) -> str:
     if not n.children:
-        return _row(n.label, n.cells, f"leaf {n.cls}".strip(), keep, depth)
+        return _row(n.label, n.cells, f"leaf {n.cls}".strip(), keep, depth, names)
     opened = " open" if depth < OPEN_DEPTH or _holds_failure(n) else ""
-    kids = "".join(_render(k, depth + 1, keep) for k in n.children)
-    return f"<details{opened}><summary>{_row(n.label, n.cells, n.cls, keep, depth)}</summary>{kids}</details>"
+    kids = "".join(_render(k, depth + 1, keep, names) for k in n.children)
+    return f"<details{opened}><summary>{_row(n.label, n.cells, n.cls, keep, depth, names)}</summary>{kids}</details>"
 
 
 def _holds_failure(n: Node) -> bool:
     return any(k.cls in ("bad", "first") or _holds_failure(k) for k in n.children)
 
 
-def _row(label: str, cells: Sequence[str], cls: str, keep: int, depth: int) -> str:
+def _row(label: str, cells: Sequence[str], cls: str, keep: int, depth: int, names: Sequence[str]) -> str:
+    """One aligned line; each cell carries its column name, which a phone shows as a label."""
     indent = f"{depth * 1.1:.1f}em"
     spans = []
     lead = True
     for i, c in enumerate(cells):
         kind = "cell keep" if i == keep else ("cell lead" if lead else "cell")
         lead = lead and i == keep
-        spans.append(f'<span class="{kind}">{c}</span>')
+        spans.append(f'<span class="{kind}" data-h="{names[i] if i < len(names) else ""}">{c}</span>')
     return (f'<div class="row {cls}" style="--d:{indent}"><span class="name"><span style="padding-left:{indent}">'
             f'{label}</span></span><span class="br"></span>{"".join(spans)}</div>')
