@@ -37,7 +37,7 @@ def features_fragment(feats: Any, *, samples: int = SAMPLES) -> str:
     options = data.get("options") or {}
     n = len(feats)
     k = min(samples, n)
-    items = [("samples", n), ("taps", len(feats.taps)), ("shards", len(data.get("shards") or []))]
+    items: list[tuple[str, Any]] = [("samples", n), ("taps", len(feats.taps)), ("shards", len(data.get("shards") or []))]
     items += [(key, options[key]) for key in ("format", "dtype", "pool") if options.get(key) not in (None, "none")]
     skipped = getattr(feats, "skipped", [])
     if skipped:
