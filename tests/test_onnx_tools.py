@@ -161,3 +161,126 @@ def test_quantized_calls_by_data_flow_after_dequantize(rewritten):
     assert smap.calls("layer2.0.downsample") == 1
     with pytest.raises(OnnxFileError, match="folded into node"):
         smap.resolve(Tap.parse("layer1.0.conv1"))
+
+
+# -- handmade graphs: sequences, scalars, generated inputs -------------------------
+def _save(tmp_path: Path, name: str, nodes, inputs, outputs, inits=()) -> Path:
+    from onnx import helper
+
+    g = helper.make_graph(nodes, name, inputs, outputs, list(inits))
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@pytest.fixture
+def seq_file(tmp_path) -> Path:
+    from onnx import TensorProto, helper, numpy_helper
+
+    split = numpy_helper.from_array(np.array([2, 3], np.int64), "split")
+    nodes = [helper.make_node("SplitToSequence", ["x", "split"], ["ragged"], axis=0, name="n_ragged"),
+             helper.make_node("SplitToSequence", ["x"], ["even"], axis=0, keepdims=0, name="n_even"),
+             helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0, name="n_total")]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [5])
+    outs = [helper.make_tensor_sequence_value_info("ragged", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("total", TensorProto.FLOAT, [])]
+    return _save(tmp_path, "seq", nodes, [x], outs, [split])
+
+
+def test_sequences_become_elements_and_scalars_stay_0d(seq_file, tmp_path, cli):
+    x = np.arange(5, dtype=np.float32)
+    got = lt.run(seq_file, {"x": x}, taps=["even"])
+    assert [k for k in got] == ["ragged[0]", "ragged[1]", "total", "even[0]", "even[1]", "even[2]", "even[3]", "even[4]"]
+    np.testing.assert_array_equal(got["ragged[1]"], x[2:])
+    assert got["total"].shape == () and got["even[3]"].shape == ()
+    out = tmp_path / "v.npz"
+    r = cli("run", str(seq_file), "--input", f"x={_npy(tmp_path, x)}", "--tap", "even", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    saved = np.load(out)
+    assert saved["total"].shape == () and float(saved["total"]) == 10.0  # 0-d stays 0-d in .npz
+    np.testing.assert_array_equal(saved["ragged[0]"], x[:2])
+    rows = {row.name: row for row in lt.onnx_layers(seq_file).rows}
+    assert rows["ragged"].dtype == "sequence(float32)" and rows["total"].shape == []
+
+
+def _npy(tmp_path: Path, arr: np.ndarray) -> str:
+    p = tmp_path / "in.npy"
+    np.save(p, arr)
+    return str(p)
+
+
+def test_scalar_input_from_the_command_line(tmp_path, cli):
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Cast", ["sr"], ["srf"], to=TensorProto.FLOAT, name="c"),
+             helper.make_node("Mul", ["x", "srf"], ["y"], name="m")]
+    path = _save(tmp_path, "scalar", nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "samples"]),
+                                             helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    out = tmp_path / "y.npz"
+    r = cli("run", str(path), "--input", "x=1x4", "--input", "sr=16000:int64", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    x = _spec_array("x=1x4")
+    np.testing.assert_allclose(np.load(out)["output"], x * 16000, rtol=1e-6)
+
+
+def _spec_array(text: str) -> np.ndarray:
+    from layertap.inputs import InputSpec
+
+    return InputSpec.parse(text).array(np.random.default_rng(0))
+
+
+def test_generated_inputs_fit_the_model_and_are_named(tmp_path, cli):
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(np.ones((7, 4), np.float32), "emb.weight")
+    nodes = [helper.make_node("Gather", ["emb.weight", "ids"], ["e"], name="g"),
+             helper.make_node("ReduceMean", ["img"], ["m"], keepdims=0, name="r")]
+    path = _save(tmp_path, "gen", nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"]),
+                                          helper.make_tensor_value_info("img", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+                 [helper.make_tensor_value_info("e", TensorProto.FLOAT, None),
+                  helper.make_tensor_value_info("m", TensorProto.FLOAT, None)], [table])
+    notes: list[str] = []
+    got = lt.run(path, notify=notes.append)
+    assert got["e"].shape == (1, 16, 4) and notes == [
+        "generated inputs: ids=1x16 int64 in [0, 7), img=1x3x224x224 float32 (normal); pass them with --input "
+        "NAME=SHAPE[:DTYPE] or NAME=FILE.npy (lt.run(..., inputs={NAME: array}))"]
+    r = cli("run", str(path))
+    assert r.returncode == 0 and "generated inputs: ids=1x16 int64 in [0, 7)" in r.stderr
+
+
+def test_ort_refusal_on_generated_inputs_is_one_line_without_ort_logs(tmp_path, cli):
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Concat", ["a", "b"], ["y"], axis=0, name="cat")]
+    path = _save(tmp_path, "refuse", nodes, [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", "k"]),
+                                             helper.make_tensor_value_info("b", TensorProto.FLOAT, ["n", 5])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    r = cli("run", str(path))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("generated inputs:"), r.stderr  # the note, then the error
+    assert lines[1].startswith("layertap: error: ONNX Runtime failed to run") and "on generated inputs (a=1x512 float32 (normal), b=1x5" in lines[1]
+    assert "--input NAME=SHAPE" in lines[1] and "onnxruntime:" not in r.stderr
+
+
+def test_repeated_module_taps_count_once(rewritten, cli, tmp_path):
+    files, x, seen = rewritten
+    path = files[("torchscript", "plain")]
+    got = lt.run(path, {"x": x}, taps=["layer1.0", "layer1.0", "layer1.0.relu", "layer1.0.relu#1"])
+    assert list(got) == ["output", "layer1.0", "layer1.0.relu#0", "layer1.0.relu#1"]
+    np.testing.assert_allclose(got["layer1.0.relu#1"], seen["layer1.0.relu"][1], rtol=1e-3, atol=1e-4)
+    out = tmp_path / "a.onnx"
+    assert lt.add_outputs(path, out, modules=["layer1.0", "layer1.0"]) == ["layer1.0"]
+    r = cli("run", str(path), "--tap", "layer1.0", "--tap", "layer1.0")
+    assert r.returncode == 0, r.stderr
+
+
+def test_file_without_scopes_says_so_and_layers_types_fused_ops(rewritten, cli):
+    files, _, _ = rewritten
+    path = files[("dynamo", "ort")]  # ORT drops the dynamo metadata: no module scopes left
+    r = cli("run", str(path), "--tap", "layer1.0")
+    assert r.returncode == 2 and "carries no module scopes" in r.stderr, r.stderr
+    rows = lt.onnx_layers(path).rows
+    fused = [row for row in rows if row.op == "FusedConv"]
+    assert fused and all(row.dtype == "float32" and row.shape for row in rows)

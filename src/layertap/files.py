@@ -274,7 +274,7 @@ def save_arrays(path: str | os.PathLike, arrays: dict) -> Path:
     import numpy as np
 
     out = check_output_path(path, suffixes=(".npz", ".safetensors"))
-    arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    arrays = {k: np.asarray(v, order="C") for k, v in arrays.items()}  # ascontiguousarray makes 0-d 1-d
     with atomic_path(out) as tmp:
         if out.suffix.lower() == ".npz":
             members = unique_names(((npz_member(k), v) for k, v in arrays.items()), what="npz members",

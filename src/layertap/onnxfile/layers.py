@@ -62,12 +62,12 @@ def onnx_layers(path: str | os.PathLike) -> OnnxLayers:
     """
     import onnx
 
-    from .ort import inferred_types
+    from .ort import tensor_types
     from .scopes import ScopeMap
 
     mf = load_model(path)
     graph = mf.model.graph
-    types = inferred_types(mf.model)
+    types = tensor_types(mf.model, mf.folder)  # the typing add_outputs uses (ORT for fused ops)
     scopes = ScopeMap.from_model(mf.model)
     owners = scopes.owners()
     inits = {i.name for i in graph.initializer}
@@ -91,7 +91,17 @@ def onnx_layers(path: str | os.PathLike) -> OnnxLayers:
 
 
 def _type_of(vi) -> tuple[str | None, list[Any] | None]:
-    if vi is None or vi.type.WhichOneof("value") != "tensor_type":
+    """dtype and shape of a value info; a sequence shows as ``sequence(float32)`` with its elements' shape."""
+    if vi is None:
+        return None, None
+    if vi.type.WhichOneof("value") == "sequence_type" and vi.type.sequence_type.elem_type.WhichOneof("value") == "tensor_type":
+        import onnx
+
+        inner = onnx.ValueInfoProto()
+        inner.type.CopyFrom(vi.type.sequence_type.elem_type)
+        dtype, shape = _type_of(inner)
+        return f"sequence({dtype or '?'})", shape
+    if vi.type.WhichOneof("value") != "tensor_type":
         return None, None
     import onnx
 

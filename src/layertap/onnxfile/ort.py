@@ -44,12 +44,73 @@ def ort_session(model: "onnx.ModelProto", folder: Path, *, optimize: bool = True
     """
     import onnxruntime as ort
 
+    quiet_logs()
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = _FATAL  # ORT's own error lines would reach stderr; its exception keeps the text
     if not optimize:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder.resolve()))
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+_FATAL = 4
+
+
+def quiet_logs() -> None:
+    """Silence ONNX Runtime's process-wide logger (load-time warnings and errors print to stderr otherwise).
+
+    Example:
+        >>> quiet_logs()
+    """
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(_FATAL)
+
+
+def run_options() -> Any:
+    """``RunOptions`` that keep ONNX Runtime's per-run log lines off stderr (the exception has the text).
+
+    Example:
+        >>> run_options().log_severity_level
+        4
+    """
+    import onnxruntime as ort
+
+    ro = ort.RunOptions()
+    ro.log_severity_level = _FATAL
+    return ro
+
+
+def one_line(error: BaseException) -> str:
+    """ONNX Runtime's message on one line (its messages may span several).
+
+    Example:
+        >>> one_line(RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT :" + chr(10) + "  bad dims"))
+        '[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : bad dims'
+    """
+    return " ".join(part.strip() for part in str(error).splitlines() if part.strip())
+
+
+def tensor_types(model: "onnx.ModelProto", folder: Path, tensors: Sequence[str] | None = None) -> dict[str, "onnx.ValueInfoProto"]:
+    """Typed value infos: ONNX shape inference first, ONNX Runtime for what it leaves untyped.
+
+    ``tensors``: the names that must be typed (default: every node output).
+    Files with ops ONNX does not know (``com.microsoft`` fusions) are typed by
+    ONNX Runtime; tensors neither can type are left out.
+
+    Example:
+        >>> import onnx.helper as h
+        >>> g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g",
+        ...     [h.make_tensor_value_info("x", 1, [2])], [h.make_tensor_value_info("y", 1, [2])])
+        >>> sorted(tensor_types(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), Path(".")))
+        ['x', 'y']
+    """
+    known = inferred_types(model)
+    wanted = tensors if tensors is not None else [t for n in model.graph.node for t in n.output if t]
+    missing = [t for t in dict.fromkeys(wanted) if t not in known]
+    if missing:
+        known.update(ort_types(model, folder, missing))
+    return known
 
 
 def inferred_types(model: "onnx.ModelProto") -> dict[str, "onnx.ValueInfoProto"]:
@@ -113,10 +174,18 @@ def ort_types(model: "onnx.ModelProto", folder: Path, tensors: Sequence[str]) ->
         return {}
     out = {}
     for o in sess.get_outputs():
-        if o.name in tensors and o.type.startswith("tensor("):
-            elem = _ORT_ELEM.get(o.type[len("tensor("):-1])
-            if elem is None:
-                continue
-            shape = [d if isinstance(d, (int, str)) and d != "" else None for d in (o.shape or [])]
+        if o.name not in tensors:
+            continue
+        seq = o.type.startswith("seq(tensor(")
+        inner = o.type[len("seq("):-1] if seq else o.type
+        if not inner.startswith("tensor("):
+            continue
+        elem = _ORT_ELEM.get(inner[len("tensor("):-1])
+        if elem is None:
+            continue
+        shape = [d if isinstance(d, (int, str)) and d != "" else None for d in (o.shape or [])]
+        if seq:
+            out[o.name] = onnx.helper.make_tensor_sequence_value_info(o.name, elem, None)
+        else:
             out[o.name] = onnx.helper.make_tensor_value_info(o.name, elem, shape if o.shape is not None else None)
     return out

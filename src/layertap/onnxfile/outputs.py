@@ -32,7 +32,7 @@ from ..errors import OnnxFileError, unknown_name
 from ..files import check_output_path, operation, refuse_inputs, temp_path
 from ..selectors import Tap
 from .modelfile import ModelFile, load_model
-from .ort import inferred_types, ort_types
+from .ort import tensor_types
 from .publish import publish
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -117,7 +117,7 @@ class OutputAdder:
         if all:
             warnings.warn(ALL_WARNING, stacklevel=3)
             pairs.extend((t, t) for n in self.graph.node for t in n.output if t)
-        return _dedupe(pairs)
+        return dedupe(pairs)
 
     def resolve_tensor(self, name: str) -> tuple[str, str]:
         """A tensor by its ONNX name (also a name recorded by ``lt.export``)."""
@@ -150,7 +150,7 @@ class OutputAdder:
         """Add ``(name, tensor)`` pairs as typed outputs; return the names added."""
         import onnx
 
-        pairs = [(n, t) for n, t in pairs if n not in self._outputs]
+        pairs = [(n, t) for n, t in dedupe(pairs) if n not in self._outputs]
         self._check_names(pairs)
         types = self._types([t for _, t in pairs])
         for name, tensor in pairs:
@@ -176,11 +176,8 @@ class OutputAdder:
 
     def _types(self, tensors: Sequence[str]) -> dict[str, "onnx.ValueInfoProto"]:
         """Type and shape per tensor: shape inference first, ONNX Runtime for the rest."""
-        known = inferred_types(self.mf.model)
-        missing = [t for t in dict.fromkeys(tensors) if t not in known]
-        if missing:
-            known.update(ort_types(self.mf.model, self.mf.folder, missing))
-        still = [t for t in missing if t not in known]
+        known = tensor_types(self.mf.model, self.mf.folder, tensors)
+        still = [t for t in dict.fromkeys(tensors) if t not in known]
         if still:
             raise OnnxFileError(
                 f"cannot find the type of tensor {still[0]!r} (shape inference and ONNX Runtime both failed); "
@@ -221,7 +218,15 @@ def _graph_has(g: "onnx.GraphProto", name: str) -> bool:
     return any(name == i.name for i in g.input)
 
 
-def _dedupe(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+def dedupe(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The one rule for repeated requests: the same name for the same tensor counts once.
+
+    The same name for two different tensors is refused.
+
+    Example:
+        >>> dedupe([("layer1.0", "t1"), ("layer1.0", "t1"), ("b", "t1")])
+        [('layer1.0', 't1'), ('b', 't1')]
+    """
     seen: dict[str, str] = {}
     out = []
     for name, tensor in pairs:

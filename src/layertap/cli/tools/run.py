@@ -48,7 +48,7 @@ class RunTool(Tool):
 
         self.groups[2].check(ns, inputs=(ns.onnx,))
         inputs = _inputs(InputArgs.specs(ns))
-        values = run(ns.onnx, inputs, taps=ns.tap, seed=ns.seed)
+        values = run(ns.onnx, inputs, taps=ns.tap, seed=ns.seed, notify=self.say)
         if ns.output:
             save_arrays(ns.output, values)
         self.print_table(RunTable([_row(k, v) for k, v in values.items()]), as_json=ns.json)
@@ -58,12 +58,12 @@ class RunTool(Tool):
 
 
 def _inputs(specs) -> Any:
+    """The specs themselves: lt.run makes their data knowing the model (scalars, embedding sizes)."""
     if not specs:
         return None
-    # the specs themselves: lt.run checks them against the model before making or reading data
     if specs[0].name is not None:
         return {s.name: s for s in specs}
-    return specs
+    return list(specs)
 
 
 def _row(name: str, v) -> ValueRow:

@@ -1,0 +1,230 @@
+"""Inputs for running an ONNX file: the ones given, checked, and generated ones a model accepts.
+
+Generated inputs follow the model: fixed dimensions as declared; a symbolic
+dimension named by a number is that number; the batch axis is 1; a 4-D float
+input is an image (3 channels, 224x224); other symbolic axes are 16 (512 for
+the samples axis of a 2-D float input such as audio). Integers feeding a
+``Gather`` (an embedding table) stay below that table's size; inputs named
+``*mask*`` are all ones. Every generated input is described in one line
+(:meth:`Feeds.note`), and an ONNX Runtime refusal on generated inputs says so.
+
+A 0-d input can be given as its value: ``--input sr=16000:int64`` reads
+``16000`` as the value when the model's ``sr`` is a scalar (a 1-D shape could
+never fit it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import InputSpecError, unknown_name
+from ..inputs import DEFAULT_INT_HIGH, InputSpec, random_array
+from .ort import ORT_NUMPY
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+IMAGE_SIZE = 224
+_SEQUENCE = 16
+_SAMPLES = 512
+_BATCH_NAMES = {"n", "b", "bs", "batch", "batch_size", "batchsize", "batch_dim", "nb"}
+_PASS_THROUGH = {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand", "Clip"}
+_HOW_TO_PASS = "pass them with --input NAME=SHAPE[:DTYPE] or NAME=FILE.npy (lt.run(..., inputs={NAME: array}))"
+
+
+@dataclass
+class Feeds:
+    """Arrays to feed, and a description of each one that was generated.
+
+    Example:
+        >>> Feeds({"x": np.zeros(2)}, ["x=2 float32 (normal)"]).note().split(";")[0]
+        'generated inputs: x=2 float32 (normal)'
+    """
+
+    arrays: dict[str, np.ndarray]
+    generated: list[str] = field(default_factory=list)
+
+    def note(self) -> str | None:
+        """One line naming the generated inputs, or ``None`` when all were given."""
+        if not self.generated:
+            return None
+        return f"generated inputs: {', '.join(self.generated)}; {_HOW_TO_PASS}"
+
+
+def make_feeds(sess: Any, graph: "onnx.GraphProto", inputs: Any, seed: int = 0) -> Feeds:
+    """Check the given inputs against the session's and generate the missing ones.
+
+    ``inputs``: ``None``, a dict name -> array or :class:`~layertap.inputs.InputSpec`,
+    or a list of those in input order.
+
+    Example:
+        >>> import onnx.helper as h
+        >>> from pathlib import Path
+        >>> from layertap.onnxfile.ort import ort_session
+        >>> g = h.make_graph([h.make_node("Gather", ["E", "ids"], ["y"])], "g",
+        ...     [h.make_tensor_value_info("ids", 7, ["batch", "seq"])], [h.make_tensor_value_info("y", 1, None)],
+        ...     [h.make_tensor("E", 1, [5, 2], [0.0] * 10)])
+        >>> m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+        >>> f = make_feeds(ort_session(m, Path(".")), m.graph, None)
+        >>> f.arrays["ids"].shape, int(f.arrays["ids"].max()) < 5, f.generated
+        ((1, 16), True, ['ids=1x16 int64 in [0, 5)'])
+    """
+    specs = sess.get_inputs()
+    given = _given(specs, inputs)
+    bounds = _GatherBounds(graph)
+    made = _from_specs(specs, given, bounds, np.random.default_rng(seed))
+    rng = np.random.default_rng(seed)
+    feeds = Feeds({})
+    for spec in specs:
+        dtype = ORT_NUMPY.get(spec.type)
+        value = made.get(spec.name, given.get(spec.name))
+        if value is not None:
+            arr = np.asarray(value)
+            arr = arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
+            _check_input(spec, arr.shape, arr.dtype, dtype)
+            feeds.arrays[spec.name] = arr
+            continue
+        if dtype is None:
+            raise InputSpecError(f"cannot make random data for input {spec.name!r} of type {spec.type}; pass it "
+                                 "with --input NAME=FILE.npy")
+        arr, text = _generate(spec, dtype, rng, bounds.high(spec.name))
+        feeds.arrays[spec.name] = arr
+        feeds.generated.append(text)
+    return feeds
+
+
+def _given(specs: Sequence[Any], inputs: Any) -> dict[str, Any]:
+    names = [s.name for s in specs]
+    if inputs is None:
+        return {}
+    if isinstance(inputs, Mapping):
+        extra = [k for k in inputs if k not in names]
+        if extra:
+            raise InputSpecError(unknown_name("input", extra[0], names, hint=f"the model's inputs are {', '.join(names)}"))
+        return dict(inputs)
+    seq = list(inputs)
+    if len(seq) != len(names):
+        raise InputSpecError(f"the model takes {len(names)} input(s) ({', '.join(names)}), got {len(seq)}")
+    return dict(zip(names, seq))
+
+
+def _from_specs(specs: Sequence[Any], given: dict[str, Any], bounds: "_GatherBounds",
+                rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Data for the :class:`InputSpec` values, each checked against its input before it is made or read.
+
+    Specs draw from ``rng`` in the order given; integers stay below the
+    embedding table they feed; a 1-D shape of one number on a 0-d input is its value.
+    """
+    by_name = {s.name: s for s in specs}
+    out: dict[str, np.ndarray] = {}
+    for name, value in given.items():
+        if not isinstance(value, InputSpec):
+            continue
+        spec = by_name[name]
+        if spec.shape is not None and len(spec.shape) == 0 and value.path is None and len(value.shape or ()) == 1:
+            out[name] = np.array((value.shape or (0,))[0], dtype=np.dtype(value.dtype))
+            continue
+        _check_input(spec, *value.header(), ORT_NUMPY.get(spec.type))
+        out[name] = value.array(rng, int_high=bounds.high(name) or DEFAULT_INT_HIGH)
+    return out
+
+
+def _generate(spec: Any, dtype: Any, rng: np.random.Generator, high: int | None) -> tuple[np.ndarray, str]:
+    dt = np.dtype(dtype)
+    shape = _shape(spec.shape or [], dt)
+    shown = "x".join(str(d) for d in shape) or "scalar"
+    if "mask" in spec.name.lower() and (np.issubdtype(dt, np.integer) or dt == np.bool_ or np.issubdtype(dt, np.floating)):
+        return np.ones(shape, dt), f"{spec.name}={shown} {dt.name} (ones)"
+    if np.issubdtype(dt, np.integer):
+        top = high or DEFAULT_INT_HIGH
+        return random_array(shape, dt, rng, top), f"{spec.name}={shown} {dt.name} in [0, {top})"
+    if dt == np.bool_:
+        return random_array(shape, dt, rng), f"{spec.name}={shown} bool (random)"
+    return random_array(shape, dt, rng), f"{spec.name}={shown} {dt.name} (normal)"
+
+
+def _shape(dims: Sequence[Any], dt: np.dtype) -> tuple[int, ...]:
+    """Concrete sizes for declared dims (see module doc).
+
+    Example:
+        >>> _shape(["batch", 3, "h", "w"], np.dtype("float32")), _shape(["N", "640"], np.dtype("int64"))
+        ((1, 3, 224, 224), (1, 640))
+        >>> _shape(["batch", "samples"], np.dtype("float32")), _shape([2, "seq"], np.dtype("int64"))
+        ((1, 512), (2, 16))
+    """
+    out = []
+    image = len(dims) == 4 and np.issubdtype(dt, np.floating)
+    for axis, d in enumerate(dims):
+        name = str(d).strip() if d is not None else ""
+        if isinstance(d, int) and d > 0:
+            out.append(d)
+        elif name.isdigit() and int(name) > 0:
+            out.append(int(name))
+        elif name.lower() in _BATCH_NAMES or "batch" in name.lower() or (axis == 0 and len(dims) >= 2):
+            out.append(1)
+        elif image:
+            out.append(3 if axis == 1 else IMAGE_SIZE)
+        elif len(dims) == 2 and np.issubdtype(dt, np.floating):
+            out.append(_SAMPLES)
+        else:
+            out.append(_SEQUENCE)
+    return tuple(out)
+
+
+class _GatherBounds:
+    """Upper bounds for integer inputs: the size of the table a ``Gather`` indexes with them."""
+
+    def __init__(self, graph: "onnx.GraphProto") -> None:
+        self.graph = graph
+        self.uses: dict[str, list[Any]] = {}
+        for n in graph.node:
+            for t in n.input:
+                self.uses.setdefault(t, []).append(n)
+        self.dims = {i.name: list(i.dims) for i in graph.initializer}
+        self.producer = {t: n for n in graph.node for t in n.output}
+
+    def high(self, name: str) -> int | None:
+        found: list[int] = []
+        todo, seen = [name], {name}
+        while todo:
+            t = todo.pop()
+            for n in self.uses.get(t, ()):
+                if n.op_type == "Gather" and len(n.input) > 1 and n.input[1] == t:
+                    size = self._table_size(n)
+                    if size:
+                        found.append(size)
+                elif n.op_type in _PASS_THROUGH and n.input and n.input[0] == t:
+                    for o in n.output:
+                        if o not in seen:
+                            seen.add(o)
+                            todo.append(o)
+        return min(found) if found else None
+
+    def _table_size(self, gather: Any) -> int | None:
+        axis = next((a.i for a in gather.attribute if a.name == "axis"), 0)
+        table = gather.input[0]
+        for _ in range(4):  # through a DequantizeLinear or Cast of the table
+            if table in self.dims:
+                dims = self.dims[table]
+                return int(dims[axis]) if -len(dims) <= axis < len(dims) else None
+            node = self.producer.get(table)
+            if node is None or not node.input:
+                return None
+            table = node.input[0]
+        return None
+
+
+def _check_input(spec: Any, shape: tuple[int, ...], got: np.dtype, dtype: Any) -> None:
+    want = [d if isinstance(d, int) and d > 0 else None for d in (spec.shape or [])]
+    shown = "x".join(str(d) if isinstance(d, int) and d > 0 else str(d or "?") for d in (spec.shape or [])) or "scalar"
+    if dtype is not None and got != np.dtype(dtype):
+        raise InputSpecError(
+            f"input {spec.name!r} must be {np.dtype(dtype).name} with shape {shown}, got {got.name}"
+        )
+    if len(want) != len(shape) or any(w is not None and w != a for w, a in zip(want, shape)):
+        text = "x".join(str(d) for d in shape) or "scalar"
+        kind = np.dtype(dtype).name if dtype else spec.type
+        raise InputSpecError(f"input {spec.name!r} must have shape {shown} ({kind}), got {text}")
