@@ -30,6 +30,8 @@ _EXPORTS = {
     "onnx_layers": ".onnxfile.layers",
     "add_outputs": ".onnxfile.outputs",
     "run": ".onnxfile.runner",
+    "extract_dataset": ".dataset.api",
+    "load_features": ".dataset.features",
     "Tap": ".selectors",
     "LayertapError": ".errors",
 }

@@ -184,12 +184,21 @@ def nonneg_float(text: str) -> float:
 
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
+    return _int_at_least(text, 1, "a positive integer")
+
+
+def nonneg_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _int_at_least(text, 0, "an integer >= 0")
+
+
+def _int_at_least(text: str, low: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
 
 

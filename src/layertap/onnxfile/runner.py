@@ -44,37 +44,66 @@ def run(
         >>> list(acts), acts["layer3.1"].shape                   # doctest: +SKIP
         (['output', 'layer3.1'], (1, 256, 14, 14))
     """
-    mf = load_model(path)
-    adder = OutputAdder(mf)
-    pairs = dedupe([p for tap in taps for p in _resolve_tap(adder, tap)])
-    if not pairs and not list(adder._outputs):
-        raise OnnxFileError(f"'{path}' has no graph outputs, so there is nothing to run; pass --tap NAME to pick tensors")
-    own = list(adder._outputs)
-    added = adder.apply(pairs)
-    try:
-        sess = ort_session(mf.model, mf.folder)
-    except Exception as e:  # noqa: BLE001 - ORT's own message, one line
-        raise OnnxFileError(f"ONNX Runtime cannot load '{path}': {one_line(e)}") from None
-    feeds = make_feeds(sess, mf.model.graph, inputs, seed)
-    if feeds.generated and notify is not None:
-        notify(feeds.note() or "")
-    try:
-        values = sess.run(None, feeds.arrays, run_options())
-    except Exception as e:  # noqa: BLE001
-        on = f" on generated inputs ({', '.join(feeds.generated)})" if feeds.generated else ""
-        hint = "; pass the inputs it needs with --input NAME=SHAPE[:DTYPE] or NAME=FILE.npy" if feeds.generated else ""
-        raise OnnxFileError(f"ONNX Runtime failed to run '{path}'{on}: {one_line(e)}{hint}") from None
-    got = dict(zip([o.name for o in sess.get_outputs()], values))
-    result: dict[str, Any] = {}
-    for name in own:
-        key = "output" if len(own) == 1 and "output" not in added else name
-        result[key] = got[name]
-    for name in added:
-        result[name] = got[name]
-    for name, tensor in pairs:  # a tap on a graph output: also under the tap's own name
-        if name not in result:
-            result[name] = got[name if name in got else tensor]
-    return _flatten_sequences(result)
+    return TappedSession(path, taps).run(inputs, seed=seed, notify=notify)
+
+
+class TappedSession:
+    """One ONNX Runtime session on ``path`` with ``taps`` exposed in memory.
+
+    Build it once and call :meth:`run` for many inputs (dataset extraction);
+    ``lt.run`` is one such call. ``tap_names`` lists the names the taps give.
+
+    Example:
+        >>> import os, tempfile, onnx, onnx.helper as h
+        >>> g = h.make_graph([h.make_node("Relu", ["x"], ["r"]), h.make_node("Neg", ["r"], ["y"])], "g",
+        ...                  [h.make_tensor_value_info("x", 1, [None, 2])], [h.make_tensor_value_info("y", 1, [None, 2])])
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.onnx")
+        >>> onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8), path)
+        >>> sess = TappedSession(path, taps=["r"])
+        >>> sess.tap_names, sess.run([np.array([[-1.0, 2.0]], np.float32)])["r"]
+        (['r'], array([[0., 2.]], dtype=float32))
+    """
+
+    def __init__(self, path: str | os.PathLike, taps: Sequence[str] = ()) -> None:
+        self.path = path
+        self.mf = mf = load_model(path)
+        adder = OutputAdder(mf)
+        self.pairs = dedupe([p for tap in taps for p in _resolve_tap(adder, tap)])
+        if not self.pairs and not list(adder._outputs):
+            raise OnnxFileError(f"'{path}' has no graph outputs, so there is nothing to run; pass --tap NAME to pick tensors")
+        self.own = list(adder._outputs)
+        self.added = adder.apply(self.pairs)
+        self.tap_names = list(dict.fromkeys(name for name, _ in self.pairs))
+        try:
+            self.session = ort_session(mf.model, mf.folder)
+        except Exception as e:  # noqa: BLE001 - ORT's own message, one line
+            raise OnnxFileError(f"ONNX Runtime cannot load '{path}': {one_line(e)}") from None
+
+    def run(
+        self, inputs: Mapping[str, Any] | Sequence[Any] | None = None, *, seed: int = 0, notify: Callable[[str], None] | None = None
+    ) -> dict[str, np.ndarray]:
+        """The model's outputs (a single one named ``output``), then each tap."""
+        sess, path = self.session, self.path
+        feeds = make_feeds(sess, self.mf.model.graph, inputs, seed)
+        if feeds.generated and notify is not None:
+            notify(feeds.note() or "")
+        try:
+            values = sess.run(None, feeds.arrays, run_options())
+        except Exception as e:  # noqa: BLE001
+            on = f" on generated inputs ({', '.join(feeds.generated)})" if feeds.generated else ""
+            hint = "; pass the inputs it needs with --input NAME=SHAPE[:DTYPE] or NAME=FILE.npy" if feeds.generated else ""
+            raise OnnxFileError(f"ONNX Runtime failed to run '{path}'{on}: {one_line(e)}{hint}") from None
+        got = dict(zip([o.name for o in sess.get_outputs()], values))
+        result: dict[str, Any] = {}
+        for name in self.own:
+            key = "output" if len(self.own) == 1 and "output" not in self.added else name
+            result[key] = got[name]
+        for name in self.added:
+            result[name] = got[name]
+        for name, tensor in self.pairs:  # a tap on a graph output: also under the tap's own name
+            if name not in result:
+                result[name] = got[name if name in got else tensor]
+        return _flatten_sequences(result)
 
 
 def _flatten_sequences(values: dict[str, Any]) -> dict[str, np.ndarray]:

@@ -1,4 +1,6 @@
-"""``layertap extract MODEL --tap ... -o FILE``: save tapped tensors to .npz/.safetensors."""
+"""``layertap extract MODEL --tap ... -o FILE``: save tapped tensors to .npz/.safetensors.
+
+With ``--data PATH`` it runs over a whole dataset into ``-o OUT_DIR`` (see ``extract_dataset``)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,11 @@ import sys
 from ..args import InputArgs, ModelArgs, OutputArgs, ReportArgs, TapArgs
 from ..console import status, stdout_console
 from .base import Tool, running
+from .extract_dataset import DatasetArgs, run_dataset
 
-OUTPUT = OutputArgs(required=True, suffixes=(".npz", ".safetensors"), help="FILE.npz or FILE.safetensors (keys are the tap names)")
+OUTPUT = OutputArgs(
+    required=True, suffixes=(".npz", ".safetensors"), help="FILE.npz or FILE.safetensors (keys are the tap names); with --data: OUT_DIR",
+)
 
 
 def to_numpy(tensors: dict) -> tuple[dict, list[str]]:
@@ -28,13 +33,15 @@ def to_numpy(tensors: dict) -> tuple[dict, list[str]]:
 
 class ExtractTool(Tool):
     name = "extract"
-    help = "run a model once and save the tapped tensors to .npz or .safetensors"
-    groups = (ModelArgs(), TapArgs(required=True), InputArgs(), OUTPUT, ReportArgs())
+    help = "run a model once (or over a dataset with --data) and save the tapped tensors"
+    groups = (ModelArgs(onnx_ok=True), TapArgs(required=True), InputArgs(), OUTPUT, ReportArgs(), DatasetArgs())
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--stop-early", action="store_true", help="stop the forward once every tap is captured (no 'output' then)")
 
     def run(self, ns: argparse.Namespace) -> int:
+        if ns.data is not None:
+            return run_dataset(ns)
         taps = TapArgs.taps(ns)  # cheap checks first: nothing is built for a typo
         out = OUTPUT.check(ns)
         ReportArgs.check(ns, inputs=(out,))

@@ -1,0 +1,77 @@
+"""``layertap extract MODEL|FILE.onnx --tap ... --data PATH -o OUT_DIR``: features of a whole dataset."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..args import ArgGroup, nonneg_int, positive_int
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like 0.485,0.456,0.406, got {text!r}") from None
+
+
+class DatasetArgs(ArgGroup):
+    """``--data`` and the options of extraction over a dataset."""
+
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        from ...dataset.arrays import DTYPES, POOLS
+        from ...dataset.shards import FORMATS
+
+        g = parser.add_argument_group("dataset (with --data; -o is then an OUT_DIR)")
+        g.add_argument("--data", metavar="PATH", help="folder of images, of .npy/.npz samples, or a datasets save_to_disk folder")
+        g.add_argument("--batch-size", type=positive_int, default=64, metavar="N", help="samples per forward (default 64)")
+        g.add_argument("--workers", type=nonneg_int, default=0, metavar="N", help="DataLoader workers that load ahead (default 0)")
+        g.add_argument("--format", choices=FORMATS, default="safetensors", help="shard format (default safetensors)")
+        g.add_argument("--dtype", choices=DTYPES, default="float32", help="dtype of floating features (default float32)")
+        g.add_argument("--pool", choices=POOLS, default="none", help="pool spatial (NCHW) or token (NTD) axes (default none)")
+        g.add_argument("--shard-size", type=positive_int, default=1024, metavar="SIZE", help="samples per shard file (default 1024)")
+        g.add_argument("--resume", action="store_true", help="continue an interrupted run in OUT_DIR (same options)")
+        g.add_argument("--limit", type=positive_int, metavar="N", help="only the first N samples")
+        g.add_argument("--device", default="cpu", metavar="cpu|cuda", help="PyTorch device (default cpu)")
+        g.add_argument("--skip-bad", action="store_true", help="skip unreadable samples (listed in the manifest) instead of stopping")
+        g.add_argument("--image-size", metavar="SIZE|HxW", help="image size when the model's config has none")
+        g.add_argument("--mean", type=_floats, metavar="R,G,B", help="per-channel mean of pixels in [0,1] (default: model config, else 0)")
+        g.add_argument("--std", type=_floats, metavar="R,G,B", help="per-channel std (default: model config, else 1)")
+        g.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                       help="run on Ray Data: a local Ray without ADDRESS, else join the cluster at ADDRESS (e.g. auto, ray://head:10001)")
+
+
+def run_dataset(ns: argparse.Namespace) -> int:
+    """Extract over ``--data`` into OUT_DIR; print what was written."""
+    from ...dataset.api import extract_dataset
+    from ...errors import LayertapError
+
+    if not ns.output:
+        raise LayertapError("--data needs -o OUT_DIR (a new or empty folder, or one to --resume)")
+    feats = extract_dataset(
+        ns.model, ns.data, ns.tap, ns.output, batch_size=ns.batch_size, shard_size=ns.shard_size, format=ns.format,
+        dtype=ns.dtype, pool=ns.pool, resume=ns.resume, limit=ns.limit, workers=ns.workers, device=ns.device,
+        method=ns.method, stop_early=ns.stop_early, skip_bad=ns.skip_bad, image_size=ns.image_size, mean=ns.mean,
+        std=ns.std, weights=ns.weights, config=ns.config, unsafe_pickle=ns.unsafe_load_pickle,
+        engine="ray" if ns.ray is not None else "local", ray_address=ns.ray or None,
+    )
+    _print_summary(feats)
+    return 0
+
+
+def _print_summary(feats) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ..console import stdout_console
+
+    table = Table(title=f"{len(feats)} samples", title_justify="left")
+    for col in ("tap", "shape per sample", "dtype"):
+        table.add_column(col)
+    for t in feats.manifest.data["taps"] or []:
+        table.add_row(escape(t["name"]), "x".join(str(d) for d in t["shape"]) or "scalar", t["dtype"])
+    stdout_console().print(table)
+    skipped = feats.skipped
+    shards = len(feats.manifest.data["shards"])
+    note = f" ({len(skipped)} skipped, listed in manifest.json)" if skipped else ""
+    sys.stderr.write(f"wrote {shards} shard(s) and manifest.json to {feats.path}{note}\n")

@@ -1,0 +1,212 @@
+"""``lt.extract_dataset``: tapped features for every sample of a dataset, in shards on disk."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import LayertapError
+from .arrays import DTYPES, POOLS, check_choice
+from .backends import BackendSpec
+from .features import Features, load_features
+from .images import Preprocess, from_options, from_timm, from_torchvision
+from .job import Job, Options, check_resumed_ids, prepare_out
+from .shards import FORMATS
+from .sources import Bad, MapSource, open_source, reference
+
+ENGINES = ("local", "ray")
+
+
+def extract_dataset(
+    model_or_path: Any,
+    data: Any,
+    taps: Sequence[Any],
+    out: str | os.PathLike,
+    *,
+    batch_size: int = 64,
+    shard_size: int = 1024,
+    format: str = "safetensors",  # noqa: A002 - the CLI's --format
+    dtype: str = "float32",
+    pool: str = "none",
+    resume: bool = False,
+    limit: int | None = None,
+    workers: int = 0,
+    device: str = "cpu",
+    method: str = "forward",
+    stop_early: bool = False,
+    skip_bad: bool = False,
+    image_size: Any = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    weights: str | None = None,
+    config: str | None = None,
+    unsafe_pickle: bool = False,
+    engine: str = "local",
+    ray_address: str | None = None,
+    progress: bool | None = None,
+) -> Features:
+    """Run a model over a whole dataset and save the tapped tensors in shards.
+
+    Args:
+        model_or_path: an ``nn.Module``, a MODEL spec (``torchvision:resnet18``) or an ``.onnx`` file.
+        data: a folder of images, of ``.npy``/``.npz`` samples, or a ``datasets``
+            ``save_to_disk`` folder; or any sequence / iterable of samples or a DataLoader.
+        taps: selectors; each must give a tensor with the batch first.
+        out: OUT_DIR (created; must be new or empty, or an extraction to ``resume``).
+        batch_size, shard_size: samples per forward and per shard file.
+        format: ``safetensors``, ``npy`` or ``zarr``.
+        dtype: floating features are stored as ``float32``, ``float16`` or ``bfloat16``.
+        pool: ``none``, or ``mean``/``max``/``first`` over spatial (N,C,H,W) or token (N,T,D) axes.
+        resume: continue an interrupted run (the options must be the same).
+        limit: read only the first ``limit`` samples.
+        workers: DataLoader worker processes (threads for ONNX files) that load ahead.
+        device: ``cpu`` or ``cuda`` (PyTorch backend).
+        method, stop_early: as for ``lt.extract``.
+        skip_bad: record unreadable samples in the manifest and go on, instead of stopping.
+        image_size, mean, std: image preprocessing when the model's config gives none.
+        weights, config, unsafe_pickle: options of a MODEL spec.
+        engine: ``local`` or ``ray`` (Ray Data; ``ray_address`` joins a cluster, else a local one starts).
+        progress: show a progress bar (default: when stderr is a terminal).
+
+    Returns:
+        :class:`~layertap.dataset.features.Features` over OUT_DIR (see ``lt.load_features``).
+
+    Example:
+        >>> import tempfile, numpy as np, layertap as lt
+        >>> from torch import nn
+        >>> out = tempfile.mkdtemp() + "/feats"
+        >>> data = [np.ones((2, 3, 3), np.float32) * i for i in range(10)]
+        >>> f = lt.extract_dataset(nn.Sequential(nn.Conv2d(2, 4, 1)), data, taps=["0"], out=out,
+        ...                        batch_size=4, shard_size=8, pool="mean", progress=False)
+        >>> len(f), f["0"].shape, f["0"].dtype.name, len(f.manifest.data["shards"])
+        (10, (10, 4), 'float32', 2)
+    """
+    opts = _options(batch_size, shard_size, format, dtype, pool, limit, skip_bad, workers)
+    check_choice("engine", engine, ENGINES)
+    tap_texts = _tap_texts(taps, model_or_path)
+    spec = BackendSpec(_model_arg(model_or_path), tap_texts, method=method, stop_early=stop_early, device=device,
+                       weights=None if weights is None else str(Path(weights).resolve()), config=config, unsafe_pickle=unsafe_pickle)
+    recipe: list[Preprocess | None] = []
+
+    def preprocess() -> Preprocess | None:
+        if not recipe:
+            recipe.append(_preprocess(spec, image_size, mean, std))
+        return recipe[0]
+
+    data_dir = Path(data).resolve() if isinstance(data, (str, os.PathLike)) else None
+    out_dir = Path(out).resolve()
+    if data_dir is not None and (out_dir == data_dir or data_dir in out_dir.parents):
+        raise LayertapError(f"OUT_DIR '{out}' is inside the data folder '{data}'; its shards would be read as samples next time, write elsewhere")
+    source = open_source(data_dir or data, preprocess)
+    count = None
+    if isinstance(source, MapSource):
+        count = len(source) if limit is None else min(limit, len(source))
+    header = {"model": spec.describe(), "data": source.describe(), "options": opts.recorded(tap_texts, device),
+              "preprocessing": recipe[0].to_dict() if recipe and recipe[0] is not None and source.preprocess is not None else None}
+    ref = _reference(source, skip_bad)
+    manifest = prepare_out(out_dir, header, resume)
+    job = Job(out_dir, source, spec, opts, ref, count, manifest)
+    if manifest.status == "complete":
+        return load_features(out)
+    check_resumed_ids(job)
+    if engine == "ray":
+        from .ray_engine import run_ray
+
+        total = run_ray(job, ray_address, progress)
+    else:
+        from .local import run_local
+
+        total = run_local(job, progress)
+    manifest.finish(total)
+    return load_features(out)
+
+
+def _options(batch_size: int, shard_size: int, fmt: str, dtype: str, pool: str, limit: int | None, skip_bad: bool, workers: int) -> Options:
+    for name, value in (("batch_size", batch_size), ("shard_size", shard_size)):
+        if not isinstance(value, int) or value < 1:
+            raise LayertapError(f"{name} must be a positive integer, got {value!r}")
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise LayertapError(f"limit must be a positive integer, got {limit!r}")
+    if not isinstance(workers, int) or workers < 0:
+        raise LayertapError(f"workers must be an integer >= 0, got {workers!r}")
+    return Options(format=check_choice("--format", fmt, FORMATS), dtype=check_choice("--dtype", dtype, DTYPES),
+                   pool=check_choice("--pool", pool, POOLS), shard_size=shard_size, batch_size=batch_size,
+                   limit=limit, skip_bad=bool(skip_bad), workers=workers)
+
+
+def _tap_texts(taps: Sequence[Any], model: Any) -> list[str]:
+    texts = [str(t) if not isinstance(t, str) else t for t in taps]
+    if not texts:
+        raise LayertapError("no taps given; pass taps=[...] (--tap TAP)")
+    onnx = isinstance(model, (str, os.PathLike)) and str(model).lower().endswith(".onnx")
+    if not onnx:
+        from ..selectors import parse_taps
+
+        parse_taps(texts)  # a typo fails before anything is built
+    return texts
+
+
+def _model_arg(model: Any) -> Any:
+    """Paths become absolute (Ray workers run elsewhere); modules pass through."""
+    if isinstance(model, os.PathLike) or (isinstance(model, str) and model.lower().endswith(".onnx")):
+        return str(Path(model).resolve())
+    if isinstance(model, str):
+        head, sep, attr = model.rpartition(":")
+        if sep and head.endswith(".py") and Path(head).is_file():
+            return f"{Path(head).resolve()}:{attr}"
+    return model
+
+
+def _reference(source: Any, skip_bad: bool) -> Any:
+    if not isinstance(source, MapSource):
+        return None
+    ref = reference(source)
+    if ref is None:
+        first = source.load(0)
+        raise LayertapError(first.error if isinstance(first, Bad) else "no sample of the data can be read")
+    return ref
+
+
+def _preprocess(spec: BackendSpec, image_size: Any, mean: Any, std: Any) -> Preprocess | None:
+    """The image recipe: --image-size if given, else the model's zoo config, else the ONNX input size."""
+    if image_size is not None:
+        return from_options(image_size, mean, std)
+    recipe = _zoo_recipe(spec)
+    if recipe is None and spec.is_onnx:
+        size = _onnx_image_size(Path(spec.model))
+        return from_options(size, mean, std) if size else None
+    if recipe is not None and (mean is not None or std is not None):
+        base = from_options(recipe.crop, mean, std)
+        return Preprocess(recipe.resize, recipe.crop, base.mean, base.std, recipe.interpolation, recipe.source + " (mean/std from options)")
+    return recipe
+
+
+def _zoo_recipe(spec: BackendSpec) -> Preprocess | None:
+    model = spec.model
+    if isinstance(model, str) and model.startswith("torchvision:"):
+        return from_torchvision(model.split(":", 1)[1])
+    if isinstance(model, str) and model.startswith("timm:"):
+        import timm
+
+        if timm.is_model(model.split(":", 1)[1]):
+            return from_timm(timm.create_model(model.split(":", 1)[1], pretrained=False))
+        return None
+    if getattr(model, "pretrained_cfg", None) and type(model).__module__.startswith("timm"):
+        return from_timm(model)
+    return None
+
+
+def _onnx_image_size(path: Path) -> tuple[int, int] | None:
+    """H, W of an ONNX file's first input when it is a static N x C x H x W."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in inits]
+    if not inputs:
+        return None
+    dims = inputs[0].type.tensor_type.shape.dim
+    if len(dims) == 4 and dims[2].HasField("dim_value") and dims[3].HasField("dim_value"):
+        return dims[2].dim_value, dims[3].dim_value
+    return None

@@ -1,0 +1,179 @@
+"""What runs a batch: a PyTorch module with taps, or an ONNX file in ONNX Runtime.
+
+Both take a batched input (an array, or a dict name -> array) and return
+name -> float/int numpy array with the batch first, for the taps only. The
+ONNX backend never imports torch; a backend is built from a picklable
+:class:`BackendSpec`, so each Ray actor builds its own model once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import LayertapError
+
+
+@dataclass
+class BackendSpec:
+    """How to build a backend anywhere (in this process, a DataLoader worker, a Ray actor).
+
+    Attributes:
+        model: an ``nn.Module``, a MODEL spec text, or a path to an ``.onnx`` file.
+        taps: selector texts (ONNX: module selectors or tensor names).
+        method, stop_early, device: PyTorch options.
+        weights, config, unsafe_pickle: MODEL spec options (see ``layertap.pytorch.models``).
+    """
+
+    model: Any
+    taps: list[str]
+    method: str = "forward"
+    stop_early: bool = False
+    device: str = "cpu"
+    weights: str | None = None
+    config: str | None = None
+    unsafe_pickle: bool = False
+    _info: Any = field(default=None, repr=False)
+
+    @property
+    def is_onnx(self) -> bool:
+        return isinstance(self.model, (str, os.PathLike)) and str(self.model).lower().endswith(".onnx")
+
+    def build(self) -> "TorchBackend | OnnxBackend":
+        """The backend, with its model loaded (once)."""
+        if self.is_onnx:
+            return OnnxBackend(Path(self.model), self.taps)
+        return TorchBackend(self)
+
+    def describe(self) -> dict:
+        """The model as the manifest records it (enough to refuse a resume on another model)."""
+        if self.is_onnx:
+            path = Path(self.model).resolve()
+            return {"backend": "onnx", "spec": str(path), "bytes": path.stat().st_size if path.exists() else None}
+        if isinstance(self.model, str):
+            return {"backend": "pytorch", "spec": self.model, "weights": self.weights, "config": self.config,
+                    "method": self.method, "stop_early": self.stop_early}
+        cls = type(self.model)
+        return {"backend": "pytorch", "spec": f"{cls.__module__}.{cls.__qualname__}", "params_sha256": _params_digest(self.model),
+                "method": self.method, "stop_early": self.stop_early}
+
+
+def _params_digest(model: Any) -> str:
+    """A digest of the state dict, so a resume with other weights is refused."""
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        t = t.detach().cpu().contiguous().reshape(-1)
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def tap_keys(names: Sequence[str], taps: Sequence[Any]) -> list[str]:
+    """The captured names that belong to taps (``lt.extract`` adds the model's ``output``)."""
+    root = any(t.path == "" for t in taps)
+    return [n for n in names if root or not (n == "output" or n.startswith("output["))]
+
+
+class TorchBackend:
+    """``lt.extract`` on each batch under ``torch.inference_mode``, on ``cpu`` or ``cuda``."""
+
+    kind = "pytorch"
+
+    def __init__(self, spec: BackendSpec) -> None:
+        import torch
+
+        from ..selectors import parse_taps
+
+        self.torch = torch
+        self.spec = spec
+        self.taps = parse_taps(spec.taps)
+        self.device = _device(torch, spec.device)
+        self.model = _load_torch_model(spec).to(self.device).eval()
+
+    def run(self, batch: Any) -> dict[str, np.ndarray]:
+        """name -> array (batch first) for one batched input."""
+        from ..pytorch.taps import extract
+        from ..pytorch.values import tensor_to_numpy
+
+        torch = self.torch
+        args, kwargs = ((), {k: self._tensor(v) for k, v in batch.items()}) if isinstance(batch, dict) else ((self._tensor(batch),), {})
+        with torch.inference_mode():
+            try:
+                values = extract(self.model, *args, taps=self.taps, method=self.spec.method, stop_early=self.spec.stop_early, **kwargs)
+            except LayertapError:
+                raise
+            except Exception as e:  # noqa: BLE001 - user models raise anything on bad inputs
+                raise LayertapError(f"the model failed on a batch of {_describe(batch)}: {type(e).__name__}: {_first_line(e)}") from None
+        return {k: tensor_to_numpy(values[k]) for k in tap_keys(list(values), self.taps)}
+
+    def _tensor(self, a: np.ndarray):
+        t = self.torch.from_numpy(np.ascontiguousarray(a))
+        return t.to(self.device, non_blocking=True) if self.device.type != "cpu" else t
+
+
+def _device(torch: Any, name: str):
+    if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
+        raise LayertapError(f"unknown --device {name!r}; use cpu or cuda (cuda:N)")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise LayertapError(f"--device {name}: no CUDA device is available here (torch.cuda.is_available() is False); use --device cpu")
+    return torch.device(name)
+
+
+def _load_torch_model(spec: BackendSpec):
+    from torch import nn
+
+    if isinstance(spec.model, nn.Module):
+        return spec.model
+    if not isinstance(spec.model, str):
+        raise LayertapError(f"model must be an nn.Module, a MODEL spec or an .onnx path, got a {type(spec.model).__name__}")
+    from ..pytorch.models import load_model
+
+    model, spec._info = load_model(spec.model, weights=spec.weights, config=spec.config, unsafe_pickle=spec.unsafe_pickle)
+    return model
+
+
+class OnnxBackend:
+    """One ONNX Runtime session for the whole run, the taps exposed in memory (as ``lt.run``)."""
+
+    kind = "onnx"
+
+    def __init__(self, path: Path, taps: Sequence[str]) -> None:
+        from ..onnxfile.runner import TappedSession
+
+        if not path.is_file():
+            raise LayertapError(f"ONNX file '{path}' does not exist")
+        self.session = TappedSession(path, list(taps))
+        self.names = self.session.tap_names
+        first = self.session.session.get_inputs()
+        # A file exported with a fixed batch of 1 still works: one sample per run.
+        self.one_at_a_time = len(first) > 0 and bool(first[0].shape) and first[0].shape[0] == 1
+
+    def run(self, batch: Any) -> dict[str, np.ndarray]:
+        """name -> array (batch first) for one batched input."""
+        n = len(next(iter(batch.values()))) if isinstance(batch, dict) else len(batch)
+        if self.one_at_a_time and n > 1:
+            parts = [self.run(_take(batch, i)) for i in range(n)]
+            return {k: np.concatenate([p[k] for p in parts]) for k in self.names}
+        got = self.session.run(batch if isinstance(batch, dict) else [batch])
+        return {k: got[k] for k in self.names}
+
+
+def _take(batch: Any, i: int) -> Any:
+    return {k: v[i : i + 1] for k, v in batch.items()} if isinstance(batch, dict) else batch[i : i + 1]
+
+
+def _describe(batch: Any) -> str:
+    items = batch.items() if isinstance(batch, dict) else [("", batch)]
+    return ", ".join(f"{k + '=' if k else ''}{'x'.join(map(str, v.shape))} {v.dtype}" for k, v in items)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return " ".join(text.splitlines()[0].split()) if text else type(e).__name__

@@ -1,0 +1,128 @@
+"""One extraction, as both engines see it: source, backend, options, OUT_DIR, manifest.
+
+A :class:`Job` is picklable (Ray ships it to each actor); the heavy parts (the
+model, the ORT session) are built where they run, from ``backend``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import LayertapError
+from .arrays import numpy_dtype
+from .backends import BackendSpec
+from .batches import BatchRunner, Collated, ShardData, collate, keyed_layout
+from .manifest import NAME, Manifest
+from .shards import remove_leftovers, write_shard
+from .sources import IterSource, MapSource, Reference
+
+
+@dataclass
+class Options:
+    """What decides the bytes written (compared on ``--resume``), plus how to run."""
+
+    format: str = "safetensors"
+    dtype: str = "float32"
+    pool: str = "none"
+    shard_size: int = 1024
+    batch_size: int = 64
+    limit: int | None = None
+    skip_bad: bool = False
+    workers: int = 0
+
+    def recorded(self, taps: list[str], device: str) -> dict:
+        """The options as the manifest records them (``workers`` changes no value)."""
+        return {"taps": list(taps), "format": self.format, "dtype": self.dtype, "pool": self.pool,
+                "shard_size": self.shard_size, "batch_size": self.batch_size, "limit": self.limit,
+                "skip_bad": self.skip_bad, "device": device}
+
+
+@dataclass
+class Job:
+    out: Path
+    source: MapSource | IterSource
+    backend: BackendSpec
+    options: Options
+    reference: Reference | None
+    count: int | None  # source samples to read (after --limit); None for iterators
+    manifest: Manifest
+
+    @property
+    def done(self) -> set[int]:
+        return set(self.manifest.shards)
+
+    def wanted(self, k: int) -> bool:
+        return k not in self.manifest.shards
+
+    def load_batch(self, start: int, stop: int) -> Collated:
+        """Load and collate source samples ``start..stop-1`` (map-style sources)."""
+        src = self.source
+        assert isinstance(src, MapSource)
+        idx = list(range(start, stop))
+        return collate(idx, [src.ids[i] for i in idx], [src.load(i) for i in idx], self.reference, self.options.pool != "none")
+
+    def runner(self, backend: Any) -> BatchRunner:
+        return BatchRunner(backend, self.options.pool, self.options.dtype)
+
+    def write(self, shard: ShardData) -> dict:
+        """Write one shard file; return the manifest record (the manifest is not touched)."""
+        taps = self.manifest.taps or []
+        arrays, dtypes = {}, {}
+        for t in taps:
+            rows = shard.arrays.get(t["name"])
+            if rows is None:  # every sample of this shard was skipped
+                rows = np.empty((0, *t["shape"]), numpy_dtype(t["dtype"]))
+            arrays[t["key"]], dtypes[t["key"]] = rows, t["dtype"]
+        file = write_shard(self.out, shard.index, self.options.format, arrays, dtypes)
+        return {"index": shard.index, "file": file, "source": list(shard.source), "ids": list(shard.ids), "skipped": list(shard.skipped)}
+
+    def set_layout(self, runner: BatchRunner) -> None:
+        """Record the taps' shapes and dtypes once the first batch has run."""
+        if runner.layout is not None:
+            self.manifest.set_taps(keyed_layout(runner.layout, self.options.format))
+
+
+def prepare_out(out: Path, header: dict, resume: bool) -> Manifest:
+    """Check OUT_DIR and return its manifest: new, or the one to resume (same options)."""
+    if out.exists() and not out.is_dir():
+        raise LayertapError(f"output '{out}' is a file; -o takes a folder (OUT_DIR) with --data")
+    if not out.exists():
+        if not out.parent.is_dir():
+            raise LayertapError(f"output folder '{out.parent}' does not exist; create it first")
+        out.mkdir()
+    has_manifest = (out / NAME).is_file()
+    if has_manifest:
+        m = Manifest.read(out)
+        if not resume:
+            state = "a complete" if m.status == "complete" else "an interrupted"
+            raise LayertapError(f"'{out}' already holds {state} extraction; pass --resume to continue it, or choose a new OUT_DIR")
+        m.check_same(header)
+        remove_leftovers(out)
+        return m
+    if any(out.iterdir()):
+        first = sorted(p.name for p in out.iterdir())[0]
+        raise LayertapError(f"OUT_DIR '{out}' holds other files ({first}, ...) and no manifest.json; give an empty or new folder")
+    m = Manifest(out, header)
+    m.write()
+    return m
+
+
+def check_resumed_ids(job: Job) -> None:
+    """The samples of completed shards must still be the source's samples there."""
+    src = job.source
+    if not isinstance(src, MapSource):
+        return
+    for k, r in sorted(job.manifest.shards.items()):
+        a, b = r["source"]
+        skipped = {x["index"] for x in r["skipped"]}
+        expected = [src.ids[i] for i in range(a, min(b, len(src))) if i not in skipped]
+        if b > len(src) or expected != r["ids"]:
+            raise LayertapError(
+                f"cannot resume '{job.out}': the data changed under shard {k} (samples {a}..{b - 1}); "
+                "restore it, or start again in a new OUT_DIR"
+            )
+

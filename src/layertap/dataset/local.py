@@ -1,0 +1,213 @@
+"""The local engine: load batches (DataLoader workers or threads), run them, write shards behind.
+
+Loading overlaps compute (``workers`` DataLoader worker processes for the
+PyTorch backend; threads for ONNX Runtime, which keeps torch out), and shards
+are written by a background thread, so the model never waits for the disk.
+The writer's queue holds one shard: memory stays at about two shards plus the
+batches in flight.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator
+
+from ..errors import LayertapError
+from .batches import Collated, ShardAssembler, ShardData, batch_ranges, chunked, collate
+from .job import Job
+from .sources import Bad, IterSource, MapSource, reference
+
+
+def run_local(job: Job, progress: bool | None) -> int:
+    """Run every shard the manifest lacks; return the number of source samples."""
+    backend = job.backend.build()
+    runner = job.runner(backend)
+    writer = BackgroundWriter(job)
+    assembler = ShardAssembler(job.options.shard_size, job.wanted, writer.submit, job.options.skip_bad)
+    seen = 0
+    try:
+        with Bar(job, progress) as bar:
+            for collated in _batches(job, backend.kind == "pytorch"):
+                result = runner.run(collated)
+                job.set_layout(runner)
+                assembler.add(result)
+                n = len(collated.indices) + len(collated.bad)
+                seen = max(seen, max(collated.indices + [b.index for b in collated.bad]) + 1)
+                bar.advance(n)
+        count = job.count if job.count is not None else seen
+        if count == 0:
+            raise LayertapError("the data gave no samples")
+        assembler.close(count)
+    except BaseException:
+        writer.close(quiet=True)
+        raise
+    writer.close()
+    return count
+
+
+class BackgroundWriter:
+    """Writes shards on a thread and records each in the manifest once it is on disk."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.queue: queue.Queue[ShardData | None] = queue.Queue(maxsize=1)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._loop, name="layertap-shard-writer", daemon=True)
+        self.thread.start()
+
+    def submit(self, shard: ShardData) -> None:
+        self._raise()
+        self.queue.put(shard)
+
+    def _loop(self) -> None:
+        while True:
+            shard = self.queue.get()
+            if shard is None:
+                return
+            if self.error is not None:
+                continue
+            try:
+                self.job.manifest.add_shard(self.job.write(shard))
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread
+                self.error = e
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def close(self, quiet: bool = False) -> None:
+        """Wait for queued shards; raise a write error unless ``quiet``."""
+        self.queue.put(None)
+        self.thread.join()
+        if not quiet:
+            self._raise()
+
+
+# -- loading ------------------------------------------------------------------
+def _batches(job: Job, torch_backend: bool) -> Iterator[Collated]:
+    if isinstance(job.source, IterSource):
+        yield from _iter_batches(job)
+        return
+    assert job.count is not None
+    ranges = batch_ranges(job.count, job.options.batch_size, job.options.shard_size, job.wanted)
+    workers = job.options.workers
+    if torch_backend:
+        yield from _dataloader(job, ranges, workers)
+    elif workers > 0:
+        with ThreadPoolExecutor(workers) as pool:
+            yield from _prefetched(pool, job, ranges, workers)
+    else:
+        for a, b in ranges:
+            yield job.load_batch(a, b)
+
+
+class _Ranges:
+    """A map-style dataset whose items are whole batches (DataLoader with batch_size=None)."""
+
+    def __init__(self, job: Job, ranges: list[tuple[int, int]]) -> None:
+        self.job, self.ranges = job, ranges
+
+    def __len__(self) -> int:
+        return len(self.ranges)
+
+    def __getitem__(self, j: int) -> Collated:
+        return self.job.load_batch(*self.ranges[j])
+
+
+def _keep(item: Any) -> Any:
+    return item  # no tensor conversion: batches stay numpy until the backend
+
+
+def _dataloader(job: Job, ranges: list[tuple[int, int]], workers: int) -> Iterator[Collated]:
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(
+        _Ranges(job, ranges), batch_size=None, shuffle=False, num_workers=workers, collate_fn=_keep,
+        prefetch_factor=2 if workers else None, persistent_workers=False,
+    )
+    yield from loader
+
+
+def _prefetched(pool: ThreadPoolExecutor, job: Job, ranges: list[tuple[int, int]], depth: int) -> Iterator[Collated]:
+    """Batches in order, ``depth`` of them loading ahead on threads."""
+    pending = [pool.submit(job.load_batch, a, b) for a, b in ranges[:depth]]
+    for a, b in ranges[depth:]:
+        done = pending.pop(0)
+        pending.append(pool.submit(job.load_batch, a, b))
+        yield done.result()
+    for done in pending:
+        yield done.result()
+
+
+def _iter_batches(job: Job) -> Iterator[Collated]:
+    """Batches of an iterator in order; batches of finished shards are read and dropped."""
+    src = job.source
+    assert isinstance(src, IterSource)
+    limit = job.options.limit
+    size, bs = job.options.shard_size, job.options.batch_size
+
+    def samples() -> Iterator[tuple[int, Any]]:
+        for i, s in src.samples():
+            if limit is not None and i >= limit:
+                return
+            yield i, s
+
+    for chunk in chunked(samples(), bs):
+        if job.reference is None:
+            first = next((s for _, s in chunk if not isinstance(s, Bad)), None)
+            job.reference = reference(None, first, next((i for i, s in chunk if s is first), None))
+        first_k, last_k = chunk[0][0] // size, chunk[-1][0] // size
+        if not any(job.wanted(k) for k in range(first_k, last_k + 1)):
+            continue
+        idx = [i for i, _ in chunk]
+        yield collate(idx, idx, [s for _, s in chunk], job.reference, job.options.pool != "none")
+
+
+# -- progress -----------------------------------------------------------------
+class Bar:
+    """A rich progress bar (samples/s, ETA) on stderr, only when it is a terminal."""
+
+    def __init__(self, job: Job, enabled: bool | None) -> None:
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.total = job.count
+        done = sum(r["source"][1] - r["source"][0] for r in job.manifest.shards.values())
+        self.start = done
+        self.progress: Any = None
+
+    def __enter__(self) -> "Bar":
+        if self.enabled:
+            self.progress = progress_bar()
+            self.progress.start()
+            self.task = self.progress.add_task("extracting", total=self.total, completed=self.start)
+        return self
+
+    def advance(self, n: int) -> None:
+        if self.progress is not None:
+            self.progress.advance(self.task, n)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def progress_bar() -> Any:
+    """A rich Progress on stderr with samples/s and time left."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+    from rich.text import Text
+
+    class Rate(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            return Text(f"{task.speed or 0:.1f} samples/s")
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Rate(), TimeRemainingColumn(),
+                    console=Console(stderr=True), transient=False)
+
+
+def first_sample_error(src: MapSource) -> str | None:
+    """The error of the first sample, when none of the first ones loads."""
+    sample = src.load(0) if len(src) else None
+    return sample.error if isinstance(sample, Bad) else None

@@ -1,0 +1,172 @@
+"""Shard files: write one atomically, open one lazily, in safetensors, npy or zarr.
+
+A shard is written under a temporary name in OUT_DIR and renamed into place
+when complete, so a reader (or ``--resume`` after a crash) never sees half a
+shard. Reading memory-maps safetensors and npy shards, and opens zarr arrays
+lazily: nothing is loaded until indexed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..errors import LayertapError
+from .arrays import numpy_dtype, stored_dtype
+
+FORMATS = ("safetensors", "npy", "zarr")
+TMP_PREFIX = ".shard-"
+
+_ST_DTYPES = {
+    "bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16", "float16": "F16",
+    "bfloat16": "BF16", "int32": "I32", "uint32": "U32", "float32": "F32", "float64": "F64",
+    "int64": "I64", "uint64": "U64",
+}
+
+
+def shard_name(index: int, fmt: str) -> str:
+    """``shard-00003.safetensors``, ``shard-00003`` (a folder of .npy) or ``shard-00003.zarr``.
+
+    Example:
+        >>> shard_name(3, "npy"), shard_name(3, "zarr")
+        ('shard-00003', 'shard-00003.zarr')
+    """
+    stem = f"shard-{index:05d}"
+    return {"safetensors": f"{stem}.safetensors", "npy": stem, "zarr": f"{stem}.zarr"}[fmt]
+
+
+def write_shard(out: Path, index: int, fmt: str, arrays: dict[str, np.ndarray], dtypes: dict[str, str]) -> str:
+    """Write ``arrays`` (key -> rows) as shard ``index``; return its file name.
+
+    ``dtypes`` gives each key's manifest dtype (``bfloat16`` is stored as bits
+    where the format has no such type).
+    """
+    name = shard_name(index, fmt)
+    with _atomic(out / name, is_dir=fmt != "safetensors") as tmp:
+        if fmt == "safetensors":
+            _write_safetensors(tmp, arrays, dtypes)
+        elif fmt == "npy":
+            for key, a in arrays.items():
+                np.save(tmp / f"{key}.npy", _bits(a, dtypes[key]), allow_pickle=False)
+        else:
+            _write_zarr(tmp, arrays, dtypes)
+    return name
+
+
+def _bits(a: np.ndarray, dtype: str) -> np.ndarray:
+    return a.view(np.uint16) if dtype == "bfloat16" else a
+
+
+@contextlib.contextmanager
+def _atomic(target: Path, *, is_dir: bool) -> Iterator[Path]:
+    """A temporary file or folder beside ``target``, renamed onto it when the block succeeds."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}.", suffix=".tmp", dir=target.parent)) if is_dir else None
+    if tmp is None:
+        fd, name = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{target.name}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
+        tmp = Path(name)
+    try:
+        yield tmp
+        if is_dir:
+            tmp.chmod(0o777 & ~_umask())
+            if target.exists():  # left by a run killed before it recorded this shard
+                shutil.rmtree(target)
+        else:
+            tmp.chmod(0o666 & ~_umask())
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def remove_leftovers(out: Path) -> None:
+    """Delete temporary shards a killed run left behind (only layertap's own names)."""
+    for p in out.glob(f"{TMP_PREFIX}*.tmp"):
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+# -- safetensors (written by hand: memory-mappable, bfloat16 kept as BF16) ------
+def _write_safetensors(path: Path, arrays: dict[str, np.ndarray], dtypes: dict[str, str]) -> None:
+    header: dict[str, Any] = {"__metadata__": {"format": "layertap"}}
+    offset = 0
+    for key, a in arrays.items():
+        header[key] = {"dtype": _ST_DTYPES[dtypes[key]], "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for a in arrays.values():
+            f.write(memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)))
+
+
+def _read_safetensors_header(path: Path) -> tuple[dict, int]:
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        return json.loads(f.read(n)), 8 + n
+
+
+def _write_zarr(path: Path, arrays: dict[str, np.ndarray], dtypes: dict[str, str]) -> None:
+    zarr = _zarr()
+    group = zarr.open_group(str(path), mode="w")
+    for key, a in arrays.items():
+        bits = _bits(a, dtypes[key])
+        arr = group.create_array(key, shape=bits.shape, dtype=bits.dtype, chunks=bits.shape or None)
+        if bits.size:
+            arr[...] = bits
+
+
+def _zarr():
+    try:
+        import zarr
+    except ImportError:
+        raise LayertapError("--format zarr needs the 'zarr' package; pip install zarr") from None
+    return zarr
+
+
+def open_array(out: Path, file: str, fmt: str, key: str, dtype: str, shape: tuple[int, ...]) -> Any:
+    """One tap's rows in one shard, memory-mapped (safetensors, npy) or lazy (zarr)."""
+    path = out / file
+    if not path.exists():
+        raise LayertapError(f"shard '{path}' listed in the manifest is missing")
+    if fmt == "safetensors":
+        header, start = _read_safetensors_header(path)
+        b, e = header[key]["data_offsets"]
+        shp = tuple(header[key]["shape"])
+        if e == b:
+            return np.empty(shp, numpy_dtype(dtype))
+        return np.memmap(path, dtype=numpy_dtype(dtype), mode="r", offset=start + b, shape=shp)
+    if fmt == "npy":
+        a = np.load(path / f"{key}.npy", mmap_mode="r", allow_pickle=False)
+        return a.view(numpy_dtype(dtype)) if dtype == "bfloat16" else a
+    arr = _zarr().open_group(str(path), mode="r")[key]
+    return _BitsView(arr, numpy_dtype(dtype)) if dtype == "bfloat16" else arr
+
+
+class _BitsView:
+    """A lazy zarr array of uint16 bits read as bfloat16."""
+
+    def __init__(self, arr: Any, dtype: np.dtype) -> None:
+        self.arr, self.dtype, self.shape = arr, dtype, tuple(arr.shape)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        return np.asarray(self.arr[key]).view(self.dtype)
+
+
+def stored_dtype_name(dtype: str) -> str:
+    """What the bytes on disk are for a manifest dtype (npy/zarr keep bfloat16 as uint16)."""
+    return stored_dtype(dtype).name

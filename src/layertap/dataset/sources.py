@@ -1,0 +1,362 @@
+"""Where samples come from: folders of images or arrays, ``datasets`` folders, Python iterables.
+
+A *map-style* source has ``ids`` and ``load(i)``; it can be split into shards
+and batches by index (DataLoader workers, Ray actors, ``--resume``). A Python
+iterator or a ``DataLoader`` is an *iterable* source: read in order, once.
+
+A sample is one array (the model's single input, no batch axis) or a dict
+name -> array (named inputs). A sample that cannot be read or does not fit
+comes back as :class:`Bad`, so the caller decides: stop naming it, or skip it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+
+import numpy as np
+
+from ..errors import LayertapError
+from .images import IMAGE_SUFFIXES, Preprocess
+
+ARRAY_SUFFIXES = (".npy", ".npz")
+
+
+class Bad(NamedTuple):
+    """A sample that could not be used: its source index, id and the reason."""
+
+    index: int
+    id: Any
+    error: str
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Shape and dtype every sample must have (those of the first one)."""
+
+    id: Any
+    shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, str]
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "shapes": {k: list(v) for k, v in self.shapes.items()}, "dtypes": dict(self.dtypes)}
+
+
+class MapSource:
+    """Base of the sources that can be read by index.
+
+    Subclasses set ``kind``, ``path``, ``ids`` and implement ``_read(i)``.
+    """
+
+    kind = "sequence"
+    path: str | None = None
+    preprocess: Preprocess | None = None
+
+    def __init__(self, ids: Sequence[Any]) -> None:
+        self.ids = list(ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def _read(self, i: int) -> Any:
+        raise NotImplementedError
+
+    def load(self, i: int) -> Any:
+        """Sample ``i`` as an array / dict of arrays, or :class:`Bad`."""
+        try:
+            return as_input(self._read(i), self.preprocess, self.ids[i])
+        except LayertapError as e:
+            return Bad(i, self.ids[i], str(e))
+        except Exception as e:  # noqa: BLE001 - a corrupt file makes readers raise anything
+            return Bad(i, self.ids[i], f"cannot read sample {self.ids[i]!r}: {type(e).__name__}: {_first_line(e)}")
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "path": self.path}
+
+
+class ImageFolder(MapSource):
+    """PNG/JPEG/... files under a folder (recursively), ids = paths relative to it."""
+
+    kind = "images"
+
+    def __init__(self, root: Path, files: list[str], preprocess: Preprocess) -> None:
+        super().__init__(files)
+        self.root = root
+        self.path = str(root)
+        self.preprocess = preprocess
+
+    def _read(self, i: int) -> Any:
+        from PIL import Image
+
+        with Image.open(self.root / self.ids[i]) as img:
+            img.load()  # decode now: a truncated file fails here, inside the guard
+            return self.preprocess.apply(img)  # type: ignore[union-attr]
+
+
+class ArrayFolder(MapSource):
+    """``.npy``/``.npz`` files, one sample each; an ``.npz`` with several arrays gives named inputs."""
+
+    kind = "arrays"
+
+    def __init__(self, root: Path, files: list[str]) -> None:
+        super().__init__(files)
+        self.root = root
+        self.path = str(root)
+
+    def _read(self, i: int) -> Any:
+        file = self.root / self.ids[i]
+        if file.suffix.lower() == ".npy":
+            return np.load(file, allow_pickle=False)
+        with np.load(file, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        if not arrays:
+            raise LayertapError(f"sample {self.ids[i]!r} is an empty .npz")
+        return next(iter(arrays.values())) if len(arrays) == 1 else arrays
+
+
+class HFDataset(MapSource):
+    """A Hugging Face ``datasets`` folder written by ``save_to_disk``; ids are row indices."""
+
+    kind = "datasets"
+
+    def __init__(self, root: Path, ds: Any, column: str, images: bool, preprocess: Preprocess | None) -> None:
+        super().__init__(range(len(ds)))
+        self.root = root
+        self.path = str(root)
+        self.column = column
+        self.preprocess = preprocess if images else None
+        self.ds = ds if images else ds.with_format("numpy", columns=[column])
+
+    def _read(self, i: int) -> Any:
+        return self.ds[i][self.column]
+
+    def describe(self) -> dict:
+        return {**super().describe(), "column": self.column}
+
+
+class SequenceSource(MapSource):
+    """A Python sequence (list, ``torch.utils.data.Dataset`` with ``len``); ids are indices."""
+
+    kind = "sequence"
+
+    def __init__(self, items: Any, preprocess: Preprocess | None) -> None:
+        super().__init__(range(len(items)))
+        self.items = items
+        self.preprocess = preprocess
+
+    def _read(self, i: int) -> Any:
+        return self.items[i]
+
+
+class IterSource:
+    """An iterator or ``DataLoader``: read in order; ids are running indices.
+
+    ``batched`` is True for a DataLoader: each item it yields is one batch.
+    """
+
+    path = None
+
+    def __init__(self, items: Iterable, preprocess: Preprocess | None, batched: bool) -> None:
+        self.items = items
+        self.preprocess = preprocess
+        self.batched = batched
+        self.kind = "dataloader" if batched else "iterable"
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "path": None}
+
+    def samples(self) -> Iterator[tuple[int, Any]]:
+        """(index, sample or Bad) in order; a DataLoader's batches are split into samples."""
+        index = 0
+        for item in self.items:
+            for sample in (_unbatch(item) if self.batched else [item]):
+                try:
+                    yield index, as_input(sample, self.preprocess, index)
+                except LayertapError as e:
+                    yield index, Bad(index, index, str(e))
+                index += 1
+
+
+def _unbatch(batch: Any) -> list[Any]:
+    """The samples of one DataLoader batch (tensor, (inputs, labels) pair or dict)."""
+    if isinstance(batch, (tuple, list)):
+        batch = batch[0]
+    if isinstance(batch, dict):
+        n = len(next(iter(batch.values())))
+        return [{k: v[i] for k, v in batch.items()} for i in range(n)]
+    return list(batch)
+
+
+def as_input(item: Any, preprocess: Preprocess | None, sample_id: Any) -> Any:
+    """One sample as the model's input: an array, or a dict of arrays.
+
+    Tensors become arrays, PIL images are preprocessed, and a ``(input, label)``
+    pair gives its first element.
+
+    Example:
+        >>> as_input((np.zeros(2), 1), None, 0)
+        array([0., 0.])
+    """
+    if isinstance(item, (tuple, list)) and item:
+        item = item[0]
+    if isinstance(item, dict):
+        return {k: _array(v, preprocess, sample_id) for k, v in item.items()}
+    return _array(item, preprocess, sample_id)
+
+
+def _array(value: Any, preprocess: Preprocess | None, sample_id: Any) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    if type(value).__module__.startswith("torch"):
+        return value.detach().cpu().numpy()
+    if type(value).__module__.startswith("PIL"):
+        if preprocess is None:
+            raise LayertapError(f"sample {sample_id!r} is an image but no preprocessing is known; pass image_size=... (--image-size)")
+        return preprocess.apply(value)
+    try:
+        arr = np.asarray(value)
+    except Exception:  # noqa: BLE001 - any object may be handed in
+        arr = np.asarray(None)
+    if arr.dtype == object:
+        raise LayertapError(f"sample {sample_id!r} is a {type(value).__name__}, not an array, tensor or image")
+    return arr
+
+
+def reference(source: MapSource | None, first: Any = None, first_id: Any = None) -> Reference | None:
+    """The first sample that loads defines the shape and dtype of all (None: none loads)."""
+    if source is not None:
+        for i in range(min(len(source), 64)):
+            sample = source.load(i)
+            if not isinstance(sample, Bad):
+                return _reference_of(sample, source.ids[i])
+        return None
+    return None if first is None or isinstance(first, Bad) else _reference_of(first, first_id)
+
+
+def _reference_of(sample: Any, sample_id: Any) -> Reference:
+    items = sample if isinstance(sample, dict) else {"": sample}
+    return Reference(sample_id, {k: tuple(v.shape) for k, v in items.items()}, {k: v.dtype.name for k, v in items.items()})
+
+
+def check_sample(sample: Any, ref: Reference, index: int, sample_id: Any, any_shape: bool) -> Any:
+    """``sample`` or :class:`Bad` when its dtype (or, unless ``any_shape``, its shape) differs from the first."""
+    if isinstance(sample, Bad):
+        return sample
+    items = sample if isinstance(sample, dict) else {"": sample}
+    if set(items) != set(ref.shapes):
+        return Bad(index, sample_id, f"sample {sample_id!r} has inputs {sorted(items)}, unlike the first sample {ref.id!r} ({sorted(ref.shapes)})")
+    for k, v in items.items():
+        what = f"sample {sample_id!r}" + (f" input {k!r}" if k else "")
+        if v.dtype.name != ref.dtypes[k]:
+            return Bad(index, sample_id, f"{what} has dtype {v.dtype.name}, unlike the first sample {ref.id!r} ({ref.dtypes[k]})")
+        if not any_shape and tuple(v.shape) != ref.shapes[k]:
+            return Bad(
+                index, sample_id,
+                f"{what} has shape {_shape(v.shape)}, unlike the first sample {ref.id!r} ({_shape(ref.shapes[k])}); "
+                "samples must share one shape, or pass --pool mean|max|first to pool features of any size",
+            )
+    return sample
+
+
+def _shape(shape: Sequence[int]) -> str:
+    return "x".join(str(d) for d in shape) or "scalar"
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return " ".join(text.splitlines()[0].split()) if text else type(e).__name__
+
+
+# -- opening ------------------------------------------------------------------
+def open_source(data: Any, preprocess: Callable[[], Preprocess | None]) -> MapSource | IterSource:
+    """The source for ``data``: a folder path, a sequence, an iterable or a DataLoader.
+
+    ``preprocess`` is called only when images are found (it may need the model).
+    """
+    if isinstance(data, (str, os.PathLike)):
+        return _open_folder(Path(data), preprocess)
+    if type(data).__name__ == "DataLoader" and type(data).__module__.startswith("torch"):
+        return IterSource(data, _maybe(preprocess), batched=True)
+    if hasattr(data, "__len__") and hasattr(data, "__getitem__") and not isinstance(data, (dict, np.ndarray)):
+        return SequenceSource(data, _maybe(preprocess))
+    if isinstance(data, np.ndarray) or hasattr(data, "__iter__"):
+        return IterSource(data, _maybe(preprocess), batched=False)
+    raise LayertapError(f"data must be a folder, a sequence or an iterable of samples, got a {type(data).__name__}")
+
+
+def _maybe(preprocess: Callable[[], Preprocess | None]) -> Preprocess | None:
+    try:
+        return preprocess()
+    except LayertapError:
+        return None  # only needed if the items turn out to be images
+
+
+def _open_folder(root: Path, preprocess: Callable[[], Preprocess | None]) -> MapSource:
+    if not root.exists():
+        raise LayertapError(f"--data '{root}' does not exist")
+    if not root.is_dir():
+        raise LayertapError(f"--data '{root}' is a file; give a folder of images, .npy/.npz files or a datasets folder")
+    if (root / "dataset_dict.json").is_file():
+        splits = sorted(p.name for p in root.iterdir() if p.is_dir())
+        raise LayertapError(f"--data '{root}' is a DatasetDict; pick a split folder: {', '.join(str(root / s) for s in splits)}")
+    if (root / "state.json").is_file() and (root / "dataset_info.json").is_file():
+        return _open_hf(root, preprocess)
+    files = sorted(
+        p.relative_to(root).as_posix() for p in root.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    )
+    images = [f for f in files if f.lower().endswith(IMAGE_SUFFIXES)]
+    arrays = [f for f in files if f.lower().endswith(ARRAY_SUFFIXES)]
+    if images and arrays:
+        raise LayertapError(f"--data '{root}' holds both images ({images[0]}) and arrays ({arrays[0]}); put them in separate folders")
+    if arrays:
+        return ArrayFolder(root, arrays)
+    if images:
+        recipe = preprocess()
+        if recipe is None:
+            raise LayertapError("no preprocessing is known for this model; pass --image-size SIZE (and --mean/--std)")
+        return ImageFolder(root, images, recipe)
+    raise LayertapError(
+        f"--data '{root}' is empty: no images ({', '.join(IMAGE_SUFFIXES[:3])}...), .npy/.npz files or datasets folder"
+    )
+
+
+def _open_hf(root: Path, preprocess: Callable[[], Preprocess | None]) -> HFDataset:
+    try:
+        import datasets
+    except ImportError:
+        raise LayertapError(f"--data '{root}' is a Hugging Face datasets folder; pip install datasets") from None
+    try:
+        ds = datasets.load_from_disk(str(root))
+    except Exception as e:  # noqa: BLE001
+        raise LayertapError(f"cannot read datasets folder '{root}': {_first_line(e)}") from None
+    if len(ds) == 0:
+        raise LayertapError(f"--data '{root}' is an empty dataset (0 rows)")
+    column, images = _pick_column(ds, root)
+    recipe = preprocess() if images else None
+    if images and recipe is None:
+        raise LayertapError("no preprocessing is known for this model; pass --image-size SIZE (and --mean/--std)")
+    return HFDataset(root, ds, column, images, recipe)
+
+
+_PREFERRED = ("pixel_values", "image", "img", "input", "inputs", "x", "array")
+
+
+def _pick_column(ds: Any, root: Path) -> tuple[str, bool]:
+    """The input column: an Image feature, else an array-valued one (preferred names first)."""
+    import datasets
+
+    feats = ds.features
+    images = [c for c, f in feats.items() if isinstance(f, datasets.Image)]
+    arrays = [c for c, f in feats.items() if not isinstance(f, (datasets.Value, datasets.ClassLabel, datasets.Image))]
+    for pool, is_image in ((images, True), (arrays, False)):
+        for name in _PREFERRED:
+            if name in pool:
+                return name, is_image
+        if len(pool) == 1:
+            return pool[0], is_image
+    raise LayertapError(
+        f"datasets folder '{root}' has no single image or array column to feed the model (columns: {', '.join(feats)})"
+    )

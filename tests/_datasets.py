@@ -1,0 +1,74 @@
+"""Small sample folders and a tiny CNN file for the dataset-extraction tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+TINY_CNN = '''
+import time
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    """conv -> relu -> conv -> head; SLEEP seconds per forward (for the kill test)."""
+
+    SLEEP = 0.0
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x):
+        if self.SLEEP:
+            time.sleep(self.SLEEP)
+        h = self.relu(self.conv2(self.relu(self.conv1(x))))
+        return self.head(h.mean((2, 3)))
+
+
+class SlowNet(Net):
+    SLEEP = 0.25
+'''
+
+
+def write_model(folder: Path) -> Path:
+    path = folder / "tinycnn.py"
+    path.write_text(TINY_CNN)
+    return path
+
+
+def npy_folder(folder: Path, n: int = 20, shape: tuple[int, ...] = (3, 16, 16), seed: int = 0) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        np.save(folder / f"s{i:03d}.npy", rng.standard_normal(shape).astype(np.float32))
+    return folder
+
+
+def image_folder(folder: Path, n: int = 6, seed: int = 0) -> Path:
+    """PNGs and JPEGs of different sizes in two sub-folders."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        sub = folder / ("cats" if i % 2 else "dogs")
+        sub.mkdir(parents=True, exist_ok=True)
+        h, w = int(rng.integers(40, 80)), int(rng.integers(40, 80))
+        img = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        img.save(sub / f"img{i}.{'png' if i % 3 else 'jpg'}")
+    return folder
+
+
+def same_tree(a: Path, b: Path) -> list[str]:
+    """Relative paths whose bytes differ between two folders (or exist in one only)."""
+    fa = {p.relative_to(a).as_posix(): p for p in a.rglob("*") if p.is_file()}
+    fb = {p.relative_to(b).as_posix(): p for p in b.rglob("*") if p.is_file()}
+    diff = sorted(set(fa) ^ set(fb))
+    diff += [k for k in sorted(set(fa) & set(fb)) if fa[k].read_bytes() != fb[k].read_bytes()]
+    return diff
