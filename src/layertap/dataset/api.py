@@ -97,7 +97,7 @@ def extract_dataset(
     data_dir = Path(data).resolve() if isinstance(data, (str, os.PathLike)) else None
     out_dir = Path(out).resolve()
     if data_dir is not None and (out_dir == data_dir or data_dir in out_dir.parents):
-        raise LayertapError(f"OUT_DIR '{out}' is inside the data folder '{data}'; its shards would be read as samples next time, write elsewhere")
+        raise LayertapError(f"OUT_DIR '{out}' is inside the data folder '{data}'; its shards would be read as samples, write elsewhere")
     source = open_source(data_dir or data, preprocess)
     count = None
     if isinstance(source, MapSource):

@@ -176,7 +176,8 @@ class ShardAssembler:
         for bad in result.bad:
             if not self.skip_bad and self.wanted(bad.index // self.size):
                 keep = result.indices < bad.index
-                self._place(result.indices[keep], [i for i, k in zip(result.ids, keep) if k], {n: v[keep] for n, v in result.features.items()}, [])
+                ids = [i for i, k in zip(result.ids, keep) if k]
+                self._place(result.indices[keep], ids, {n: v[keep] for n, v in result.features.items()}, [])
                 raise LayertapError(
                     f"{bad.error}; the completed shards are kept: fix the sample and rerun with --resume, or pass --skip-bad"
                 )

@@ -58,7 +58,7 @@ class ShardedArray:
             if not 0 <= i < len(self):
                 raise IndexError(f"sample {int(first)} is out of range for {len(self)} samples")
             s = bisect.bisect_right(self._starts, i) - 1
-            return np.asarray(self.parts[s][(i - self._starts[s], *rest)])
+            return np.asarray(self.parts[s][(i - self._starts[s],) + rest])
         rows = np.arange(len(self))[first]  # slices, index arrays and masks, as numpy reads them
         return self._rows(np.atleast_1d(rows), rest)
 
@@ -74,11 +74,11 @@ class ShardedArray:
             local = run_rows - self._starts[s]
             part = self.parts[s]
             if np.all(np.diff(local) == 1):
-                pieces.append(np.asarray(part[(slice(int(local[0]), int(local[-1]) + 1), *rest)]))
+                pieces.append(np.asarray(part[(slice(int(local[0]), int(local[-1]) + 1),) + rest]))
             else:
-                pieces.append(np.stack([np.asarray(part[(int(j), *rest)]) for j in local]))
+                pieces.append(np.stack([np.asarray(part[(int(j),) + rest]) for j in local]))
         if not pieces:
-            return np.empty((0, *self.shape[1:]), self.dtype)[(slice(None), *rest)]
+            return np.empty((0, *self.shape[1:]), self.dtype)[(slice(None),) + rest]
         return np.concatenate(pieces)
 
 

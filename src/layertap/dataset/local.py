@@ -124,8 +124,9 @@ def _keep(item: Any) -> Any:
 def _dataloader(job: Job, ranges: list[tuple[int, int]], workers: int) -> Iterator[Collated]:
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(
-        _Ranges(job, ranges), batch_size=None, shuffle=False, num_workers=workers, collate_fn=_keep,
+    batches: Any = _Ranges(job, ranges)
+    loader: Any = DataLoader(
+        batches, batch_size=None, shuffle=False, num_workers=workers, collate_fn=_keep,
         prefetch_factor=2 if workers else None, persistent_workers=False,
     )
     yield from loader

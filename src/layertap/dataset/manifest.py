@@ -75,7 +75,9 @@ class Manifest:
     @property
     def data(self) -> dict:
         """The manifest as JSON-ready data (what the file holds)."""
-        shards, ids, skipped = [], [], []
+        shards: list[dict] = []
+        ids: list[Any] = []
+        skipped: list[dict] = []
         for k in sorted(self.shards):
             r = self.shards[k]
             shards.append({"index": k, "file": r["file"], "start": len(ids), "stop": len(ids) + len(r["ids"]), "source": r["source"]})
@@ -111,7 +113,9 @@ class Manifest:
         """The taps' names, keys, per-sample shapes and dtypes (from the first batch)."""
         if self.taps is not None and self.taps != taps:
             old = {t["name"]: t for t in self.taps}
-            raise LayertapError(f"cannot resume '{self.out}': the taps now give {_taps_text(taps)}, the run started with {_taps_text(list(old.values()))}")
+            raise LayertapError(
+                f"cannot resume '{self.out}': the taps now give {_taps_text(taps)}, the run started with {_taps_text(list(old.values()))}"
+            )
         self.taps = taps
 
     def finish(self, total: int) -> None:

@@ -111,7 +111,7 @@ def _write_safetensors(path: Path, arrays: dict[str, np.ndarray], dtypes: dict[s
         f.write(len(raw).to_bytes(8, "little"))
         f.write(raw)
         for a in arrays.values():
-            f.write(memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)))
+            np.ascontiguousarray(a).reshape(-1).view(np.uint8).tofile(f)
 
 
 def _read_safetensors_header(path: Path) -> tuple[dict, int]:

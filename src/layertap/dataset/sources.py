@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -24,7 +24,8 @@ from .images import IMAGE_SUFFIXES, Preprocess
 ARRAY_SUFFIXES = (".npy", ".npz")
 
 
-class Bad(NamedTuple):
+@dataclass(frozen=True)
+class Bad:
     """A sample that could not be used: its source index, id and the reason."""
 
     index: int
@@ -246,7 +247,8 @@ def check_sample(sample: Any, ref: Reference, index: int, sample_id: Any, any_sh
         return sample
     items = sample if isinstance(sample, dict) else {"": sample}
     if set(items) != set(ref.shapes):
-        return Bad(index, sample_id, f"sample {sample_id!r} has inputs {sorted(items)}, unlike the first sample {ref.id!r} ({sorted(ref.shapes)})")
+        why = f"has inputs {sorted(items)}, unlike the first sample {ref.id!r} ({sorted(ref.shapes)})"
+        return Bad(index, sample_id, f"sample {sample_id!r} {why}")
     for k, v in items.items():
         what = f"sample {sample_id!r}" + (f" input {k!r}" if k else "")
         if v.dtype.name != ref.dtypes[k]:
