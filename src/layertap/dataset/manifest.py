@@ -148,7 +148,7 @@ def dumps(data: dict) -> str:
     """One line per top-level key, one per record in lists of records: readable and diffable.
 
     Example:
-        >>> print(dumps({"a": 1, "shards": [{"file": "x"}, {"file": "y"}]}))
+        >>> print(dumps({"a": 1, "shards": [{"file": "x"}, {"file": "y"}]}), end="")
         {
          "a": 1,
          "shards": [
