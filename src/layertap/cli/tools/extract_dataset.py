@@ -48,6 +48,8 @@ def run_dataset(ns: argparse.Namespace) -> int:
 
     if not ns.output:
         raise LayertapError("--data needs -o OUT_DIR (a new or empty folder, or one to --resume)")
+    if getattr(ns, "report", None):
+        raise LayertapError("--report works on one input, not with --data; drop --report, or run extract without --data for a report")
     feats = extract_dataset(
         ns.model, ns.data, ns.tap, ns.output, batch_size=ns.batch_size, shard_size=ns.shard_size, format=ns.format,
         dtype=ns.dtype, pool=ns.pool, resume=ns.resume, limit=ns.limit, workers=ns.workers, device=ns.device,
