@@ -152,6 +152,7 @@ class OnnxBackend:
         self.session = TappedSession(path, list(taps))
         self.names = self.session.tap_names
         first = self.session.session.get_inputs()
+        self.inputs = [i.name for i in first]
         # A file exported with a fixed batch of 1 still works: one sample per run.
         self.one_at_a_time = len(first) > 0 and bool(first[0].shape) and first[0].shape[0] == 1
 
@@ -161,6 +162,11 @@ class OnnxBackend:
         if self.one_at_a_time and n > 1:
             parts = [self.run(_take(batch, i)) for i in range(n)]
             return {k: np.concatenate([p[k] for p in parts]) for k in self.names}
+        given = sorted(batch) if isinstance(batch, dict) else [""]
+        if given != sorted(self.inputs) and not (given == [""] and len(self.inputs) == 1):
+            what = "one array" if given == [""] else ", ".join(given)
+            raise LayertapError(f"the samples give {what}, but '{self.session.path}' takes the inputs {', '.join(self.inputs)}; "
+                                "use .npz samples with one array per input name")
         got = self.session.run(batch if isinstance(batch, dict) else [batch])
         return {k: got[k] for k in self.names}
 
