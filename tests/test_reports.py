@@ -56,22 +56,25 @@ def external_refs(html: str) -> list[str]:
 def test_png_encoder_round_trips_through_pillow():
     from PIL import Image
 
-    from layertap.reports.png import encode_png
+    from layertap.reports.png import PALETTE, encode_png
 
     img = np.random.default_rng(0).integers(0, 256, size=(7, 13, 3), dtype=np.uint8)
     back = np.asarray(Image.open(io.BytesIO(encode_png(img))).convert("RGB"))
     np.testing.assert_array_equal(back, img)
+    idx = np.random.default_rng(1).integers(0, len(PALETTE), size=(5, 9), dtype=np.uint8)  # palette image
+    back = np.asarray(Image.open(io.BytesIO(encode_png(idx))).convert("RGB"))
+    np.testing.assert_array_equal(back, PALETTE[idx])
 
 
 def test_thumbnails_by_rank_with_caps_and_bad_values():
-    from layertap.reports.png import NAN_RGB
+    from layertap.reports.png import NAN_INDEX
     from layertap.reports.tensors import MAX_CHANNELS, thumbnail
 
     x = np.random.default_rng(0).normal(size=(2, 40, 8, 8))
     x[0, 0, 0, 0] = np.nan
     img, caption = thumbnail(x)
     assert caption.startswith(f"first {MAX_CHANNELS} of 40 channels of sample 0")
-    assert tuple(img[0, 0]) == NAN_RGB  # the NaN pixel of channel 0 stands out
+    assert img[0, 0] == NAN_INDEX  # the NaN pixel of channel 0 stands out
     _, caption = thumbnail(np.zeros((1, 300, 1000), dtype=np.float32))
     assert "token x hidden" in caption and "first 128 of 300 rows" in caption and "first 384 of 1000 columns" in caption
     _, caption = thumbnail(np.zeros((1, 512, 1, 1)))  # pooled features: a strip, not 512 one-pixel tiles

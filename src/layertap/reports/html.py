@@ -187,7 +187,10 @@ def table_fragment(table: Any, limit: int = 2000) -> str:
     classes = ["bad" if field(r, "ok") is False else "" for r in shown]
     more = f'<p class="muted">first {limit} of {len(table.rows)} rows shown</p>' if len(table.rows) > limit else ""
     title = f"<h2>{esc(table.title)}</h2>" if getattr(table, "title", None) else ""
-    foot = "".join(f"<p class=\"muted\">{esc(line)}</p>" for line in table.footer())
+    lines = list(table.footer())
+    foot = "".join(f"<p class=\"muted\">{esc(line)}</p>" for line in lines)
+    if isinstance(getattr(table, "ok", None), bool) and lines:  # a Report: its verdict first
+        title = verdict(table.ok, lines[-1]) + title
     return title + grid_table([c.header for c in cols], body, numeric=numeric, row_classes=classes) + more + foot
 
 

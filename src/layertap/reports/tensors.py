@@ -15,12 +15,12 @@ from typing import Mapping
 import numpy as np
 
 from .html import esc
-from .png import colorize, data_uri, encode_png, upscale
+from .png import GAP_INDEX, data_uri, encode_png, levels
 from .svg import histogram
 
 MAX_TENSORS = 32       # tensors drawn per report; the rest get a stats row only
 MAX_CHANNELS = 16      # channels per feature-map grid
-MAX_TILE = 64          # pixels per tile side (larger maps are subsampled)
+MAX_TILE = 40          # pixels per tile side (larger maps are subsampled)
 MAX_ROWS, MAX_COLS = 128, 384  # heat maps: tokens x hidden (or samples x features)
 _HIST_SAMPLE = 1_000_000  # values fed to the histogram at most (evenly strided)
 
@@ -73,12 +73,13 @@ def _numeric(a: np.ndarray) -> bool:
 
 
 def thumbnail(a: np.ndarray, max_channels: int = MAX_CHANNELS) -> tuple[np.ndarray | None, str]:
-    """An RGB picture of ``a`` and a caption saying what it shows (``None`` when nothing to draw).
+    """A picture of ``a`` (palette indices, see :mod:`.png`) and a caption saying what it shows
+    (``None`` when there is nothing to draw).
 
     Example:
         >>> img, caption = thumbnail(np.random.default_rng(0).normal(size=(2, 20, 8, 8)))
-        >>> img.shape[2], caption
-        (3, 'first 16 of 20 channels of sample 0 (4 x 4 grid; each tile scaled to its own range)')
+        >>> img.ndim, caption
+        (2, 'first 16 of 20 channels of sample 0 (4 x 4 grid; each tile scaled to its own range)')
     """
     a = np.asarray(a)
     if not _numeric(a) or a.ndim == 0:
@@ -105,35 +106,45 @@ def _channel_grid(chw: np.ndarray, max_channels: int) -> tuple[np.ndarray, str]:
     c, h, w = chw.shape
     k = min(c, max_channels)
     step = max(1, math.ceil(max(h, w) / MAX_TILE))
-    tiles = [colorize(chw[i, ::step, ::step]) for i in range(k)]
+    tiles = [levels(chw[i, ::step, ::step]) for i in range(k)]
     cols = math.ceil(math.sqrt(k))
     th, tw = tiles[0].shape[:2]
-    tiles = [upscale(t, max(min(th, tw), 280 // cols)) for t in tiles]  # grids about 280 px wide
-    th, tw = tiles[0].shape[:2]
     rows = math.ceil(k / cols)
-    gap = 2
-    grid = np.full((rows * th + (rows - 1) * gap, cols * tw + (cols - 1) * gap, 3), 255, dtype=np.uint8)
+    gap = 1
+    grid = np.full((rows * th + (rows - 1) * gap, cols * tw + (cols - 1) * gap), GAP_INDEX, dtype=np.uint8)
     for i, t in enumerate(tiles):
         r, q = divmod(i, cols)
         grid[r * (th + gap): r * (th + gap) + th, q * (tw + gap): q * (tw + gap) + tw] = t
     shown = f"first {k} of {c} channels" if k < c else f"all {c} channels"
-    sub = f", every {step}th pixel" if step > 1 else ""
+    sub = f", subsampled 1:{step}" if step > 1 else ""
     return grid, f"{shown} of sample 0 ({rows} x {cols} grid{sub}; each tile scaled to its own range)"
 
 
 def _heat(m: np.ndarray, what: str) -> tuple[np.ndarray, str]:
     r, c = m.shape
     cut = m[:MAX_ROWS, :MAX_COLS]
-    img = colorize(cut)
-    kc = min(8, max(1, math.ceil(256 / cut.shape[1])))
-    kr = 16 if cut.shape[0] < 8 else min(8, max(1, math.ceil(128 / cut.shape[0])))
-    img = np.repeat(np.repeat(img, kr, axis=0), kc, axis=1)
+    img = levels(cut)
     cropped = []
     if r > MAX_ROWS:
         cropped.append(f"first {MAX_ROWS} of {r} rows")
     if c > MAX_COLS:
         cropped.append(f"first {MAX_COLS} of {c} columns")
     return img, what + (f"; {', '.join(cropped)}" if cropped else "")
+
+
+def display_size(h: int, w: int) -> tuple[int, int]:
+    """CSS pixels to show an ``h x w`` picture at: about 280 px wide, strips at least 16 px per row.
+
+    PNGs are stored at their own resolution (small files) and enlarged by the
+    browser without smoothing, so each value stays a sharp block.
+
+    Example:
+        >>> display_size(8, 8), display_size(1, 384), display_size(17, 64)
+        ((280, 280), (384, 16), (256, 68))
+    """
+    dw = w * max(1, min(35, 280 // max(1, w)))
+    dh = 16 * h if h < 8 else round(h * dw / max(1, w))
+    return dw, dh
 
 
 def stats_line(s: ValueStats) -> str:
@@ -167,8 +178,9 @@ def tensor_card(name: str, a: np.ndarray, *, draw: bool = True) -> str:
     if draw:
         img, caption = thumbnail(a)
         if img is not None:
+            dw, dh = display_size(*img.shape[:2])
             body.append(f'<img alt="{esc(name)}: {esc(caption)}" src="{data_uri(encode_png(img))}" '
-                        f'width="{img.shape[1]}" height="{img.shape[0]}">')
+                        f'width="{dw}" height="{dh}" style="aspect-ratio:{dw}/{dh}">')
             body.append(f'<div class="muted" style="font-size:.8em">{esc(caption)}</div>')
     if _numeric(a):
         flat = a.ravel()
