@@ -1,0 +1,136 @@
+"""The Ray Data engine: the same shards, written by actors that each load the model once.
+
+The pipeline is ``ray.data.from_items`` over the shards still to do, then
+``map_batches`` with :class:`ShardWorker` (an actor class: the model or ORT
+session is built in ``__init__``, once per actor; one actor per GPU when the
+run is on CUDA). Each call reads its shard's samples with the same loaders
+and batch boundaries as the local engine, writes the shard file into OUT_DIR
+(which must be on storage every node sees) and returns its manifest record;
+the driver writes the manifest. Ids and values therefore equal a local run's.
+
+Samples are read by layertap's loaders rather than ``ray.data.read_images`` /
+``read_numpy``: ``read_numpy`` splits every file along its first axis, and
+reading inside the actor keeps corrupt files named and ``skip_bad`` working.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..errors import LayertapError
+from .batches import ShardAssembler, ShardData, batch_ranges, shard_count
+from .job import Job
+from .local import progress_bar
+from .sources import MapSource
+
+
+def run_ray(job: Job, address: str | None, progress: bool | None) -> int:
+    """Run the shards the manifest lacks on Ray Data; return the number of source samples."""
+    if not isinstance(job.source, MapSource) or job.count is None:
+        raise LayertapError(
+            "engine='ray' needs data it can split: a folder, a datasets folder or a sequence with len(); "
+            "an iterator or DataLoader is read once, in order: use the local engine"
+        )
+    ray = _ray()
+    _connect(ray, address)
+    todo = [k for k in range(shard_count(job.count, job.options.shard_size)) if job.wanted(k)]
+    if todo:
+        _run_shards(ray, job, todo, progress)
+    return job.count
+
+
+def _ray() -> Any:
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        raise LayertapError("--ray needs Ray Data; pip install 'layertap[ray]' (or 'ray[data]')") from None
+    return ray
+
+
+def _connect(ray: Any, address: str | None) -> None:
+    """Join ``address``, or start a local Ray; a session already started (tests, notebooks) is reused."""
+    if ray.is_initialized():
+        return
+    try:
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(include_dashboard=False, log_to_driver=False)
+    except Exception as e:  # noqa: BLE001 - ConnectionError, RuntimeError, ... from Ray
+        where = f"the Ray cluster at {address!r}" if address else "a local Ray"
+        raise LayertapError(f"cannot start or join {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+
+
+def _run_shards(ray: Any, job: Job, todo: list[int], progress: bool | None) -> None:
+    import ray.data
+
+    gpus = int(ray.cluster_resources().get("GPU", 0)) if job.backend.device.startswith("cuda") else 0
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    actors = max(1, min(len(todo), gpus or cpus))
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ds = ray.data.from_items([{"shard": k} for k in todo], override_num_blocks=len(todo)).map_batches(
+        ShardWorker, fn_constructor_kwargs={"job": job}, batch_size=1, concurrency=actors,
+        num_gpus=1 if gpus else 0, num_cpus=1,
+    )
+    errors: list[tuple[int, str]] = []
+    bar = progress_bar() if (progress if progress is not None else _tty()) else None
+    if bar is not None:
+        bar.start()
+        task = bar.add_task("extracting on Ray", total=job.count)
+    try:
+        for row in ds.iter_rows():
+            rec = json.loads(row["record"])
+            if "error" in rec:
+                errors.append((rec["index"], rec["error"]))
+                continue
+            job.manifest.set_taps(rec.pop("taps"))
+            job.manifest.add_shard(rec)
+            if bar is not None:
+                bar.advance(task, rec["source"][1] - rec["source"][0])
+    finally:
+        if bar is not None:
+            bar.stop()
+    if errors:
+        raise LayertapError(min(errors)[1])
+
+
+def _tty() -> bool:
+    import sys
+
+    return sys.stderr.isatty()
+
+
+class ShardWorker:
+    """A Ray Data actor: builds the backend once, then writes one shard per call."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.runner = job.runner(job.backend.build())
+
+    def __call__(self, batch: dict) -> dict:
+        records = []
+        for k in batch["shard"]:
+            try:
+                records.append(json.dumps(self._shard(int(k))))
+            except LayertapError as e:
+                records.append(json.dumps({"index": int(k), "error": str(e)}))
+        return {"record": records}
+
+    def _shard(self, k: int) -> dict:
+        job = self.job
+        size, count = job.options.shard_size, job.count
+        assert count is not None
+        stop = min((k + 1) * size, count)
+        done: list[ShardData] = []
+        asm = ShardAssembler(size, lambda s: s == k, done.append, job.options.skip_bad)
+        for a, b in batch_ranges(count, job.options.batch_size, size, lambda s: s == k):
+            result = self.runner.run(job.load_batch(a, b))
+            job.set_layout(self.runner)
+            asm.add(result)
+        asm.close(stop)
+        record = job.write(done[0])
+        record["taps"] = job.manifest.taps
+        return record

@@ -1,0 +1,70 @@
+"""Extraction on Ray Data (a real local cluster, 2 CPUs, started once for this module) equals the local run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+ray = pytest.importorskip("ray")
+pytest.importorskip("ray.data")
+
+import layertap as lt  # noqa: E402
+from _datasets import image_folder, npy_folder, same_tree  # noqa: E402
+from conftest import run_cli  # noqa: E402
+from layertap.errors import LayertapError  # noqa: E402
+
+pytestmark = pytest.mark.slow  # starting Ray and its actors takes tens of seconds
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_ray_equals_local_byte_for_byte(cluster, tmp_path):
+    data = npy_folder(tmp_path / "data", n=22, shape=(3, 32, 32))
+    kw = dict(taps=["layer1.0", "layer4"], batch_size=4, shard_size=6, pool="mean", dtype="float16", progress=False)
+    local = lt.extract_dataset("torchvision:resnet18", data, out=tmp_path / "local", **kw)
+    on_ray = lt.extract_dataset("torchvision:resnet18", data, out=tmp_path / "ray", engine="ray", **kw)
+    assert on_ray.ids == local.ids and on_ray.taps == local.taps == ["layer1.0", "layer4"]
+    assert same_tree(tmp_path / "local", tmp_path / "ray") == []  # same shards, same manifest
+
+
+def test_ray_images_resume_and_bad_samples(cluster, tmp_path):
+    folder = image_folder(tmp_path / "imgs", n=9)
+    (folder / "dogs" / "zz_broken.png").write_bytes(b"not a png")
+    kw = dict(taps=["layer2"], batch_size=2, shard_size=3, pool="max", image_size=32, progress=False)
+    with pytest.raises(LayertapError, match="'dogs/zz_broken.png'"):
+        lt.extract_dataset("torchvision:resnet18", folder, out=tmp_path / "ray", engine="ray", **kw)
+    kept = json.loads((tmp_path / "ray" / "manifest.json").read_text())
+    assert kept["status"] == "running" and len(kept["shards"]) == 3  # the other shards were written
+    f = lt.extract_dataset("torchvision:resnet18", folder, out=tmp_path / "skip", engine="ray", skip_bad=True, **kw)
+    local = lt.extract_dataset("torchvision:resnet18", folder, out=tmp_path / "local", skip_bad=True, **kw)
+    assert [s["id"] for s in f.skipped] == ["dogs/zz_broken.png"] and f.ids == local.ids
+    np.testing.assert_array_equal(np.asarray(f["layer2"]), np.asarray(local["layer2"]))
+    (folder / "dogs" / "zz_broken.png").unlink()
+    resumed = lt.extract_dataset("torchvision:resnet18", folder, out=tmp_path / "ray", engine="ray", resume=True, **kw)
+    fresh = lt.extract_dataset("torchvision:resnet18", folder, out=tmp_path / "fresh", **kw)
+    assert resumed.ids == fresh.ids
+    assert same_tree(tmp_path / "fresh", tmp_path / "ray") == []
+
+
+def test_cli_joins_a_running_cluster_by_address(cluster, tmp_path):
+    data = npy_folder(tmp_path / "data", n=5, shape=(3, 32, 32))
+    address = ray.get_runtime_context().gcs_address
+    args = ["extract", "torchvision:resnet18", "--tap", "layer3", "--data", str(data), "--pool", "mean", "--shard-size", "2"]
+    r = run_cli(*args, "-o", str(tmp_path / "ray"), "--ray", address)
+    assert r.returncode == 0, r.stderr
+    assert run_cli(*args, "-o", str(tmp_path / "local")).returncode == 0
+    assert same_tree(tmp_path / "local", tmp_path / "ray") == []
+
+
+def test_ray_refuses_an_iterator(cluster, tmp_path):
+    with pytest.raises(LayertapError, match="engine='ray' needs data it can split"):
+        lt.extract_dataset(torch.nn.Linear(2, 2), (np.zeros(2, np.float32) for _ in range(3)), taps=[""],
+                           out=tmp_path / "o", engine="ray", progress=False)
