@@ -48,9 +48,12 @@ class RunTool(Tool):
 
         self.groups[2].check(ns, inputs=(ns.onnx,))
         inputs = _inputs(InputArgs.specs(ns))
-        values = run(ns.onnx, inputs, taps=ns.tap, seed=ns.seed, notify=self.say)
+        notes: list[str] = []  # said once the run succeeded: an error names generated inputs itself
+        values = run(ns.onnx, inputs, taps=ns.tap, seed=ns.seed, notify=notes.append)
         if ns.output:
             save_arrays(ns.output, values)
+        for note in notes:
+            self.say(note)
         self.print_table(RunTable([_row(k, v) for k, v in values.items()]), as_json=ns.json)
         if ns.output and not ns.json:
             self.say(f"wrote {ns.output}")
