@@ -245,3 +245,30 @@ def test_layers_report_on_onnx_file_never_imports_torch(cnn_files, tmp_path):
     assert r.returncode == 0 and "TORCH=False" in r.stderr, r.stderr
     html = out.read_text()
     assert "tensors by module" in html and "block.1" in html and not external_refs(html)
+
+
+def test_extract_data_report_over_the_first_samples_without_torch(cnn_files, tmp_path):
+    """``extract FILE.onnx --data DIR --report``: pictures of sample 0 and stats over the first
+    samples, read back from the shards; an ONNX model never imports torch."""
+    data = tmp_path / "samples"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(12):
+        np.save(data / f"s{i:02d}.npy", rng.standard_normal((3, 16, 16)).astype(np.float32))
+    code = ("import sys; from layertap.cli.main import main; rc = main(sys.argv[1:]); "
+            "sys.stderr.write('TORCH=%s\\n' % ('torch' in sys.modules)); sys.exit(rc)")
+    out, page = tmp_path / "feats", tmp_path / "feats.html"
+    r = subprocess.run([sys.executable, "-c", code, "extract", str(cnn_files[0]), "--tap", "block.2", "--tap", "fc",
+                        "--data", str(data), "-o", str(out), "--batch-size", "2", "--shard-size", "5", "--report", str(page)],  # the file has batch 2
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "TORCH=False" in r.stderr, r.stderr
+    html = page.read_text()
+    assert "first 8 of 12 samples" in html and "s00.npy" in html and not external_refs(html)
+    assert html.count("data:image/png;base64,") == 2 and "NaN 0, +Inf 0, -Inf 0" in html
+    import layertap as lt
+
+    feats = lt.load_features(out)
+    assert feats._repr_html_().startswith('<div class="lt">')
+    r = run_cli("extract", str(cnn_files[0]), "--tap", "fc", "--data", str(data), "-o", str(tmp_path / "f2"),
+                "--report", str(tmp_path / "nowhere" / "r.html"))
+    assert r.returncode == 2 and "does not exist" in r.stderr and not (tmp_path / "f2").exists()

@@ -92,6 +92,8 @@ class Features:
         skipped: samples left out with ``skip_bad`` (``{"id", "index", "error"}``).
     """
 
+    report_kind = "features"  # how layertap.reports draws it (``--report``, notebooks)
+
     def __init__(self, out: Path, manifest: Manifest) -> None:
         self.path = out
         self.manifest = manifest
@@ -110,6 +112,12 @@ class Features:
     def __repr__(self) -> str:
         state = "" if self.complete else ", incomplete"
         return f"Features({len(self)} samples, taps={self.taps}{state})"
+
+    def _repr_html_(self) -> str:
+        """Notebook view: thumbnails, histograms and NaN/Inf counts over the first samples."""
+        from ..reports import repr_html
+
+        return repr_html(self)
 
     def __getitem__(self, tap: str) -> ShardedArray:
         info = {t["name"]: t for t in self.manifest.data.get("taps") or []}

@@ -108,6 +108,8 @@ def _channel_grid(chw: np.ndarray, max_channels: int) -> tuple[np.ndarray, str]:
     step = max(1, math.ceil(max(h, w) / MAX_TILE))
     tiles = [levels(chw[i, ::step, ::step]) for i in range(k)]
     cols = math.ceil(math.sqrt(k))
+    grow = max(1, math.ceil(16 / min(tiles[0].shape[:2])))  # tiny maps (4x4) grow so the 1 px gaps stay thin
+    tiles = [np.repeat(np.repeat(t, grow, axis=0), grow, axis=1) for t in tiles]
     th, tw = tiles[0].shape[:2]
     rows = math.ceil(k / cols)
     gap = 1
@@ -133,17 +135,18 @@ def _heat(m: np.ndarray, what: str) -> tuple[np.ndarray, str]:
 
 
 def display_size(h: int, w: int) -> tuple[int, int]:
-    """CSS pixels to show an ``h x w`` picture at: about 280 px wide, strips at least 16 px per row.
+    """CSS pixels to show an ``h x w`` picture at: about 280 px wide, short heat maps at least 16 px a row
+    (96 px in all).
 
     PNGs are stored at their own resolution (small files) and enlarged by the
     browser without smoothing, so each value stays a sharp block.
 
     Example:
-        >>> display_size(8, 8), display_size(1, 384), display_size(17, 64)
-        ((280, 280), (384, 16), (256, 68))
+        >>> display_size(8, 8), display_size(1, 384), display_size(8, 512), display_size(17, 64)
+        ((280, 280), (384, 16), (512, 96), (256, 96))
     """
     dw = w * max(1, min(35, 280 // max(1, w)))
-    dh = 16 * h if h < 8 else round(h * dw / max(1, w))
+    dh = max(round(h * dw / max(1, w)), min(16 * h, 96))
     return dw, dh
 
 

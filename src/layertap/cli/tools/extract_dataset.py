@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..args import ArgGroup, nonneg_int, positive_int
+from ..args import ArgGroup, ReportArgs, nonneg_int, positive_int
 
 
 def _floats(text: str) -> list[float]:
@@ -48,8 +48,7 @@ def run_dataset(ns: argparse.Namespace) -> int:
 
     if not ns.output:
         raise LayertapError("--data needs -o OUT_DIR (a new or empty folder, or one to --resume)")
-    if getattr(ns, "report", None):
-        raise LayertapError("--report works on one input, not with --data; drop --report, or run extract without --data for a report")
+    ReportArgs.check(ns, inputs=(ns.data,))  # before any work, like every output
     feats = extract_dataset(
         ns.model, ns.data, ns.tap, ns.output, batch_size=ns.batch_size, shard_size=ns.shard_size, format=ns.format,
         dtype=ns.dtype, pool=ns.pool, resume=ns.resume, limit=ns.limit, workers=ns.workers, device=ns.device,
@@ -58,6 +57,11 @@ def run_dataset(ns: argparse.Namespace) -> int:
         engine="ray" if ns.ray is not None else "local", ray_address=ns.ray or None,
     )
     _print_summary(feats)
+    if ns.report:
+        from ...reports import report_page
+
+        summary = [("model", ns.model), ("data", ns.data), ("written to", str(feats.path))]
+        ReportArgs.write(ns, report_page(feats, f"extract from {ns.model} over {ns.data}", summary=summary))
     return 0
 
 
