@@ -14,6 +14,10 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Subprocesses may run in another folder (cwd=tmp_path): a relative PYTHONPATH (src) must still
+# mean this checkout's sources.
+if os.environ.get("PYTHONPATH"):
+    os.environ["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve()) for p in os.environ["PYTHONPATH"].split(os.pathsep) if p)
 
 
 @pytest.fixture(scope="session")

@@ -12,20 +12,29 @@ import io
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Literal, Sequence
 
 from .errors import printable
 
 
 @dataclass(frozen=True)
 class Column:
-    """One rendered column: ``key`` is the row attribute, ``fmt`` turns it into text."""
+    """One rendered column: ``key`` is the row attribute, ``fmt`` turns it into text.
+
+    No cell is ever cut short with an ellipsis. A ``name`` column (module
+    paths, tap names: what users copy into ``--tap``) keeps its full width
+    while any other column can give way; it wraps only when it alone is wider
+    than the terminal. Columns with ``drop > 0`` are hidden, highest first,
+    when the table does not fit the terminal otherwise.
+    """
 
     key: str
     header: str
     fmt: Callable[[Any], str] | None = None
-    justify: str = "left"
-    no_wrap: bool = False  # short values (shapes, numbers) that read badly when wrapped or cut
+    justify: Literal["left", "center", "right"] = "left"
+    no_wrap: bool = False  # short values (shapes, numbers) that read badly when wrapped
+    name: bool = False
+    drop: int = 0
 
 
 def fmt_float(x: Any) -> str:
@@ -106,14 +115,38 @@ class Table:
         """``to_dict()`` as JSON text (NaN/inf written as null)."""
         return json.dumps(_json_safe(self.to_dict()), indent=indent)
 
-    def __rich__(self):
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        """The table at the console's width: drop columns (``Column.drop``) before cutting any name."""
+        width = options.max_width
+        cells = [[self._cell(row, col) for col in self.columns] for row in self.rows]
+        shown = list(range(len(self.columns)))
+        hidden: list[int] = []
+        while _natural_width(self.columns, cells, shown) > width:
+            droppable = [i for i in shown if self.columns[i].drop]
+            if not droppable:
+                break
+            victim = max(droppable, key=lambda i: self.columns[i].drop)
+            shown.remove(victim)
+            hidden.append(victim)
+        yield self._rich_table(cells, shown, width)
+        if hidden:
+            from rich.text import Text
+
+            headers = ", ".join(self.columns[i].header for i in sorted(hidden))
+            yield Text(f"not shown at {width} columns: {headers} (a wider terminal or --json shows them)")
+
+    def _rich_table(self, cells: list[list[str]], shown: list[int], width: int) -> Any:
         from rich.table import Table as RichTable
 
         table = RichTable(title=self.title, title_justify="left")
-        for col in self.columns:
-            table.add_column(col.header, justify=col.justify, no_wrap=col.no_wrap)
-        for row in self.rows:
-            table.add_row(*[self._cell(row, col) for col in self.columns])
+        keep = _whole_names(self.columns, cells, shown, width)
+        fits = _natural_width(self.columns, cells, shown) <= width
+        for i in shown:
+            col = self.columns[i]
+            table.add_column(col.header, justify=col.justify, no_wrap=i in keep or (fits and col.no_wrap),
+                             min_width=_widest(self.columns, cells, i) if i in keep else None, overflow="fold")
+        for row in cells:
+            table.add_row(*[row[i] for i in shown])
         return table
 
     def footer(self) -> list[str]:
@@ -177,6 +210,40 @@ class Report(Table):
         n_fail = len(self.failures)
         lines.append("all passed" if self.ok else f"{n_fail} of {len(self.rows)} FAILED")
         return lines
+
+
+PROSE_WORD = 16  # the narrowest a prose column (a note) gets before names must fold
+
+
+def _widest(columns: Sequence[Column], cells: list[list[str]], i: int) -> int:
+    """Width column ``i`` needs so that nothing is cut: its longest line, or its longest
+    word for a column that may wrap at spaces (not a name, not ``no_wrap``)."""
+    col = columns[i]
+    lines = [col.header, *(line for row in cells for line in row[i].splitlines())]
+    if not (col.name or col.no_wrap):
+        # prose wraps at spaces; a long word in it (a path in a note) may fold past PROSE_WORD
+        return min(max((len(w) for line in lines for w in line.split()), default=0), max(PROSE_WORD, len(col.header)))
+    return max((len(line) for line in lines), default=0)
+
+
+def _whole_names(columns: Sequence[Column], cells: list[list[str]], shown: list[int], width: int) -> set[int]:
+    """The name columns that keep their full width: all when the table fits; else, narrowest
+    first, those that fit beside the other columns squeezed to 4 characters."""
+    names = [i for i in shown if columns[i].name]
+    if _natural_width(columns, cells, shown) <= width:
+        return set(names)
+    room = width - 1 - 3 * len(shown) - 4 * (len(shown) - len(names))
+    keep = set()
+    for i in sorted(names, key=lambda i: _widest(columns, cells, i)):
+        if _widest(columns, cells, i) <= room:
+            keep.add(i)
+            room -= _widest(columns, cells, i)
+    return keep
+
+
+def _natural_width(columns: Sequence[Column], cells: list[list[str]], shown: list[int]) -> int:
+    """Width of the table with nothing cut: cells, one space of padding each side, borders."""
+    return sum(_widest(columns, cells, i) + 3 for i in shown) + 1
 
 
 def _row_dict(row: Any) -> dict[str, Any]:

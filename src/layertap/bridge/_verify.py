@@ -111,15 +111,15 @@ class ExportReport(Report):
         verified: False when ``verify=False`` (rows then have ``ok=None``).
     """
 
-    title = "export verification (ONNX Runtime vs PyTorch)"
+    title = "Export verification (ONNX Runtime vs PyTorch)"
     columns = (
-        Column("name", "output"),
-        Column("origin", "from"),
-        Column("shape", "onnx shape", fmt_shape),
-        Column("batches", "batches", justify="right"),
-        Column("max_abs", "max abs", fmt_float, "right"),
-        Column("max_rel", "max rel", fmt_float, "right"),
-        Column("ok", "result", fmt_ok),
+        Column("name", "Output", name=True),
+        Column("origin", "From", name=True, drop=2),
+        Column("shape", "ONNX shape", fmt_shape, no_wrap=True),
+        Column("batches", "Batches", justify="right", drop=4),
+        Column("max_abs", "Max abs", fmt_float, "right", drop=1),
+        Column("max_rel", "Max rel", fmt_float, "right", drop=3),
+        Column("ok", "Result", fmt_ok),
     )
 
     def __init__(self, rows, *, path: str, exporter: str, inputs: dict, rtol: float, atol: float,

@@ -58,6 +58,13 @@ class ModelArgs(ArgGroup):
             unsafe_pickle=ns.unsafe_load_pickle,
         )
 
+    @staticmethod
+    def check(ns: argparse.Namespace) -> None:
+        """What can be checked before torch is imported: MODEL syntax, --weights/--config files."""
+        from ..specs import check_model_args
+
+        check_model_args(ns.model, weights=ns.weights, config=ns.config)
+
     @classmethod
     def load_with_inputs(cls, ns: argparse.Namespace, *, need_inputs: bool = True):
         """``(model, info, args, kwargs)`` for a MODEL and its ``--input`` specs.
@@ -66,6 +73,7 @@ class ModelArgs(ArgGroup):
         With ``need_inputs=False`` a model without known inputs gets ``args=None``.
         """
         specs = InputArgs.specs(ns)  # before torch is imported
+        cls.check(ns)
 
         from ..pytorch.models import make_inputs
         from .console import status

@@ -8,15 +8,22 @@ only inside its functions.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from typing import Any, Iterator
 
+# Piped output has no width to fit: lines are as long as their content.
+PIPED_WIDTH = 10_000
+RULE_WIDTH = 80  # section rules (the demo's) when the console is wider or unbounded
+
 
 def stdout_console() -> Any:
-    """A rich console for stdout; wide when piped so names and paths are never cut.
+    """A rich console for stdout: the terminal's width (or ``COLUMNS``), unbounded when piped.
 
-    On a terminal rich fits the window; piped output (a file, ``less``, CI
-    logs) would otherwise get rich's 80-column default and cut module paths.
+    On a terminal, tables fit the window (see :class:`layertap.report.Table`).
+    Piped output (a file, ``less``, CI logs) would otherwise get rich's
+    80-column default; there every line is as long as its content, so module
+    paths are never cut or wrapped.
 
     Example:
         >>> stdout_console().width >= 80
@@ -24,7 +31,22 @@ def stdout_console() -> Any:
     """
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else 200)
+    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").strip().isdigit():
+        return Console()
+    return Console(width=PIPED_WIDTH)
+
+
+def rule(console: Any, title: str) -> None:
+    """A section rule at most :data:`RULE_WIDTH` wide (a full-width rule on a pipe would be huge).
+
+    Example:
+        >>> from rich.console import Console
+        >>> rule(Console(width=PIPED_WIDTH, color_system=None), "1. layers")
+        1. layers ──────────────────────────────────────────────────────────────────────
+    """
+    from rich.rule import Rule
+
+    console.print(Rule(title, align="left"), width=min(console.width, RULE_WIDTH))
 
 
 def say(message: str) -> None:

@@ -33,11 +33,11 @@ class OnnxLayers(Table):
     title = "ONNX tensors"
     report_kind = "onnx_layers"
     columns = [
-        Column("name", "Tensor"),
+        Column("name", "Tensor", name=True),
         Column("op", "Op"),
-        Column("module", "Module"),
-        Column("call", "Call", justify="right"),
-        Column("dtype", "Dtype"),
+        Column("module", "Module", name=True),
+        Column("call", "Call", justify="right", drop=1),
+        Column("dtype", "Dtype", drop=2),
         Column("shape", "Shape", fmt=fmt_shape),
     ]
 

@@ -95,15 +95,15 @@ class LayersTable(Table):
     same fields as the CLI's ``--json``.
     """
 
-    title = "layers"
+    title = "Layers"
     report_kind = "layers"
     columns = [
-        Column("name", "module (tap name)"),
-        Column("type", "type"),
-        Column("calls", "calls", lambda c: "-" if c is None else str(c), "right"),
-        Column("shapes", "output", None),
-        Column("dtypes", "dtype", _fmt_dtypes),
-        Column("params", "params", _fmt_params, "right"),
+        Column("name", "Module (tap name)", name=True),
+        Column("type", "Type"),
+        Column("calls", "Calls", lambda c: "-" if c is None else str(c), "right", drop=2),
+        Column("shapes", "Output", None),
+        Column("dtypes", "Dtype", _fmt_dtypes, drop=3),
+        Column("params", "Params", _fmt_params, "right", drop=1),
     ]
 
     @staticmethod
@@ -115,18 +115,6 @@ class LayersTable(Table):
 
             return escape(whole_row[col.key](row))
         return Table._cell(row, col)
-
-    def __rich__(self):
-        table = super().__rich__()
-        # The first column is what users copy into --tap: never cut it. Long
-        # output structures fold onto more lines instead of ending in "…".
-        names = [_fmt_name(r) for r in self.rows] or [""]
-        table.columns[0].no_wrap = True
-        table.columns[0].min_width = max(len(n) for n in names)
-        for col, width in zip(table.columns[1:], (10, 5, 12, 7, 6)):
-            col.min_width = width
-        table.columns[3].overflow = "fold"
-        return table
 
     @property
     def names(self) -> list[str]:

@@ -31,13 +31,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import LayertapError, ModelSpecError, close_matches, unknown_name
+from ..errors import LayertapError, ModelSpecError, unknown_name
 from ..files import note_input
 from ..inputs import DEFAULT_INT_HIGH, InputSpec
+from ..specs import add_cwd_to_path, check_model_args, check_weights_path, module_not_found
 
-ZOOS = ("torchvision", "timm", "transformers")
-SPEC_FORMS = "torchvision:NAME, timm:NAME, transformers:CLASS, package.module:ATTR or path/to/file.py:ATTR"
-WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
 DEFAULT_SEQ_LEN = 16
 
 
@@ -91,16 +89,8 @@ def load_model(
         >>> type(model).__name__, info.inputs[0].shape, model.training
         ('ResNet', (1, 3, 224, 224), False)
     """
-    if not isinstance(spec, str) or not spec.strip():
-        raise ModelSpecError(f"empty MODEL; use {SPEC_FORMS}")
-    spec = spec.strip()
-    if spec.lower().endswith(".onnx"):
-        raise ModelSpecError(f"MODEL {spec!r} is an ONNX file; this command needs a PyTorch model: {SPEC_FORMS}")
-    head, sep, name = spec.rpartition(":")
-    if not sep or not head or not name:
-        raise ModelSpecError(f"bad MODEL {spec!r}; use {SPEC_FORMS}")
-    if config is not None and head != "transformers":
-        raise ModelSpecError(f"--config applies to transformers:CLASS models only, not {spec!r}")
+    parsed = check_model_args(spec, weights=weights, config=config)  # the checks that need no torch
+    spec, head, name = parsed.text, parsed.head, parsed.name
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if head == "torchvision":
@@ -183,8 +173,6 @@ def _transformers(name: str, spec: str, config_path: str | os.PathLike | None) -
         config = config_class()
     else:
         path = Path(config_path)
-        if not path.is_file():
-            raise ModelSpecError(f"--config file '{path}' does not exist")
         note_input(path, "--config")
         try:
             config = config_class.from_json_file(str(path))
@@ -230,18 +218,11 @@ def _transformers_inputs(cls: Any, config: Any) -> tuple[list[InputSpec], int]:
 
 # -- user code ----------------------------------------------------------------
 def _import_module(modname: str, spec: str):
-    # ``python -m`` puts the working folder on sys.path, the console script does
-    # not; make ``layertap ... mypkg.model:Net`` work the same from both.
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
+    add_cwd_to_path()
     try:
         return importlib.import_module(modname)
     except ModuleNotFoundError as e:
-        msg = f"cannot import {modname!r} for MODEL {spec!r}: {e}"
-        zoo = close_matches(modname, ZOOS)
-        if zoo and e.name == modname.split(".")[0]:
-            msg += f"; did you mean: {zoo[0]}:..."
-        raise ModelSpecError(f"{msg} (forms: {SPEC_FORMS})") from None
+        raise module_not_found(modname, spec, e.name, str(e)) from None
     except Exception as e:  # noqa: BLE001 - user code may raise anything at import time
         raise ModelSpecError(f"importing {modname!r} for MODEL {spec!r} failed: {type(e).__name__}: {e}") from None
 
@@ -324,12 +305,9 @@ def load_weights(model: nn.Module, path: str | os.PathLike, *, unsafe_pickle: bo
         layertap.errors.ModelSpecError: weights '...w.pt' do not match the model: 1 missing key: bias
     """
     file = Path(path)
-    if not file.is_file():
-        raise ModelSpecError(f"weights file '{file}' does not exist")
+    check_weights_path(file)
     note_input(file, "--weights")
     suffix = file.suffix.lower()
-    if suffix not in WEIGHT_SUFFIXES:
-        raise ModelSpecError(f"weights file '{file}' must end in one of: {', '.join(WEIGHT_SUFFIXES)}")
     if suffix == ".safetensors":  # keys and shapes from the header first: a wrong file costs no memory
         _check_state(model, _safetensors_shapes(file), file, what)
     state = _read_safetensors(file) if suffix == ".safetensors" else _read_torch(file, unsafe_pickle)

@@ -185,7 +185,7 @@ def compare(
         store.close()
     return CompareReport(
         rows,
-        _notes(model, view, runner, store),
+        _notes(model, view, runner, store, failed=any(r.ok is False for r in rows)),
         rtol=float(rtol),
         atol=float(atol),
         onnx_path=str(onnx_path),
@@ -219,12 +219,16 @@ def _compare_batches(
     return rows
 
 
-def _notes(model: Any, view: ScopeView, runner: OrtRunner, store: ArrayStore) -> list[str]:
-    """What the reader needs to know to trust (or doubt) the rows."""
-    if runner.optimize:
-        notes = [FUSION_NOTE]
-    else:
-        notes = ["ONNX Runtime ran with graph optimisations disabled (ORT_DISABLE_ALL)"]
+def _notes(model: Any, view: ScopeView, runner: OrtRunner, store: ArrayStore, *, failed: bool) -> list[str]:
+    """What the reader needs to know to trust (or doubt) the rows.
+
+    The ORT fusion caveat only matters to explain a failing row.
+    """
+    notes = []
+    if not runner.optimize:
+        notes.append("ONNX Runtime ran with graph optimisations disabled (ORT_DISABLE_ALL)")
+    elif failed:
+        notes.append(FUSION_NOTE)
     if getattr(model, "training", False):
         notes.append("the model is in training mode (dropout, batch statistics): call model.eval() before comparing")
     if view.source == "none":

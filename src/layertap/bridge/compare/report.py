@@ -66,13 +66,13 @@ class CompareReport(Report):
     title = "PyTorch vs ONNX Runtime, module by module"
     report_kind = "compare"
     columns: ClassVar[Sequence[Column]] = (
-        Column("name", "module"),
-        Column("type", "type"),
-        Column("shape", "shape", fmt_shape, no_wrap=True),
-        Column("max_abs", "max abs err", fmt_float, "right", no_wrap=True),
-        Column("rel_err", "rel err", fmt_float, "right", no_wrap=True),
-        Column("status", "status", no_wrap=True),
-        Column("note", "note"),
+        Column("name", "Module", name=True),
+        Column("type", "Type", drop=2),
+        Column("shape", "Shape", fmt_shape, no_wrap=True, drop=3),
+        Column("max_abs", "Max abs err", fmt_float, "right", no_wrap=True, drop=1),
+        Column("rel_err", "Rel err", fmt_float, "right", no_wrap=True),
+        Column("status", "Status", no_wrap=True),
+        Column("note", "Note"),
     )
 
     def __init__(

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..console import stdout_console
+from ..console import rule, stdout_console
 from .base import Tool
 
 MODEL = "torchvision:resnet18"
@@ -41,7 +41,7 @@ class DemoContext:
 
     def heading(self, text: str) -> None:
         self.step += 1
-        self.console.rule(f"[bold]{self.step}. {text}", align="left")
+        rule(self.console, f"[bold]{self.step}. {text}")
 
     def show(self, text: str) -> None:
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)
@@ -239,7 +239,7 @@ class DemoTool(Tool):
         ctx = DemoContext(console=console, workdir=workdir)
         for step in STEPS:
             step(ctx)
-        ctx.console.rule("[bold]done", align="left")
+        rule(ctx.console, "[bold]done")
         ctx.show(f"files written to {workdir}:")
         for path in ctx.written:
             ctx.show(f"  {path.name}")

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 
+from ...report import Column, Table, fmt_shape
 from ..args import InputArgs, ModelArgs, OutputArgs, ReportArgs, TapArgs
-from ..console import status, stdout_console
+from ..console import status
 from .base import Tool, running
 from .extract_dataset import DatasetArgs, run_dataset
 
@@ -65,20 +67,25 @@ class ExtractTool(Tool):
             ReportArgs.write(ns, tensors_page(f"extract from {ns.model}", arrays, summary=summary, notes=notes))
         return 0
 
-    @staticmethod
-    def print_saved(arrays: dict, notes: list[str]) -> None:
+    def print_saved(self, arrays: dict, notes: list[str]) -> None:
         """What was saved: one line per array (name, shape, dtype) on stdout."""
-        from rich.markup import escape
-        from rich.table import Table
+        rows = [SavedRow(name, list(a.shape), str(a.dtype)) for name, a in arrays.items()]
+        self.print_table(SavedTable(rows, notes=notes))
 
-        from ...errors import printable
 
-        table = Table(title="saved", title_justify="left")
-        for col in ("name", "shape", "dtype"):
-            table.add_column(col)
-        for name, a in arrays.items():
-            table.add_row(escape(printable(name)), "x".join(str(d) for d in a.shape) or "scalar", str(a.dtype))
-        console = stdout_console()
-        console.print(table)
-        for note in notes:
-            console.print(printable(note), markup=False, highlight=False)
+@dataclass(frozen=True)
+class SavedRow:
+    name: str
+    shape: list[int]
+    dtype: str
+
+
+class SavedTable(Table):
+    """The arrays ``extract`` wrote: key, shape, dtype."""
+
+    title = "Saved"
+    columns = [
+        Column("name", "Name", name=True),
+        Column("shape", "Shape", fmt_shape, no_wrap=True),
+        Column("dtype", "Dtype"),
+    ]

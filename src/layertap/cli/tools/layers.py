@@ -18,10 +18,11 @@ class LayersTool(Tool):
         if ns.model.lower().endswith(".onnx"):
             return self.run_onnx(ns)
         ReportArgs.check(ns)
+        model, info, args, kwargs = ModelArgs.load_with_inputs(ns, need_inputs=False)  # checks first
+
         from ...pytorch.layers import layers
         from .base import running
 
-        model, info, args, kwargs = ModelArgs.load_with_inputs(ns, need_inputs=False)
         if args is None:
             table = layers(model, run=False)
         else:

@@ -24,11 +24,11 @@ class ValueRow:
 class RunTable(Table):
     title = "ONNX Runtime outputs"
     columns = [
-        Column("name", "Name"),
-        Column("shape", "Shape", fmt=fmt_shape),
-        Column("dtype", "Dtype"),
-        Column("min", "Min", fmt=fmt_float, justify="right"),
-        Column("max", "Max", fmt=fmt_float, justify="right"),
+        Column("name", "Name", name=True),
+        Column("shape", "Shape", fmt=fmt_shape, no_wrap=True),
+        Column("dtype", "Dtype", drop=3),
+        Column("min", "Min", fmt=fmt_float, justify="right", drop=2),
+        Column("max", "Max", fmt=fmt_float, justify="right", drop=1),
         Column("mean", "Mean", fmt=fmt_float, justify="right"),
     ]
 
