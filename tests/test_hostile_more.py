@@ -593,3 +593,18 @@ def test_many_named_inputs_stay_linear():
     positional = timed(["2x3"] * n)
     named = timed([f"x{i}=2x3" for i in range(n)])
     assert named < 3 * positional + 1.0, (named, positional)
+
+
+# -- 14. messages that point the right way ---------------------------------------------
+def test_os_system_pickle_names_the_global_and_the_flag(tmp_path, capsys):
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("true",))
+
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(pickle.dumps(Evil()))
+    spec = tiny_file(tmp_path) + ":make"
+    line = refused(tmp_path, ["layers", spec, "--weights", str(evil)], capsys, expect="--unsafe-load-pickle")
+    assert "system" in line

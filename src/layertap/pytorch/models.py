@@ -363,8 +363,8 @@ def _read_torch(file: Path, unsafe_pickle: bool) -> Any:
     except pickle.UnpicklingError as e:
         # torch's message is many lines; the useful part is what it refused.
         refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
-        detail = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))
-        what = f"the pickled {refused.group(1)}" if refused else f"it ({detail.group(1).strip()})" if detail else None
+        found = [refused.group(1)] if refused else _pickled_globals(file)
+        what = f"the pickled {', '.join(found[:3])}" if found else None
         if what is None:
             raise ModelSpecError(f"cannot read weights '{file}': not a torch checkpoint (unpickling failed)") from None
         if not unsafe_pickle:
@@ -383,15 +383,47 @@ def _read_torch(file: Path, unsafe_pickle: bool) -> Any:
         raise ModelSpecError(f"cannot unpickle '{file}': {type(e).__name__}: {_first_line(e)}") from None
 
 
+def _pickled_globals(file: Path) -> list[str]:
+    """The ``module.name`` globals a plain pickle file names (read, never run); empty when it is not a pickle.
+
+    Example:
+        >>> import pickle, os, tempfile
+        >>> p = Path(tempfile.mkdtemp()) / "x.pt"
+        >>> _ = p.write_bytes(pickle.dumps(os.path.join))
+        >>> _pickled_globals(p)
+        ['posixpath.join']
+    """
+    import pickletools
+
+    names: list[str] = []
+    strings: list[str] = []
+    try:
+        with open(file, "rb") as f:
+            for op, arg, _ in pickletools.genops(f):
+                if op.name == "GLOBAL":
+                    names.append(str(arg).replace(" ", "."))
+                elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                    names.append(f"{strings[-2]}.{strings[-1]}")
+                elif isinstance(arg, str):
+                    strings.append(arg)
+    except Exception:  # noqa: BLE001 - not a pickle stream: the caller says so
+        return []
+    return list(dict.fromkeys(names))
+
+
 def _torch_load(file: Path, *, weights_only: bool) -> Any:
     """``torch.load`` memory-mapped (tensors are read when used, so a key check costs no memory);
     files in the old non-zip format cannot be mapped and are read whole."""
-    try:
-        return torch.load(str(file), map_location="cpu", weights_only=weights_only, mmap=True)
-    except RuntimeError as e:
-        if "mmap" not in str(e):
-            raise
-    return torch.load(str(file), map_location="cpu", weights_only=weights_only)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's notes on pickle protocols: the error says what matters
+        try:
+            return torch.load(str(file), map_location="cpu", weights_only=weights_only, mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e):
+                raise
+        return torch.load(str(file), map_location="cpu", weights_only=weights_only)
 
 
 def _first_line(e: BaseException) -> str:
