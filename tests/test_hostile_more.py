@@ -189,7 +189,7 @@ def test_add_outputs_onto_external_data_of_input(tmp_path, capsys):
 
 def test_run_onto_external_data_of_input(tmp_path, capsys):
     src = matmul_model(tmp_path, data="w.npz")
-    refused(tmp_path, ["run", str(src), "-o", str(tmp_path / "w.npz")], capsys, expect="external data")
+    refused(tmp_path, ["run", str(src), "--input", "X=2x3", "-o", str(tmp_path / "w.npz")], capsys, expect="external data")
 
 
 def test_python_api_refuses_external_data_as_output(tmp_path):
