@@ -131,6 +131,7 @@ def test_every_module_of_every_rewrite_is_right_or_refused(rewritten, exporter):
                 if oref.shape == ref.shape and _rel(oref, ref) > 1e-6:
                     assert err < _rel(value, oref), (variant, sel, "closer to", other)
         summary[variant] = (len(answered), len(refused))
+    print("resnet18", exporter, "answered/refused", summary)
     assert summary["plain"][0] > 50 and summary["fp16"][0] > 50, summary
     if exporter == "torchscript":  # TorchScript names survive the rewrites: most modules still answer
         assert summary["ort"][0] > 40 and summary["qdq"][0] > 30 and summary["qdyn"][0] > 30, summary
@@ -284,3 +285,73 @@ def test_file_without_scopes_says_so_and_layers_types_fused_ops(rewritten, cli):
     rows = lt.onnx_layers(path).rows
     fused = [row for row in rows if row.op == "FusedConv"]
     assert fused and all(row.dtype == "float32" and row.shape for row in rows)
+
+
+# -- tiny BERT: ORT-fused attention/LayerNorm, quantize_dynamic's MatMulInteger -----
+@pytest.fixture(scope="module")
+def bert_rewritten(torch_mod, tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=37, max_position_embeddings=32)
+    torch_mod.manual_seed(0)
+
+    class Wrap(torch_mod.nn.Module):  # the TorchScript exporter needs ids as the only argument
+        def __init__(self):
+            super().__init__()
+            self.bert = transformers.BertModel(cfg)
+
+        def forward(self, ids):
+            return self.bert(input_ids=ids).last_hidden_state
+
+    model = Wrap().eval()
+    ids = torch_mod.randint(0, 100, (1, 8), generator=torch_mod.Generator().manual_seed(0))
+    seen: dict[str, list[np.ndarray]] = {}
+
+    def first(v):  # a tuple or model-output result: its first tensor (what one ONNX tensor can hold)
+        while not isinstance(v, torch_mod.Tensor) and v is not None:
+            v = v[0] if isinstance(v, (tuple, list)) and v else (v.to_tuple()[0] if hasattr(v, "to_tuple") else None)
+        return None if v is None else v.detach().numpy().copy()
+
+    handles = [m.register_forward_hook(lambda m, a, o, n=n: seen.setdefault(n, []).append(first(o)))
+               for n, m in model.named_modules() if n]
+    with torch_mod.no_grad():
+        model(ids)
+    for h in handles:
+        h.remove()
+    folder = tmp_path_factory.mktemp("bert_rewritten")
+    files: dict[tuple[str, str], Path] = {}
+    for exporter in ("dynamo", "torchscript"):
+        src = folder / f"{exporter}.onnx"
+        torch_mod.onnx.export(model, (ids,), str(src), dynamo=exporter == "dynamo", input_names=["ids"])
+        for variant in ("plain", "ort", "qdyn"):
+            made = _make_variant(src, variant, folder / f"{exporter}_{variant}.onnx")
+            files[(exporter, variant)] = made
+    return files, ids.numpy(), seen
+
+
+def test_bert_rewrites_are_right_or_refused(bert_rewritten):
+    files, ids, seen = bert_rewritten
+    refs = {f"{p}#{k}": v for p, vals in seen.items() for k, v in enumerate(vals) if isinstance(v, np.ndarray)}
+    counts = {}
+    for (exporter, variant), path in files.items():
+        smap = ScopeMap.from_model(onnx.load(str(path), load_external_data=False))
+        answered = {}
+        for sel in refs:
+            try:
+                (_, tensor), = smap.resolve(Tap.parse(sel))
+            except OnnxFileError as e:
+                assert "\n" not in str(e)
+                continue
+            answered[sel] = tensor
+        got = lt.run(path, {"ids": ids}, taps=list(answered)) if answered else {}
+        for sel in answered:
+            value, ref = got[Tap.parse(sel).name], refs[sel]
+            assert value.shape == ref.shape, (exporter, variant, sel)
+            err = _rel(value, ref)
+            assert err <= _tolerance(variant), (exporter, variant, sel, err)
+            for other, oref in refs.items():
+                if oref.shape == ref.shape and _rel(oref, ref) > 1e-6:
+                    assert err < _rel(value, oref), (exporter, variant, sel, "closer to", other)
+        counts[(exporter, variant)] = len(answered)
+    print("BERT answered", counts)
+    assert counts[("torchscript", "ort")] > 10 and counts[("dynamo", "plain")] > 20, counts
