@@ -16,6 +16,7 @@ reading inside the actor keeps corrupt files named and ``skip_bad`` working.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from ..errors import LayertapError
@@ -54,10 +55,11 @@ def _connect(ray: Any, address: str | None) -> None:
     if ray.is_initialized():
         return
     try:
+        quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
         if address:
-            ray.init(address=address, log_to_driver=False)
+            ray.init(address=address, **quiet)
         else:
-            ray.init(include_dashboard=False, log_to_driver=False)
+            ray.init(include_dashboard=False, **quiet)
     except Exception as e:  # noqa: BLE001 - ConnectionError, RuntimeError, ... from Ray
         where = f"the Ray cluster at {address!r}" if address else "a local Ray"
         raise LayertapError(f"cannot start or join {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
@@ -70,7 +72,8 @@ def _run_shards(ray: Any, job: Job, todo: list[int], progress: bool | None) -> N
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     actors = max(1, min(len(todo), gpus or cpus))
     ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
+    ctx.enable_progress_bars = False  # layertap shows its own bar
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
     ds = ray.data.from_items([{"shard": k} for k in todo], override_num_blocks=len(todo)).map_batches(
         ShardWorker, fn_constructor_kwargs={"job": job}, batch_size=1, concurrency=actors,
         num_gpus=1 if gpus else 0, num_cpus=1,

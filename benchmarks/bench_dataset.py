@@ -1,0 +1,204 @@
+"""Extraction over a dataset: layertap vs a bare loop vs thingsvision, and peak memory vs dataset size.
+
+resnet18 (random weights, seed 0), 512 samples of 3x112x112 float32 in .npy
+files, batch 32, tap ``layer4`` mean-pooled (512 features per sample). Each
+contender reads the same files and runs the same full forward on CPU:
+
+- bare loop: np.load each file, stack, forward under inference_mode with a
+  forward hook on layer4, mean over H and W; features kept in memory;
+- layertap: ``lt.extract_dataset(..., pool="mean")`` into a fresh OUT_DIR
+  (shards and manifest written), with 0 and 2 loader workers;
+- thingsvision 2.7 ``PyTorchExtractor`` (the rival; installed with
+  ``pip install --no-deps thingsvision``). Its package ``__init__`` imports
+  TensorFlow, so only its PyTorch extractor modules are loaded, and
+  ``torchtyping`` (used there for type annotations only) is stubbed when it is
+  not installed. It keeps the unpooled maps; we pool them after.
+
+Then the peak RSS of layertap for 128 vs 512 samples, each in a fresh process.
+Prints samples/s, the ratios and the RSS figures. Run:
+
+    python benchmarks/bench_dataset.py [--samples 512] [--repeat 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+
+BATCH = 32
+SHAPE = (3, 112, 112)
+
+
+def make_data(folder: Path, n: int) -> Path:
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        np.save(folder / f"s{i:05d}.npy", rng.standard_normal(SHAPE).astype(np.float32))
+    return folder
+
+
+def resnet18():
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    return torchvision.models.resnet18(weights=None).eval()
+
+
+def bare_loop(model, folder: Path) -> np.ndarray:
+    import torch
+
+    files = sorted(folder.glob("*.npy"))
+    got: dict = {}
+    handle = model.layer4.register_forward_hook(lambda m, i, o: got.__setitem__("x", o))
+    out = []
+    try:
+        with torch.inference_mode():
+            for s in range(0, len(files), BATCH):
+                x = torch.from_numpy(np.stack([np.load(f) for f in files[s : s + BATCH]]))
+                model(x)
+                out.append(got["x"].mean((2, 3)).numpy())
+    finally:
+        handle.remove()
+    return np.concatenate(out)
+
+
+def layertap_run(model, folder: Path, out: Path, workers: int) -> np.ndarray:
+    import layertap as lt
+
+    f = lt.extract_dataset(model, folder, taps=["layer4"], out=out, batch_size=BATCH, pool="mean", workers=workers, progress=False)
+    return np.asarray(f["layer4"])
+
+
+class _NpyFiles:
+    def __init__(self, files: list[Path]) -> None:
+        self.files = files
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int):
+        import torch
+
+        return torch.from_numpy(np.load(self.files[i]))
+
+
+def thingsvision_extractor(model):
+    """thingsvision's PyTorchExtractor without its TensorFlow-importing package __init__."""
+    spec = importlib.util.find_spec("thingsvision")
+    if spec is None or spec.origin is None:
+        return None
+    root = Path(spec.origin).parent
+    for name, sub in (("thingsvision", root), ("thingsvision.core", root / "core"),
+                      ("thingsvision.core.extraction", root / "core" / "extraction"), ("thingsvision.utils", root / "utils")):
+        if name not in sys.modules:
+            mod = types.ModuleType(name)
+            mod.__path__ = [str(sub)]
+            sys.modules[name] = mod
+    if importlib.util.find_spec("torchtyping") is None:
+        stub = types.ModuleType("torchtyping")
+
+        class TensorType:  # annotations only: TensorType["b", "c", "h", "w"]
+            def __class_getitem__(cls, item):
+                return cls
+
+        stub.TensorType = TensorType  # type: ignore[attr-defined]
+        sys.modules["torchtyping"] = stub
+    from thingsvision.core.extraction.torch import PyTorchExtractor
+
+    return PyTorchExtractor(model_name="resnet18", pretrained=False, device="cpu", model=model)
+
+
+def thingsvision_run(extractor, folder: Path) -> np.ndarray:
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(_NpyFiles(sorted(folder.glob("*.npy"))), batch_size=BATCH)
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        feats = extractor.extract_features(batches=loader, module_name="layer4", flatten_acts=False, output_type="ndarray")
+    return feats.mean((2, 3))
+
+
+def best_rate(fn, n: int, repeat: int) -> tuple[float, np.ndarray]:
+    best, result = 0.0, None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        result = fn()
+        best = max(best, n / (time.perf_counter() - t))
+    return best, result  # type: ignore[return-value]
+
+
+def peak_rss_child(folder: Path, n: int) -> float:
+    """Peak RSS (MiB) of a fresh process that extracts the first ``n`` samples."""
+    code = (
+        "import json, resource, sys, tempfile, torch, torchvision, layertap as lt\n"
+        "torch.manual_seed(0); m = torchvision.models.resnet18(weights=None).eval()\n"
+        f"lt.extract_dataset(m, {str(folder)!r}, taps=['layer4'], out=tempfile.mkdtemp() + '/o', batch_size={BATCH}, "
+        f"pool='mean', limit={n}, shard_size=64, progress=False)\n"
+        "print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--samples", type=int, default=512)
+    p.add_argument("--repeat", type=int, default=2)
+    a = p.parse_args()
+    import torch
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs; "
+          f"resnet18, {a.samples} x {'x'.join(map(str, SHAPE))} .npy, batch {BATCH}, layer4 mean-pooled")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = make_data(Path(tmp) / "data", a.samples)
+        model = resnet18()
+        with torch.inference_mode():
+            model(torch.zeros(BATCH, *SHAPE))  # warm-up
+        rates: dict[str, float] = {}
+        rates["bare loop"], ref = best_rate(lambda: bare_loop(model, folder), a.samples, a.repeat)
+        runs = iter(range(100))
+        for workers in (0, 2):
+            rate, got = best_rate(lambda w=workers: layertap_run(model, folder, Path(tmp) / f"out{next(runs)}", w), a.samples, a.repeat)
+            np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+            rates[f"layertap (workers={workers})"] = rate
+        try:
+            extractor = thingsvision_extractor(model)
+        except Exception as e:  # noqa: BLE001 - report why the rival could not run
+            extractor, why = None, f"{type(e).__name__}: {e}"
+        else:
+            why = "not installed (pip install --no-deps thingsvision)"
+        if extractor is not None:
+            rate, got = best_rate(lambda: thingsvision_run(extractor, folder), a.samples, a.repeat)
+            np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+            rates["thingsvision 2.7 PyTorchExtractor"] = rate
+        else:
+            print(f"thingsvision: {why}")
+        base = rates["bare loop"]
+        for name, rate in rates.items():
+            print(f"{name:36s} {rate:8.1f} samples/s   {rate / base:5.2f}x bare loop")
+        tv = rates.get("thingsvision 2.7 PyTorchExtractor")
+        if tv:
+            print(f"layertap (workers=0) / thingsvision: {rates['layertap (workers=0)'] / tv:.2f}x")
+        small = peak_rss_child(folder, min(128, a.samples))
+        large = peak_rss_child(folder, a.samples)
+        print(f"peak RSS: {min(128, a.samples)} samples {small:.0f} MiB, {a.samples} samples {large:.0f} MiB "
+              f"({(large / small - 1) * 100:+.1f}%; goal within 15%)")
+    print(f"(this process: peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB)")
+
+
+if __name__ == "__main__":
+    main()
