@@ -609,3 +609,90 @@ def test_os_system_pickle_names_the_global_and_the_flag(tmp_path, capsys):
     spec = tiny_file(tmp_path) + ":make"
     line = refused(tmp_path, ["layers", spec, "--weights", str(evil)], capsys, expect="--unsafe-load-pickle")
     assert "system" in line
+
+
+def test_duplicate_initializer_names_are_refused(tmp_path, capsys):
+    src = matmul_model(tmp_path)
+    proto = onnx.load(str(src))
+    proto.graph.initializer.append(numpy_helper.from_array(np.zeros((3, 3), np.float32), "W"))
+    onnx.save(proto, str(src))
+    refused(tmp_path, ["run", str(src)], capsys, expect="duplicate graph initializer names: W")
+
+
+def test_longest_valid_output_name(tmp_path, capsys):
+    """A 250-byte file name works: temporary names are cut to fit NAME_MAX."""
+    src = matmul_model(tmp_path / "a", data="w.bin")
+    name = "n" * (250 - len(".onnx")) + ".onnx"
+    out = tmp_path / name
+    assert main(["add-outputs", str(src), "-o", str(out), "--tensor", "H"]) == 0
+    assert main(["run", str(out), "-o", str(tmp_path / ("n" * 246 + ".npz"))]) == 0
+    capsys.readouterr()
+    _pair_ok(out, src)
+    assert not leftovers(tmp_path)
+
+
+# -- 11. external-data confinement sees every tensor ---------------------------------
+def _external(t: onnx.TensorProto, location: str) -> onnx.TensorProto:
+    t.data_location = TensorProto.EXTERNAL
+    t.ClearField("raw_data")
+    t.ClearField("float_data")
+    for k, v in (("location", location), ("offset", "0"), ("length", "4")):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    return t
+
+
+def _hidden_in(where: str) -> onnx.ModelProto:
+    """A model whose only escaping external reference hides in ``where``."""
+    one = numpy_helper.from_array(np.ones(1, np.float32), "c")
+    secret = _external(numpy_helper.from_array(np.ones(1, np.float32), "s"), "../secret.txt")
+    if where == "sparse attribute":
+        values = _external(numpy_helper.from_array(np.ones(1, np.float32), "v"), "../secret.txt")
+        sparse = helper.make_sparse_tensor(values, numpy_helper.from_array(np.zeros(1, np.int64), "i"), [4])
+        hidden = helper.make_node("Constant", [], ["k"], sparse_value=sparse)
+    else:
+        hidden = helper.make_node("Constant", [], ["k"], value=secret)
+    if where == "function If branch":
+        then = helper.make_graph([hidden], "then", [], [helper.make_tensor_value_info("k", TensorProto.FLOAT, [1])])
+        other = helper.make_graph([helper.make_node("Constant", [], ["k"], value=one)], "else", [],
+                                  [helper.make_tensor_value_info("k", TensorProto.FLOAT, [1])])
+        body = [helper.make_node("Constant", [], ["b"], value=numpy_helper.from_array(np.array(True), "b")),
+                helper.make_node("If", ["b"], ["k"], then_branch=then, else_branch=other),
+                helper.make_node("Add", ["x", "k"], ["y"])]
+    else:
+        body = [hidden, helper.make_node("Add", ["x", "k"], ["y"])]
+    fn = helper.make_function("local", "F", ["x"], ["y"], body, [helper.make_opsetid("", 17)])
+    g = helper.make_graph([helper.make_node("F", ["X"], ["H"], domain="local"), helper.make_node("Relu", ["H"], ["Y"])],
+                          "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1])])
+    m = helper.make_model(g, functions=[fn], opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("where", ["function body", "function If branch", "sparse attribute"])
+def test_external_data_hidden_in_functions_and_sparse_tensors(tmp_path, capsys, where):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (tmp_path / "secret.txt").write_text("top secret")
+    src = folder / "m.onnx"
+    src.write_bytes(_hidden_in(where).SerializeToString())
+    out = folder / "o.onnx"
+    refused(tmp_path, ["add-outputs", str(src), "-o", str(out), "--tensor", "H"], capsys, expect="outside")
+    assert not out.exists()
+
+
+# -- 12. control characters in names never reach the terminal ----------------------------
+def test_escape_sequences_in_names_are_escaped(tmp_path, capsys):
+    src = matmul_model(tmp_path)
+    proto = onnx.load(str(src))
+    evil = "H\x1b[2J\x07"
+    for n in proto.graph.node:
+        n.output[:] = [evil if o == "H" else o for o in n.output]
+        n.input[:] = [evil if i == "H" else i for i in n.input]
+    onnx.save(proto, str(src))
+    assert main(["layers", str(src)]) == 0
+    table = capsys.readouterr()
+    assert "\x1b" not in table.out + table.err and "\\x1b[2J" in table.out
+    line = refused(tmp_path, ["run", str(src), "--tap", "H\x1b[2K"], capsys, expect="did you mean")
+    assert "\x1b" not in line and "\\x1b" in line

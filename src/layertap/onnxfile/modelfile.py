@@ -126,11 +126,14 @@ def load_model(path: str | os.PathLike) -> ModelFile:
 
 def _check_unique_names(path: Path, model: "onnx.ModelProto") -> None:
     """Refuse graphs that break ONNX's single-assignment rule (ORT misbehaves on them)."""
+    import collections
+
     g = model.graph
-    for kind, names in (("output", [o.name for o in g.output]), ("input", [i.name for i in g.input])):
-        dup = sorted({n for n in names if names.count(n) > 1})
+    for kind, names in (("output", [o.name for o in g.output]), ("input", [i.name for i in g.input]),
+                        ("initializer", [i.name for i in g.initializer])):
+        dup = sorted(n for n, k in collections.Counter(names).items() if k > 1)
         if dup:
-            raise OnnxFileError(f"'{path}' has duplicate graph {kind} names: {', '.join(dup)}; it is not a valid ONNX model")
+            raise OnnxFileError(f"'{path}' has duplicate graph {kind} names: {', '.join(dup[:5])}; it is not a valid ONNX model")
     seen: set[str] = set()
     for node in g.node:
         for out in node.output:
@@ -165,27 +168,26 @@ def all_tensors(model: "onnx.ModelProto") -> Iterator["onnx.TensorProto"]:
         ['w']
     """
     graphs = [model.graph]
-    while graphs:
-        g = graphs.pop()
-        yield from g.initializer
-        for s in g.sparse_initializer:
-            yield s.values
-            yield s.indices
-        nodes = list(g.node)
-        for node in nodes:
+    node_lists = [f.node for f in model.functions]  # function bodies: their nodes, subgraphs included
+    while graphs or node_lists:
+        if graphs:
+            g = graphs.pop()
+            yield from g.initializer
+            for s in g.sparse_initializer:
+                yield s.values
+                yield s.indices
+            node_lists.append(g.node)
+        for node in node_lists.pop() if node_lists else ():
             for a in node.attribute:
                 if a.HasField("t"):
                     yield a.t
                 yield from a.tensors
+                for sparse in ([a.sparse_tensor] if a.HasField("sparse_tensor") else []) + list(a.sparse_tensors):
+                    yield sparse.values
+                    yield sparse.indices
                 if a.HasField("g"):
                     graphs.append(a.g)
                 graphs.extend(a.graphs)
-    for f in model.functions:
-        for node in f.node:
-            for a in node.attribute:
-                if a.HasField("t"):
-                    yield a.t
-                yield from a.tensors
 
 
 def _check_external(model_path: Path, refs: list[ExternalRef]) -> None:
