@@ -31,6 +31,8 @@ HOST = """<!DOCTYPE html><html><body style="margin:0">
 <script>window.addEventListener("load", function () {{
   var doc = document.getElementById("page").contentDocument;
   document.body.dataset.scrollWidth = doc.documentElement.scrollWidth;
+  var chart = doc.querySelector(".chart");
+  document.body.dataset.chartScroll = chart ? chart.scrollLeft : -1;
   document.body.dataset.dom = doc.documentElement.outerHTML;
 }});</script></body></html>"""
 
@@ -109,6 +111,8 @@ def test_compare_report_in_chromium_desktop_and_phone(pages):
     shot, dom = render(d / "compare.html", 390, 1600)
     assert_not_blank(shot)
     assert scroll_width(dom) <= 390, "the page scrolls sideways on a phone"
+    # only the chart scrolls, and it starts scrolled towards the first divergence
+    assert float(re.search(r'data-chart-scroll="([-\d.]+)"', dom).group(1)) > 0
 
 
 def test_layers_and_extract_reports_in_chromium(pages):

@@ -80,10 +80,11 @@ CSS = """
 }
 """
 
-# Opens or closes every <details> inside the nearest report; tiny and inline.
+# On a narrow screen the chart scrolls sideways; start it at the first divergence.
 SCRIPT = (
-    "<script>function ltTree(b,open){var r=b.closest('.lt');"
-    "r.querySelectorAll('.tree details').forEach(function(d){d.open=open;});}</script>"
+    "<script>document.querySelectorAll('.lt .chart').forEach(function(c){"
+    "var l=c.querySelector('.first-divergence');if(!l||c.scrollWidth<=c.clientWidth)return;"
+    "c.scrollLeft+=l.getBoundingClientRect().left-c.getBoundingClientRect().left-c.clientWidth/2;});</script>"
 )
 
 

@@ -110,10 +110,11 @@ def render_tree(headers: Sequence[str], top: Sequence[Node], *, widths: Sequence
     names = [esc(h) for h in headers[1:]]
     head = _row(esc(headers[0]), names, "head", keep, 0, names)
     body = "".join(_render(n, 0, keep, names) for n in top)
-    buttons = (
-        '<button class="lt-btn" type="button" onclick="ltTree(this,true)">expand all</button>'
-        '<button class="lt-btn" type="button" onclick="ltTree(this,false)">collapse all</button>'
-    )
+    buttons = "".join(
+        f'<button class="lt-btn" type="button" onclick="this.closest(\'.lt\').querySelectorAll(\'.tree details\')'
+        f'.forEach(function(d){{d.open={js}}})">{label}</button>'
+        for js, label in (("true", "expand all"), ("false", "collapse all"))
+    )  # inline handlers: they work in a notebook cell too, where page scripts may not run
     extra = f'<p class="muted">{esc(note)}</p>' if note else ""
     cols = " ".join(f"{w:g}em" for w in (list(widths) + [8.0] * len(headers))[: len(headers) - 1])
     return f'{buttons}{extra}<div class="tree" style="--lt-cols:minmax(0,1fr) {cols}">{head}{body}</div>'
