@@ -329,6 +329,7 @@ def bert_rewritten(torch_mod, tmp_path_factory):
     return files, ids.numpy(), seen
 
 
+@pytest.mark.slow
 def test_bert_rewrites_are_right_or_refused(bert_rewritten):
     files, ids, seen = bert_rewritten
     refs = {f"{p}#{k}": v for p, vals in seen.items() for k, v in enumerate(vals) if isinstance(v, np.ndarray)}
@@ -355,3 +356,34 @@ def test_bert_rewrites_are_right_or_refused(bert_rewritten):
         counts[(exporter, variant)] = len(answered)
     print("BERT answered", counts)
     assert counts[("torchscript", "ort")] > 10 and counts[("dynamo", "plain")] > 20, counts
+
+
+def test_fused_gemm_and_activation_attribute_handmade():
+    """FusedGemm under TorchScript names: the activation module keeps the value, fc is absorbed.
+    A Conv with an activation attribute under dynamo scopes (no tensor name to tell the last
+    module): the modules its output leaves are refused, never answered."""
+    from onnx import TensorProto, helper
+
+    vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, None)  # noqa: E731
+    gemm = helper.make_node("FusedGemm", ["x", "W"], ["/act/Relu_output_0"], name="/fc/Gemm", domain="com.microsoft",
+                            activation="Relu")
+    head = helper.make_node("Neg", ["/act/Relu_output_0"], ["/head/Neg_output_0"], name="/head/Neg")
+    g = helper.make_graph([gemm, head], "g", [vi("x")], [vi("/head/Neg_output_0")],
+                          [helper.make_tensor("W", TensorProto.FLOAT, [1], [1.0])])
+    smap = ScopeMap.from_model(helper.make_model(g))
+    cps = {c.path: c for c in smap.counterparts()}
+    assert cps["fc"].absorbed_by == "act" and "FusedGemm with activation Relu" in cps["fc"].note
+    assert smap.resolve(Tap.parse("act")) == [("act", "/act/Relu_output_0")]
+    with pytest.raises(OnnxFileError, match="input of module 'act' is not in this file"):
+        smap.resolve(Tap.parse("act:input"))
+
+    conv = helper.make_node("Conv", ["x", "W"], ["y"], name="c", domain="com.microsoft.nchwc", activation="Relu")
+    _ = conv.metadata_props.add(key="pkg.torch.onnx.name_scopes", value="['', 'block', 'block.conv', 'conv']")
+    tail = helper.make_node("Neg", ["y"], ["z"], name="n")
+    _ = tail.metadata_props.add(key="pkg.torch.onnx.name_scopes", value="['', 'head', 'neg']")
+    g = helper.make_graph([conv, tail], "g", [vi("x")], [vi("z")], [helper.make_tensor("W", TensorProto.FLOAT, [1], [1.0])])
+    smap = ScopeMap.from_model(helper.make_model(g))
+    for path in ("block", "block.conv"):
+        with pytest.raises(OnnxFileError, match="fuses several operations"):
+            smap.resolve(Tap.parse(path))
+    assert smap.resolve(Tap.parse("head")) == [("head", "z")]
