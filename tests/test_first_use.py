@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 BAD_ARGUMENTS = [
     (["layers", "torchvision:resnet18", "--config", "c.json"], "--config applies to transformers:CLASS models only"),
     (["layers", "transformers:BertModel", "--config", "missing.json"], "--config file 'missing.json' does not exist"),
@@ -44,3 +46,48 @@ def test_bad_arguments_fail_before_torch_is_imported(tmp_path):
         assert err.startswith("layertap: error: ") and err.count("\n") == 1, (argv, err)
         assert fragment in err, (argv, err)
         assert not torch_loaded, (argv, "torch was imported before the check failed")
+
+
+HUGE_LLAMA = {"model_type": "llama", "hidden_size": 16384, "intermediate_size": 65536, "num_hidden_layers": 64,
+              "num_attention_heads": 128, "num_key_value_heads": 128, "vocab_size": 32000}
+
+
+def _run(args, cwd):
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    proc = subprocess.run([sys.executable, "-m", "layertap", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    return proc, max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) * 1024
+
+
+def test_model_too_big_for_memory_is_refused_before_allocating(tmp_path):
+    (tmp_path / "huge.json").write_text(json.dumps(HUGE_LLAMA))  # ~0.9 TiB of float32 weights
+    proc, _ = _run(["extract", "transformers:LlamaModel", "--config", "huge.json", "--tap", "norm",
+                    "--input", "input_ids=1x4:int64", "-o", "x.npz"], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr
+    assert err.startswith("layertap: error: transformers:LlamaModel needs about ") and err.count("\n") == 1, err
+    assert "GiB of memory is available; make the config in 'huge.json' smaller" in err
+    assert not (tmp_path / "x.npz").exists()
+
+
+def test_layers_of_a_huge_model_lists_it_from_the_meta_device(tmp_path):
+    (tmp_path / "huge.json").write_text(json.dumps(HUGE_LLAMA))
+    proc, peak = _run(["layers", "transformers:LlamaModel", "--config", "huge.json", "--json"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    rows = {r["name"]: r for r in data["rows"]}
+    assert rows["layers.63.mlp.down_proj"]["shapes"] == [[1, 16, 16384]]  # shapes from a forward on meta
+    assert rows["layers.63.mlp.down_proj"]["params"] == 16384 * 65536
+    assert any("built on the meta device" in n and "no weights allocated" in n for n in data["notes"])
+    assert peak < 8 * 2**30  # nothing near the 0.9 TiB a real build would take
+
+
+@pytest.mark.slow
+def test_layers_of_llama_default_config_allocates_no_weights(tmp_path):
+    # LlamaModel() is 6.7 billion parameters (25 GiB): listed from the meta device on any machine
+    proc, peak = _run(["layers", "transformers:LlamaModel"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "layers.31.mlp.down_proj" in proc.stdout and "1x16x4096" in proc.stdout
+    assert "built on the meta device (24.6 GiB of weights)" in proc.stdout
+    assert peak < 8 * 2**30

@@ -47,7 +47,7 @@ class ModelArgs(ArgGroup):
             g.add_argument("--method", default="forward", metavar="NAME", help="method to run instead of forward (e.g. encode_image)")
 
     @staticmethod
-    def load(ns: argparse.Namespace):
+    def load(ns: argparse.Namespace, device: str = "cpu", max_bytes: int | None = None):
         """Build the model; returns ``(model, info)`` (see pytorch.models)."""
         from ..pytorch.models import load_model
 
@@ -56,6 +56,8 @@ class ModelArgs(ArgGroup):
             weights=ns.weights,
             config=ns.config,
             unsafe_pickle=ns.unsafe_load_pickle,
+            device=device,
+            max_bytes=max_bytes,
         )
 
     @staticmethod
@@ -66,11 +68,13 @@ class ModelArgs(ArgGroup):
         check_model_args(ns.model, weights=ns.weights, config=ns.config)
 
     @classmethod
-    def load_with_inputs(cls, ns: argparse.Namespace, *, need_inputs: bool = True):
+    def load_with_inputs(cls, ns: argparse.Namespace, *, need_inputs: bool = True, device: str = "cpu",
+                         max_bytes: int | None = None):
         """``(model, info, args, kwargs)`` for a MODEL and its ``--input`` specs.
 
         ``--input`` is parsed before the model is built, so a typo fails fast.
         With ``need_inputs=False`` a model without known inputs gets ``args=None``.
+        With ``device="meta"`` the model and its inputs hold no data (shapes only).
         """
         specs = InputArgs.specs(ns)  # before torch is imported
         cls.check(ns)
@@ -79,10 +83,12 @@ class ModelArgs(ArgGroup):
         from .console import status
 
         with status(f"loading {ns.model}"):
-            model, info = cls.load(ns)
+            model, info = cls.load(ns, device, max_bytes)
         if not specs and not info.inputs and not need_inputs:
             return model, info, None, {}
         args, kwargs = make_inputs(info, specs, model=model, method=ns.method, seed=ns.seed)
+        if device != "cpu":
+            args, kwargs = tuple(a.to(device) for a in args), {k: v.to(device) for k, v in kwargs.items()}
         return model, info, args, kwargs
 
 

@@ -73,8 +73,14 @@ def load_model(
     config: str | os.PathLike | None = None,
     unsafe_pickle: bool = False,
     seed: int = 0,
+    device: str = "cpu",
+    max_bytes: int | None = None,
 ) -> tuple[nn.Module, ModelInfo]:
     """Build the model a spec names, in eval mode, with seeded random weights.
+
+    A ``transformers:CLASS`` model is first built on the meta device (no memory)
+    to estimate its size: one that would not fit in the available memory is
+    refused with :class:`ModelTooLargeError` before any weight is allocated.
 
     Args:
         spec: MODEL text (see module docstring).
@@ -83,22 +89,30 @@ def load_model(
         unsafe_pickle: allow ``weights`` to be a pickled whole module
             (runs code from the file).
         seed: seed for the random initialisation (the global RNG is left as it was).
+        device: ``"cpu"``, or ``"meta"`` for the module structure without weights
+            (shapes propagate through a forward, values do not exist).
+        max_bytes: refuse (``ModelTooLargeError``) a transformers model whose
+            weights exceed this many bytes, even when memory would allow it.
 
     Example:
+        >>> load_model("transformers:LlamaModel", device="meta")[0].embed_tokens.weight.is_meta
+        True
         >>> model, info = load_model("torchvision:resnet18")
         >>> type(model).__name__, info.inputs[0].shape, model.training
         ('ResNet', (1, 3, 224, 224), False)
     """
     parsed = check_model_args(spec, weights=weights, config=config)  # the checks that need no torch
     spec, head, name = parsed.text, parsed.head, parsed.name
-    with torch.random.fork_rng(devices=[]):
+    if device == "meta" and weights is not None:
+        raise ModelSpecError(f"--weights cannot be loaded into a model on the meta device ({spec})")
+    with torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(seed)
         if head == "torchvision":
             model, info = _torchvision(name, spec)
         elif head == "timm":
             model, info = _timm(name, spec)
         elif head == "transformers":
-            model, info = _transformers(name, spec, config)
+            model, info = _transformers(name, spec, config, meta=device == "meta", max_bytes=max_bytes)
         elif head.endswith(".py"):
             user_module = _load_file(head, spec)
             model, info = _instantiate(user_module, name, spec, where=head), ModelInfo(spec, "file")
@@ -162,7 +176,9 @@ def _timm(name: str, spec: str) -> tuple[nn.Module, ModelInfo]:
     return model, ModelInfo(spec, "timm", [InputSpec(None, (1, c, h, w), "float32")])
 
 
-def _transformers(name: str, spec: str, config_path: str | os.PathLike | None) -> tuple[nn.Module, ModelInfo]:
+def _transformers(
+    name: str, spec: str, config_path: str | os.PathLike | None, meta: bool, max_bytes: int | None
+) -> tuple[nn.Module, ModelInfo]:
     tr = _zoo_import("transformers", spec)
     cls = getattr(tr, name, None) if not name.startswith("_") else None
     config_class = getattr(cls, "config_class", None)
@@ -178,12 +194,98 @@ def _transformers(name: str, spec: str, config_path: str | os.PathLike | None) -
             config = config_class.from_json_file(str(path))
         except (ValueError, OSError, TypeError) as e:
             raise ModelSpecError(f"cannot read --config '{path}' as a {config_class.__name__}: {e}") from None
-    try:
-        model = cls(config)
-    except Exception as e:  # noqa: BLE001 - report any construction failure as a spec problem
-        raise ModelSpecError(f"building {name} from its config failed: {type(e).__name__}: {e}") from None
+    model = _build(cls, config, name, meta=True)
+    if not meta:
+        check_fits(model, spec, config_path, max_bytes)  # a default config can be billions of parameters
+        model = _build(cls, config, name, meta=False)
     inputs, int_high = _transformers_inputs(cls, config)
     return model, ModelInfo(spec, "transformers", inputs, int_high)
+
+
+def _build(cls: Any, config: Any, name: str, *, meta: bool) -> nn.Module:
+    try:
+        with torch.device("meta") if meta else contextlib.nullcontext():
+            return cls(config)
+    except Exception as e:  # noqa: BLE001 - report any construction failure as a spec problem
+        raise ModelSpecError(f"building {name} from its config failed: {type(e).__name__}: {e}") from None
+
+
+class ModelTooLargeError(ModelSpecError):
+    """A model whose weights alone would not fit in the available memory.
+
+    Attributes:
+        need: bytes of parameters and buffers.
+        available: bytes of memory available.
+    """
+
+    def __init__(self, message: str, need: int, available: int) -> None:
+        super().__init__(message)
+        self.need = need
+        self.available = available
+
+
+# Leave room for activations, the interpreter and torch itself.
+MEMORY_HEADROOM = 0.8
+
+
+def check_fits(model: nn.Module, spec: str, config_path: str | os.PathLike | None = None,
+               max_bytes: int | None = None) -> None:
+    """Raise :class:`ModelTooLargeError` when ``model`` (built on meta) would not fit in memory
+    (or would take more than ``max_bytes``).
+
+    Example:
+        >>> with torch.device("meta"):
+        ...     huge = nn.Linear(1 << 20, 1 << 20)  # 2**40 parameters, 4 TiB in float32
+        >>> check_fits(huge, "big:Linear")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        layertap.pytorch.models.ModelTooLargeError: big:Linear needs about 4096.0 GiB for its weights ...
+    """
+    need = model_bytes(model)
+    available = available_memory()
+    limits = [b for b in (max_bytes, available and MEMORY_HEADROOM * available) if b]
+    if not limits or need <= min(limits):
+        return
+    available = available or need
+    params = sum(p.numel() for p in model.parameters())
+    fix = (f"make the config in '{config_path}' smaller" if config_path is not None
+           else "pass a smaller --config FILE.json")
+    raise ModelTooLargeError(
+        f"{spec} needs about {need / 2**30:.1f} GiB for its weights ({_count(params)} parameters) but "
+        f"{available / 2**30:.1f} GiB of memory is available; {fix} (fewer num_hidden_layers, a smaller "
+        "hidden_size; e.g. examples/tiny-bert.json)",
+        need, available,
+    )
+
+
+def model_bytes(model: nn.Module) -> int:
+    """Bytes of a model's parameters and buffers (works on the meta device: nothing is read).
+
+    Example:
+        >>> model_bytes(nn.Linear(10, 10))
+        440
+    """
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process can still use: MemAvailable, capped by a cgroup limit."""
+    values = []
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                values.append(int(line.split()[1]) * 1024)
+    with contextlib.suppress(OSError, ValueError):
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            values.append(int(limit) - used)
+    return min(values) if values else None
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.1f} billion" if n >= 1e9 else f"{n / 1e6:.1f} million" if n >= 1e6 else f"{n:,}"
 
 
 def _sub_config(config: Any, attr: str, *subs: str) -> Any:
