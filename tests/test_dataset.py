@@ -47,10 +47,11 @@ def per_sample(model, folder: Path, ids, taps=TAPS) -> dict[str, np.ndarray]:
     return {k: np.concatenate([o[k].numpy() for o in outs]) for k in outs[0] if not k.startswith("output")}
 
 
-@pytest.mark.parametrize("fmt", ["safetensors", "npy", "zarr"])
-def test_values_equal_per_sample_extract(work, net, tmp_path, fmt):
-    # batch 8 and shard 6 do not align: batches straddle shards
-    f = lt.extract_dataset(net, work["npy"], taps=TAPS, out=tmp_path / "o", batch_size=8, shard_size=6, format=fmt, progress=False)
+@pytest.mark.parametrize("fmt,workers", [("safetensors", 0), ("npy", 2), ("zarr", 0)])
+def test_values_equal_per_sample_extract(work, net, tmp_path, fmt, workers):
+    # batch 8 and shard 6 do not align: batches straddle shards; workers=2: DataLoader worker processes
+    f = lt.extract_dataset(net, work["npy"], taps=TAPS, out=tmp_path / "o", batch_size=8, shard_size=6, format=fmt,
+                           workers=workers, progress=False)
     assert f.ids == sorted(p.name for p in work["npy"].iterdir())
     ref = per_sample(net, work["npy"], f.ids)
     assert f.taps == ["conv1", "relu#0", "relu#1", "head:input"]
@@ -110,6 +111,53 @@ def test_images_with_ids_follow_torchvision_transforms(tmp_path):
         x = tf(Image.open(folder / sid).convert("RGB"))[None]
         ref = lt.extract(model, x, taps=["layer4"])["layer4"].mean((2, 3)).numpy()
         np.testing.assert_allclose(f["layer4"][i], ref[0], rtol=1e-4, atol=1e-4)
+
+
+def test_datasets_image_column_equals_the_image_folder(net, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from PIL import Image
+
+    folder = image_folder(tmp_path / "imgs", n=4)
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.*"))
+    ds = datasets.Dataset.from_dict({"image": [Image.open(folder / f) for f in files], "label": [0, 1, 0, 1]})
+    ds.cast_column("image", datasets.Image()).save_to_disk(str(tmp_path / "hf"))
+    a = lt.extract_dataset(net, folder, taps=["conv2"], out=tmp_path / "a", image_size=20, pool="mean", progress=False)
+    b = lt.extract_dataset(net, tmp_path / "hf", taps=["conv2"], out=tmp_path / "b", image_size=20, pool="mean", progress=False)
+    assert a.ids == files and b.ids == [0, 1, 2, 3]
+    assert b.manifest.data["data"] == {"kind": "datasets", "path": str(tmp_path / "hf"), "column": "image"}
+    np.testing.assert_allclose(np.asarray(b["conv2"]), np.asarray(a["conv2"]), rtol=1e-6, atol=1e-6)
+
+
+def test_progress_bar_on_a_terminal_only(work, tmp_path):
+    import pty
+
+    args = [sys.executable, "-m", "layertap", "extract", f"{work['model']}:Net", "--tap", "conv2", "--data", str(work["npy"]),
+            "--batch-size", "4"]
+    main, sub = pty.openpty()
+    proc = subprocess.run([*args, "-o", str(tmp_path / "tty")], stdout=subprocess.DEVNULL, stderr=sub, timeout=300)
+    os.close(sub)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(main)
+    assert proc.returncode == 0
+    assert b"samples/s" in seen and b"20/20" in seen
+    piped = run_cli(*args[3:], "-o", str(tmp_path / "pipe"))
+    assert piped.returncode == 0 and "samples/s" not in piped.stderr
+
+
+def test_cuda_without_a_gpu_is_one_line(work, net, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(LayertapError, match="--device cuda: no CUDA device is available here"):
+        lt.extract_dataset(net, work["npy"], taps=["conv2"], out=tmp_path / "o", device="cuda", progress=False)
+    assert not (tmp_path / "o").exists()
 
 
 def test_image_size_mean_std_options(work, net, tmp_path):
@@ -298,6 +346,8 @@ def test_bad_inputs_give_one_line(work, tmp_path, case, expected):
     assert expected in str(e.value) and "\n" not in str(e.value)
     if case == "other":
         assert (out / "notes.txt").read_text() == "mine"
+    else:
+        assert not out.exists()  # a run that failed before its first shard leaves no OUT_DIR
 
 
 def test_cli_dataset_summary_and_onnx_model(work, tiny_onnx, tmp_path):

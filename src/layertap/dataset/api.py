@@ -11,7 +11,7 @@ from .arrays import DTYPES, POOLS, check_choice
 from .backends import BackendSpec
 from .features import Features, load_features
 from .images import Preprocess, from_options, from_timm, from_torchvision
-from .job import Job, Options, check_resumed_ids, prepare_out
+from .job import Job, Options, check_resumed_ids, discard_empty, prepare_out
 from .shards import FORMATS
 from .sources import Bad, MapSource, open_source, reference
 
@@ -105,21 +105,40 @@ def extract_dataset(
     header = {"model": spec.describe(), "data": source.describe(), "options": opts.recorded(tap_texts, device),
               "preprocessing": recipe[0].to_dict() if recipe and recipe[0] is not None and source.preprocess is not None else None}
     ref = _reference(source, skip_bad)
+    if not spec.is_onnx and device != "cpu":
+        _check_device(device)
+    created = not out_dir.exists()
     manifest = prepare_out(out_dir, header, resume)
     job = Job(out_dir, source, spec, opts, ref, count, manifest)
     if manifest.status == "complete":
         return load_features(out)
     check_resumed_ids(job)
+    try:
+        total = _run(job, engine, ray_address, progress)
+    except BaseException:
+        if not manifest.shards:
+            discard_empty(out_dir, created)  # nothing done: leave no half-made OUT_DIR behind
+        raise
+    manifest.finish(total)
+    return load_features(out)
+
+
+def _run(job: Job, engine: str, ray_address: str | None, progress: bool | None) -> int:
     if engine == "ray":
         from .ray_engine import run_ray
 
-        total = run_ray(job, ray_address, progress)
-    else:
-        from .local import run_local
+        return run_ray(job, ray_address, progress)
+    from .local import run_local
 
-        total = run_local(job, progress)
-    manifest.finish(total)
-    return load_features(out)
+    return run_local(job, progress)
+
+
+def _check_device(device: str) -> None:
+    import torch
+
+    from .backends import check_device
+
+    check_device(torch, device)
 
 
 def _options(batch_size: int, shard_size: int, fmt: str, dtype: str, pool: str, limit: int | None, skip_bad: bool, workers: int) -> Options:

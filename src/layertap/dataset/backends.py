@@ -94,7 +94,7 @@ class TorchBackend:
         self.torch = torch
         self.spec = spec
         self.taps = parse_taps(spec.taps)
-        self.device = _device(torch, spec.device)
+        self.device = check_device(torch, spec.device)
         self.model = _load_torch_model(spec).to(self.device).eval()
 
     def run(self, batch: Any) -> dict[str, np.ndarray]:
@@ -118,7 +118,8 @@ class TorchBackend:
         return t.to(self.device, non_blocking=True) if self.device.type != "cpu" else t
 
 
-def _device(torch: Any, name: str):
+def check_device(torch: Any, name: str):
+    """``torch.device(name)`` for ``cpu`` / ``cuda[:N]``, or a one-line error (no GPU, bad name)."""
     if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
         raise LayertapError(f"unknown --device {name!r}; use cpu or cuda (cuda:N)")
     if name.startswith("cuda") and not torch.cuda.is_available():

@@ -126,3 +126,12 @@ def check_resumed_ids(job: Job) -> None:
                 "restore it, or start again in a new OUT_DIR"
             )
 
+
+def discard_empty(out: Path, created: bool) -> None:
+    """Remove what a run that wrote no shard left: its manifest, temporary shards, the folder if it made it."""
+    from .manifest import NAME
+
+    remove_leftovers(out)
+    (out / NAME).unlink(missing_ok=True)
+    if created and out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
