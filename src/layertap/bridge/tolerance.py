@@ -16,17 +16,26 @@ actually accumulates. ``atol`` only matters for tensors that are (almost)
 all zero. NaN in both at the same place counts as equal, as do equal
 infinities; any other NaN/inf mismatch is an infinite error. Integer and
 bool values must match exactly.
+
+Two more statistics come with every comparison (:class:`Criterion` picks
+which one decides): ``cosine`` (cosine similarity of the flattened tensors,
+1 when identical) and ``sqnr_db`` (signal to quantisation noise,
+``10 log10(sum ref^2 / sum (got - ref)^2)``, ``inf`` when identical), the usual
+measures for float16 and int8 variants whose errors are expected but bounded.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 DEFAULT_RTOL = 1e-3
 DEFAULT_ATOL = 1e-5
+DEFAULT_MIN_COSINE = 0.999
+DEFAULT_MIN_SQNR_DB = 30.0
+METRICS = ("rel", "cosine", "sqnr")
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,9 @@ class ErrorStats:
     scale: float
     rel_err: float
     ok: bool
+    cosine: float = 1.0
+    sqnr_db: float = math.inf
+    finite: bool = True  # every value of ``got`` is finite
 
 
 def error_stats(ref: np.ndarray, got: np.ndarray, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL) -> ErrorStats:
@@ -80,3 +92,80 @@ def _rel(max_abs: float, scale: float) -> float:
     if scale > 0:
         return max_abs / scale
     return 0.0 if max_abs == 0 else math.inf
+
+
+def similarity(ref: np.ndarray, got: np.ndarray) -> tuple[float, float, bool]:
+    """``(cosine, sqnr_db, got_finite)`` over the finite elements of both (float64).
+
+    Example:
+        >>> cos, sqnr, finite = similarity(np.array([1.0, 2.0]), np.array([1.0, 2.1]))
+        >>> round(cos, 4), round(sqnr, 1), finite
+        (0.9998, 27.0, True)
+    """
+    a = np.asarray(ref, dtype=np.float64).ravel()
+    b = np.asarray(got, dtype=np.float64).ravel()
+    finite_got = bool(np.isfinite(b).all())
+    both = np.isfinite(a) & np.isfinite(b)
+    if not finite_got or not both.all():
+        if not np.array_equal(np.isfinite(a), np.isfinite(b)):
+            return 0.0, -math.inf, finite_got  # a value the other side lacks: no similarity
+        a, b = a[both], b[both]
+    na, nb = float(np.dot(a, a)), float(np.dot(b, b))
+    noise = float(np.dot(a - b, a - b))
+    if na == 0 and nb == 0:
+        cosine = 1.0
+    elif na == 0 or nb == 0:
+        cosine = 0.0
+    else:
+        cosine = float(np.dot(a, b)) / math.sqrt(na * nb)
+    sqnr = math.inf if noise == 0 else (10 * math.log10(na / noise) if na > 0 else -math.inf)
+    return cosine, sqnr, finite_got
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """Which statistic decides pass/fail, and its threshold.
+
+    ``rel``: ``max_abs <= atol + rtol * scale`` (the rule above); ``cosine``:
+    ``cosine >= min_cosine``; ``sqnr``: ``sqnr_db >= min_sqnr_db``.
+    ``check_finite`` also fails any non-finite candidate value.
+
+    Example:
+        >>> c = Criterion(metric="cosine", min_cosine=0.99)
+        >>> c.judge(np.array([1.0, 2.0]), np.array([1.0, 2.1])).ok
+        True
+        >>> Criterion().judge(np.array([1.0, 2.0]), np.array([1.0, 2.1])).ok
+        False
+    """
+
+    metric: str = "rel"
+    rtol: float = DEFAULT_RTOL
+    atol: float = DEFAULT_ATOL
+    min_cosine: float = DEFAULT_MIN_COSINE
+    min_sqnr_db: float = DEFAULT_MIN_SQNR_DB
+    check_finite: bool = False
+
+    def judge(self, ref: np.ndarray, got: np.ndarray) -> ErrorStats:
+        """All statistics of ``got`` against ``ref``; ``ok`` by :attr:`metric`."""
+        base = error_stats(ref, got, self.rtol, self.atol)
+        exact = not np.issubdtype(np.asarray(ref).dtype, np.floating)
+        if exact:
+            cosine, sqnr, finite = (1.0, math.inf, True) if base.ok else (0.0, -math.inf, True)
+        else:
+            cosine, sqnr, finite = similarity(ref, got)
+        ok = base.ok
+        if not exact and self.metric == "cosine":
+            ok = cosine >= self.min_cosine
+        elif not exact and self.metric == "sqnr":
+            ok = sqnr >= self.min_sqnr_db
+        if self.check_finite and not finite:
+            ok = False
+        return replace(base, ok=bool(ok), cosine=cosine, sqnr_db=sqnr, finite=finite)
+
+    def describe(self) -> str:
+        """The pass rule in words, for reports."""
+        if self.metric == "cosine":
+            return f"pass when cosine >= {self.min_cosine:g}"
+        if self.metric == "sqnr":
+            return f"pass when SQNR >= {self.min_sqnr_db:g} dB"
+        return f"pass when max_abs <= atol + rtol * max|ref| (rtol {self.rtol:g}, atol {self.atol:g})"

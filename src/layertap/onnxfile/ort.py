@@ -28,10 +28,13 @@ _ORT_ELEM = {
 }
 
 
-def ort_session(model: "onnx.ModelProto", folder: Path, *, optimize: bool = True) -> Any:
-    """An ORT CPU session on an in-memory model whose external data lies in ``folder``.
+def ort_session(model: "onnx.ModelProto", folder: Path, *, optimize: bool = True,
+                providers: Sequence[str] | None = None) -> Any:
+    """An ORT session (CPU unless ``providers`` says otherwise) on an in-memory model
+    whose external data lies in ``folder``.
 
-    ``optimize=False`` turns ORT's graph optimisations off (``ORT_DISABLE_ALL``).
+    ``optimize=False`` turns ORT's graph optimisations off (``ORT_DISABLE_ALL``);
+    ``providers``: full ORT provider names, as :func:`resolve_providers` returns them.
 
     Example:
         >>> import onnx, onnx.helper as h
@@ -50,7 +53,53 @@ def ort_session(model: "onnx.ModelProto", folder: Path, *, optimize: bool = True
     if not optimize:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder.resolve()))
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model.SerializeToString(), so, providers=list(providers or ["CPUExecutionProvider"]))
+
+
+# short names users type -> ORT's provider names
+_PROVIDER_ALIASES = {
+    "cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider",
+    "trt": "TensorrtExecutionProvider", "openvino": "OpenVINOExecutionProvider", "coreml": "CoreMLExecutionProvider",
+    "dml": "DmlExecutionProvider", "directml": "DmlExecutionProvider", "rocm": "ROCMExecutionProvider",
+    "migraphx": "MIGraphXExecutionProvider", "qnn": "QNNExecutionProvider", "xnnpack": "XnnpackExecutionProvider",
+}
+
+
+def resolve_providers(names: Sequence[str] | str | None) -> list[str]:
+    """ORT execution provider names from user text (``CUDA``, ``cuda,cpu``, ``TensorrtExecutionProvider``).
+
+    The CPU provider is appended as the fallback ORT needs for nodes the others
+    cannot run. Raises :class:`~layertap.errors.LayertapError` naming the
+    available providers when one is not installed.
+
+    Example:
+        >>> resolve_providers(None), resolve_providers("cpu")
+        (['CPUExecutionProvider'], ['CPUExecutionProvider'])
+    """
+    import onnxruntime as ort
+
+    from ..errors import LayertapError, close_matches
+
+    if names is None:
+        return ["CPUExecutionProvider"]
+    if isinstance(names, str):
+        names = [n for n in names.split(",") if n.strip()]
+    available = ort.get_available_providers()
+    out: list[str] = []
+    for raw in names:
+        text = raw.strip()
+        full = _PROVIDER_ALIASES.get(text.lower().removesuffix("executionprovider"), text)
+        if full not in available:
+            near = close_matches(full, available)
+            raise LayertapError(
+                f"execution provider {text!r} is not available in this onnxruntime (available: {', '.join(available)})"
+                + (f"; did you mean {near[0]}?" if near else "")
+            )
+        if full not in out:
+            out.append(full)
+    if "CPUExecutionProvider" not in out:
+        out.append("CPUExecutionProvider")
+    return out
 
 
 _FATAL = 4

@@ -13,8 +13,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...report import fmt_shape
-from ..tolerance import ErrorStats, error_stats
-from .report import ABSORBED, FAIL, NO_COUNTERPART, PASS, CompareRow, merge_stats, pair_tensors, same_shape
+from ..tolerance import Criterion, ErrorStats
+from .report import ABSORBED, FAIL, NO_COUNTERPART, PASS, CompareRow, merge_stats, pair_tensors, same_shape, stat_fields
 from .torch_side import ArrayStore, ModuleCall
 
 # How many following sibling module calls a failing call is checked against
@@ -35,6 +35,7 @@ class Item:
     # why the tensors are only candidates (an optimizer rewrite may have moved the value):
     # they count only when they equal the reference's value
     unverified: str | None = None
+    ref_tensors: tuple[str, ...] = ()  # an ONNX reference's own tensors for this row
 
 
 def _is_absorption(note: str) -> bool:
@@ -159,6 +160,13 @@ def split_batches(items: list[Item], store: ArrayStore, max_tensors: int | None,
     return [b for b in out if b]
 
 
+def _as_ref_type(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """A float16 candidate judged in the reference's float type."""
+    if ref.dtype != got.dtype and np.issubdtype(ref.dtype, np.floating) and np.issubdtype(got.dtype, np.floating):
+        return got.astype(ref.dtype)
+    return got
+
+
 def _ambiguous(shapes: list[tuple]) -> bool:
     """Several outputs of one shape: position and shape cannot tell them apart."""
     return len(set(shapes)) < len(shapes)
@@ -167,11 +175,12 @@ def _ambiguous(shapes: list[tuple]) -> bool:
 class RowBuilder:
     """Turns aligned values into rows; detects folds the scopes did not report."""
 
-    def __init__(self, items: list[Item], store: ArrayStore, rtol: float, atol: float, torch_calls: dict[str, int]) -> None:
+    def __init__(self, items: list[Item], store: ArrayStore, criterion: Criterion, torch_calls: dict[str, int],
+                 *, find_fusions: bool = True) -> None:
         self.items = items
         self.store = store
-        self.rtol = rtol
-        self.atol = atol
+        self.criterion = criterion
+        self.find_fusions = find_fusions
         self.torch_calls = torch_calls
         self.adopted: dict[int, tuple[ErrorStats, list[str], str]] = {}
         self.position = {item.mc.key: i for i, item in enumerate(items)}
@@ -190,7 +199,7 @@ class RowBuilder:
             adopted = self.adopted.get(mc.key)
             if adopted is not None and item.status == NO_COUNTERPART:
                 got, onnx_names, donor = adopted
-                return CompareRow(**base, max_abs=got.max_abs, rel_err=got.rel_err, status=PASS if got.ok else FAIL,
+                return CompareRow(**base, **stat_fields(got), status=PASS if got.ok else FAIL,
                                   ok=got.ok, onnx=onnx_names, note=f"compared at {donor}'s ONNX tensor (fused)")
             return CompareRow(**base, max_abs=None, rel_err=None, status=item.status, ok=None, note=item.note)
         onnx_arrays = [values[n] for n in item.tensors]
@@ -203,20 +212,20 @@ class RowBuilder:
             # For an inner module the scope mapping may be at fault, so that is only "no counterpart".
             status, ok = (FAIL, False) if mc.path == "" else (NO_COUNTERPART, None)
             return CompareRow(**base, max_abs=None, rel_err=None, status=status, ok=ok, onnx=list(item.tensors), note=why)
-        if not stats.ok:
+        if not stats.ok and self.find_fusions:
             fused = self._fused_into(item, onnx_arrays)
             if fused is not None:
                 donee, fstats, fnames = fused
                 self.adopted[donee.mc.key] = (fstats, fnames, base["name"])
-                return CompareRow(**base, max_abs=stats.max_abs, rel_err=stats.rel_err, status=ABSORBED, ok=None,
+                return CompareRow(**base, **stat_fields(stats), status=ABSORBED, ok=None,
                                   onnx=names, note=f"ONNX tensor holds {self.name(donee.mc)}'s value (fused)")
-        return CompareRow(**base, max_abs=stats.max_abs, rel_err=stats.rel_err, status=PASS if stats.ok else FAIL,
+        return CompareRow(**base, **stat_fields(stats), status=PASS if stats.ok else FAIL,
                           ok=stats.ok, onnx=names, note=why)
 
     def _checked(self, item: Item, base: dict[str, Any], stats: ErrorStats | None, names: list[str]) -> CompareRow:
         """A rewritten call's candidate tensor: trusted when it equals the reference, else not compared."""
         if stats is not None and stats.ok:
-            return CompareRow(**base, max_abs=stats.max_abs, rel_err=stats.rel_err, status=PASS, ok=True, onnx=names,
+            return CompareRow(**base, **stat_fields(stats), status=PASS, ok=True, onnx=names,
                               note="the exporter's optimizer rewrote a node here, but this tensor equals the "
                                    "reference's value (checked numerically)")
         return CompareRow(**base, max_abs=None, rel_err=None, status=NO_COUNTERPART, ok=None,
@@ -248,7 +257,7 @@ class RowBuilder:
             r, g = ref[i], got[j]
             if r.shape != g.shape:
                 g = g.reshape(r.shape)
-            stats.append(error_stats(r, g, self.rtol, self.atol))
+            stats.append(self.criterion.judge(r, _as_ref_type(r, g)))
         why = None
         if len(pairs) < len(got):
             why = f"compared {len(pairs)} of {len(got)} ONNX tensors (others have no PyTorch tensor of that shape)"

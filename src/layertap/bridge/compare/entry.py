@@ -45,11 +45,12 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from ...errors import LayertapError, unknown_name
-from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL
+from ...errors import InputSpecError, LayertapError, unknown_name
+from ..tolerance import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, Criterion
 from .align import Item, RowBuilder, call_counts, plan_items, split_batches
 from .onnx_side import OrtRunner, ScopeView, check_feed_shapes, check_same_model, feed_from_args, model_outputs
 from .report import CompareReport, CompareRow
+from .samples import merge_samples
 from .torch_side import ArrayStore, run_torch
 
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of intermediates held at once, per side
@@ -102,62 +103,197 @@ def _module_filter(model: Any, modules: Sequence[str] | str | None) -> tuple[Cal
 
 
 def compare(
-    model: Any,
-    args: Any,
-    onnx_path: str | os.PathLike,
+    ref: Any,
+    args: Any = None,
+    cand: str | os.PathLike | None = None,
     *,
+    samples: int | Sequence[Any] | None = None,
+    providers: Sequence[str] | str | None = None,
+    cand_providers: Sequence[str] | str | None = None,
+    metric: str = "rel",
+    local: bool = False,
     rtol: float = DEFAULT_RTOL,
     atol: float = DEFAULT_ATOL,
+    min_cosine: float = DEFAULT_MIN_COSINE,
+    min_sqnr_db: float = DEFAULT_MIN_SQNR_DB,
+    check_finite: bool = False,
     modules: Sequence[str] | None = None,
     kwargs: dict | None = None,
     method: str = "forward",
     ort_optimizations: bool = True,
+    ref_ort_optimizations: bool | None = None,
     batch_outputs: int | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    seed: int = 0,
     progress: Progress | None = None,
+    onnx_path: str | os.PathLike | None = None,
 ) -> CompareReport:
-    """Compare a PyTorch model with its ONNX file module by module in ONNX Runtime.
+    """Compare a reference with an ONNX candidate layer by layer in ONNX Runtime.
 
     Args:
-        model: the ``nn.Module`` the file was exported from (eval mode).
-        args: the positional arguments (a tensor or a tuple of them).
-        onnx_path: the ONNX file; read only, never modified.
-        rtol, atol: a call passes when ``max|onnx - torch| <= atol + rtol * max|torch|``.
-        modules: compare only these modules and their submodules (default: all,
-            plus the model's output).
-        kwargs: keyword arguments for the method.
-        method: the method the file was exported from (``forward`` by default).
-        ort_optimizations: run ORT with its graph optimisations (default) or
-            with ``ORT_DISABLE_ALL``; exposing intermediates can change which
-            fusions ORT applies, so a divergence that disappears without them
-            is ORT's, not the exporter's.
-        batch_outputs: at most this many ONNX tensors per ORT run (default: as
-            many as fit ``memory_budget``).
+        ref: the ``nn.Module`` the candidate was exported from (eval mode), or
+            the path of a reference ONNX file (then torch is never imported).
+        args: one sample: the positional arguments (a tensor/array or a tuple
+            of them; a dict of named inputs for an ONNX reference). ``None``
+            with an ONNX reference: random data from its input shapes.
+        cand: the candidate ONNX file (a float16/int8 conversion, an optimised
+            copy, another exporter's file, or ``ref`` itself run another way);
+            read only, never modified. ``onnx_path`` is its former name.
+        samples: several samples: a list/iterable of samples like ``args``, or
+            ``N`` for N seeded random samples shaped like ``args`` (or like the
+            reference file's inputs). Rows then hold each call's worst sample.
+        providers, cand_providers: ORT execution providers of the reference
+            (an ONNX file) and of the candidate, e.g. ``["CUDA"]``; default CPU.
+        metric: what decides pass/fail: ``rel`` (``max_abs <= atol + rtol *
+            max|ref|``), ``cosine`` (``>= min_cosine``) or ``sqnr`` (``>= min_sqnr_db``).
+        local: also run each compared call's candidate nodes on the reference's
+            own inputs; ``local_rel`` is the error the call makes by itself.
+        check_finite: a candidate value that is NaN/inf fails its row (the
+            report's ``first_nonfinite`` names the first one either way).
+        modules: compare only these modules and their submodules.
+        kwargs: keyword arguments for the PyTorch method.
+        method: the PyTorch method the file was exported from.
+        ort_optimizations: ORT graph optimisations for the candidate;
+            ``ref_ort_optimizations`` for an ONNX reference (default: the same).
+        batch_outputs: at most this many ONNX tensors per ORT run.
         memory_budget: bytes of intermediates held at once on each side.
-        progress: receives the steps (``step``/``advance``), e.g. the CLI's
-            :class:`layertap.cli.console.StepProgress`; ``None``: silent.
+        seed: seed of random samples.
+        progress: receives the steps (``step``/``advance``); ``None``: silent.
 
     Returns:
         A :class:`CompareReport`: ``.ok``, ``.rows`` (one per module call, in
-        PyTorch execution order), ``.first_divergence`` (name or ``None``).
+        execution order), ``.first_divergence``, ``.first_divergence_counts``.
 
     Example:
-        >>> import torch, torchvision, layertap as lt
-        >>> model = torchvision.models.resnet18().eval()
-        >>> x = torch.randn(1, 3, 64, 64)
-        >>> torch.onnx.export(model, (x,), "r18.onnx", dynamo=True)          # doctest: +SKIP
-        >>> report = lt.compare(model, x, "r18.onnx")                        # doctest: +SKIP
-        >>> report.ok, report.first_divergence                               # doctest: +SKIP
-        (True, None)
+        >>> import torch, layertap as lt
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+        >>> x = torch.randn(2, 4)
+        >>> import tempfile, os; path = os.path.join(tempfile.mkdtemp(), "m.onnx")
+        >>> torch.onnx.export(model, (x,), path, dynamo=False)
+        >>> report = lt.compare(model, x, path, samples=3)
+        >>> report.ok, report.first_divergence, report.samples
+        (True, None, 3)
+        >>> lt.compare(path, None, path, ref_ort_optimizations=False).ok
+        True
     """
+    cand = cand if cand is not None else onnx_path
+    if cand is None:
+        raise LayertapError("compare needs a candidate ONNX file (the third argument)")
+    criterion = _criterion(metric, rtol, atol, min_cosine, min_sqnr_db, check_finite)
+    _check_options(rtol, atol, batch_outputs, memory_budget)
+    from ...onnxfile.ort import resolve_providers
+
+    ref_providers, c_providers = resolve_providers(providers), resolve_providers(cand_providers)
+    if isinstance(ref, (str, os.PathLike)):
+        from pathlib import Path
+
+        from .onnx_ref import compare_onnx
+
+        given, n_random = _onnx_samples(args, samples)
+        return compare_onnx(
+            Path(ref), Path(cand), given, n_random, criterion=criterion, providers=ref_providers,
+            cand_providers=c_providers,
+            ref_optimize=ort_optimizations if ref_ort_optimizations is None else ref_ort_optimizations,
+            cand_optimize=ort_optimizations, modules=modules, batch_outputs=batch_outputs,
+            memory_budget=memory_budget, random=_random_from_file(seed), local=local, progress=progress,
+        )
+    return _compare_torch(
+        ref, args, cand, samples=samples, criterion=criterion, providers=c_providers, local=local,
+        modules=modules, kwargs=kwargs, method=method, ort_optimizations=ort_optimizations,
+        batch_outputs=batch_outputs, memory_budget=memory_budget, seed=seed, progress=progress,
+    )
+
+
+def _criterion(metric: Any, rtol: Any, atol: Any, min_cosine: Any, min_sqnr_db: Any, check_finite: bool) -> Criterion:
+    if metric not in METRICS:
+        raise LayertapError(f"unknown metric {metric!r}; use one of {', '.join(METRICS)}")
+    if not isinstance(min_cosine, (int, float)) or not -1 <= min_cosine <= 1:
+        raise LayertapError(f"min_cosine must be a number in [-1, 1], got {min_cosine!r}")
+    if not isinstance(min_sqnr_db, (int, float)):
+        raise LayertapError(f"min_sqnr_db must be a number of dB, got {min_sqnr_db!r}")
+    return Criterion(metric, float(rtol), float(atol), float(min_cosine), float(min_sqnr_db), bool(check_finite))
+
+
+def _onnx_samples(args: Any, samples: Any) -> tuple[list[Any], int]:
+    """Samples for an ONNX reference, and how many more to draw at random from its input shapes."""
+    given = [] if args is None else [args if isinstance(args, (dict, list, tuple)) else [args]]
+    if isinstance(samples, int) and not isinstance(samples, bool):
+        if samples < 1:
+            raise LayertapError(f"samples must be a positive number, got {samples!r}")
+        return given, samples - len(given)
+    if samples is not None:
+        given = [s if isinstance(s, (dict, list, tuple)) else [s] for s in samples]
+        if not given:
+            raise LayertapError("samples is empty: give at least one sample")
+        return given, 0
+    return given, 0 if given else 1
+
+
+def _random_from_file(seed: int) -> Callable[[list[tuple[str, str]], dict[str, tuple], int], list[Any]]:
+    """Draws random samples from the reference file's inputs (symbolic sizes 1), seeds after ``seed``."""
+
+    def draw(inputs: list[tuple[str, str]], shapes: dict[str, tuple], n: int) -> list[Any]:
+        from .samples import random_samples
+
+        names = [name for name, _ in inputs]
+        missing = [name for name in names if name not in shapes]
+        if missing:
+            raise InputSpecError(f"input {missing[0]!r} has no declared shape; pass the inputs (--input SHAPE)")
+        dims = [tuple(d if d else 1 for d in shapes[name]) for name in names]
+        return random_samples(n, dims, [dt or "float32" for _, dt in inputs], names, seed + 1)
+
+    return draw
+
+
+def _torch_samples(args: Any, kwargs: dict, samples: Any, seed: int) -> list[tuple[tuple, dict]]:
+    """``(args, kwargs)`` per sample for a PyTorch reference."""
+    first = tuple(args) if isinstance(args, (tuple, list)) else (args,)
+    if samples is None:
+        return [(first, kwargs)]
+    if isinstance(samples, int) and not isinstance(samples, bool):
+        if samples < 1:
+            raise LayertapError(f"samples must be a positive number, got {samples!r}")
+        return [(first, kwargs)] + [(_like(first, seed + i), kwargs) for i in range(1, samples)]
+    out = []
+    for s in samples:
+        if isinstance(s, dict):
+            out.append(((), {**kwargs, **s}))
+        else:
+            out.append((tuple(s) if isinstance(s, (tuple, list)) else (s,), kwargs))
+    if not out:
+        raise LayertapError("samples is empty: give at least one sample")
+    return out
+
+
+def _like(args: tuple, seed: int) -> tuple:
+    """Random tensors shaped and typed like ``args`` (integers within the range ``args`` uses)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            out.append(torch.randn(a.shape, generator=g, dtype=a.dtype))
+        elif isinstance(a, torch.Tensor) and a.dtype != torch.bool:
+            high = int(a.max()) + 1 if a.numel() else 1
+            out.append(torch.randint(0, max(high, 1), a.shape, generator=g, dtype=a.dtype))
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+def _compare_torch(
+    model: Any, args: Any, onnx_path: str | os.PathLike, *, samples: Any, criterion: Criterion, providers: list[str],
+    local: bool, modules: Sequence[str] | None, kwargs: dict | None, method: str, ort_optimizations: bool,
+    batch_outputs: int | None, memory_budget: int, seed: int, progress: Progress | None,
+) -> CompareReport:
+    """PyTorch reference: one hooked forward per sample, the candidate's tensors in ORT batches."""
     from ...onnxfile.modelfile import load_model
     from ...onnxfile.scopes import ScopeMap
     from ...pytorch.taps import bound_method
 
-    _check_options(rtol, atol, batch_outputs, memory_budget)
     bound_method(model, method)  # a non-module or an unknown method fails before any work
-    args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
-    kwargs = dict(kwargs or {})
+    runs = _torch_samples(args, dict(kwargs or {}), samples, seed)
     # The shared loader: graph only (weights stay on disk for ORT) and the
     # external-data safety checks every ONNX command applies.
     onnx_file = load_model(onnx_path)
@@ -165,32 +301,48 @@ def compare(
     view = ScopeView(ScopeMap.from_model(proto), {p for p, _ in model.named_modules() if p})
     check_same_model(view, model, onnx_path)
     wanted, include_root = _module_filter(model, modules)
-    runner = OrtRunner(proto, onnx_file.folder, ort_optimizations)
+    runner = OrtRunner(proto, onnx_file.folder, ort_optimizations, providers)
     # Inputs first: a wrong number or shape of arguments should not cost a forward.
-    feed = feed_from_args(runner.input_names(), args, kwargs)
-    check_feed_shapes(feed, runner.input_shapes())
-
-    store = ArrayStore(memory_budget)
+    feeds = [feed_from_args(runner.input_names(), a, k) for a, k in runs]
+    for feed in feeds:
+        check_feed_shapes(feed, runner.input_shapes())
+    prog = progress if progress is not None else _Silent()
+    per_sample: list[list[CompareRow]] = []
+    spilled = 0
     try:
-        prog = progress if progress is not None else _Silent()
-        prog.step("PyTorch forward")
-        calls, root = run_torch(model, args, kwargs, method, store, wanted)
-        prog.advance()
-        items = [it for it in plan_items(calls, root, view, model_outputs(proto), include_root) if wanted(it.mc.path) or it.mc is root]
-        builder = RowBuilder(items, store, float(rtol), float(atol), call_counts(calls))
-        batches = split_batches(items, store, batch_outputs, memory_budget)
-        prog.step("ONNX Runtime and compare", total=len(items))
-        rows = _compare_batches(batches, builder, runner, feed, prog)
+        for (a, k), feed in zip(runs, feeds):
+            store = ArrayStore(memory_budget)
+            try:
+                prog.step("PyTorch forward")
+                calls, root = run_torch(model, a, k, method, store, wanted)
+                prog.advance()
+                items = [it for it in plan_items(calls, root, view, model_outputs(proto), include_root)
+                         if wanted(it.mc.path) or it.mc is root]
+                builder = RowBuilder(items, store, criterion, call_counts(calls))
+                batches = split_batches(items, store, batch_outputs, memory_budget)
+                prog.step("ONNX Runtime and compare", total=len(items))
+                rows = _compare_batches(batches, builder, runner, feed, prog)
+                if local:
+                    from .local import local_errors_torch
+
+                    local_errors_torch(proto, onnx_file.folder, ort_optimizations, providers, items, rows, store, feed)
+                per_sample.append(rows)
+            finally:
+                spilled = max(spilled, store.spilled)
+                store.close()
     finally:
-        store.close()
+        runner.close()
+    rows, firsts = merge_samples(per_sample, criterion)
     return CompareReport(
         rows,
-        _notes(model, view, runner, store, failed=any(r.ok is False for r in rows)),
-        rtol=float(rtol),
-        atol=float(atol),
+        _notes(model, view, runner, spilled, len(runs), failed=any(r.ok is False for r in rows)),
+        criterion=criterion,
         onnx_path=str(onnx_path),
         ort_optimizations=ort_optimizations,
         ort_runs=runner.runs,
+        samples=len(runs),
+        first_divergence_counts=firsts,
+        local=local,
     )
 
 
@@ -219,7 +371,7 @@ def _compare_batches(
     return rows
 
 
-def _notes(model: Any, view: ScopeView, runner: OrtRunner, store: ArrayStore, *, failed: bool) -> list[str]:
+def _notes(model: Any, view: ScopeView, runner: OrtRunner, spilled: int, n_samples: int, *, failed: bool) -> list[str]:
     """What the reader needs to know to trust (or doubt) the rows.
 
     The ORT fusion caveat only matters to explain a failing row.
@@ -237,9 +389,14 @@ def _notes(model: Any, view: ScopeView, runner: OrtRunner, store: ArrayStore, *,
         )
     if view.prefix:
         notes.append(f"the file's module scopes carry the prefix '{view.prefix}.' (exported through a wrapper); stripped")
-    if runner.runs > 1:
+    if runner.runs > n_samples:
         notes.append(f"ONNX Runtime ran {runner.runs} times, exposing the intermediates in batches to bound memory")
-    if store.spilled:
-        notes.append(f"{store.spilled / 2**20:.0f} MiB of PyTorch values were held on disk (memory_budget)")
+    if spilled:
+        notes.append(f"{spilled / 2**20:.0f} MiB of PyTorch values were held on disk (memory_budget)")
+    if runner.providers != ["CPUExecutionProvider"]:
+        notes.append(f"ONNX Runtime ran on {', '.join(runner.providers)}")
+    if n_samples > 1:
+        notes.append(f"{n_samples} samples; each row shows its worst sample (worst_sample); "
+                     f"{runner.sessions} ORT session(s) for all of them")
     return notes
 

@@ -23,13 +23,16 @@ if TYPE_CHECKING:  # pragma: no cover
 class OrtRunner:
     """Sessions over an in-memory copy of the graph with chosen tensors as outputs."""
 
-    def __init__(self, proto: "onnx.ModelProto", folder: Path, optimize: bool) -> None:
+    def __init__(self, proto: "onnx.ModelProto", folder: Path, optimize: bool, providers: Sequence[str] | None = None) -> None:
         self.proto = proto
         self.folder = folder
         self.optimize = optimize
+        self.providers = list(providers or ["CPUExecutionProvider"])
         self._out_info = {o.name: o for o in proto.graph.output}
         self._value_info = {v.name: v for v in proto.graph.value_info}
         self.runs = 0
+        self.sessions = 0
+        self._session: tuple[tuple[str, ...], Any] | None = None  # the last session, kept for the next sample
 
     def input_names(self) -> list[tuple[str, str]]:
         """(name, element type) of the graph's real inputs (not initializers)."""
@@ -58,6 +61,22 @@ class OrtRunner:
         return out
 
     def run(self, names: list[str], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One run exposing ``names``; the session is reused while the names stay the same
+        (one session for every sample of a batch)."""
+        key = tuple(names)
+        if self._session is None or self._session[0] != key:
+            self._session = None  # drop the old session (and its exposed-output graph) first
+            self._session = (key, self._new_session(names))
+            self.sessions += 1
+        sess = self._session[1]
+        try:
+            values = sess.run(names, feed)
+        except Exception as e:  # noqa: BLE001
+            raise InputSpecError(f"ONNX Runtime rejected the inputs: {one_line(e)}") from None
+        self.runs += 1
+        return dict(zip(names, values))
+
+    def _new_session(self, names: list[str]) -> Any:
         import onnx
 
         from ...onnxfile.ort import ort_session
@@ -70,7 +89,7 @@ class OrtRunner:
                 info = self._out_info.get(n) or self._value_info.get(n)
                 graph.output.append(info if info is not None else onnx.helper.make_empty_tensor_value_info(n))
             try:
-                sess = ort_session(self.proto, self.folder, optimize=self.optimize)
+                return ort_session(self.proto, self.folder, optimize=self.optimize, providers=self.providers)
             except Exception as e:  # noqa: BLE001 - ORT raises its own types
                 raise OnnxFileError(
                     f"ONNX Runtime cannot load the graph from '{self.folder}' with extra outputs: {one_line(e)}"
@@ -78,12 +97,9 @@ class OrtRunner:
         finally:
             del graph.output[:]
             graph.output.extend(saved)
-        try:
-            values = sess.run(names, feed)
-        except Exception as e:  # noqa: BLE001
-            raise InputSpecError(f"ONNX Runtime rejected the inputs: {one_line(e)}") from None
-        self.runs += 1
-        return dict(zip(names, values))
+
+    def close(self) -> None:
+        self._session = None
 
 
 def feed_from_args(inputs: list[tuple[str, str]], args: tuple, kwargs: dict) -> dict[str, np.ndarray]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
 from ...report import Column, Report, fmt_float, fmt_shape
-from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL, ErrorStats
+from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL, Criterion, ErrorStats
 
 PASS, FAIL, NO_COUNTERPART, ABSORBED = "pass", "FAIL", "no counterpart", "absorbed"
 STATISTIC = "rel_err = max|onnx - torch| / max|torch|; pass when max_abs <= atol + rtol * max|torch|"
@@ -33,6 +33,12 @@ class CompareRow:
         ok: True/False for compared calls, ``None`` when nothing was compared.
         onnx: ONNX tensor names compared.
         note: why a call was not compared, or where a fused value was compared.
+        cosine, sqnr_db: cosine similarity and SQNR (dB) of the candidate against the reference.
+        worst_sample: over several samples, the index of the sample the row's values come from
+            (the worst one by the deciding metric).
+        local_rel: with ``local=True``, the rel error the candidate's part for this call makes
+            when fed the reference's own inputs (``None`` when its boundary cannot be matched).
+        finite: every candidate value was finite (``None`` when not compared).
     """
 
     name: str
@@ -46,6 +52,11 @@ class CompareRow:
     ok: bool | None
     onnx: list[str] = field(default_factory=list)
     note: str | None = None
+    cosine: float | None = None
+    sqnr_db: float | None = None
+    worst_sample: int | None = None
+    local_rel: float | None = None
+    finite: bool | None = None
 
 
 class CompareReport(Report):
@@ -85,13 +96,35 @@ class CompareReport(Report):
         onnx_path: str | None = None,
         ort_optimizations: bool = True,
         ort_runs: int = 0,
+        criterion: Criterion | None = None,
+        reference: str | None = None,
+        samples: int = 1,
+        first_divergence_counts: dict[str, int] | None = None,
+        local: bool = False,
     ) -> None:
         super().__init__(rows, notes)
-        self.rtol = rtol
-        self.atol = atol
+        self.criterion = criterion or Criterion(rtol=rtol, atol=atol)
+        self.rtol = self.criterion.rtol
+        self.atol = self.criterion.atol
         self.onnx_path = onnx_path
         self.ort_optimizations = ort_optimizations
         self.ort_runs = ort_runs
+        self.reference = reference
+        self.samples = samples
+        self.first_divergence_counts = dict(first_divergence_counts or {})
+        self.local = local
+        if reference is not None:
+            self.title = f"{reference} vs {onnx_path}, layer by layer"
+        extra = [c for c in _EXTRA_COLUMNS if c.key != "local_rel" or local]
+        if samples > 1:
+            extra.append(Column("worst_sample", "worst sample", justify="right", no_wrap=True))
+        # per report: the local and worst-sample columns only when they hold something
+        self.__dict__["columns"] = (*type(self).columns[:5], *extra, *type(self).columns[5:])
+
+    @property
+    def first_nonfinite(self) -> CompareRow | None:
+        """The first compared row whose candidate values are not all finite (NaN/inf)."""
+        return next((r for r in self.rows if r.finite is False), None)
 
     @property
     def first_divergence_row(self) -> CompareRow | None:
@@ -131,6 +164,12 @@ class CompareReport(Report):
             "ort_optimizations": self.ort_optimizations,
             "ort_runs": self.ort_runs,
             "counts": self.counts(),
+            "metric": self.criterion.metric,
+            "rule": self.criterion.describe(),
+            "reference": self.reference,
+            "samples": self.samples,
+            "first_divergence_counts": self.first_divergence_counts,
+            "first_nonfinite": self.first_nonfinite.name if self.first_nonfinite else None,
         }
         if self.notes:
             out["notes"] = list(self.notes)
@@ -141,8 +180,15 @@ class CompareReport(Report):
         lines = [f"note: {n}" for n in self.notes]
         lines.append(
             f"{c[PASS]} pass, {c[FAIL]} FAIL, {c[ABSORBED]} absorbed, {c[NO_COUNTERPART]} without counterpart "
-            f"(rtol {self.rtol:g}, atol {self.atol:g}; {STATISTIC})"
+            f"({self._rule()})"
         )
+        bad = self.first_nonfinite
+        if bad is not None:
+            lines.append(f"first non-finite values: {bad.name} ({bad.type}) holds NaN or inf in the candidate")
+        if self.samples > 1 and self.first_divergence_counts:
+            ranked = sorted(self.first_divergence_counts.items(), key=lambda kv: -kv[1])
+            lines.append("first divergence over {} samples: {}".format(
+                self.samples, ", ".join(f"{n} ({k}x)" for n, k in ranked[:5])))
         row = self.first_divergence_row
         if row is None:
             lines.append("no divergence: every compared module agrees")
@@ -152,6 +198,11 @@ class CompareReport(Report):
                 f"rel err {fmt_float(row.rel_err)}; {self._before_divergence(row)}"
             )
         return lines
+
+    def _rule(self) -> str:
+        if self.criterion.metric == "rel":
+            return f"rtol {self.rtol:g}, atol {self.atol:g}; {STATISTIC}"
+        return self.criterion.describe()
 
     def uncompared_before(self, row: CompareRow) -> list[CompareRow]:
         """Rows not compared between ``row`` and the last compared row before it.
@@ -176,6 +227,13 @@ class CompareReport(Report):
                 "(no counterpart), so the divergence may start there")
 
 
+_EXTRA_COLUMNS = (
+    Column("cosine", "cosine", lambda v: "-" if v is None else f"{v:.6f}", "right", no_wrap=True),
+    Column("sqnr_db", "SQNR dB", fmt_float, "right", no_wrap=True),
+    Column("local_rel", "local rel", fmt_float, "right", no_wrap=True),
+)
+
+
 def merge_stats(stats: Sequence[ErrorStats]) -> ErrorStats:
     """Worst case over several tensors of one module call."""
     return ErrorStats(
@@ -183,7 +241,16 @@ def merge_stats(stats: Sequence[ErrorStats]) -> ErrorStats:
         max(s.scale for s in stats),
         max(s.rel_err for s in stats),
         all(s.ok for s in stats),
+        min(s.cosine for s in stats),
+        min(s.sqnr_db for s in stats),
+        all(s.finite for s in stats),
     )
+
+
+def stat_fields(stats: ErrorStats) -> dict[str, Any]:
+    """The row fields one comparison fills."""
+    return dict(max_abs=stats.max_abs, rel_err=stats.rel_err, cosine=stats.cosine, sqnr_db=stats.sqnr_db,
+                finite=stats.finite)
 
 
 def pair_tensors(torch_shapes: Sequence[tuple], onnx_shapes: Sequence[tuple]) -> list[tuple[int, int]]:

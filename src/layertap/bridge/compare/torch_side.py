@@ -6,6 +6,7 @@ Used by :mod:`layertap.bridge.compare`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -73,6 +74,15 @@ class ArrayStore:
         if key in self._disk:
             return [np.load(p, mmap_mode="r", allow_pickle=False) for p in self._disk[key]]
         return []
+
+    def drop(self, key: int) -> None:
+        """Forget ``key``'s arrays (memory, or the spilled files)."""
+        arrays = self._mem.pop(key, None)
+        if arrays is not None:
+            self.held -= sum(a.nbytes for a in arrays)
+        for path in self._disk.pop(key, []):
+            with contextlib.suppress(OSError):
+                os.remove(path)
 
     def close(self) -> None:
         self._mem.clear()

@@ -1,0 +1,374 @@
+"""``lt.compare`` with an ONNX reference: two ONNX files (or one file run two ways),
+layer by layer. Never imports torch.
+
+Alignment (:func:`align_files`), per row of the reference:
+
+* rows are the reference's module calls (completion order, inner first) when it carries
+  module scopes, else every activation tensor it computes;
+* a reference tensor whose name the candidate also computes is that tensor (converters keep
+  names: onnxconverter-common's float16 ``Cast`` nodes, ORT-optimised and onnxslim files);
+* else, where both files carry scopes, the candidate's call of the same module path and call
+  index (another exporter's file) - unless that call hands out a tensor the reference computes
+  under another name (ORT fused the node into a neighbour), which is not this call's value;
+* a quantised candidate's tensor is read through its ``QuantizeLinear -> DequantizeLinear``
+  pair: the ``DequantizeLinear`` output is the value the rest of the graph sees;
+* the model's outputs pair by position (names may differ between exporters).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+
+from ...errors import InputSpecError, LayertapError, OnnxFileError
+from ..tolerance import Criterion
+from .align import Item, RowBuilder
+from .onnx_side import OrtRunner, check_feed_shapes, model_outputs
+from .report import ABSORBED, NO_COUNTERPART, CompareReport, CompareRow
+from .samples import Sample, merge_samples
+from .torch_side import ArrayStore, ModuleCall
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+_FLOAT_TYPES = {1, 10, 11, 16}  # float, float16, double, bfloat16
+
+
+@dataclass
+class Side:
+    """One ONNX run: the file, how ORT runs it, its input names and declared shapes."""
+
+    path: Path
+    runner: OrtRunner
+
+    @property
+    def inputs(self) -> list[tuple[str, str]]:
+        return self.runner.input_names()
+
+
+def stand_ins(graph: "onnx.GraphProto") -> dict[str, str]:
+    """Tensor -> the ``DequantizeLinear`` output that stands for it after ``QuantizeLinear``.
+
+    Example:
+        >>> from onnx import helper
+        >>> g = helper.make_graph([helper.make_node("QuantizeLinear", ["y", "s", "z"], ["y_q"]),
+        ...                        helper.make_node("DequantizeLinear", ["y_q", "s", "z"], ["y_dq"])], "g", [], [])
+        >>> stand_ins(g)
+        {'y': 'y_dq'}
+    """
+    readers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for t in node.input:
+            readers.setdefault(t, []).append(node)
+    out: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type != "QuantizeLinear" or not node.input or not node.output:
+            continue
+        dq = [r for r in readers.get(node.output[0], ()) if r.op_type == "DequantizeLinear"]
+        if len(dq) == 1 and dq[0].output:
+            out[node.input[0]] = dq[0].output[0]
+    return out
+
+
+def _producers(graph: "onnx.GraphProto") -> dict[str, Any]:
+    return {t: node for node in graph.node for t in node.output if t}
+
+
+def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callable[[str], bool]) -> tuple[list[Item], dict[str, int], str]:
+    """Rows of the reference and the candidate tensors answering them (see module doc).
+
+    Returns the items (``ref_tensors`` set), calls per module path (for ``PATH#k`` names)
+    and the alignment mode (``"scopes"`` or ``"names"``).
+    """
+    from ...onnxfile.ort import inferred_types
+    from ...onnxfile.scopes import ScopeMap
+
+    ref_map, cand_map = ScopeMap.from_model(ref), ScopeMap.from_model(cand)
+    ref_made, cand_made = _producers(ref.graph), _producers(cand.graph)
+    through = stand_ins(cand.graph)
+    cand_inputs = {i.name for i in cand.graph.input}
+
+    def by_name(t: str) -> str | None:
+        return through.get(t, t) if t in cand_made or t in cand_inputs else None
+
+    items: list[Item] = []
+    counts: dict[str, int] = {}
+    if ref_map.source != "none":
+        cand_cps = {(c.path, c.call): c for c in cand_map.counterparts()} if cand_map.source != "none" else {}
+        for cp in ref_map.counterparts():
+            if not wanted(cp.path):
+                continue
+            counts[cp.path] = ref_map.calls(cp.path)
+            mc = ModuleCall(len(items), cp.path, cp.call, _op(ref_made, cp.tensors))
+            items.append(_scope_item(mc, cp, cand_cps.get((cp.path, cp.call)), by_name, ref_made, through))
+        mode = "scopes"
+    else:
+        from ...onnxfile._graph import GraphFacts
+
+        weights = GraphFacts(ref.graph).weights
+        types = inferred_types(ref)
+        graph_outputs = {o.name for o in ref.graph.output}
+        for node in ref.graph.node:
+            for t in node.output:
+                if not t or t in weights or t in graph_outputs or not wanted(t) or not _is_float(types.get(t)):
+                    continue
+                got = by_name(t)
+                if got is None:
+                    continue
+                items.append(Item(ModuleCall(len(items), t, 0, node.op_type), (got,), ref_tensors=(t,)))
+        mode = "names"
+    ref_out, cand_out = model_outputs(ref), model_outputs(cand)
+    root = Item(ModuleCall(len(items), "", 0, "output"), tuple(cand_out), ref_tensors=tuple(ref_out))
+    if len(ref_out) != len(cand_out):
+        root.status, root.note, root.tensors = NO_COUNTERPART, (
+            f"the reference has {len(ref_out)} outputs, the candidate {len(cand_out)}"), ()
+    items.append(root)
+    return items, counts, mode
+
+
+def _scope_item(mc: ModuleCall, cp: Any, ccp: Any, by_name: Callable[[str], str | None], ref_made: dict[str, Any],
+                through: dict[str, str]) -> Item:
+    """One reference module call: by tensor name first, then by the candidate's own call."""
+    if not cp.tensors:
+        status = ABSORBED if cp.absorbed_by else NO_COUNTERPART
+        note = f"fused into {cp.absorbed_by} in the reference; compared there" if cp.absorbed_by else f"reference: {cp.note}"
+        return Item(mc, status=status, note=note)
+    named = [by_name(t) for t in cp.tensors]
+    if all(n is not None for n in named):
+        return Item(mc, tuple(n for n in named if n is not None), ref_tensors=tuple(cp.tensors))
+    if ccp is None:
+        return Item(mc, status=NO_COUNTERPART, note="the candidate has neither its tensors nor a call of this module")
+    if not ccp.tensors:
+        return Item(mc, status=NO_COUNTERPART, note=f"candidate: {ccp.note or 'no tensor for this call'}")
+    foreign = [t for t in ccp.tensors if t in ref_made and t not in cp.tensors]
+    if foreign:
+        return Item(mc, status=NO_COUNTERPART, note=(
+            f"the candidate's call hands out {foreign[0]}, which the reference computes in another call "
+            "(nodes fused across modules), so its own value is not in the candidate"))
+    return Item(mc, tuple(through.get(t, t) for t in ccp.tensors), ref_tensors=tuple(cp.tensors))
+
+
+def _op(made: dict[str, Any], tensors: Sequence[str]) -> str:
+    node = made.get(tensors[0]) if tensors else None
+    return node.op_type if node is not None else "-"
+
+
+def _is_float(vi: Any) -> bool:
+    if vi is None:
+        return True  # untyped: keep it, the comparison tells
+    return vi.type.WhichOneof("value") == "tensor_type" and vi.type.tensor_type.elem_type in _FLOAT_TYPES
+
+
+# ---------------------------------------------------------------------------
+# inputs
+# ---------------------------------------------------------------------------
+def feed_for(side: Side, sample: Sample) -> dict[str, np.ndarray]:
+    """A sample (dict by name, or arrays in input order) as the feed of ``side``."""
+    inputs = side.inputs
+    names = [n for n, _ in inputs]
+    if isinstance(sample, dict):
+        unknown = [k for k in sample if k not in names]
+        if unknown:
+            raise InputSpecError(f"'{side.path}' has no input {unknown[0]!r} (its inputs: {', '.join(names)})")
+        missing = [n for n in names if n not in sample]
+        if missing:
+            raise InputSpecError(f"no value for input {missing[0]!r} of '{side.path}' (its inputs: {', '.join(names)})")
+        values = [sample[n] for n in names]
+    else:
+        values = list(sample)
+        if len(values) != len(names):
+            raise InputSpecError(f"'{side.path}' takes {len(names)} input(s) ({', '.join(names)}), got {len(values)}")
+    feed = {}
+    for (name, dtype), v in zip(inputs, values):
+        a = np.asarray(v)
+        feed[name] = a.astype(dtype) if dtype and a.dtype != np.dtype(dtype) else a
+    check_feed_shapes(feed, side.runner.input_shapes())
+    return feed
+
+
+def cand_feed(ref: Side, cand: Side, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The reference's feed for the candidate: by name, else by position (another exporter's names)."""
+    ref_names, cand_names = [n for n, _ in ref.inputs], [n for n, _ in cand.inputs]
+    if set(ref_names) == set(cand_names):
+        return feed_for(cand, feed)
+    if len(ref_names) != len(cand_names):
+        raise InputSpecError(
+            f"the reference takes {len(ref_names)} input(s) ({', '.join(ref_names)}) but the candidate takes "
+            f"{len(cand_names)} ({', '.join(cand_names)}): not variants of one model"
+        )
+    try:
+        return feed_for(cand, [feed[n] for n in ref_names])
+    except InputSpecError as e:
+        raise InputSpecError(f"candidate: {e} (its inputs were matched by position to {', '.join(ref_names)})") from None
+
+
+# ---------------------------------------------------------------------------
+# running
+# ---------------------------------------------------------------------------
+def compare_onnx(
+    ref_path: Path,
+    cand_path: Path,
+    samples: Sequence[Sample],
+    n_random: int,
+    *,
+    criterion: Criterion,
+    providers: Sequence[str],
+    cand_providers: Sequence[str],
+    ref_optimize: bool,
+    cand_optimize: bool,
+    modules: Sequence[str] | None,
+    batch_outputs: int | None,
+    memory_budget: int,
+    random: Callable[[list[tuple[str, str]], dict[str, tuple], int], list[Sample]],
+    local: bool = False,
+    progress: Any = None,
+) -> CompareReport:
+    """Both files in ORT, aligned by :func:`align_files`; see :func:`layertap.bridge.compare.compare`."""
+    from ...onnxfile.modelfile import load_model
+
+    if _same_run(ref_path, cand_path, providers, cand_providers, ref_optimize, cand_optimize):
+        raise LayertapError(
+            f"REF and CAND are the same file '{ref_path}' run the same way; compare two runs by giving "
+            "--cand-providers / --providers, or --no-ort-opt / --ref-no-ort-opt"
+        )
+    ref_file, cand_file = load_model(ref_path), load_model(cand_path)
+    ref = Side(ref_path, OrtRunner(ref_file.model, ref_file.folder, ref_optimize, providers))
+    cand = Side(cand_path, OrtRunner(cand_file.model, cand_file.folder, cand_optimize, cand_providers))
+    if n_random:
+        samples = [*samples, *random(ref.inputs, ref.runner.input_shapes(), n_random)]
+    feeds = [feed_for(ref, s) for s in samples]
+    cand_feeds = [cand_feed(ref, cand, f) for f in feeds]
+    wanted = _wanted(modules)
+    items, counts, mode = align_files(ref_file.model, cand_file.model, wanted)
+    _check_variants(items, ref_path, cand_path, mode)
+    sizes = _sizes(ref_file.model, feeds[0])
+    batches = _batches(items, sizes, batch_outputs, memory_budget)
+    per_sample: list[list[CompareRow]] = [[] for _ in feeds]
+    store = ArrayStore(memory_budget)
+    builder = RowBuilder(items, store, criterion, counts, find_fusions=False)
+    locals_: Any = None
+    if local:
+        from .local import LocalRunner
+
+        locals_ = LocalRunner(cand_file.model, cand_file.folder, cand_optimize, cand_providers, items)
+    try:
+        if progress is not None:
+            progress.step("ONNX Runtime and compare", total=len(items) * len(feeds))
+        for batch in batches:
+            ref_names = list(dict.fromkeys(t for it in batch for t in it.ref_tensors))
+            cand_names = list(dict.fromkeys(t for it in batch for t in it.tensors))
+            for s, (feed, cfeed) in enumerate(zip(feeds, cand_feeds)):
+                ref_values = ref.runner.run(ref_names, feed) if ref_names else {}
+                cand_values = cand.runner.run(cand_names, cfeed) if cand_names else {}
+                rows = _batch_rows(batch, builder, store, ref_values, cand_values)
+                if locals_ is not None:
+                    locals_.fill(batch, rows, ref_values, cfeed)
+                per_sample[s].extend(rows)
+                if progress is not None:
+                    progress.advance(len(batch))
+                del ref_values, cand_values
+    finally:
+        store.close()
+        ref.runner.close()
+        cand.runner.close()
+    rows, firsts = merge_samples(per_sample, criterion)
+    return CompareReport(
+        rows,
+        _notes(ref, cand, mode, len(feeds)),
+        criterion=criterion,
+        onnx_path=str(cand_path),
+        ort_optimizations=cand_optimize,
+        ort_runs=ref.runner.runs + cand.runner.runs,
+        reference=str(ref_path),
+        samples=len(feeds),
+        first_divergence_counts=firsts,
+        local=local,
+    )
+
+
+def _batch_rows(batch: list[Item], builder: RowBuilder, store: ArrayStore, ref_values: dict[str, np.ndarray],
+                cand_values: dict[str, np.ndarray]) -> list[CompareRow]:
+    rows = []
+    for it in batch:
+        if it.status is None:
+            store.put(it.mc.key, [ref_values[t] for t in it.ref_tensors])
+        rows.append(builder.row(it, cand_values))
+        store.drop(it.mc.key)
+    return rows
+
+
+def _same_run(a: Path, b: Path, pa: Sequence[str], pb: Sequence[str], oa: bool, ob: bool) -> bool:
+    try:
+        same = os.path.samefile(a, b)
+    except OSError:
+        same = False
+    return same and list(pa) == list(pb) and oa == ob
+
+
+def _wanted(modules: Sequence[str] | None) -> Callable[[str], bool]:
+    if not modules:
+        return lambda p: True
+    prefixes = [modules] if isinstance(modules, str) else list(modules)
+    return lambda p: any(p == m or p.startswith(m + ".") for m in prefixes)
+
+
+def _check_variants(items: list[Item], ref_path: Path, cand_path: Path, mode: str) -> None:
+    """Refuse two files that share no module call or tensor name: not variants of one model."""
+    inner = [it for it in items if it.mc.path]
+    if not inner or any(it.tensors for it in inner):
+        return
+    what = "module calls" if mode == "scopes" else "tensors"
+    first = ", ".join(it.mc.path for it in inner[:3]) + (", ..." if len(inner) > 3 else "")
+    raise OnnxFileError(
+        f"'{ref_path}' and '{cand_path}' do not look like variants of one model: none of the reference's "
+        f"{len(inner)} {what} ({first}) has a counterpart in the candidate (compared by module scope and tensor name)"
+    )
+
+
+def _sizes(model: "onnx.ModelProto", feed: dict[str, np.ndarray]) -> dict[str, int]:
+    """Estimated bytes per tensor from shape inference; symbolic sizes take the feed's largest batch."""
+    from ...onnxfile.ort import inferred_types
+
+    batch = max((a.shape[0] for a in feed.values() if a.ndim), default=1)
+    out = {}
+    for name, vi in inferred_types(model).items():
+        tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            continue
+        n = 1
+        for d in tt.shape.dim:
+            n *= d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else batch
+        out[name] = n * 4
+    return out
+
+
+def _batches(items: list[Item], sizes: dict[str, int], max_tensors: int | None, budget: int) -> list[list[Item]]:
+    """Contiguous batches of at most ``max_tensors`` tensors per side and ``budget`` bytes (both sides)."""
+    out: list[list[Item]] = [[]]
+    n = used = 0
+    for it in items:
+        k = len(it.ref_tensors)
+        b = 2 * sum(sizes.get(t, 1 << 20) for t in it.ref_tensors)
+        if k and n and ((max_tensors is not None and n + k > max_tensors) or used + b > budget):
+            out.append([])
+            n = used = 0
+        out[-1].append(it)
+        n += k
+        used += b
+    return [b for b in out if b]
+
+
+def _notes(ref: Side, cand: Side, mode: str, n_samples: int) -> list[str]:
+    notes = []
+    if mode == "names":
+        notes.append("the reference carries no module scopes: rows are its tensors, matched by name")
+    for label, side in (("reference", ref), ("candidate", cand)):
+        opt = "with graph optimisations" if side.runner.optimize else "with graph optimisations disabled (ORT_DISABLE_ALL)"
+        notes.append(f"{label}: {side.path} on {', '.join(side.runner.providers)} {opt}")
+    if n_samples > 1:
+        notes.append(f"{n_samples} samples; each row shows its worst sample (worst_sample), one ORT session per side and batch")
+    return notes
