@@ -78,7 +78,7 @@ def resolve_providers(names: Sequence[str] | str | None) -> list[str]:
     """
     import onnxruntime as ort
 
-    from ..errors import LayertapError, close_matches
+    from ..errors import LayertapError
 
     if names is None:
         return ["CPUExecutionProvider"]
@@ -90,10 +90,9 @@ def resolve_providers(names: Sequence[str] | str | None) -> list[str]:
         text = raw.strip()
         full = _PROVIDER_ALIASES.get(text.lower().removesuffix("executionprovider"), text)
         if full not in available:
-            near = close_matches(full, available)
             raise LayertapError(
-                f"execution provider {text!r} is not available in this onnxruntime (available: {', '.join(available)})"
-                + (f"; did you mean {near[0]}?" if near else "")
+                f"execution provider {text!r} is not available in this onnxruntime (available: {', '.join(available)}); "
+                "install the onnxruntime build for it (e.g. onnxruntime-gpu for CUDA)"
             )
         if full not in out:
             out.append(full)

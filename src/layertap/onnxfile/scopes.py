@@ -193,6 +193,14 @@ class ScopeMap:
         found = [c for c in self._calls if c.has(index)]
         return [(c.path, c.call) for c in sorted(found, key=lambda c: len(c.path))]
 
+    def call_nodes(self, path: str, call: int) -> tuple[list[int], tuple[str, ...], tuple[str, ...]]:
+        """Node indices of one call, the tensors it reads from outside (weights excluded)
+        and its boundary tensors; empty when the graph has no such call."""
+        for c in self._by_path.get(path, ()):
+            if c.call == call:
+                return list(c.nodes), self._entering(c), self._boundary(c)
+        return [], (), ()
+
     def owners(self) -> dict[int, tuple[str, int]]:
         """:meth:`owner` for every node at once (node index -> (module, call))."""
         out: dict[int, tuple[str, int]] = {}

@@ -325,7 +325,7 @@ def _compare_torch(
                 if local:
                     from .local import local_errors_torch
 
-                    local_errors_torch(proto, onnx_file.folder, ort_optimizations, providers, items, rows, store, feed)
+                    local_errors_torch(proto, onnx_file.folder, ort_optimizations, providers, items, rows, builder, feed)
                 per_sample.append(rows)
             finally:
                 spilled = max(spilled, store.spilled)

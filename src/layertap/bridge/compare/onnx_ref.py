@@ -117,9 +117,11 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
                 if not t or t in weights or t in graph_outputs or not wanted(t) or not _is_float(types.get(t)):
                     continue
                 got = by_name(t)
+                mc = ModuleCall(len(items), t, 0, node.op_type)
                 if got is None:
-                    continue
-                items.append(Item(ModuleCall(len(items), t, 0, node.op_type), (got,), ref_tensors=(t,)))
+                    items.append(Item(mc, status=NO_COUNTERPART, note="the candidate computes no tensor of this name"))
+                else:
+                    items.append(Item(mc, (got,), ref_tensors=(t,)))
         mode = "names"
     ref_out, cand_out = model_outputs(ref), model_outputs(cand)
     root = Item(ModuleCall(len(items), "", 0, "output"), tuple(cand_out), ref_tensors=tuple(ref_out))
@@ -254,19 +256,22 @@ def compare_onnx(
     if local:
         from .local import LocalRunner
 
-        locals_ = LocalRunner(cand_file.model, cand_file.folder, cand_optimize, cand_providers, items)
+        locals_ = LocalRunner(cand_file.model, cand_file.folder, cand_optimize, cand_providers, items, criterion)
+    ref_known = set(_producers(ref_file.model.graph))
     try:
         if progress is not None:
             progress.step("ONNX Runtime and compare", total=len(items) * len(feeds))
         for batch in batches:
             ref_names = list(dict.fromkeys(t for it in batch for t in it.ref_tensors))
+            if locals_ is not None:
+                ref_names += [t for t in locals_.needs(batch, ref_known) if t not in ref_names]
             cand_names = list(dict.fromkeys(t for it in batch for t in it.tensors))
             for s, (feed, cfeed) in enumerate(zip(feeds, cand_feeds)):
                 ref_values = ref.runner.run(ref_names, feed) if ref_names else {}
                 cand_values = cand.runner.run(cand_names, cfeed) if cand_names else {}
                 rows = _batch_rows(batch, builder, store, ref_values, cand_values)
                 if locals_ is not None:
-                    locals_.fill(batch, rows, ref_values, cfeed)
+                    locals_.fill(batch, rows, ref_values, cand_values, feed, cfeed)
                 per_sample[s].extend(rows)
                 if progress is not None:
                     progress.advance(len(batch))

@@ -39,6 +39,7 @@ class CompareRow:
         local_rel: with ``local=True``, the rel error the candidate's part for this call makes
             when fed the reference's own inputs (``None`` when its boundary cannot be matched).
         finite: every candidate value was finite (``None`` when not compared).
+        ref_max: ``max|ref|`` over the finite reference values compared.
     """
 
     name: str
@@ -57,6 +58,7 @@ class CompareRow:
     worst_sample: int | None = None
     local_rel: float | None = None
     finite: bool | None = None
+    ref_max: float | None = None
 
 
 class CompareReport(Report):
@@ -114,7 +116,7 @@ class CompareReport(Report):
         self.first_divergence_counts = dict(first_divergence_counts or {})
         self.local = local
         if reference is not None:
-            self.title = f"{reference} vs {onnx_path}, layer by layer"
+            self.__dict__["title"] = f"{reference} vs {onnx_path}, layer by layer"
         extra = [c for c in _EXTRA_COLUMNS if c.key != "local_rel" or local]
         if samples > 1:
             extra.append(Column("worst_sample", "worst sample", justify="right", no_wrap=True))
@@ -250,7 +252,7 @@ def merge_stats(stats: Sequence[ErrorStats]) -> ErrorStats:
 def stat_fields(stats: ErrorStats) -> dict[str, Any]:
     """The row fields one comparison fills."""
     return dict(max_abs=stats.max_abs, rel_err=stats.rel_err, cosine=stats.cosine, sqnr_db=stats.sqnr_db,
-                finite=stats.finite)
+                finite=stats.finite, ref_max=stats.scale)
 
 
 def pair_tensors(torch_shapes: Sequence[tuple], onnx_shapes: Sequence[tuple]) -> list[tuple[int, int]]:

@@ -35,7 +35,7 @@ def load_samples(path: str | Path, input_names: Sequence[str], input_ranks: Sequ
         >>> import tempfile, os
         >>> d = tempfile.mkdtemp()
         >>> np.savez(os.path.join(d, "all.npz"), x=np.zeros((3, 1, 4), np.float32))
-        >>> [s["x"].shape for s in load_samples(os.path.join(d, "all.npz"), ["x"], [3])]
+        >>> [s["x"].shape for s in load_samples(os.path.join(d, "all.npz"), ["x"], [2])]
         [(1, 4), (1, 4), (1, 4)]
     """
     p = Path(path)
@@ -50,7 +50,7 @@ def load_samples(path: str | Path, input_names: Sequence[str], input_ranks: Sequ
         return [_one_file(p, input_names)]
     arrays = _named(_read(p), input_names, p)
     counts = set()
-    for name, rank in zip(input_names, input_ranks):
+    for name in input_names:
         a = arrays[name]
         counts.add(a.shape[0] if a.ndim else 1)
     if len(counts) != 1:

@@ -1,0 +1,275 @@
+"""Compare any two runs (issue 12): ONNX vs ONNX (float16, int8 QDQ, ORT-optimised, the other
+exporter, the same file run two ways), many samples, metrics, --local, --fp16-block-list,
+providers, bad inputs. Every conversion is made here with the real converters."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from layertap.errors import LayertapError
+
+onnx = pytest.importorskip("onnx")
+
+
+def _row(report, name):
+    return next(r for r in report.rows if r.name == name)
+
+
+# -- a small model whose float32 values leave the float16 range -------------------------------
+def _big_net(torch_mod):
+    nn = torch_mod.nn
+
+    class Big(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(8, 16)
+            self.norm = nn.LayerNorm(16)
+            self.fc2 = nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.fc2(self.norm(self.fc1(x)))
+
+    torch_mod.manual_seed(0)
+    net = Big().eval()
+    with torch_mod.no_grad():
+        net.fc1.weight.mul_(2e4)  # |fc1(x)| ~ 1e4 * |x|: beyond 65504 for inputs of magnitude ~10
+    return net
+
+
+def _fp16(src: Path, dst: Path, block: list[str] | None = None) -> Path:
+    from onnxconverter_common import float16
+
+    model = float16.convert_float_to_float16(onnx.load(str(src)), keep_io_types=True, node_block_list=block)
+    onnx.save(model, str(dst))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def big(torch_mod, tmp_path_factory):
+    d = tmp_path_factory.mktemp("big")
+    net = _big_net(torch_mod)
+    x = torch_mod.randn(2, 8, generator=torch_mod.Generator().manual_seed(1))
+    fp32 = d / "big.onnx"
+    torch_mod.onnx.export(net, (x,), str(fp32), dynamo=False, input_names=["x"], output_names=["y"])
+    return net, x, fp32, _fp16(fp32, d / "big16.onnx")
+
+
+def _samples(scales):
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal((2, 8)).astype(np.float32)
+    return [{"x": base * s} for s in scales]
+
+
+def test_sample_dependent_overflow_found_on_the_right_sample(big):
+    import layertap as lt
+
+    _, _, fp32, fp16 = big
+    report = lt.compare(fp32, None, fp16, samples=_samples([0.01, 20.0, 0.02]), metric="cosine", check_finite=True)
+    assert not report.ok
+    fc1 = _row(report, "fc1")
+    assert fc1.ok is False and fc1.finite is False and fc1.worst_sample == 1
+    assert report.first_divergence == "fc1" and report.first_nonfinite.name == "fc1"
+    assert report.first_divergence_counts == {"fc1": 1}
+    assert "first non-finite values: fc1" in str(report)
+    small = lt.compare(fp32, None, fp16, samples=_samples([0.01, 0.02]), metric="cosine")
+    assert small.ok, str(small)
+
+
+def test_fp16_block_list_round_trip(big, tmp_path):
+    """The written list, given to convert_float_to_float16, makes the comparison pass."""
+    import layertap as lt
+    from layertap.bridge.compare.fp16 import write_block_list
+
+    _, _, fp32, fp16 = big
+    samples = _samples([20.0])
+    bad = lt.compare(fp32, None, fp16, samples=samples, metric="cosine")
+    assert not bad.ok
+    out = tmp_path / "block.json"
+    names = write_block_list(bad, fp32, fp16, out)
+    assert json.loads(out.read_text()) == names and "/fc1/Gemm" in names
+    fixed = _fp16(fp32, tmp_path / "fixed16.onnx", block=names)
+    good = lt.compare(fp32, None, fixed, samples=samples, metric="cosine")
+    assert good.ok, str(good)
+    assert _row(good, "fc1").finite is True
+
+
+def test_pytorch_reference_with_samples_and_metrics(big):
+    import layertap as lt
+
+    net, x, _, fp16 = big
+    report = lt.compare(net, x * 0.01, fp16, samples=3, metric="sqnr", min_sqnr_db=20)
+    assert report.samples == 3
+    norm = _row(report, "norm")
+    assert norm.sqnr_db is not None and norm.cosine is not None and norm.worst_sample in (0, 1, 2)
+    with pytest.raises(LayertapError, match="unknown metric"):
+        lt.compare(net, x, fp16, metric="l2")
+
+
+# -- resnet18 variants: QDQ int8, ORT-optimised, the other exporter, the same file twice ------
+@pytest.fixture(scope="module")
+def r18(torch_mod, tmp_path_factory):
+    import torchvision
+
+    d = tmp_path_factory.mktemp("r18runs")
+    torch_mod.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None).eval()
+    x = torch_mod.randn(1, 3, 32, 32, generator=torch_mod.Generator().manual_seed(2))
+    ts = d / "ts.onnx"
+    torch_mod.onnx.export(model, (x,), str(ts), dynamo=False, input_names=["x"])
+    return model, x, ts, d
+
+
+def test_int8_qdq_compared_through_dequantize(r18):
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    import layertap as lt
+
+    _, x, ts, d = r18
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(0)
+            self.data = iter([{"x": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.data, None)
+
+    q = d / "q.onnx"
+    quantize_static(str(ts), str(q), Reader(), quant_format=QuantFormat.QDQ)
+    report = lt.compare(ts, {"x": x.numpy()}, q, metric="sqnr", min_sqnr_db=5)
+    assert report.ok, str(report)
+    compared = [r for r in report.rows if r.ok is not None]
+    assert len(compared) >= 30
+    assert any(n.endswith("_DequantizeLinear_Output") for r in compared for n in r.onnx)
+    strict = lt.compare(ts, {"x": x.numpy()}, q)  # rel at 1e-3: int8 is not that close
+    assert not strict.ok
+
+
+def test_ort_optimised_copy_and_same_file_two_ways(r18):
+    import onnxruntime as ort
+
+    import layertap as lt
+
+    _, x, ts, d = r18
+    opt = d / "opt.onnx"
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.optimized_model_filepath = str(opt)
+    ort.InferenceSession(str(ts), so, providers=["CPUExecutionProvider"])
+    report = lt.compare(ts, x.numpy(), opt)
+    assert report.ok, str(report)
+    assert sum(r.status == "pass" for r in report.rows) >= 30
+    # one file, ORT with and without graph optimisations as the two sides
+    twice = lt.compare(ts, x.numpy(), ts, ref_ort_optimizations=False, samples=2)
+    assert twice.ok and twice.samples == 2
+    assert any("ORT_DISABLE_ALL" in n for n in twice.notes)
+    with pytest.raises(LayertapError, match="same file"):
+        lt.compare(ts, x.numpy(), ts)
+
+
+def test_other_exporter_aligned_by_scopes(torch_mod, r18):
+    import layertap as lt
+
+    model, x, ts, d = r18
+    dyn = d / "dyn.onnx"
+    torch_mod.onnx.export(model, (x,), str(dyn), dynamo=True)
+    report = lt.compare(dyn, x.numpy(), ts)  # input names differ: matched by position
+    assert report.ok, str(report)
+    assert {"layer2.0.relu#1", "layer4", "fc"} <= {r.name for r in report.rows if r.status == "pass"}
+
+
+def test_local_error_names_the_perturbed_module(torch_mod, r18):
+    """A perturbed weight: large local error at its module, near zero at every module after it."""
+    from onnx import numpy_helper
+
+    import layertap as lt
+
+    model, x, ts, d = r18
+    m = onnx.load(str(ts))
+    node = next(n for n in m.graph.node if n.name == "/layer2/layer2.1/conv1/Conv")
+    init = next(i for i in m.graph.initializer if i.name == node.input[1])
+    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 1.5, init.name))
+    bad = d / "perturbed.onnx"
+    onnx.save(m, str(bad))
+    for ref in (ts, model):
+        report = lt.compare(ref, x.numpy() if ref is ts else x, bad, local=True)
+        assert report.first_divergence == "layer2.1.bn1"
+        assert _row(report, "layer2.1.bn1").local_rel > 0.1
+        later = [r for r in report.rows if r.name.startswith(("layer3.", "layer4.")) and r.local_rel is not None]
+        assert later and all(r.ok is False for r in later if r.name.endswith("bn2"))
+        assert max(r.local_rel for r in later) < 1e-4, [(r.name, r.local_rel) for r in later]
+        if ref is model:  # an internal tensor (a residual Add) has no PyTorch value: the row says so
+            assert any("no reference value" in (r.note or "") for r in report.rows)
+
+
+# -- CLI ------------------------------------------------------------------------------------
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "layertap", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_cli_onnx_reference_never_imports_torch(big, tmp_path):
+    _, _, fp32, fp16 = big
+    code = (
+        "import sys\nfrom layertap.cli.main import main\n"
+        f"rc = main(['compare', {str(fp32)!r}, {str(fp16)!r}, '--input', '2x8', '--metric', 'cosine', '--json'])\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\nsys.exit(rc)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["metric"] == "cosine"
+
+
+def test_cli_inputs_folder_and_block_list(big, tmp_path):
+    _, _, fp32, fp16 = big
+    folder = tmp_path / "samples"
+    folder.mkdir()
+    for i, s in enumerate(_samples([0.01, 20.0])):
+        np.save(folder / f"s{i}.npy", s["x"])
+    out = tmp_path / "block.json"
+    r = _cli("compare", str(fp32), str(fp16), "--inputs", str(folder), "--metric", "cosine", "--check-finite",
+             "--fp16-block-list", str(out))
+    assert r.returncode == 1, r.stderr
+    assert "first non-finite values: fc1" in r.stdout and "worst sample" in r.stdout
+    assert "/fc1/Gemm" in json.loads(out.read_text())
+
+
+def test_cli_bad_inputs_are_exit_2_and_write_nothing(big, r18, tmp_path):
+    _, _, fp32, fp16 = big
+    _, _, ts, _ = r18
+    plot = tmp_path / "p.png"
+    r = _cli("compare", str(ts), str(fp32), "--plot", str(plot))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "layertap: error:" in r.stderr
+    assert not plot.exists()
+    broken = tmp_path / "broken.npz"
+    broken.write_bytes(b"not a zip file")
+    r = _cli("compare", str(fp32), str(fp16), "--inputs", str(broken))
+    assert r.returncode == 2 and "broken.npz" in r.stderr and r.stderr.count("\n") == 1
+    r = _cli("compare", str(fp32), str(fp32), "--cand-providers", "NoSuchEP")
+    assert r.returncode == 2 and "CPUExecutionProvider" in r.stderr
+    r = _cli("compare", str(fp32), str(fp32), "--no-ort-opt")
+    assert r.returncode == 0, r.stderr
+
+
+def test_not_variants_of_one_model(tmp_path):
+    """Two unrelated files: no module scope or tensor name in common."""
+    from onnx import TensorProto, helper
+
+    import layertap as lt
+    from layertap.errors import OnnxFileError
+
+    def model(path, op, name):
+        vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2])  # noqa: E731
+        g = helper.make_graph([helper.make_node(op, ["x"], [name]), helper.make_node("Neg", [name], ["y"])], "g",
+                              [vi("x")], [vi("y")])
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+        return path
+
+    a, b = model(tmp_path / "a.onnx", "Relu", "r"), model(tmp_path / "b.onnx", "Sigmoid", "s")
+    with pytest.raises(OnnxFileError, match="variants of one model"):
+        lt.compare(a, None, b)
