@@ -11,8 +11,18 @@ the work's own:
 
 Goal: compare <= 4x the baseline.
 
+With ``--fp16`` (issue 12) it also measures resnet50 float32 vs its float16
+conversion (onnxconverter-common, ``keep_io_types=True``), layer by layer:
+
+* fp16 baseline: one ORT run of each file (sessions built; best of ``--repeat``),
+* ``lt.compare(fp32_file, x, fp16_file, metric="cosine")`` end to end, and
+* the rival, Polygraphy: ``polygraphy run FILE --onnxrt --onnx-outputs mark all``
+  on the float32 file (``--save-inputs``/``--save-outputs``), then on the float16
+  file with ``--load-inputs``/``--load-outputs`` (saved outputs compared), both
+  processes timed together, peak RSS of the larger one.
+
 Run:
-    .venv/bin/python benchmarks/bench_compare.py [--batch 1] [--size 224] [--repeat 3] [--budget-mb N]
+    .venv/bin/python benchmarks/bench_compare.py [--batch 1] [--size 224] [--repeat 3] [--budget-mb N] [--fp16]
 """
 
 from __future__ import annotations
@@ -86,6 +96,66 @@ def child_compare(path: str, batch: int, size: int, repeat: int, budget_mb: int 
             "counts": c, "ort_runs": report.ort_runs, "rss_loaded_mb": rss_loaded, "peak_rss_mb": _rss_mb()}
 
 
+def child_fp16_baseline(path: str, batch: int, size: int, repeat: int) -> dict:
+    import onnxruntime as ort
+
+    x = _input(batch, size).numpy()
+    best = {}
+    for name in (path, _fp16_path(path)):
+        sess = ort.InferenceSession(name, providers=["CPUExecutionProvider"])
+        feed = {sess.get_inputs()[0].name: x}
+        t = float("inf")
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            sess.run(None, feed)
+            t = min(t, time.perf_counter() - t0)
+        best[name] = t
+    return {"fp32_s": best[path], "fp16_s": best[_fp16_path(path)], "peak_rss_mb": _rss_mb()}
+
+
+def child_fp16_compare(path: str, batch: int, size: int, repeat: int, budget_mb: int | None = None) -> dict:
+    import layertap as lt
+
+    x = _input(batch, size).numpy()
+    times, report = [], None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        report = lt.compare(path, {"x": x}, _fp16_path(path), metric="cosine")
+        times.append(time.perf_counter() - t0)
+    return {"compare_s": min(times), "compare_first_s": times[0], "ok": report.ok, "rows": len(report.rows),
+            "counts": report.counts(), "ort_runs": report.ort_runs, "peak_rss_mb": _rss_mb(),
+            "first_divergence": report.first_divergence}
+
+
+def child_polygraphy(path: str, batch: int, size: int, repeat: int) -> dict:
+    """Polygraphy marks every tensor of each file and compares the saved outputs (best of ``repeat``)."""
+    folder = Path(path).parent
+    exe = str(Path(sys.executable).with_name("polygraphy"))
+    first = [exe, "run", path, "--onnxrt", "--onnx-outputs", "mark", "all", "--input-shapes", f"x:[{batch},3,{size},{size}]",
+             "--save-inputs", str(folder / "pg_in.json"), "--save-outputs", str(folder / "pg_fp32.json")]
+    second = [exe, "run", _fp16_path(path), "--onnxrt", "--onnx-outputs", "mark", "all",
+              "--load-inputs", str(folder / "pg_in.json"), "--load-outputs", str(folder / "pg_fp32.json")]
+    times, rc = [], 0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        subprocess.run(first, capture_output=True, text=True, check=True)
+        rc = subprocess.run(second, capture_output=True, text=True).returncode  # 1 when outputs differ
+        times.append(time.perf_counter() - t0)
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return {"polygraphy_s": min(times), "rc": rc, "peak_rss_mb": peak}
+
+
+def _fp16_path(path: str) -> str:
+    return str(Path(path).with_name("resnet50-fp16.onnx"))
+
+
+def _make_fp16(path: Path) -> None:
+    import onnx
+    from onnxconverter_common import float16
+
+    onnx.save(float16.convert_float_to_float16(onnx.load(str(path)), keep_io_types=True), _fp16_path(str(path)))
+
+
 def _run_child(mode: str, path: Path, ns: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", mode, "--onnx", str(path),
            "--batch", str(ns.batch), "--size", str(ns.size), "--repeat", str(ns.repeat)]
@@ -101,14 +171,21 @@ def main() -> None:
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--budget-mb", type=int, default=None, help="lt.compare memory_budget in MiB (default: its 1 GiB)")
-    p.add_argument("--child", choices=("baseline", "compare"))
+    p.add_argument("--fp16", action="store_true", help="also: float32 vs float16 file, layer by layer, and Polygraphy")
+    p.add_argument("--child", choices=("baseline", "compare", "fp16-baseline", "fp16-compare", "polygraphy"))
     p.add_argument("--onnx")
     ns = p.parse_args()
     if ns.child:
         if ns.child == "baseline":
             result = child_baseline(ns.onnx, ns.batch, ns.size, ns.repeat)
-        else:
+        elif ns.child == "compare":
             result = child_compare(ns.onnx, ns.batch, ns.size, ns.repeat, ns.budget_mb)
+        elif ns.child == "fp16-baseline":
+            result = child_fp16_baseline(ns.onnx, ns.batch, ns.size, ns.repeat)
+        elif ns.child == "fp16-compare":
+            result = child_fp16_compare(ns.onnx, ns.batch, ns.size, ns.repeat, ns.budget_mb)
+        else:
+            result = child_polygraphy(ns.onnx, ns.batch, ns.size, ns.repeat)
         print(json.dumps(result))
         return
 
@@ -122,6 +199,9 @@ def main() -> None:
         print(f"export (not timed below): {time.perf_counter() - t0:.1f} s")
         base = _run_child("baseline", path, ns)
         cmp_ = _run_child("compare", path, ns)
+        if ns.fp16:
+            _make_fp16(path)
+            fp16 = {mode: _run_child(mode, path, ns) for mode in ("fp16-baseline", "fp16-compare", "polygraphy")}
     one = base["torch_s"] + base["ort_s"]
     budget = f", memory_budget {ns.budget_mb} MiB" if ns.budget_mb else ""
     print(f"resnet50, input {ns.batch}x3x{ns.size}x{ns.size}, {os.cpu_count()} CPU(s), best of {ns.repeat}{budget}")
@@ -133,6 +213,23 @@ def main() -> None:
     print(f"  rows {cmp_['rows']} {cmp_['counts']}, ORT runs {cmp_['ort_runs']}, ok={cmp_['ok']}")
     print(f"  peak RSS: baseline {base['peak_rss_mb']:.0f} MB (model+inputs loaded {base['rss_loaded_mb']:.0f} MB), "
           f"compare {cmp_['peak_rss_mb']:.0f} MB (model+inputs loaded {cmp_['rss_loaded_mb']:.0f} MB)")
+
+    if ns.fp16:
+        _print_fp16(fp16)
+
+
+def _print_fp16(r: dict) -> None:
+    b, c, pg = r["fp16-baseline"], r["fp16-compare"], r["polygraphy"]
+    one = b["fp32_s"] + b["fp16_s"]
+    print("resnet50 float32 vs float16 (onnxconverter-common, keep_io_types), layer by layer")
+    print(f"  ORT run fp32 + fp16       {one * 1e3:8.1f} ms   ({b['fp32_s'] * 1e3:.1f} + {b['fp16_s'] * 1e3:.1f})")
+    print(f"  lt.compare (cosine)       {c['compare_s'] * 1e3:8.1f} ms   (first call {c['compare_first_s'] * 1e3:.0f} ms)"
+          f" -> {c['compare_s'] / one:.2f}x one run of each (goal <= 4x); rows {c['rows']} {c['counts']}, "
+          f"ORT runs {c['ort_runs']}, first divergence {c['first_divergence']}")
+    print(f"  polygraphy run x2         {pg['polygraphy_s'] * 1e3:8.1f} ms   -> {pg['polygraphy_s'] / one:.2f}x; "
+          f"lt.compare is {pg['polygraphy_s'] / c['compare_s']:.2f}x faster (polygraphy exit {pg['rc']})")
+    print(f"  peak RSS: ORT runs {b['peak_rss_mb']:.0f} MB, lt.compare {c['peak_rss_mb']:.0f} MB, "
+          f"polygraphy {pg['peak_rss_mb']:.0f} MB (largest of its processes)")
 
 
 if __name__ == "__main__":
