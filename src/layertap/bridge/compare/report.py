@@ -117,9 +117,9 @@ class CompareReport(Report):
         self.local = local
         if reference is not None:
             self.__dict__["title"] = f"{reference} vs {onnx_path}, layer by layer"
-        extra = [c for c in _EXTRA_COLUMNS if c.key != "local_rel" or local]
+        extra = [_metric_column(c, self.criterion.metric) for c in _EXTRA_COLUMNS if c.key != "local_rel" or local]
         if samples > 1:
-            extra.append(Column("worst_sample", "worst sample", justify="right", no_wrap=True))
+            extra.append(Column("worst_sample", "Worst sample", justify="right", no_wrap=True))
         # per report: the local and worst-sample columns only when they hold something
         self.__dict__["columns"] = (*type(self).columns[:5], *extra, *type(self).columns[5:])
 
@@ -229,11 +229,20 @@ class CompareReport(Report):
                 "(no counterpart), so the divergence may start there")
 
 
+# the statistics that do not decide pass/fail give way first on a narrow terminal
 _EXTRA_COLUMNS = (
-    Column("cosine", "cosine", lambda v: "-" if v is None else f"{v:.6f}", "right", no_wrap=True),
-    Column("sqnr_db", "SQNR dB", fmt_float, "right", no_wrap=True),
-    Column("local_rel", "local rel", fmt_float, "right", no_wrap=True),
+    Column("cosine", "Cosine", lambda v: "-" if v is None else f"{v:.6f}", "right", no_wrap=True, drop=4),
+    Column("sqnr_db", "SQNR dB", fmt_float, "right", no_wrap=True, drop=5),
+    Column("local_rel", "Local rel", fmt_float, "right", no_wrap=True),
 )
+
+
+def _metric_column(col: Column, metric: str) -> Column:
+    """The deciding metric's column never gives way."""
+    import dataclasses
+
+    deciding = {"cosine": "cosine", "sqnr": "sqnr_db"}.get(metric)
+    return dataclasses.replace(col, drop=0) if col.key == deciding else col
 
 
 def merge_stats(stats: Sequence[ErrorStats]) -> ErrorStats:
