@@ -122,6 +122,11 @@ def test_compare_fragment_reads_rows_of_either_compare_form():
     assert "first divergence: b" in html and 'class="first-divergence"' in html
     assert "this module itself makes most of the error" in html
     assert "Over 4 samples it was the first to diverge in 3" in html and "cosine similarity 0.99" in html
+    cos = SimpleNamespace(rows=report.rows, rtol=1e-3, atol=1e-5, notes=[], samples=4,
+                          criterion=SimpleNamespace(metric="cosine", min_cosine=0.999, describe=lambda: "cosine >= 0.999"))
+    html = compare_fragment(cos)
+    assert "1 - cosine similarity" in html and "failing the cosine rule (cosine &gt;= 0.999)" in html
+    assert "relative error: accumulated and local" in html and html.count('class="errchart"') == 2
     plain = SimpleNamespace(rows=[SimpleNamespace(name="a", path="a", rel_err=1e-7, ok=True, status="pass")], rtol=1e-3)
     assert "All 1 compared module calls agree" in compare_fragment(plain)
 
@@ -214,6 +219,7 @@ def test_node_data_validates_with_model_explorer_and_keys_are_nodes(cnn_files, t
     ("{tmp}/missing/r.html", "does not exist"),
     ("{tmp}", "is a folder"),
     ("{tmp}/r.txt", "must end in one of: .html, .htm"),
+    ("/proc/r.html", "cannot write in output folder '/proc'"),  # unwritable even for root
 ])
 def test_bad_report_path_refused_before_any_work(tmp_path, target, message):
     target = target.format(tmp=tmp_path)

@@ -69,9 +69,11 @@ def _cards(report: Any, rows: Sequence[Any]) -> str:
     items: list[tuple[str, Any]] = [(status, counts[status]) for status in order if status in counts]
     items += [(status, n) for status, n in counts.items() if status not in order]
     items += [("rtol", f"{getattr(report, 'rtol', float('nan')):g}"), ("atol", f"{getattr(report, 'atol', float('nan')):g}")]
-    for attr, label in (("metric", "metric"), ("samples", "samples"), ("ort_runs", "ORT runs")):
+    if _metric(report) != "rel":
+        items.append(("metric", _metric(report)))
+    for attr, label in (("samples", "samples"), ("ort_runs", "ORT runs")):
         value = getattr(report, attr, None)
-        if value is not None and not callable(value):
+        if value is not None and not callable(value) and value != 1:
             items.append((label, value if not isinstance(value, (list, tuple)) else len(value)))
     return cards(items, css={"FAIL": "bad", "pass": "ok"})
 
@@ -112,6 +114,7 @@ def explain(report: Any) -> str:
                  "tensor, so the error may come from there.")
     p.append(_local_words(first))
     p.append(_after(rows, fi))
+    p.append(_nonfinite_words(report, first))
     counts = getattr(report, "first_divergence_counts", None)
     if counts:
         total = sum(counts.values())
@@ -126,14 +129,18 @@ def explain(report: Any) -> str:
 def _where(report: Any, first: Any) -> str:
     rel, mx = field(first, "rel_err"), field(first, "max_abs")
     shape = fmt_shape(field(first, "shape"))
-    if rel is not None and not math.isfinite(rel):
-        size = "the candidate produced NaN or infinity where the reference has a finite value"
+    metric = _metric(report)
+    if field(first, "finite") is False or (rel is not None and not math.isfinite(rel)):
+        size = "the candidate holds NaN or infinity where the reference has finite values"
     elif rel is None:
         size = f"its output does not match ({field(first, 'note') or 'no value to compare'})"
-    else:
+    elif metric == "rel":
         tol = getattr(report, "rtol", None)
         ratio = f", {rel / tol:.3g} times the tolerance rtol {tol:g}" if tol else ""
         size = f"relative error {fmt_float(rel)} (max abs error {fmt_float(mx)}){ratio}"
+    else:
+        rule = getattr(getattr(report, "criterion", None), "describe", None)
+        size = f"relative error {fmt_float(rel)}, failing the {metric} rule" + (f" ({rule()})" if callable(rule) else "")
     extra = []
     for key, label in (("cosine", "cosine similarity"), ("sqnr_db", "SQNR")):
         v = field(first, key)
@@ -142,6 +149,14 @@ def _where(report: Any, first: Any) -> str:
     tail = f"; {', '.join(extra)}" if extra else ""
     return (f"The numbers first part at {field(first, 'name')} ({field(first, 'type', '?')}, output {shape}): "
             f"{size}{tail}.")
+
+
+def _nonfinite_words(report: Any, first: Any) -> str:
+    """Where NaN/inf first appear, when that is not the first divergence itself."""
+    bad = next((r for r in report.rows if field(r, "finite") is False), None)
+    if bad is None or bad is first:
+        return ""
+    return f"The first NaN or infinity in the candidate appears at {field(bad, 'name')} ({field(bad, 'type', '?')})."
 
 
 def _local_words(first: Any) -> str:
@@ -178,19 +193,56 @@ def _num(v: Any) -> float:
     return float(v) if v is not None and math.isfinite(v) else math.inf
 
 
+def _metric(report: Any) -> str:
+    """The statistic that decides pass/fail: ``rel`` (default), ``cosine`` or ``sqnr``."""
+    return getattr(getattr(report, "criterion", None), "metric", None) or getattr(report, "metric", None) or "rel"
+
+
+def _as_error(value: Any, metric: str) -> float | None:
+    """A row's deciding statistic as an error (0 = identical) for the log axis:
+    ``1 - cosine`` for cosine, the noise-to-signal power ``10^(-SQNR/10)`` for SQNR."""
+    if value is None:
+        return None
+    if metric == "cosine":
+        return max(0.0, 1.0 - float(value))
+    if metric == "sqnr":
+        return 0.0 if value == math.inf else (math.inf if value == -math.inf else 10.0 ** (-float(value) / 10.0))
+    return float(value)
+
+
+_CHARTS = {  # metric -> (row field, threshold attribute of the criterion, axis label, threshold label)
+    "rel": ("rel_err", "rtol", "max|cand - ref| / max|ref|", "tolerance (rtol)"),
+    "cosine": ("cosine", "min_cosine", "1 - cosine similarity", "threshold (1 - min cosine)"),
+    "sqnr": ("sqnr_db", "min_sqnr_db", "noise / signal power, 10^(-SQNR/10)", "threshold (min SQNR)"),
+}
+
+
 def _chart(report: Any, rows: Sequence[Any]) -> str:
-    compared = [r for r in rows if field(r, "rel_err") is not None or field(r, "local_rel") is not None]
+    """The error chart in the deciding metric; with local errors and another metric, a
+    second chart of relative error, accumulated beside local."""
+    metric = _metric(report)
+    out = _one_chart(report, rows, metric, with_local=metric == "rel")
+    if metric != "rel" and _has_local(rows):
+        out += "<h3>relative error: accumulated and local</h3>" + _one_chart(report, rows, "rel", with_local=True)
+    return out
+
+
+def _one_chart(report: Any, rows: Sequence[Any], metric: str, *, with_local: bool) -> str:
+    key, tol_attr, y_label, tol_label = _CHARTS.get(metric, _CHARTS["rel"])
+    criterion = getattr(report, "criterion", None)
+    threshold = getattr(criterion, tol_attr, None) if criterion is not None else getattr(report, tol_attr, None)
+    compared = [r for r in rows if field(r, key) is not None or (with_local and field(r, "local_rel") is not None)]
     if not compared:
         return '<p class="muted">nothing was compared, so there is no chart</p>'
     first = next((i for i, r in enumerate(compared) if field(r, "ok") is False), None)
-    points = [ErrorPoint(field(r, "name", "?"), field(r, "rel_err"), field(r, "local_rel"), field(r, "ok")) for r in compared]
-    has_local = any(p.local is not None for p in points)
-    svg = error_chart(points, tolerance=getattr(report, "rtol", None), first=first,
-                      y_label="max|cand - ref| / max|ref|")
+    points = [ErrorPoint(field(r, "name", "?"), _as_error(field(r, key), metric),
+                         field(r, "local_rel") if with_local else None, field(r, "ok")) for r in compared]
+    svg = error_chart(points, tolerance=_as_error(threshold, metric) if threshold is not None else None, first=first,
+                      y_label=y_label)
     legend = [f'<span><i style="background:{PASS_COLOR}"></i>pass (accumulated error)</span>',
               f'<span><i style="background:{FAIL_COLOR}"></i>FAIL</span>',
-              f'<span><i style="background:{TOL_COLOR}"></i>tolerance (rtol)</span>']
-    if has_local:
+              f'<span><i style="background:{TOL_COLOR}"></i>{esc(tol_label)}</span>']
+    if any(p.local is not None for p in points):
         swatch = f'<i style="background:#fff;border:2px solid {LOCAL_COLOR}"></i>'
         legend.append(f"<span>{swatch}local error (fed the reference's inputs)</span>")
     hidden = len(rows) - len(compared)
