@@ -696,3 +696,58 @@ def test_escape_sequences_in_names_are_escaped(tmp_path, capsys):
     assert "\x1b" not in table.out + table.err and "\\x1b[2J" in table.out
     line = refused(tmp_path, ["run", str(src), "--tap", "H\x1b[2K"], capsys, expect="did you mean")
     assert "\x1b" not in line and "\\x1b" in line
+
+
+MODELS_14 = """
+    class Infinite(Tiny):
+        def forward(self, x):
+            return super().forward(x) / 0.0
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.jit.script(nn.Sequential(nn.Linear(4, 8), nn.ReLU()))
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.head(self.inner(x))
+
+    def infinite():
+        return Infinite()
+
+    def scripted():
+        return Outer()
+
+    def compiled():
+        model = torch.compile(make(), backend="eager")
+        model(torch.randn(2, 4))  # already run once
+        return model
+    """
+
+
+def test_export_with_inf_outputs_reports_them(tmp_path):
+    spec = tiny_file(tmp_path, MODELS_14) + ":infinite"
+    r = cli("export", spec, "--input", "2x4", "--exporter", "torchscript", "-o", str(tmp_path / "inf.onnx"))
+    assert r.returncode == 0, r.stderr
+    assert "RuntimeWarning" not in r.stderr and "Traceback" not in r.stderr
+    assert "inf or NaN" in r.stdout
+
+
+@pytest.mark.parametrize("tap, expect", [("inner.0", "is inside 'inner'"), ("inner", "TorchScript module")])
+def test_scripted_submodule_is_named_not_the_input(tmp_path, capsys, tap, expect):
+    spec = tiny_file(tmp_path, MODELS_14) + ":scripted"
+    line = refused(tmp_path, ["extract", spec, "--tap", tap, "--input", "2x4", "-o", str(tmp_path / "a.npz")], capsys,
+                   expect=expect)
+    assert "check --input" not in line
+
+
+def test_compiled_model_is_tapped_through_the_original(tmp_path, capsys):
+    spec = tiny_file(tmp_path, MODELS_14) + ":compiled"
+    out = tmp_path / "a.npz"
+    assert main(["extract", spec, "--tap", "body.0", "--input", "2x4", "-o", str(out)]) == 0
+    capsys.readouterr()
+    with np.load(out) as saved:
+        assert saved["body.0"].shape == (2, 8)
+    line = refused(tmp_path, ["extract", spec, "--tap", "_orig_mod.body.0", "--input", "2x4", "-o", str(tmp_path / "b.npz")],
+                   capsys, expect="'body.0'")
+    assert "_orig_mod" in line

@@ -18,6 +18,10 @@ from ..report import Column, Report, fmt_float, fmt_ok, fmt_shape
 from .tolerance import error_stats
 
 
+def _has_special(a: np.ndarray) -> bool:
+    return a.dtype.kind in "fc" and not bool(np.isfinite(a).all())
+
+
 @dataclass
 class Check:
     """One output compared on one set of inputs."""
@@ -44,6 +48,8 @@ def compare(ort: Any, ref: Any, *, rtol: float, atol: float, batch: dict[str, in
         return Check(batch, list(a.shape), None, None, False, f"shape {list(a.shape)} != PyTorch {list(b.shape)}")
     stats = error_stats(b, a, rtol=rtol, atol=atol)
     problem = None if math.isfinite(stats.max_abs) else "NaN or inf where PyTorch has a different value"
+    if problem is None and _has_special(b):
+        problem = "PyTorch's values hold inf or NaN (ONNX Runtime gives the same ones)"
     return Check(batch, list(a.shape), stats.max_abs, stats.rel_err, stats.ok, problem)
 
 
@@ -146,8 +152,8 @@ class ExportReport(Report):
             return lines
         fails = self.failures
         tol = f"rtol={self.rtol:g}, atol={self.atol:g}: pass when max abs <= atol + rtol x max|value|"
-        for problem in dict.fromkeys(r.problem for r in fails if r.problem):
-            names = [r.name for r in fails if r.problem == problem]
+        for problem in dict.fromkeys(r.problem for r in self.rows if r.problem):  # passing rows may have notes
+            names = [r.name for r in self.rows if r.problem == problem]
             lines.append(f"{_names_text(names)}: {problem}")
         if fails:
             lines.append(f"{len(fails)} of {len(self.rows)} outputs FAILED ({tol}): " + ", ".join(r.name for r in fails))

@@ -43,10 +43,12 @@ class CallHooks:
     @contextlib.contextmanager
     def hooks(self) -> Iterator[None]:
         """Attach the hooks; they are removed on exit, exceptions included."""
+        import torch  # here: importing this module stays cheap
+
         handles = []
         try:
             for path, mod in self.model.named_modules():
-                if path:
+                if path and not isinstance(mod, torch.jit.ScriptModule):  # PyTorch refuses hooks there
                     handles.append(mod.register_forward_pre_hook(self._pre))
                     handles.append(mod.register_forward_hook(self._post))
             yield

@@ -49,6 +49,21 @@ def module_paths(model: nn.Module) -> list[str]:
     return [name for name, _ in model.named_modules(remove_duplicate=False)]
 
 
+def eager(model: Any) -> Any:
+    """The module a ``torch.compile`` wrapper runs, so hooks fire and paths read as in the model.
+
+    A compiled model that already ran replays its compiled graph: submodule
+    hooks never fire and every path starts with ``_orig_mod.``. Taps go to the
+    original module instead (eager, the same weights).
+
+    Example:
+        >>> eager(nn.Linear(2, 2)).__class__.__name__
+        'Linear'
+    """
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(model, nn.Module) and isinstance(inner, nn.Module) else model
+
+
 def find_module(model: nn.Module, path: str) -> nn.Module:
     """``model.get_submodule(path)`` with an error that lists close paths.
 
@@ -62,12 +77,36 @@ def find_module(model: nn.Module, path: str) -> nn.Module:
     if path == "":
         return model
     try:
-        return model.get_submodule(path)
+        found = model.get_submodule(path)
     except AttributeError:
+        if path.startswith("_orig_mod."):
+            raise SelectorError(
+                f"unknown module {path!r}: a torch.compile'd model is tapped through its original module, "
+                f"so paths have no '_orig_mod.' prefix; use {path[len('_orig_mod.'):]!r}"
+            ) from None
         candidates = [p for p in module_paths(model) if p]
         raise SelectorError(
             unknown_name("module", path, candidates, hint="run 'layertap layers MODEL' to list them")
         ) from None
+    _check_hookable(model, path)
+    return found
+
+
+def _check_hookable(model: nn.Module, path: str) -> None:
+    """Refuse a path at or inside a TorchScript module: PyTorch runs no hooks there."""
+    import torch
+
+    parts = path.split(".")
+    for depth in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:depth])
+        if isinstance(model.get_submodule(prefix), torch.jit.ScriptModule):
+            where = "is" if depth == len(parts) else f"is inside {prefix!r}, which is"
+            parent = prefix.rpartition(".")[0]
+            raise SelectorError(
+                f"module {path!r} {where} a TorchScript module (torch.jit.script/trace): PyTorch runs no hooks "
+                f"there, so it cannot be tapped; tap {parent + ' or ' if parent else ''}the :input of the module that uses "
+                "its result instead, or build the model without scripting that part"
+            )
 
 
 class Capture:

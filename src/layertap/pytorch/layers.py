@@ -17,6 +17,7 @@ from torch import nn
 from ..report import Column, Table, fmt_shape
 from .callgraph import is_plain_container
 from .callhooks import CallHooks
+from .capture import eager
 from .taps import bound_method
 from .values import describe, summarize
 
@@ -151,6 +152,7 @@ def layers(model: nn.Module, *args: Any, method: str = "forward", run: bool | No
         >>> (r.type, r.calls, r.shapes)
         ('ReLU', 2, [[1, 64, 16, 16]])
     """
+    model = eager(model)  # a torch.compile wrapper: the original module (hooks fire, paths read as written)
     if run is None:
         run = bool(args or kwargs)
     if not run:

@@ -35,6 +35,7 @@ from ..errors import LayertapError, ModelSpecError, unknown_name
 from ..files import note_input
 from ..inputs import DEFAULT_INT_HIGH, InputSpec
 from ..specs import add_cwd_to_path, check_model_args, check_weights_path, module_not_found
+from .capture import eager
 
 DEFAULT_SEQ_LEN = 16
 
@@ -131,7 +132,7 @@ def load_model(
             if aliased:
                 sys.modules.pop(alias, None)
         info.weights = str(weights)
-    return model.eval(), info
+    return eager(model).eval(), info
 
 
 # -- zoos ---------------------------------------------------------------------

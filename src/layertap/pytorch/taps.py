@@ -11,7 +11,7 @@ from torch import nn
 from ..errors import LayertapError, SelectorError, unknown_name
 from ..files import unique_names
 from ..selectors import Tap, index_text, parse_taps
-from .capture import Capture, StopForward, _input_value
+from .capture import Capture, StopForward, _input_value, eager
 from .values import describe, flatten, not_a_tensor, param_names, pick
 
 
@@ -123,6 +123,7 @@ def extract(
         ['layer2.0.relu#0', 'layer2.0.relu#1']
     """
     parsed = parse_taps(taps)
+    model = eager(model)  # a torch.compile wrapper: tap the original module (compiled graphs run no hooks)
     fn = bound_method(model, method)
     root_taps = [t for t in parsed if t.path == "" and method != "forward"]
     hooked = [t for t in parsed if t not in root_taps]
