@@ -56,6 +56,14 @@ _KEEPS_SIGN_OPS = {
 }
 
 
+def _output_alias(node: "onnx.NodeProto", outputs: set[str]) -> bool:
+    """An ``Identity`` that only names a graph output (``lt.export`` adds one per aliased output).
+
+    It computes nothing and feeds no node, so it cannot move a module's edge.
+    """
+    return node.op_type == "Identity" and all(o in outputs for o in node.output)
+
+
 @dataclass(frozen=True)
 class Suspect:
     """A tensor where a placed island meets a module whose edge it may have moved.
@@ -71,9 +79,11 @@ class Suspect:
 
 def place_floating(graph: "onnx.GraphProto", ns: NodeScopes, facts: GraphFacts) -> list[Suspect]:
     """Give every unscoped node a chain (in ``ns.chains``, kind ``"placed"``); return the suspects."""
+    outputs = {o.name for o in graph.output}
     floating = [
         i for i, n in enumerate(graph.node)
-        if ns.chains[i] is None and ns.kinds[i] is None and i not in facts.weight_nodes and not (n.op_type == "Constant" and not n.input)
+        if ns.chains[i] is None and ns.kinds[i] is None and i not in facts.weight_nodes
+        and not (n.op_type == "Constant" and not n.input) and not _output_alias(n, outputs)
     ]
     if not floating or ns.source == "none":
         return []
