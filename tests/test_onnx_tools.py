@@ -262,7 +262,8 @@ def test_ort_refusal_on_generated_inputs_is_one_line_without_ort_logs(tmp_path, 
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr  # ORT's own log lines are silenced; its text is in the error
     assert lines[0].startswith("layertap: error: ONNX Runtime failed to run") and "mismatched dimensions" in lines[0]
-    assert "on generated inputs (a=1x512 float32 (normal), b=1x5" in lines[0] and "--input NAME=SHAPE" in lines[0]
+    assert "on generated inputs (a=1x512 float32 (normal), b=1x5" in lines[0]
+    assert "pass the inputs it needs, e.g. --input a=1x512:float32 --input b=1x5:float32" in lines[0]
 
 
 def test_repeated_module_taps_count_once(rewritten, cli, tmp_path):

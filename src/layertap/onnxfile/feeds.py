@@ -47,6 +47,16 @@ class Feeds:
     arrays: dict[str, np.ndarray]
     generated: list[str] = field(default_factory=list)
 
+    def options(self) -> str:
+        """``--input`` options that would give the generated inputs explicitly (to edit).
+
+        Example:
+            >>> Feeds({"ids": np.zeros((1, 16), np.int64), "sr": np.array(3)}, ["ids=...", "sr=..."]).options()
+            '--input ids=1x16:int64 --input sr=VALUE:int64'
+        """
+        names = [g.split("=", 1)[0] for g in self.generated]
+        return " ".join(f"--input {n}={_shape_text(self.arrays[n])}:{self.arrays[n].dtype.name}" for n in names)
+
     def note(self) -> str | None:
         """One line naming the generated inputs, or ``None`` when all were given."""
         if not self.generated:
@@ -94,6 +104,10 @@ def make_feeds(sess: Any, graph: "onnx.GraphProto", inputs: Any, seed: int = 0) 
         feeds.arrays[spec.name] = arr
         feeds.generated.append(text)
     return feeds
+
+
+def _shape_text(arr: np.ndarray) -> str:
+    return "x".join(str(d) for d in arr.shape) if arr.ndim else "VALUE"
 
 
 def _given(specs: Sequence[Any], inputs: Any) -> dict[str, Any]:

@@ -91,7 +91,8 @@ class TappedSession:
             values = sess.run(None, feeds.arrays, run_options())
         except Exception as e:  # noqa: BLE001
             on = f" on generated inputs ({', '.join(feeds.generated)})" if feeds.generated else ""
-            hint = "; pass the inputs it needs with --input NAME=SHAPE[:DTYPE] or NAME=FILE.npy" if feeds.generated else ""
+            hint = (f"; pass the inputs it needs, e.g. {feeds.options()} with the sizes it expects, or NAME=FILE.npy"
+                    if feeds.generated else "")
             raise OnnxFileError(f"ONNX Runtime failed to run '{path}'{on}: {one_line(e)}{hint}") from None
         got = dict(zip([o.name for o in sess.get_outputs()], values))
         result: dict[str, Any] = {}
