@@ -178,15 +178,51 @@ def test_layers_on_onnx_never_imports_torch(tmp_path):
 
 
 def test_demo_runs_end_to_end(tmp_path):
-    proc = run_cli("demo", "--out", str(tmp_path))
+    out_dir = tmp_path / "new" / "demo"  # --out creates the folder
+    proc = run_cli("demo", "--out", str(out_dir))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    written = {p.name for p in tmp_path.iterdir()}
+    written = {p.name for p in out_dir.iterdir()}
     assert {"resnet18_taps.npz", "resnet18_taps.onnx", "plain_tapped.onnx", "compare_broken.png"} <= written
-    assert "first divergence: layer3.0.bn1" in out
+    assert "first divergence: layer3.0.bn1" in out and "(exit status 1)" in out
     assert "all 5 outputs match PyTorch" in out
     assert "layer2.0.relu#1" in out and "layer4.0.conv1" in out
     assert "equals conv1 applied by hand to layer4's input: True" in out
-    path = next(line.split("wrote ", 1)[1].strip() for line in out.splitlines() if line.startswith("wrote "))
-    with np.load(path) as saved:
+    assert "medians of 7 interleaved runs after a warm-up" in out
+    with np.load(out_dir / "resnet18_taps.npz") as saved:
         assert {"layer1", "layer2.0.relu#1", "layer4.0.conv1", "pooled", "output"} == set(saved.files)
+    # What follows a "$ layertap ..." line is what that command prints.
+    for argv in (["run", "plain_tapped.onnx"], ["add-outputs", "plain.onnx", "-o", "again.onnx", "--module", "layer3.1"]):
+        shown = _shown_after(out, "$ layertap " + " ".join(argv[:2]))
+        real = run_cli(*argv, cwd=str(out_dir))
+        assert real.returncode == 0, real.stderr
+        assert shown == (real.stdout + real.stderr).replace("again.onnx", "plain_tapped.onnx").splitlines()
+    rules = [line for line in out.splitlines() if "───" in line and not set(line) & set("┏┡└┃│┌├┐┘")]
+    assert len(rules) >= 7 and all(len(line) <= 80 for line in rules)  # piped: no 200-character rules
+
+
+def _shown_after(out: str, prefix: str) -> list[str]:
+    """The demo's lines after the command line starting with ``prefix``, up to the next command/rule."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(prefix)) + 1
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith(("$ ", ">>> ", "─"))
+                or lines[i][:3].strip().rstrip(".").isdigit()), len(lines))
+    return lines[start:end]
+
+
+def test_demo_removes_its_temporary_folder_unless_kept(monkeypatch, capsys, tmp_path):
+    from layertap.cli.main import main
+    from layertap.cli.tools import demo
+
+    def step(ctx):
+        (ctx.workdir / "f.txt").write_text("x")
+        ctx.written.append(ctx.workdir / "f.txt")
+
+    monkeypatch.setattr(demo, "STEPS", [step])
+    monkeypatch.setattr(demo.tempfile, "tempdir", str(tmp_path))
+    assert main(["demo"]) == 0
+    assert "removed the temporary folder" in capsys.readouterr().out and not list(tmp_path.iterdir())
+    assert main(["demo", "--keep"]) == 0
+    assert "files written to" in capsys.readouterr().out
+    [kept] = list(tmp_path.iterdir())
+    assert (kept / "f.txt").is_file()
