@@ -121,7 +121,7 @@ def test_compare_fragment_reads_rows_of_either_compare_form():
     assert html.count('class="pt-local"') == 3 and html.count('class="pt-fail"') == 2
     assert "first divergence: b" in html and 'class="first-divergence"' in html
     assert "this module itself makes most of the error" in html
-    assert "Over 4 samples it was the first to diverge in 3" in html and "cosine similarity 0.99" in html
+    assert "Over 4 samples it was the first to diverge in 3" in html and "cosine similarity 0.990000" in html
     cos = SimpleNamespace(rows=report.rows, rtol=1e-3, atol=1e-5, notes=[], samples=4,
                           criterion=SimpleNamespace(metric="cosine", min_cosine=0.999, describe=lambda: "cosine >= 0.999"))
     html = compare_fragment(cos)
@@ -278,3 +278,21 @@ def test_extract_data_report_over_the_first_samples_without_torch(cnn_files, tmp
     r = run_cli("extract", str(cnn_files[0]), "--tap", "fc", "--data", str(data), "-o", str(tmp_path / "f2"),
                 "--report", str(tmp_path / "nowhere" / "r.html"))
     assert r.returncode == 2 and "does not exist" in r.stderr and not (tmp_path / "f2").exists()
+
+
+def test_onnx_vs_onnx_compare_report_and_node_data_without_torch(cnn_files, tmp_path):
+    """The other compare form (two ONNX files, --local): same page, local errors drawn, no torch."""
+    good, bad = cnn_files
+    code = ("import sys; from layertap.cli.main import main; rc = main(sys.argv[1:]); "
+            "sys.stderr.write('TORCH=%s\\n' % ('torch' in sys.modules)); sys.exit(rc)")
+    page, nd = tmp_path / "oo.html", tmp_path / "oo.json"
+    r = subprocess.run([sys.executable, "-c", code, "compare", str(good), str(bad), "--local", "--report", str(page),
+                        "--node-data", str(nd)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "TORCH=False" in r.stderr, r.stderr
+    html = page.read_text()
+    assert "first divergence: block" in html and 'class="pt-local"' in html and "local error of" in html
+    assert not external_refs(html)
+    import onnx
+
+    nodes = {n.name for n in onnx.load(str(bad), load_external_data=False).graph.node}
+    assert set(json.loads(nd.read_text())["results"]) <= nodes

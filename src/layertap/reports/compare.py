@@ -145,7 +145,7 @@ def _where(report: Any, first: Any) -> str:
     for key, label in (("cosine", "cosine similarity"), ("sqnr_db", "SQNR")):
         v = field(first, key)
         if v is not None:
-            extra.append(f"{label} {v:.4g}{' dB' if key == 'sqnr_db' else ''}")
+            extra.append(f"{label} {v:.6f}" if key == "cosine" else f"{label} {v:.4g} dB")
     tail = f"; {', '.join(extra)}" if extra else ""
     return (f"The numbers first part at {field(first, 'name')} ({field(first, 'type', '?')}, output {shape}): "
             f"{size}{tail}.")

@@ -34,14 +34,18 @@ def error_chart(points: Sequence[ErrorPoint], *, tolerance: float | None, first:
                 y_label: str = "relative error") -> str:
     """An SVG line chart of errors per module call, log scale, first divergence marked.
 
-    Zero errors sit on the bottom edge; NaN/inf errors on the top edge as crosses.
+    Exact zeros sit on a bottom line labelled 0; NaN/inf errors on the top edge as crosses.
 
     Example:
         >>> svg = error_chart([ErrorPoint("a", 1e-7), ErrorPoint("b", 0.5, 0.4, False)], tolerance=1e-3, first=1)
         >>> svg.startswith("<svg"), "first divergence: b" in svg
         (True, True)
     """
-    lo, hi = _log_range([v for p in points for v in (p.error, p.local)] + ([tolerance] if tolerance else []))
+    values = [v for p in points for v in (p.error, p.local) if v is not None]
+    lo, hi = _log_range(values + ([tolerance] if tolerance else []))
+    zero = any(v == 0 for v in values)
+    if zero:
+        lo -= 1  # exact zeros get their own bottom line, labelled 0
     n = len(points)
     pw, ph = _W - _LEFT - _RIGHT, _H - _TOP - _BOTTOM
 
@@ -56,7 +60,7 @@ def error_chart(points: Sequence[ErrorPoint], *, tolerance: float | None, first:
 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {_W} {_H}" role="img" '
              f'aria-label="error per module, log scale" class="errchart" style="min-width:560px">']
-    parts += _y_axis(lo, hi, y, pw, y_label)
+    parts += _y_axis(lo, hi, y, pw, y_label, zero)
     if tolerance:
         ty = y(tolerance)
         parts.append(f'<line x1="{_LEFT}" x2="{_LEFT + pw}" y1="{ty:.1f}" y2="{ty:.1f}" stroke="{TOL_COLOR}" stroke-dasharray="6 4"/>')
@@ -81,13 +85,14 @@ def _log_range(values: Sequence[float | None]) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def _y_axis(lo: float, hi: float, y, pw: float, label: str) -> list[str]:
+def _y_axis(lo: float, hi: float, y, pw: float, label: str, zero: bool) -> list[str]:
     out = [f'<rect x="{_LEFT}" y="{_TOP}" width="{pw}" height="{_H - _TOP - _BOTTOM}" fill="#fbfcfd" stroke="#dde1e8"/>']
     step = max(1, math.ceil((hi - lo) / 8))
-    for e in range(int(lo), int(hi) + 1, step):
+    for e in [*range(int(hi), int(lo), -step), int(lo)]:  # the bottom line (0 when zeros are drawn) always
         yy = y(10.0 ** e)
+        text = "0" if zero and e == int(lo) else f"1e{e}"
         out.append(f'<line x1="{_LEFT}" x2="{_LEFT + pw}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#eef0f4"/>')
-        out.append(f'<text x="{_LEFT - 6}" y="{yy + 4:.1f}" text-anchor="end" font-size="11" fill="#5d6675">1e{e}</text>')
+        out.append(f'<text x="{_LEFT - 6}" y="{yy + 4:.1f}" text-anchor="end" font-size="11" fill="#5d6675">{text}</text>')
     mid = _TOP + (_H - _TOP - _BOTTOM) / 2
     out.append(f'<text transform="translate(14 {mid:.0f}) rotate(-90)" text-anchor="middle" font-size="12" fill="#3d4554">'
                f"{esc(label)} (log)</text>")
