@@ -22,6 +22,9 @@ BAD_ARGUMENTS = [
     (["extract", "torchvision:resnet18", "--tap", "layer1", "-o", "nodir/x.npz"], "nodir"),
     (["export", "torchvision:resnet18", "-o", "x.txt"], "x.txt"),
     (["compare", "torchvision:resnet18", "missing.onnx"], "'missing.onnx' does not exist"),
+    (["compare", "r18.onnx", "torchvision:resnet18"], "the arguments look swapped"),
+    (["layers", "torchvision:resnet18", "--tapp", "x"], "unrecognized arguments: --tapp x (see 'layertap layers --help')"),
+    (["run", "m.onnx", "--bogus"], "(see 'layertap run --help')"),
 ]
 
 
@@ -91,3 +94,34 @@ def test_layers_of_llama_default_config_allocates_no_weights(tmp_path):
     assert "layers.31.mlp.down_proj" in proc.stdout and "1x16x4096" in proc.stdout
     assert "built on the meta device (24.6 GiB of weights)" in proc.stdout
     assert peak < 8 * 2**30
+
+
+def test_every_option_has_a_help_text():
+    from layertap.cli.main import build_parser
+
+    parser, _ = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, p in sub.choices.items():
+        for action in p._actions:
+            assert action.help, (name, action.option_strings or action.dest)
+
+
+def _one_output_file(path, output_name: str):
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info(output_name, TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["hidden"]), helper.make_node("Neg", ["hidden"], [output_name])],
+                              "g", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_run_names_a_single_output_output_on_every_file(tmp_path):
+    import layertap as lt
+
+    for graph_name in ("output", "logits"):
+        path = tmp_path / f"{graph_name}.onnx"
+        _one_output_file(path, graph_name)
+        assert list(lt.run(path)) == ["output"]
+        assert list(lt.run(path, taps=["hidden"])) == ["output", "hidden"]

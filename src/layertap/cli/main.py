@@ -60,10 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv
     try:
         parser, tools = build_parser()
-        ns = parser.parse_args(argv)
+        ns, extra = parser.parse_known_args(argv)
         if not ns.command:
             parser.print_help()
             return 2
+        if extra:  # argparse would point at the top-level help; the subcommand's own lists its options
+            raise LayertapError(f"unrecognized arguments: {' '.join(extra)} (see 'layertap {ns.command} --help')")
         with _signals_raise(), _operation(), _warnings_one_line(), _json_stdout(getattr(ns, "json", False)):
             return _run_tool(tools[ns.command], ns)
     except LayertapError as e:

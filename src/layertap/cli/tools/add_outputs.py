@@ -17,7 +17,7 @@ class AddOutputsTool(Tool):
     groups = (OutputArgs(required=True, suffixes=(".onnx",), help="OUT.onnx (never the input)"),)
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("src", metavar="IN.onnx")
+        parser.add_argument("src", metavar="IN.onnx", help="the ONNX file to copy (never modified)")
         parser.add_argument("--tensor", action="append", default=[], metavar="NAME", help="ONNX tensor name (repeatable)")
         parser.add_argument("--module", action="append", default=[], metavar="PATH",
                             help="PyTorch module tap, e.g. layer3.1 or layer2.0.relu#1 (repeatable)")

@@ -66,6 +66,7 @@ class CompareTool(Tool):
 
     def run(self, ns: argparse.Namespace) -> int:
         # Cheap checks first: a typo in a path should not cost a model load.
+        _check_order(ns.model, ns.onnx)
         onnx_path = Path(ns.onnx)
         if not onnx_path.is_file():
             raise OnnxFileError(f"ONNX file '{onnx_path}' does not exist")
@@ -228,3 +229,12 @@ def _as_sample(args: tuple, kwargs: dict) -> Any:
     if kwargs:
         raise LayertapError("--samples with both positional and named inputs: name every --input, or none")
     return tuple(args)
+
+
+def _check_order(ref: str, cand: str) -> None:
+    """``compare r18.onnx torchvision:resnet18``: the candidate must be the ONNX file, second."""
+    if ref.lower().endswith(".onnx") and not cand.lower().endswith(".onnx"):
+        raise LayertapError(
+            f"the arguments look swapped: CAND {cand!r} is not an ONNX file but REF {ref!r} is; "
+            f"the reference comes first, the candidate .onnx second: layertap compare {cand} {ref}"
+        )

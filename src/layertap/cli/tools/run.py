@@ -39,8 +39,9 @@ class RunTool(Tool):
     groups = (InputArgs(), TapArgs(), OutputArgs(required=False, suffixes=(".npz", ".safetensors"), help="FILE.npz"))
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("onnx", metavar="FILE.onnx")
-        parser.add_argument("--json", action="store_true")
+        parser.add_argument("onnx", metavar="FILE.onnx", help="the ONNX file to run (never modified)")
+        parser.add_argument("--json", action="store_true",
+                            help="print the outputs' name, shape, dtype, min, max, mean as JSON on stdout")
 
     def run(self, ns: argparse.Namespace) -> int:
         from ...files import save_arrays
