@@ -252,6 +252,13 @@ def test_npz_member_names_are_safe(tmp_path, capsys):
 def test_replacing_an_output_keeps_its_mode(tmp_path, capsys):
     src = matmul_model(tmp_path / "m")
     onnx_out, npz_out = tmp_path / "m" / "t.onnx", tmp_path / "m" / "a.npz"
+    ext, pair = matmul_model(tmp_path / "e", data="w.bin"), tmp_path / "p" / "t.onnx"
+    pair.parent.mkdir()
+    argv = ["add-outputs", str(ext), "-o", str(pair), "--tensor", "H"]
+    assert main(argv) == 0
+    pair.chmod(0o600)
+    assert main(argv) == 0
+    assert {stat.S_IMODE(p.stat().st_mode) for p in pair.parent.iterdir()} == {0o600}  # the new data file too
     for argv, out in ((["add-outputs", str(src), "-o", str(onnx_out), "--tensor", "H"], onnx_out),
                       (["run", str(src), "-o", str(npz_out)], npz_out)):
         assert main(argv) == 0

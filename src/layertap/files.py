@@ -183,11 +183,12 @@ def temp_path(target: Path, suffix: str = ".tmp") -> Path:
     return Path(name)
 
 
-def replace_keeping_mode(tmp: Path, target: Path) -> None:
-    """Rename ``tmp`` onto ``target``; the result keeps ``target``'s permission bits
-    when it existed, else gets the mode a plain ``open()`` would (mkstemp makes 0600)."""
+def replace_keeping_mode(tmp: Path, target: Path, like: Path | None = None) -> None:
+    """Rename ``tmp`` onto ``target``; the result keeps the permission bits of ``like``
+    (default ``target``) when it exists, else gets the mode a plain ``open()`` would
+    (mkstemp makes 0600)."""
     try:
-        mode = stat.S_IMODE(target.stat().st_mode)
+        mode = stat.S_IMODE((like or target).stat().st_mode)
     except OSError:
         mode = 0o666 & ~_umask()
     tmp.chmod(mode)

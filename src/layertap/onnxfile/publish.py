@@ -56,7 +56,7 @@ def publish(model: "onnx.ModelProto", out: Path, data: Mapping[str, Path] = {}) 
             renames = {}
             for k, (loc, tmp) in enumerate(data.items()):
                 name = _fresh_data_name(out, k)
-                replace_keeping_mode(tmp, out.parent / name)
+                replace_keeping_mode(tmp, out.parent / name, like=out if out.exists() else None)  # a 0600 pair stays 0600
                 placed.append(out.parent / name)
                 renames[loc] = name
             relocate(model, renames)
