@@ -173,6 +173,18 @@ def test_ort_optimised_copy_and_same_file_two_ways(r18):
         lt.compare(ts, x.numpy(), ts)
 
 
+def test_onnxslim_simplified_copy(r18):
+    onnxslim = pytest.importorskip("onnxslim")
+    import layertap as lt
+
+    _, x, ts, d = r18
+    slim = d / "slim.onnx"
+    onnx.save(onnxslim.slim(onnx.load(str(ts))), str(slim))
+    report = lt.compare(ts, x.numpy(), slim)
+    assert report.ok, str(report)
+    assert sum(r.status == "pass" for r in report.rows) >= 40
+
+
 def test_other_exporter_aligned_by_scopes(torch_mod, r18):
     import layertap as lt
 
