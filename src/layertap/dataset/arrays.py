@@ -32,11 +32,6 @@ def numpy_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
-def stored_dtype(name: str) -> np.dtype:
-    """The dtype a format without bfloat16 writes (its bits as uint16)."""
-    return np.dtype(np.uint16) if name == "bfloat16" else numpy_dtype(name)
-
-
 def check_choice(flag: str, value: str, choices: tuple[str, ...]) -> str:
     """``value`` if it is one of ``choices``, else a one-line error with the close ones."""
     from ..errors import unknown_name

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import LayertapError
+from .sources import first_line
 
 
 @dataclass
@@ -110,7 +111,7 @@ class TorchBackend:
             except LayertapError:
                 raise
             except Exception as e:  # noqa: BLE001 - user models raise anything on bad inputs
-                raise LayertapError(f"the model failed on a batch of {_describe(batch)}: {type(e).__name__}: {_first_line(e)}") from None
+                raise LayertapError(f"the model failed on a batch of {_describe(batch)}: {type(e).__name__}: {first_line(e)}") from None
         return {k: tensor_to_numpy(values[k]) for k in tap_keys(list(values), self.taps)}
 
     def _tensor(self, a: np.ndarray):
@@ -179,8 +180,3 @@ def _take(batch: Any, i: int) -> Any:
 def _describe(batch: Any) -> str:
     items = batch.items() if isinstance(batch, dict) else [("", batch)]
     return ", ".join(f"{k + '=' if k else ''}{'x'.join(map(str, v.shape))} {v.dtype}" for k, v in items)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return " ".join(text.splitlines()[0].split()) if text else type(e).__name__

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 from ..errors import LayertapError
 from .batches import Collated, ShardAssembler, ShardData, batch_ranges, chunked, collate
 from .job import Job
-from .sources import Bad, IterSource, MapSource, reference
+from .sources import Bad, IterSource, reference
 
 
 def run_local(job: Job, progress: bool | None) -> int:
@@ -206,9 +206,3 @@ def progress_bar() -> Any:
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Rate(), TimeRemainingColumn(),
                     console=Console(stderr=True), transient=False)
-
-
-def first_sample_error(src: MapSource) -> str | None:
-    """The error of the first sample, when none of the first ones loads."""
-    sample = src.load(0) if len(src) else None
-    return sample.error if isinstance(sample, Bad) else None

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..errors import LayertapError
-from .arrays import numpy_dtype, stored_dtype
+from .arrays import numpy_dtype
 
 FORMATS = ("safetensors", "npy", "zarr")
 TMP_PREFIX = ".shard-"
@@ -165,8 +165,3 @@ class _BitsView:
 
     def __getitem__(self, key: Any) -> np.ndarray:
         return np.asarray(self.arr[key]).view(self.dtype)
-
-
-def stored_dtype_name(dtype: str) -> str:
-    """What the bytes on disk are for a manifest dtype (npy/zarr keep bfloat16 as uint16)."""
-    return stored_dtype(dtype).name

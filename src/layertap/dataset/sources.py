@@ -71,7 +71,7 @@ class MapSource:
         except LayertapError as e:
             return Bad(i, self.ids[i], str(e))
         except Exception as e:  # noqa: BLE001 - a corrupt file makes readers raise anything
-            return Bad(i, self.ids[i], f"cannot read sample {self.ids[i]!r}: {type(e).__name__}: {_first_line(e)}")
+            return Bad(i, self.ids[i], f"cannot read sample {self.ids[i]!r}: {type(e).__name__}: {first_line(e)}")
 
     def describe(self) -> dict:
         return {"kind": self.kind, "path": self.path}
@@ -266,7 +266,8 @@ def _shape(shape: Sequence[int]) -> str:
     return "x".join(str(d) for d in shape) or "scalar"
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """An exception's first line, whitespace collapsed (the error text a user sees)."""
     text = str(e).strip()
     return " ".join(text.splitlines()[0].split()) if text else type(e).__name__
 
@@ -333,7 +334,7 @@ def _open_hf(root: Path, preprocess: Callable[[], Preprocess | None]) -> HFDatas
     try:
         ds = datasets.load_from_disk(str(root))
     except Exception as e:  # noqa: BLE001
-        raise LayertapError(f"cannot read datasets folder '{root}': {_first_line(e)}") from None
+        raise LayertapError(f"cannot read datasets folder '{root}': {first_line(e)}") from None
     if len(ds) == 0:
         raise LayertapError(f"--data '{root}' is an empty dataset (0 rows)")
     column, images = _pick_column(ds, root)
