@@ -34,6 +34,6 @@ class Gated(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.proj(x)
-        if h.sum() > 0:
+        if x.sum() > 0:
             return torch.relu(h)
         return -h

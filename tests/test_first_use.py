@@ -55,6 +55,13 @@ HUGE_LLAMA = {"model_type": "llama", "hidden_size": 16384, "intermediate_size": 
               "num_attention_heads": 128, "num_key_value_heads": 128, "vocab_size": 32000}
 
 
+def _piped_env() -> dict:
+    """The environment of a piped run: no COLUMNS, so lines are as long as their content."""
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+
+
 def _run(args, cwd):
     import resource
 
@@ -125,3 +132,28 @@ def test_run_names_a_single_output_output_on_every_file(tmp_path):
         _one_output_file(path, graph_name)
         assert list(lt.run(path)) == ["output"]
         assert list(lt.run(path, taps=["hidden"])) == ["output", "hidden"]
+
+
+@pytest.mark.parametrize("exporter", [["--exporter", "torchscript"], ["--fallback"]])
+def test_traced_branch_is_named_and_checked_with_the_other_branch(tmp_path, exporter):
+    import shutil
+    from pathlib import Path
+
+    shutil.copy(Path(__file__).resolve().parent.parent / "examples" / "mymodels.py", tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "layertap", "export", "mymodels.py:Gated", "--input", "2x8", *exporter,
+                           "-o", "g.onnx"], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=_piped_env())
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # the file is written, for inspection
+    assert "TracerWarning" not in proc.stderr
+    notes = [line for line in proc.stdout.splitlines() if "data-dependent control flow" in line]
+    assert len(notes) == 1 and "mymodels.py:37 (if x.sum() > 0:)" in notes[0], proc.stdout
+    assert "differs from PyTorch on the example's negated inputs" in proc.stdout
+    assert (tmp_path / "g.onnx").is_file()
+
+
+def test_no_branch_note_without_data_dependent_flow(tmp_path):
+    import torch
+
+    import layertap as lt
+
+    report = lt.export(torch.nn.Linear(4, 2).eval(), torch.randn(2, 4), tmp_path / "l.onnx", exporter="torchscript")
+    assert report.ok and not any("control flow" in n for n in report.notes)

@@ -38,7 +38,7 @@ import os
 import re
 import tempfile
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -52,6 +52,7 @@ from ..onnxfile.publish import publish
 from ..pytorch.values import tensor_to_numpy
 from ..selectors import Tap, parse_taps
 from . import _onnxedit as edit
+from ._branches import branch_note, contrasting, traced_branches
 from ._verify import Check, ExportReport, ExportRow, compare
 from ._wrapper import MODEL_ATTRIBUTES, TapWrapper
 from ._wrapper import input_names as signature_names
@@ -159,6 +160,8 @@ class _Plan:
     dynamic: bool
     external: bool
     notes: list[str]
+    #: source lines where the TorchScript tracer turned a tensor into a Python value
+    branches: list[str] = field(default_factory=list)
 
     @property
     def output_names(self) -> list[str]:
@@ -324,11 +327,16 @@ def _export_torchscript(plan: _Plan, raw: Path, opset: int | None) -> None:
     if opset is not None:
         options["opset_version"] = opset
     try:
-        with _quiet():
+        with _quiet(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", torch.jit.TracerWarning)
             torch.onnx.export(plan.wrapper, tuple(plan.traced), str(raw), dynamo=False, verbose=False, **options)
     except Exception as e:
         _reraise_own(e)
         raise LayertapError(f"the torchscript exporter failed: {_reason(e)}") from e
+    own_code = [str(Path(torch.__file__).resolve().parent) + os.sep, str(Path(__file__).resolve().parents[1]) + os.sep]
+    plan.branches = traced_branches(caught, skip=own_code)
+    if plan.branches:
+        plan.notes.append(branch_note(plan.branches))
 
 
 def _reraise_own(e: BaseException) -> None:
@@ -489,12 +497,18 @@ def _verify(final: Path, plan: _Plan, rows: list[ExportRow], rtol: float, atol: 
         sess = ort.InferenceSession(str(final), opts, providers=["CPUExecutionProvider"])
     except Exception as e:
         raise LayertapError(f"ONNX Runtime cannot load the exported model: {_reason(e)}") from e
-    runs = [(plan.example, plan.reference)]
+    runs: list[tuple[tuple, list, str | None]] = [(plan.example, plan.reference, None)]
     if plan.dynamic and any(t.dim() > 0 for t in plan.example):
         other = _other_batch(plan.example, plan.traced)
         with torch.no_grad():
-            runs.append((other, plan.wrapper.run(other)))
-    for tensors, expected in runs:
+            runs.append((other, plan.wrapper.run(other), None))
+    flipped = contrasting(plan.example) if plan.branches else None
+    if flipped is not None:  # may take the other branch of a traced ``if``
+        with torch.no_grad():
+            runs.append((flipped, plan.wrapper.run(flipped), "differs from PyTorch on the example's negated inputs, "
+                         "which take another branch: the traced branch is baked into the file"))
+        plan.notes.append("verified also on the example's negated inputs, which may take the other branch")
+    for tensors, expected, why in runs:
         feeds = {n: tensor_to_numpy(t) for n, t in zip(plan.input_names, tensors)}
         batch = {n: int(t.shape[0]) for n, t in zip(plan.input_names, tensors) if t.dim() > 0}
         try:
@@ -505,7 +519,10 @@ def _verify(final: Path, plan: _Plan, rows: list[ExportRow], rtol: float, atol: 
                 row.add(Check(batch, None, None, None, False, problem))
             continue
         for row, a, b in zip(rows, got, expected):
-            row.add(compare(a, tensor_to_numpy(b), rtol=rtol, atol=atol, batch=batch))
+            check = compare(a, tensor_to_numpy(b), rtol=rtol, atol=atol, batch=batch)
+            if why and not check.ok and check.problem is None:
+                check.problem = why
+            row.add(check)
 
 
 def _batch_words(batch: dict[str, int]) -> str:
