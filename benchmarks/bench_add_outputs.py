@@ -6,7 +6,7 @@ disk. Each contender runs in its own subprocess; peak RSS is that process's
 
     .venv/bin/python benchmarks/bench_add_outputs.py [--gb 3] [--dir /tmp] [--keep]
 
-Goal (issue 4): add_outputs <= 10 s and <= 400 MB for 3 GB of weights.
+Goal: add_outputs <= 10 s and <= 400 MB for 3 GB of weights.
 """
 
 from __future__ import annotations

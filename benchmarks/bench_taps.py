@@ -4,7 +4,7 @@ Measured side by side in one process, interleaved round by round so that
 load from other processes hits every variant alike; each figure is the
 median over rounds, after warm-up, all under torch.no_grad().
 
-Goals (issue 2):
+Goals:
   10 taps / plain forward                       <= 1.05x
   stop_early at layer2 / plain forward          <= 0.55x
   stop_early at layer2 / create_feature_extractor pruned to layer2  <= 1.15x

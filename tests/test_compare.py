@@ -1,4 +1,4 @@
-"""lt.compare: PyTorch vs ONNX Runtime, module by module (issue 5)."""
+"""lt.compare: PyTorch vs ONNX Runtime, module by module."""
 
 from __future__ import annotations
 

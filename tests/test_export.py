@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 import layertap as lt
-from layertap.bridge._onnxedit import TAPS_KEY
 from layertap.errors import LayertapError, SelectorError
+from layertap.onnxfile.metadata import TAPS_KEY
 
 RN_TAPS = ["layer1", "layer3.1.conv2", "layer2.0.relu", "fc", "logits=fc", "conv1:input", "fc:input"]
 RN_NAMES = ["output", "layer1", "layer3.1.conv2", "layer2.0.relu#0", "layer2.0.relu#1", "fc", "logits",

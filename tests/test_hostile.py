@@ -1,4 +1,4 @@
-"""Hostile and broken inputs across every command (issue 6).
+"""Hostile and broken inputs across every command.
 
 Each case must end in exit 2 with exactly one line ``layertap: error: ...``
 on stderr that names the problem, no traceback, no output file left behind,

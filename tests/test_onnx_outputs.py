@@ -1,4 +1,4 @@
-"""ONNX side (issue 4): scopes, add_outputs, run, onnx_layers, compared with PyTorch hooks."""
+"""ONNX side: scopes, add_outputs, run, onnx_layers, compared with PyTorch hooks."""
 
 from __future__ import annotations
 

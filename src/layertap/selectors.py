@@ -1,6 +1,6 @@
 """Tap selectors: the one grammar every command uses to name a point of a model.
 
-Grammar (fixed by SPEC.md)::
+Grammar (public and stable: every command and the Python API accept exactly this)::
 
     TAP   := [ALIAS "="] PATH ["#" CALL] [":" PORT] {"[" INDEX "]"}
     PATH  := module path as in model.named_modules(); "" is the root module

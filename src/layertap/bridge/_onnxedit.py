@@ -11,24 +11,21 @@ from __future__ import annotations
 
 import ast
 import itertools
-import json
 import re
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import onnx
 from onnx import helper
 
-from ..onnxfile.modelfile import all_tensors
-
-#: model ``metadata_props`` key holding the tap list (see docs/ARCHITECTURE.md)
-TAPS_KEY = "layertap.taps"
+from ..onnxfile.metadata import CLASS_HIERARCHY_KEY, NAME_SCOPES_KEY, NAMESPACE_KEY
+from ..onnxfile.walk import all_tensors, graph_nodes
 
 
 def all_value_names(graph: onnx.GraphProto) -> set[str]:
     """Every tensor name defined or used in ``graph`` and its subgraphs."""
     names = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     names |= {o.name for o in graph.output}
-    for node in _walk_nodes(graph):
+    for node in graph_nodes(graph):
         names.update(n for n in node.input if n)
         names.update(n for n in node.output if n)
     return names
@@ -53,7 +50,7 @@ def rename_value(graph: onnx.GraphProto, old: str, new: str) -> None:
     for init in graph.initializer:
         if init.name == old:
             init.name = new
-    for node in _walk_nodes(graph):
+    for node in graph_nodes(graph):
         for i, name in enumerate(node.input):
             if name == old:
                 node.input[i] = new
@@ -214,31 +211,13 @@ def rename_values(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
         vi.name = mapping.get(vi.name, vi.name)
     for init in graph.initializer:
         init.name = mapping.get(init.name, init.name)
-    for node in _walk_nodes(graph):
+    for node in graph_nodes(graph):
         for i, name in enumerate(node.input):
             if name in mapping:
                 node.input[i] = mapping[name]
         for i, name in enumerate(node.output):
             if name in mapping:
                 node.output[i] = mapping[name]
-
-
-def set_taps_metadata(model: onnx.ModelProto, records: Iterable[dict]) -> None:
-    """Write the tap list under :data:`TAPS_KEY` (replacing an older one)."""
-    keep = [p for p in model.metadata_props if p.key != TAPS_KEY]
-    del model.metadata_props[:]
-    model.metadata_props.extend(keep)
-    prop = model.metadata_props.add()
-    prop.key = TAPS_KEY
-    prop.value = json.dumps(list(records))
-
-
-def read_taps_metadata(model: onnx.ModelProto) -> list[dict] | None:
-    """The tap list written by :func:`set_taps_metadata`, or ``None``."""
-    for p in model.metadata_props:
-        if p.key == TAPS_KEY:
-            return json.loads(p.value)
-    return None
 
 
 def graph_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
@@ -270,22 +249,6 @@ def external_locations(model: onnx.ModelProto) -> set[str]:
 # -- internals ---------------------------------------------------------------
 
 
-def _walk_nodes(graph: onnx.GraphProto):
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _walk_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _walk_nodes(g)
-
-
-_NAME_SCOPES = "pkg.torch.onnx.name_scopes"
-_CLASSES = "pkg.torch.onnx.class_hierarchy"
-_NAMESPACE = "namespace"
-
-
 def _strip_path(name: str, prefixes: Sequence[str], sep: str) -> str:
     """``_fn.layer1`` -> ``layer1``, ``/model/fc/Gemm`` -> ``/fc/Gemm`` (``sep`` is ``.`` or ``/``)."""
     lead = sep if sep == "/" else ""
@@ -305,11 +268,11 @@ def _strip_dynamo_scopes(node: onnx.NodeProto, prefixes: Sequence[str]) -> bool:
     level (``_fn``) becomes the root and takes the wrapper's place.
     """
     props = {p.key: p for p in node.metadata_props}
-    if _NAME_SCOPES not in props or _CLASSES not in props:
+    if NAME_SCOPES_KEY not in props or CLASS_HIERARCHY_KEY not in props:
         return False
     try:
-        scopes = ast.literal_eval(props[_NAME_SCOPES].value)
-        classes = ast.literal_eval(props[_CLASSES].value)
+        scopes = ast.literal_eval(props[NAME_SCOPES_KEY].value)
+        classes = ast.literal_eval(props[CLASS_HIERARCHY_KEY].value)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return False
     if not (isinstance(scopes, list) and isinstance(classes, list) and len(scopes) == len(classes) >= 3):
@@ -320,10 +283,10 @@ def _strip_dynamo_scopes(node: onnx.NodeProto, prefixes: Sequence[str]) -> bool:
     if levels[1][0] in prefixes:  # the wrapper's level gives way to the model's
         levels = [("", levels[1][1])] + levels[2:]
     levels = [(_strip_path(path, prefixes, "."), cls) for path, cls in levels[:-1]] + [levels[-1]]
-    props[_NAME_SCOPES].value = repr([path for path, _ in levels])
-    props[_CLASSES].value = repr([cls for _, cls in levels])
-    if _NAMESPACE in props:
-        props[_NAMESPACE].value = "/".join(f"{path}: {cls}" for path, cls in levels)
+    props[NAME_SCOPES_KEY].value = repr([path for path, _ in levels])
+    props[CLASS_HIERARCHY_KEY].value = repr([cls for _, cls in levels])
+    if NAMESPACE_KEY in props:
+        props[NAMESPACE_KEY].value = "/".join(f"{path}: {cls}" for path, cls in levels)
     return True
 
 

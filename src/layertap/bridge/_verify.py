@@ -2,7 +2,7 @@
 
 Each output is judged with :func:`layertap.bridge.tolerance.error_stats`, the
 statistic ``lt.compare`` uses too: pass when
-``max|onnx - torch| <= atol + rtol * max|torch|``; ``max rel`` is
+``max|onnx - torch| <= atol + rtol * max|torch|``; ``rel_err`` is
 ``max|onnx - torch| / max|torch|``.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..report import Column, Report, fmt_float, fmt_ok, fmt_shape
-from .tolerance import error_stats
+from ..report import Column, fmt_float, fmt_ok, fmt_shape
+from .tolerance import ToleranceReport, error_stats
 
 
 def _has_special(a: np.ndarray) -> bool:
@@ -29,17 +29,17 @@ class Check:
     batch: dict[str, int]
     shape: list[int] | None
     max_abs: float | None
-    max_rel: float | None
+    rel_err: float | None
     ok: bool
     problem: str | None = None
 
 
-def compare(ort: Any, ref: Any, *, rtol: float, atol: float, batch: dict[str, int]) -> Check:
+def check_output(ort: Any, ref: Any, *, rtol: float, atol: float, batch: dict[str, int]) -> Check:
     """Compare one ONNX Runtime output with its PyTorch value.
 
     Example:
-        >>> c = compare(np.array([1.0, 0.0]), np.array([1.0, 1e-7]), rtol=1e-3, atol=1e-4, batch={"x": 2})
-        >>> c.ok, c.max_abs, c.max_rel
+        >>> c = check_output(np.array([1.0, 0.0]), np.array([1.0, 1e-7]), rtol=1e-3, atol=1e-4, batch={"x": 2})
+        >>> c.ok, c.max_abs, c.rel_err
         (True, 1e-07, 1e-07)
     """
     a = np.asarray(ort)
@@ -57,7 +57,7 @@ def compare(ort: Any, ref: Any, *, rtol: float, atol: float, batch: dict[str, in
 class ExportRow:
     """One graph output of an exported model.
 
-    ``max_abs``/``max_rel`` are the worst over every check; ``checks`` holds
+    ``max_abs``/``rel_err`` are the worst over every check; ``checks`` holds
     one entry per set of inputs run (per batch size).
     """
 
@@ -66,7 +66,7 @@ class ExportRow:
     shape: list | None
     dtype: str
     max_abs: float | None = None
-    max_rel: float | None = None
+    rel_err: float | None = None
     ok: bool | None = None
     checks: list[Check] = field(default_factory=list)
 
@@ -74,7 +74,7 @@ class ExportRow:
         self.checks.append(check)
         self.ok = (self.ok is not False) and check.ok
         self.max_abs = _worst(self.max_abs, check.max_abs)
-        self.max_rel = _worst(self.max_rel, check.max_rel)
+        self.rel_err = _worst(self.rel_err, check.rel_err)
 
     @property
     def origin(self) -> str:
@@ -106,7 +106,7 @@ def _batch_text(batch: dict[str, int]) -> str:
     return "/".join(str(v) for v in batch.values())
 
 
-class ExportReport(Report):
+class ExportReport(ToleranceReport):
     """What ``lt.export`` returns: one row per graph output, in graph order.
 
     Attributes:
@@ -124,24 +124,21 @@ class ExportReport(Report):
         Column("shape", "ONNX shape", fmt_shape, no_wrap=True),
         Column("batches", "Batches", justify="right", drop=4),
         Column("max_abs", "Max abs", fmt_float, "right", drop=1),
-        Column("max_rel", "Max rel", fmt_float, "right", drop=3),
+        Column("rel_err", "Rel err", fmt_float, "right", drop=3),
         Column("ok", "Result", fmt_ok),
     )
 
     def __init__(self, rows, *, path: str, exporter: str, inputs: dict, rtol: float, atol: float,
                  verified: bool, notes=()) -> None:
-        super().__init__(rows, notes)
+        super().__init__(rows, notes, rtol=rtol, atol=atol)
         self.path = path
         self.exporter = exporter
         self.inputs = inputs
-        self.rtol = rtol
-        self.atol = atol
         self.verified = verified
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()
-        out.update(path=self.path, exporter=self.exporter, inputs=self.inputs, verified=self.verified,
-                   rtol=self.rtol, atol=self.atol)
+        out.update(path=self.path, exporter=self.exporter, inputs=self.inputs, verified=self.verified)
         return out
 
     def footer(self) -> list[str]:

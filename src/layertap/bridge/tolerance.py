@@ -10,7 +10,7 @@ value ``got`` against its PyTorch reference ``ref`` (same shape) by::
 
 ``rel_err`` is relative to the reference tensor's largest magnitude, not
 element-wise: an element-wise relative error explodes on values near zero
-(FIELD-NOTES: 762 on a ReLU output that is right to float rounding), while
+(measured: 762 on a ReLU output that is right to float rounding), while
 this one stays comparable across layers and matches how float32 rounding
 actually accumulates. ``atol`` only matters for tensors that are (almost)
 all zero. NaN in both at the same place counts as equal, as do equal
@@ -28,8 +28,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
+
+from ..report import Report
 
 DEFAULT_RTOL = 1e-3
 DEFAULT_ATOL = 1e-5
@@ -190,3 +193,23 @@ class Criterion:
         if self.metric == "sqnr":
             return f"pass when SQNR >= {self.min_sqnr_db:g} dB"
         return f"pass when max_abs <= atol + rtol * max|ref| (rtol {self.rtol:g}, atol {self.atol:g})"
+class ToleranceReport(Report):
+    """A report whose rows were judged by the rule above: holds ``rtol`` and ``atol``.
+
+    The base of ``lt.export``'s and ``lt.compare``'s reports; ``summary()``
+    (the JSON head) carries both tolerances.
+
+    Example:
+        >>> ToleranceReport([], rtol=1e-3, atol=1e-5).summary()["rtol"]
+        0.001
+    """
+
+    def __init__(self, rows: Any = (), notes: Any = (), *, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL) -> None:
+        super().__init__(rows, notes)
+        self.rtol = rtol
+        self.atol = atol
+
+    def summary(self) -> dict[str, Any]:
+        out = super().summary()
+        out.update(rtol=self.rtol, atol=self.atol)
+        return out

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Collection, Iterable
 
+from .walk import subgraph_reads
+
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
@@ -34,7 +36,7 @@ class GraphFacts:
 
     def __init__(self, graph: "onnx.GraphProto") -> None:
         self.graph = graph
-        self.uses = _uses(graph)
+        self.uses = readers(graph)
         self.outputs = {o.name for o in graph.output}
         self.weights = weight_derived(graph)
         self.weight_nodes = frozenset(
@@ -88,7 +90,7 @@ def weight_derived(graph: "onnx.GraphProto") -> set[str]:
     for node in graph.node:
         if node.op_type in _RANDOM_OPS:
             continue
-        reads = [t for t in node.input if t] + sorted(_node_subgraph_reads(node))
+        reads = [t for t in node.input if t] + sorted(subgraph_reads(node))
         if node.op_type == "Constant" and not node.input:
             names.update(t for t in node.output if t)
         elif reads and all(t in names for t in reads):
@@ -162,26 +164,11 @@ def rules(node: "onnx.NodeProto") -> list[str]:
     return []
 
 
-def _uses(graph: "onnx.GraphProto") -> dict[str, list[int]]:
+def readers(graph: "onnx.GraphProto") -> dict[str, list[int]]:
     """Tensor name -> indices of the nodes that read it (subgraph reads count for the parent node)."""
     uses: dict[str, list[int]] = {}
     for i, node in enumerate(graph.node):
-        for t in set(node.input) | _node_subgraph_reads(node):
+        for t in set(node.input) | subgraph_reads(node):
             if t:
                 uses.setdefault(t, []).append(i)
     return uses
-
-
-def _node_subgraph_reads(node: "onnx.NodeProto") -> set[str]:
-    reads: set[str] = set()
-    for g in _subgraphs(node):
-        for inner in g.node:
-            reads |= set(inner.input) | _node_subgraph_reads(inner)
-    return reads
-
-
-def _subgraphs(node: "onnx.NodeProto") -> Iterable["onnx.GraphProto"]:
-    for attr in node.attribute:
-        if attr.HasField("g"):
-            yield attr.g
-        yield from attr.graphs

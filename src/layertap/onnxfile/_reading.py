@@ -22,10 +22,11 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from .metadata import NAME_SCOPES_KEY
+
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
-NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 #: deeper module nesting is not read: every level holds its full path, so the
 #: cost grows with depth x name length (no real model nests this deep)
 MAX_SCOPE_DEPTH = 256

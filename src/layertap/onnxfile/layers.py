@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..report import Column, Table, fmt_shape
-from .modelfile import load_model
+from .modelfile import read_model
 
 
 @dataclass(frozen=True)
@@ -55,17 +55,19 @@ def onnx_layers(path: str | os.PathLike) -> OnnxLayers:
     """List the tensors of an ONNX file (weights are not read).
 
     Example:
+        >>> import tempfile
+        >>> from layertap.onnxfile.samples import write_tiny_model
+        >>> path = str(write_tiny_model(tempfile.mkdtemp()))  # y = -relu(x); modules act, neg
         >>> import layertap as lt
-        >>> t = lt.onnx_layers("resnet18.onnx")            # doctest: +SKIP
-        >>> [(r.name, r.op, r.module) for r in t][1]       # doctest: +SKIP
-        ('getitem', 'Conv', 'bn1')
+        >>> [(r.name, r.op, r.module) for r in lt.onnx_layers(path)]
+        [('x', 'input', None), ('/act/Relu_output_0', 'Relu', 'act'), ('y', 'Neg', 'neg')]
     """
     import onnx
 
     from .ort import tensor_types
     from .scopes import ScopeMap
 
-    mf = load_model(path)
+    mf = read_model(path)
     graph = mf.model.graph
     types = tensor_types(mf.model, mf.folder)  # the typing add_outputs uses (ORT for fused ops)
     scopes = ScopeMap.from_model(mf.model)

@@ -1,6 +1,6 @@
 """Open ONNX files safely: never the weights, never data outside the model's folder.
 
-Every ONNX-side entry point loads through :func:`load_model`, which reads the
+Every ONNX-side entry point loads through :func:`read_model`, which reads the
 graph with ``load_external_data=False`` (memory does not grow with weight
 size) and checks each external-data reference before anything runs:
 
@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from ..errors import LayertapWarning, OnnxFileError
+from ..errors import OnnxFileError
 from ..files import note_input
+from .metadata import read_taps
+from .walk import all_tensors
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -39,9 +41,15 @@ class ModelFile:
     """A loaded graph (weights left on disk) and where it came from.
 
     Example:
-        >>> mf = load_model("resnet18.onnx")          # doctest: +SKIP
-        >>> mf.folder, [r.location for r in mf.external][:1]   # doctest: +SKIP
-        (PosixPath('/models'), ['resnet18.onnx.data'])
+        >>> import os, tempfile, numpy as np, onnx, onnx.helper as h, onnx.numpy_helper as nh
+        >>> w = nh.from_array(np.ones((4, 4), np.float32), "w")
+        >>> g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        ...     [h.make_tensor_value_info("x", 1, [1, 4])], [h.make_tensor_value_info("y", 1, [1, 4])], [w])
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.onnx")
+        >>> onnx.save(h.make_model(g), path, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+        >>> mf = read_model(path)
+        >>> mf.folder == mf.path.parent, mf.data_files(), mf.model.graph.initializer[0].HasField("raw_data")
+        (True, ['m.onnx.data'], False)
     """
 
     path: Path
@@ -60,44 +68,11 @@ class ModelFile:
     def taps_metadata(self) -> list[dict]:
         """The ``layertap.taps`` records written by ``lt.export`` (empty if none or unreadable)."""
         if self._taps is None:
-            self._taps = taps_records(self.model)
+            self._taps = read_taps(self.model)
         return self._taps
 
 
-def taps_records(model: "onnx.ModelProto") -> list[dict]:
-    """The ``layertap.taps`` records of a model; bad metadata warns and counts as none.
-
-    The metadata comes from the file: a deeply nested or malformed value must
-    not make the file unusable (its tensor names still work).
-
-    Example:
-        >>> import onnx, warnings
-        >>> m = onnx.ModelProto()
-        >>> onnx.helper.set_model_props(m, {"layertap.taps": "[" * 200_000})
-        >>> with warnings.catch_warnings():
-        ...     warnings.simplefilter("ignore")
-        ...     taps_records(m)
-        []
-    """
-    import json
-    import warnings
-
-    for p in model.metadata_props:
-        if p.key == "layertap.taps":
-            try:
-                value = json.loads(p.value)
-            except (ValueError, RecursionError) as e:
-                value = e
-            if not isinstance(value, list):
-                why = f"{type(value).__name__}: {str(value)[:80]}" if isinstance(value, Exception) else "not a list"
-                warnings.warn(f"ignoring the file's layertap.taps metadata ({why}); tensor names still work",
-                              LayertapWarning, stacklevel=2)
-                return []
-            return [r for r in value if isinstance(r, dict) and isinstance(r.get("name"), str)]
-    return []
-
-
-def load_model(path: str | os.PathLike) -> ModelFile:
+def read_model(path: str | os.PathLike) -> ModelFile:
     """Read an ONNX file's graph without its weights; refuse unsafe or broken files."""
     import onnx
     from google.protobuf.message import DecodeError
@@ -155,39 +130,6 @@ def _external_refs(model: "onnx.ModelProto") -> Iterator[ExternalRef]:
         except ValueError:
             raise OnnxFileError(f"tensor {t.name!r} has a malformed external-data offset/length") from None
         yield ExternalRef(t.name, info.get("location", ""), offset, length)
-
-
-def all_tensors(model: "onnx.ModelProto") -> Iterator["onnx.TensorProto"]:
-    """Every TensorProto: initializers and attribute tensors, in subgraphs and functions too.
-
-    Example:
-        >>> from onnx import helper, numpy_helper
-        >>> import numpy as np
-        >>> g = helper.make_graph([], "g", [], [], initializer=[numpy_helper.from_array(np.zeros(1, np.float32), "w")])
-        >>> [t.name for t in all_tensors(helper.make_model(g))]
-        ['w']
-    """
-    graphs = [model.graph]
-    node_lists = [f.node for f in model.functions]  # function bodies: their nodes, subgraphs included
-    while graphs or node_lists:
-        if graphs:
-            g = graphs.pop()
-            yield from g.initializer
-            for s in g.sparse_initializer:
-                yield s.values
-                yield s.indices
-            node_lists.append(g.node)
-        for node in node_lists.pop() if node_lists else ():
-            for a in node.attribute:
-                if a.HasField("t"):
-                    yield a.t
-                yield from a.tensors
-                for sparse in ([a.sparse_tensor] if a.HasField("sparse_tensor") else []) + list(a.sparse_tensors):
-                    yield sparse.values
-                    yield sparse.indices
-                if a.HasField("g"):
-                    graphs.append(a.g)
-                graphs.extend(a.graphs)
 
 
 def _check_external(model_path: Path, refs: list[ExternalRef]) -> None:

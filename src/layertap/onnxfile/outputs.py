@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 from ..errors import OnnxFileError, unknown_name
 from ..files import check_output_path, operation, refuse_inputs, temp_path
 from ..selectors import Tap
-from .modelfile import ModelFile, load_model
+from .modelfile import ModelFile, read_model
 from .ort import tensor_types
 from .publish import publish
+from .walk import attribute_graphs, defines
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -50,7 +51,7 @@ def add_outputs(
     dst: str | os.PathLike,
     tensors: Sequence[str] = (),
     modules: Sequence[str] = (),
-    all: bool = False,  # noqa: A002 - the public name is fixed by the spec
+    all: bool = False,  # noqa: A002 - the public keyword (add_outputs(all=True)) is part of the API
 ) -> list[str]:
     """Write a copy of ``src`` to ``dst`` with extra graph outputs; return their names.
 
@@ -62,13 +63,16 @@ def add_outputs(
     modified and ``dst`` is written atomically.
 
     Example:
+        >>> import tempfile
+        >>> from layertap.onnxfile.samples import write_tiny_model
+        >>> path = str(write_tiny_model(tempfile.mkdtemp()))  # y = -relu(x); modules act, neg
         >>> import layertap as lt
-        >>> lt.add_outputs("resnet18.onnx", "tapped.onnx", modules=["layer3.1"])   # doctest: +SKIP
-        ['layer3.1']
+        >>> lt.add_outputs(path, path.replace("m.onnx", "tapped.onnx"), modules=["act"])
+        ['act']
     """
     with operation():
         out = check_output_path(dst, inputs=(src,), suffixes=(".onnx",))
-        mf = load_model(src)
+        mf = read_model(src)
         adder = OutputAdder(mf)
         pairs = adder.resolve(tensors=tensors, modules=modules, all=all)
         added = adder.apply(pairs)
@@ -83,9 +87,12 @@ class OutputAdder:
     Edits ``mf.model`` in memory (the loaded copy; the file is untouched).
 
     Example:
-        >>> adder = OutputAdder(load_model("m.onnx"))                     # doctest: +SKIP
-        >>> adder.apply(adder.resolve(tensors=["relu_1"], modules=["fc"]))  # doctest: +SKIP
-        ['relu_1', 'fc']
+        >>> import tempfile
+        >>> from layertap.onnxfile.samples import write_tiny_model
+        >>> path = str(write_tiny_model(tempfile.mkdtemp()))  # y = -relu(x); modules act, neg
+        >>> adder = OutputAdder(read_model(path))
+        >>> adder.apply(adder.resolve(tensors=["x"], modules=["act"])), adder.outputs
+        (['x', 'act'], ['y', 'x', 'act'])
     """
 
     def __init__(self, mf: ModelFile) -> None:
@@ -95,7 +102,7 @@ class OutputAdder:
         self._produced = {t for n in self.graph.node for t in n.output if t}
         self._inputs = {i.name for i in self.graph.input}
         self._inits = {i.name for i in self.graph.initializer}
-        self._outputs = [o.name for o in self.graph.output]
+        self.outputs = [o.name for o in self.graph.output]
 
     # -- resolving --------------------------------------------------------------
     @property
@@ -123,23 +130,23 @@ class OutputAdder:
         """A tensor by its ONNX name (also a name recorded by ``lt.export``)."""
         if name in self.known_tensors():
             return (name, name)
-        where = self._nested_location(name)
+        where = self.nested_location(name)
         if where:
             raise OnnxFileError(f"tensor {name!r} is {where}; only tensors of the main graph can become outputs")
         raise OnnxFileError(unknown_name("tensor", name, sorted(self.known_tensors())))
 
     def resolve_module(self, text: str) -> list[tuple[str, str]]:
         """A module tap (``layer2.0.relu#1``); names already made outputs by ``lt.export`` pass through."""
-        if text in self._outputs:
+        if text in self.outputs:
             return [(text, text)]
         return self.scopes.resolve(Tap.parse(text))
 
-    def _nested_location(self, name: str) -> str | None:
+    def nested_location(self, name: str) -> str | None:
+        """Where ``name`` lives when it is not a main-graph tensor (a subgraph, a function), else ``None``."""
         for node in self.graph.node:
             for a in node.attribute:
-                for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                    if _graph_has(g, name):
-                        return f"inside the '{a.name}' subgraph of {node.op_type} node {node.name or '(unnamed)'!r}"
+                if any(defines(g, name) for g in attribute_graphs(a)):
+                    return f"inside the '{a.name}' subgraph of {node.op_type} node {node.name or '(unnamed)'!r}"
         for f in self.mf.model.functions:
             if any(name in n.output for n in f.node) or name in f.input or name in f.output:
                 return f"inside the local function {f.domain}:{f.name} (functions are expanded only at run time)"
@@ -150,7 +157,7 @@ class OutputAdder:
         """Add ``(name, tensor)`` pairs as typed outputs; return the names added."""
         import onnx
 
-        pairs = [(n, t) for n, t in dedupe(pairs) if n not in self._outputs]
+        pairs = [(n, t) for n, t in dedupe(pairs) if n not in self.outputs]
         self._check_names(pairs)
         types = self._types([t for _, t in pairs])
         for name, tensor in pairs:
@@ -162,7 +169,7 @@ class OutputAdder:
             vi.CopyFrom(types[tensor])
             vi.name = name
             self.graph.output.append(vi)
-            self._outputs.append(name)
+            self.outputs.append(name)
         return [n for n, _ in pairs]
 
     def _check_names(self, pairs: Sequence[tuple[str, str]]) -> None:
@@ -207,17 +214,6 @@ def _write(mf: ModelFile, out: Path) -> None:
 # ---------------------------------------------------------------------------
 # small helpers
 # ---------------------------------------------------------------------------
-def _graph_has(g: "onnx.GraphProto", name: str) -> bool:
-    for n in g.node:
-        if name in n.output:
-            return True
-        for a in n.attribute:
-            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                if _graph_has(sub, name):
-                    return True
-    return any(name == i.name for i in g.input)
-
-
 def dedupe(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     """The one rule for repeated requests: the same name for the same tensor counts once.
 

@@ -77,7 +77,7 @@ def external_locations(model: "onnx.ModelProto") -> set[str]:
     """Every external-data location the model's tensors name."""
     import onnx
 
-    from .modelfile import all_tensors
+    from .walk import all_tensors
 
     return {
         kv.value
@@ -90,7 +90,7 @@ def external_locations(model: "onnx.ModelProto") -> set[str]:
 
 def relocate(model: "onnx.ModelProto", renames: Mapping[str, str]) -> None:
     """Point external-data references at new file names (``old location -> new``)."""
-    from .modelfile import all_tensors
+    from .walk import all_tensors
 
     for t in all_tensors(model):
         for kv in t.external_data:

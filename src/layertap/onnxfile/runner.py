@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import OnnxFileError, SelectorError, unknown_name
 from .feeds import make_feeds
-from .modelfile import load_model
+from .modelfile import read_model
 from .ort import one_line, ort_session, run_options
 from .outputs import OutputAdder, dedupe
 
@@ -39,10 +39,13 @@ def run(
     elements ``NAME[0]``, ``NAME[1]``, ...
 
     Example:
+        >>> import tempfile
+        >>> from layertap.onnxfile.samples import write_tiny_model
+        >>> path = str(write_tiny_model(tempfile.mkdtemp()))  # y = -relu(x); modules act, neg
         >>> import layertap as lt
-        >>> acts = lt.run("resnet18.onnx", taps=["layer3.1"])   # doctest: +SKIP
-        >>> list(acts), acts["layer3.1"].shape                   # doctest: +SKIP
-        (['output', 'layer3.1'], (1, 256, 14, 14))
+        >>> acts = lt.run(path, taps=["act"])
+        >>> list(acts), acts["act"].shape, bool((acts["act"] == -acts["output"]).all())
+        (['output', 'act'], (1, 4), True)
     """
     return TappedSession(path, taps).run(inputs, seed=seed, notify=notify)
 
@@ -66,12 +69,12 @@ class TappedSession:
 
     def __init__(self, path: str | os.PathLike, taps: Sequence[str] = ()) -> None:
         self.path = path
-        self.mf = mf = load_model(path)
+        self.mf = mf = read_model(path)
         adder = OutputAdder(mf)
         self.pairs = dedupe([p for tap in taps for p in _resolve_tap(adder, tap)])
-        if not self.pairs and not list(adder._outputs):
+        if not self.pairs and not list(adder.outputs):
             raise OnnxFileError(f"'{path}' has no graph outputs, so there is nothing to run; pass --tap NAME to pick tensors")
-        self.own = list(adder._outputs)
+        self.own = list(adder.outputs)
         self.added = adder.apply(self.pairs)
         self.tap_names = list(dict.fromkeys(name for name, _ in self.pairs))
         try:
@@ -126,8 +129,8 @@ def _flatten_sequences(values: dict[str, Any]) -> dict[str, np.ndarray]:
 def _resolve_tap(adder: OutputAdder, text: str) -> list[tuple[str, str]]:
     """Export-recorded names and graph outputs first, then modules, then tensor names."""
     recorded = {r["name"] for r in adder.mf.taps_metadata()}
-    if text in adder._outputs or text in recorded:
-        if text not in adder._outputs:
+    if text in adder.outputs or text in recorded:
+        if text not in adder.outputs:
             raise OnnxFileError(f"tap {text!r} is recorded by lt.export but is not an output of this file")
         return [(text, text)]
     try:
@@ -141,7 +144,7 @@ def _resolve_tap(adder: OutputAdder, text: str) -> list[tuple[str, str]]:
     scoped = adder.scopes.source != "none"
     if tap is not None and scoped and ("." in tap.path or tap.call is not None or tap.port == "input"):
         return adder.scopes.resolve(tap)  # raises the module error with close matches
-    where = adder._nested_location(text)
+    where = adder.nested_location(text)
     if where:
         raise OnnxFileError(f"tensor {text!r} is {where}; only tensors of the main graph can be tapped")
     pool = sorted(adder.known_tensors() | set(adder.scopes.modules()) | recorded)

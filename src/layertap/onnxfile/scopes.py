@@ -35,11 +35,14 @@ the input or output at the rewritten node untrusted, and so do edges where a
 node reads a tensor its FX node never took (nodes rewritten away, dynamo).
 
 Example:
-    >>> import onnx
-    >>> m = onnx.load("resnet18.onnx", load_external_data=False)   # doctest: +SKIP
-    >>> smap = ScopeMap.from_model(m)                                # doctest: +SKIP
-    >>> smap.resolve(Tap.parse("layer2.0.relu"))                     # doctest: +SKIP
-    [('layer2.0.relu#0', 'relu_5'), ('layer2.0.relu#1', 'relu_6')]
+    >>> import onnx.helper as h
+    >>> nodes = [h.make_node("Relu", ["x"], ["r0"], name="/block/act/Relu"),   # TorchScript names:
+    ...          h.make_node("Neg", ["r0"], ["n"], name="/block/neg/Neg"),     # act runs twice
+    ...          h.make_node("Relu", ["n"], ["r1"], name="/block/act_1/Relu")]
+    >>> g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", 1, [4])], [h.make_tensor_value_info("r1", 1, [4])])
+    >>> smap = ScopeMap.from_model(h.make_model(g))
+    >>> smap.resolve(Tap.parse("block.act"))
+    [('block.act#0', 'r0'), ('block.act#1', 'r1')]
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ from ._folds import (
 )
 from ._graph import RULE_KEY, GraphFacts, is_fusion
 from ._placing import place_floating
-from ._reading import NAME_SCOPES_KEY, read_nodes
+from ._reading import read_nodes
+from .metadata import NAME_SCOPES_KEY
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx

@@ -24,7 +24,7 @@ import ast
 import functools
 import inspect
 import textwrap
-from typing import Callable, TypeGuard
+from typing import Callable, Iterable, Sequence
 
 from torch import nn
 
@@ -81,6 +81,10 @@ def _chain_ancestor(model: nn.Module, path: str, method: str) -> str:
         via_container = i - caller_idx > 1
         attr = parts[caller_idx]  # the caller's direct child on the path
         if not called_once(caller, meth, attr, via_container=via_container):
+            if i + 1 < len(mods) and _calls_each_once(mod):
+                # ``for blk in self.blocks`` over an nn.Sequential: the caller may
+                # call its elements itself; ask about them, as for a ModuleList.
+                continue
             break
         best = ".".join(parts[:i])
         caller_idx = i
@@ -124,95 +128,184 @@ def called_once(caller: nn.Module, method: str, attr: str, *, via_container: boo
     fn = getattr(type(caller), method, None)
     if fn is None or not callable(fn):
         return False
-    uses = _uses(fn, attr, via_container, caller)
+    uses = _AttrUses(fn, attr, via_container, caller).uses()
     return uses is not None and len(uses) == 1 and uses[0]
 
 
-def _uses(fn: Callable, attr: str, via_container: bool, inst: nn.Module, depth: int = 0) -> tuple[bool, ...] | None:
-    """One flag per possible call of ``self.<attr>`` in ``fn`` (following
-    self-methods): True when that use calls the child (or each element) at
-    most once. Of an ``if``/``else``, only the worse branch counts, and a
-    branch that is statically dead on ``inst`` (``if self.grad_checkpointing``
-    when that flag is False) does not count at all.
+class _Uses(ast.NodeVisitor):
+    """Walks one function body and returns, from each ``visit``, one flag per
+    use it counts: True when that use calls once, False when it may call more
+    often (or hands the thing on).
 
-    ``None`` when the source cannot be read or ``self`` escapes (``super()``,
-    ``helper(self)``), since then uses may hide where we cannot see them.
+    Shared by :class:`_AttrUses` (uses of ``self.<attr>``) and
+    :class:`_NameUses` (uses of a loop variable). Loops, comprehensions,
+    lambdas and nested functions make their body "repeating"; of an
+    ``if``/``else`` only the worse branch counts, and a branch that is
+    statically dead on ``inst`` (``if self.grad_checkpointing`` while that
+    flag is False) does not count at all.
     """
-    func = _parse_function(fn)
-    if func is None or not func.args.args:
-        return None
-    self_name = func.args.args[0].arg
-    owner = _owner_class(fn)
-    ok = True
 
-    def is_self_attr(node: ast.AST) -> TypeGuard[ast.Attribute]:
-        return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == self_name
+    def __init__(self, self_name: str, inst: nn.Module) -> None:
+        self.self_name = self_name
+        self.inst = inst
+        self.in_loop = False
 
-    def visit(node: ast.AST, in_loop: bool, parent: ast.AST | None) -> list[bool]:
-        nonlocal ok
-        if isinstance(node, ast.Name) and node.id == self_name:
-            # ``self`` used other than as ``self.x``: passed to a helper, aliased...
-            ok = False
-            return []
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super":
-            ok = False  # the parent class's method may use the child too
-            return []
-        if _is_none_check(node, self_name, attr):
-            return []  # ``self.x is not None`` reads, never calls
-        if isinstance(node, (ast.If, ast.IfExp)):
-            return visit_branches(node, in_loop)
-        if is_self_attr(node):
-            if node.attr == attr:
-                is_call = isinstance(parent, ast.Call) and parent.func is node
-                return [is_call and not in_loop and not via_container]
-            target = getattr(owner, node.attr, None) if owner is not None else None
-            if inspect.isfunction(target) and target is not fn:
-                sub = _uses(target, attr, via_container, inst, depth + 1) if depth < _MAX_DEPTH else None
-                if sub is None:
-                    ok = False
-                    return []
-                return [flag and not in_loop for flag in sub]
-            return []
-        if isinstance(node, (ast.For, ast.AsyncFor)):
-            out: list[bool] = []
-            own = _element_name(node, self_name, None) if isinstance(inst, _ITERABLE) else None
-            if own is not None and not via_container:
-                # ``for name, m in self.items(): x = m(x)`` in a container
-                # subclass: each element, the child included, once per loop.
-                out.append(not in_loop and _called_once_in(node, own))
-                for child in [node.target, *node.body, *node.orelse]:
-                    out += visit(child, True, node)
-                return out
-            elem = _element_name(node, self_name, attr) if via_container else None
-            if elem is not None:
-                out.append(not in_loop and _called_once_in(node, elem))
-                # the iterable's other parts (zip partners) still count
-                for child in _iter_parts_except(node.iter, self_name, attr):
-                    out += visit(child, in_loop, node)
-            else:
-                out += visit(node.iter, in_loop, node)
-            for child in [node.target, *node.body, *node.orelse]:
-                out += visit(child, True, node)
-            return out
-        looping = in_loop or isinstance(node, _REPEATING)
-        out = []
-        for child in ast.iter_child_nodes(node):
-            out += visit(child, looping, node)
-        return out
+    def visit_all(self, nodes: Iterable[ast.AST]) -> list[bool]:
+        return [flag for node in nodes for flag in self.visit(node)]
 
-    def visit_branches(node: ast.If | ast.IfExp, in_loop: bool) -> list[bool]:
-        body = node.body if isinstance(node.body, list) else [node.body]
-        orelse = node.orelse if isinstance(node.orelse, list) else [node.orelse]
-        test = visit(node.test, in_loop, node)
-        truth = _static_truth(node.test, self_name, inst)
-        a = [] if truth is False else [f for s in body for f in visit(s, in_loop, node)]
-        b = [] if truth is True else [f for s in orelse for f in visit(s, in_loop, node)]
+    def generic_visit(self, node: ast.AST) -> list[bool]:
+        if isinstance(node, _REPEATING):
+            return self.repeating(list(ast.iter_child_nodes(node)))
+        return self.visit_all(ast.iter_child_nodes(node))
+
+    def repeating(self, nodes: Sequence[ast.AST]) -> list[bool]:
+        """Visit ``nodes`` as code that may run several times."""
+        outer, self.in_loop = self.in_loop, True
+        try:
+            return self.visit_all(nodes)
+        finally:
+            self.in_loop = outer
+
+    def visit_If(self, node: ast.If) -> list[bool]:
+        return self.branches(node.test, node.body, node.orelse)
+
+    def visit_IfExp(self, node: ast.IfExp) -> list[bool]:
+        return self.branches(node.test, [node.body], [node.orelse])
+
+    def branches(self, test: ast.expr, body: Sequence[ast.AST], orelse: Sequence[ast.AST]) -> list[bool]:
+        flags = self.visit(test)
+        truth = _static_truth(test, self.self_name, self.inst)
+        a = [] if truth is False else self.visit_all(body)
+        b = [] if truth is True else self.visit_all(orelse)
         # Only one branch runs: keep the worse one (more uses, or an unsafe one).
-        worse = max(a, b, key=lambda u: (len(u), not all(u)))
-        return test + worse
+        return flags + max(a, b, key=lambda u: (len(u), not all(u)))
 
-    found = [f for stmt in func.body for f in visit(stmt, False, func)]
-    return tuple(found) if ok else None
+
+class _AttrUses(_Uses):
+    """One flag per possible call of ``self.<attr>`` in ``fn``, following
+    self-methods (``self._forward_impl``) up to ``_MAX_DEPTH`` deep.
+
+    With ``via_container`` the question is about each element of the
+    container ``self.<attr>``: called by ``for blk in self.<attr>: blk(x)``,
+    or by calling a plain ``nn.Sequential`` (which calls each element once).
+
+    :meth:`uses` is ``None`` when the source cannot be read or ``self``
+    escapes (``super()``, ``helper(self)``), since then uses may hide where
+    we cannot see them.
+    """
+
+    def __init__(self, fn: Callable, attr: str, via_container: bool, inst: nn.Module, depth: int = 0) -> None:
+        super().__init__("", inst)
+        self.fn = fn
+        self.attr = attr
+        self.via_container = via_container
+        self.depth = depth
+        self.owner = _owner_class(fn)
+        self.escaped = False
+
+    def uses(self) -> tuple[bool, ...] | None:
+        func = _parse_function(self.fn)
+        if func is None or not func.args.args:
+            return None
+        self.self_name = func.args.args[0].arg
+        found = self.visit_all(func.body)
+        return None if self.escaped else tuple(found)
+
+    def visit_Name(self, node: ast.Name) -> list[bool]:
+        if node.id == self.self_name:
+            self.escaped = True  # ``self`` used other than as ``self.x``: passed to a helper, aliased...
+        return []
+
+    def visit_Call(self, node: ast.Call) -> list[bool]:
+        if isinstance(node.func, ast.Name) and node.func.id == "super":
+            self.escaped = True  # the parent class's method may use the child too
+            return []
+        named = _getattr_name(node, self.self_name)
+        if named is not None:
+            # ``getattr(self, "flag", False)`` reads one attribute, like ``self.flag``
+            return self.visit(ast.Attribute(value=node.args[0], attr=named, ctx=ast.Load())) + self.visit_all(node.args[2:])
+        if _is_attr(node.func, self.self_name, self.attr):
+            once = not self.in_loop and (not self.via_container or _calls_each_once(getattr(self.inst, self.attr, None)))
+            return [once] + self.visit_all([*node.args, *node.keywords])
+        return self.generic_visit(node)
+
+    def visit_Compare(self, node: ast.Compare) -> list[bool]:
+        if _is_none_check(node, self.self_name, self.attr):
+            return []  # ``self.x is not None`` reads, never calls
+        return self.generic_visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> list[bool]:
+        if not (isinstance(node.value, ast.Name) and node.value.id == self.self_name):
+            return self.generic_visit(node)
+        if node.attr == self.attr:
+            return [False]  # read but not called here: it may be called anywhere
+        target = getattr(self.owner, node.attr, None) if self.owner is not None else None
+        if not (inspect.isfunction(target) and target is not self.fn):
+            return []
+        sub = _AttrUses(target, self.attr, self.via_container, self.inst, self.depth + 1).uses() if self.depth < _MAX_DEPTH else None
+        if sub is None:
+            self.escaped = True
+            return []
+        return [flag and not self.in_loop for flag in sub]
+
+    def visit_For(self, node: ast.For | ast.AsyncFor) -> list[bool]:
+        own = _element_name(node, self.self_name, None) if isinstance(self.inst, _ITERABLE) else None
+        if own is not None and not self.via_container:
+            # ``for name, m in self.items(): x = m(x)`` in a container
+            # subclass: each element, the child included, once per loop.
+            return [not self.in_loop and self.loop_calls_once(node, own)] + self.repeating([node.target, *node.body, *node.orelse])
+        elem = _element_name(node, self.self_name, self.attr) if self.via_container else None
+        if elem is not None:
+            out = [not self.in_loop and self.loop_calls_once(node, elem)]
+            # the iterable's other parts (zip partners) still count
+            out += self.visit_all(_iter_parts_except(node.iter, self.self_name, self.attr))
+        else:
+            out = self.visit(node.iter)
+        return out + self.repeating([node.target, *node.body, *node.orelse])
+
+    visit_AsyncFor = visit_For
+
+    def loop_calls_once(self, loop: ast.For | ast.AsyncFor, name: str) -> bool:
+        """The loop variable ``name`` is called once per iteration and used for nothing else."""
+        uses = _NameUses(name, self.self_name, self.inst).visit_all([*loop.body, *loop.orelse])
+        return len(uses) == 1 and uses[0]
+
+
+class _NameUses(_Uses):
+    """One flag per use of the local ``name`` (a loop variable): True for a call outside any inner loop."""
+
+    def __init__(self, name: str, self_name: str, inst: nn.Module) -> None:
+        super().__init__(self_name, inst)
+        self.name = name
+
+    def visit_Name(self, node: ast.Name) -> list[bool]:
+        if node.id == self.name:
+            return [False]  # read, stored or deleted: not a call
+        return []
+
+    def visit_Call(self, node: ast.Call) -> list[bool]:
+        if isinstance(node.func, ast.Name) and node.func.id == self.name:
+            return [not self.in_loop] + self.visit_all([*node.args, *node.keywords])
+        return self.generic_visit(node)
+
+
+def _getattr_name(node: ast.Call, self_name: str) -> str | None:
+    """``"flag"`` for ``getattr(self, "flag"[, default])``, else None."""
+    if not (isinstance(node.func, ast.Name) and node.func.id == "getattr" and 2 <= len(node.args) <= 3 and not node.keywords):
+        return None
+    obj, name = node.args[0], node.args[1]
+    if isinstance(obj, ast.Name) and obj.id == self_name and isinstance(name, ast.Constant) and isinstance(name.value, str):
+        return name.value
+    return None
+
+
+def _calls_each_once(container: object) -> bool:
+    """Calling ``container`` calls each element once: a stock ``nn.Sequential`` of distinct modules."""
+    return (
+        isinstance(container, nn.Sequential)
+        and type(container).forward is nn.Sequential.forward
+        and len({id(m) for m in container}) == len(container)
+    )
 
 
 def _is_none_check(node: ast.AST, self_name: str, attr: str) -> bool:
@@ -327,25 +420,6 @@ def _iter_parts_except(it: ast.AST, self_name: str, attr: str) -> list[ast.AST]:
 
     walk(it)
     return out
-
-
-def _called_once_in(loop: ast.For | ast.AsyncFor, name: str) -> bool:
-    """The loop variable ``name`` is called once per iteration and used for nothing else."""
-    uses: list[bool] = []
-
-    def visit(node: ast.AST, repeating: bool, parent: ast.AST | None) -> None:
-        if isinstance(node, ast.Name) and node.id == name:
-            stored = isinstance(node.ctx, (ast.Store, ast.Del))
-            is_call = isinstance(parent, ast.Call) and parent.func is node
-            uses.append(is_call and not repeating and not stored)
-            return
-        looping = repeating or isinstance(node, _REPEATING)
-        for child in ast.iter_child_nodes(node):
-            visit(child, looping, node)
-
-    for stmt in [*loop.body, *loop.orelse]:
-        visit(stmt, False, None)
-    return len(uses) == 1 and uses[0]
 
 
 def _is_attr(node: ast.AST, self_name: str, attr: str) -> bool:

@@ -12,6 +12,53 @@ import contextlib
 from typing import Any, Iterator
 
 
+def module_key(mod: Any) -> int:
+    """Identity of a module that survives tracing proxies.
+
+    torch.export's non-strict tracer (make_fx's module-stack tracer) hands out
+    a fresh ``AttrProxy`` object on every submodule access; each shares the
+    real module's ``__dict__``, so that is what identifies the module.
+
+    Example:
+        >>> class M: pass
+        >>> m = M()
+        >>> module_key(m) == id(m.__dict__)
+        True
+    """
+    return id(mod.__dict__)
+
+
+class CallCounter:
+    """The one call-numbering rule: a call's index among its module's calls, counted as calls start.
+
+    A return gets the index of its own start (the innermost open call), so a
+    recursive call returns its own index. Keyed by :func:`module_key`.
+
+    Example:
+        >>> c = CallCounter()
+        >>> c.start(7), c.start(7), c.finish(7), c.finish(7), c.count(7)
+        (0, 1, 1, 0, 2)
+    """
+
+    def __init__(self) -> None:
+        self.started: collections.Counter[int] = collections.Counter()
+        self._open: dict[int, list[int]] = collections.defaultdict(list)  # calls not yet returned
+
+    def start(self, key: int) -> int:
+        call = self.started[key]
+        self.started[key] = call + 1
+        self._open[key].append(call)
+        return call
+
+    def finish(self, key: int) -> int:
+        stack = self._open[key]
+        return stack.pop() if stack else self.started[key] - 1
+
+    def count(self, key: int) -> int:
+        """Calls of ``key`` started so far."""
+        return self.started.get(key, 0)
+
+
 class CallHooks:
     """Pre/post forward hooks on every submodule (the root excluded).
 
@@ -36,9 +83,8 @@ class CallHooks:
 
     def __init__(self, model: Any) -> None:
         self.model = model
-        self.paths: dict[int, str] = {id(m): p for p, m in model.named_modules() if p}
-        self.counts: dict[int, int] = collections.Counter()  # id(module) -> calls started
-        self._open: dict[int, list[int]] = collections.defaultdict(list)  # calls not yet returned
+        self.paths: dict[int, str] = {module_key(m): p for p, m in model.named_modules() if p}
+        self.counter = CallCounter()
 
     @contextlib.contextmanager
     def hooks(self) -> Iterator[None]:
@@ -63,14 +109,9 @@ class CallHooks:
         """Called as call ``call`` of the module at ``path`` returns ``output``."""
 
     def _pre(self, mod: Any, _args: Any) -> None:
-        key = id(mod)
-        call = self.counts[key]
-        self.counts[key] = call + 1
-        self._open[key].append(call)
-        self.on_start(mod, self.paths[key], call)
+        key = module_key(mod)
+        self.on_start(mod, self.paths[key], self.counter.start(key))
 
     def _post(self, mod: Any, _args: Any, output: Any) -> None:
-        key = id(mod)
-        stack = self._open[key]
-        call = stack.pop() if stack else self.counts[key] - 1
-        self.on_return(mod, self.paths[key], call, output)
+        key = module_key(mod)
+        self.on_return(mod, self.paths[key], self.counter.finish(key), output)

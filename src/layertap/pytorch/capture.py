@@ -8,7 +8,6 @@ removes every hook on every exit path.
 
 from __future__ import annotations
 
-import collections
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -19,6 +18,7 @@ from torch import nn
 from ..errors import SelectorError, unknown_name
 from ..selectors import Tap, index_text, parse_taps
 from . import callgraph
+from .callhooks import CallCounter, module_key
 from .values import CallArgs, not_a_tensor, param_names, pick
 
 
@@ -149,8 +149,7 @@ class Capture:
         self._handles: list[Any] = []
         self._seq = itertools.count()
         self._slots = [_Slot(t) for t in self.taps]
-        self._calls: dict[int, int] = collections.Counter()
-        self._stack: dict[int, list[int]] = collections.defaultdict(list)
+        self._counter = CallCounter()
         # stop_early: per tap, the module whose return means no call of the
         # tapped module can follow (None: only the end of the method).
         self._finisher: list[nn.Module | None] = self._plan_stop() if stop_early else []
@@ -171,12 +170,12 @@ class Capture:
             by_module: dict[int, nn.Module] = {}
             for mod in [*self._modules.values(), *self._finisher]:
                 if mod is not None:
-                    by_module.setdefault(_module_key(mod), mod)
+                    by_module.setdefault(module_key(mod), mod)
             # Under a tracer the same module may arrive as several proxies: use
             # one object per module everywhere, and map hook arguments to it.
             self._registered = by_module
-            self._modules = {p: by_module[_module_key(m)] for p, m in self._modules.items()}
-            self._finisher = [None if m is None else by_module[_module_key(m)] for m in self._finisher]
+            self._modules = {p: by_module[module_key(m)] for p, m in self._modules.items()}
+            self._finisher = [None if m is None else by_module[module_key(m)] for m in self._finisher]
             for mod in by_module.values():
                 self._handles.append(mod.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
                 self._handles.append(mod.register_forward_hook(self._post_hook, with_kwargs=True))
@@ -193,16 +192,12 @@ class Capture:
         """Forget captured values and call counts (hooks stay)."""
         self._seq = itertools.count()
         self._slots = [_Slot(t) for t in self.taps]
-        self._calls = collections.Counter()
-        self._stack = collections.defaultdict(list)
+        self._counter = CallCounter()
 
     # -- hooks -----------------------------------------------------------
     def _pre_hook(self, mod: nn.Module, args: tuple, kwargs: dict):
-        mod = self._registered.get(_module_key(mod), mod)
-        key = id(mod)
-        call = self._calls[key]
-        self._calls[key] = call + 1
-        self._stack[key].append(call)
+        mod = self._registered.get(module_key(mod), mod)
+        call = self._counter.start(module_key(mod))
         for slot in self._slots:
             if slot.tap.port == "input" and self._modules.get(slot.tap.path) is mod:
                 self._record(slot, call, _input_value(args, kwargs, slot.tap, _forward_names(mod)))
@@ -213,10 +208,8 @@ class Capture:
         return None
 
     def _post_hook(self, mod: nn.Module, args: tuple, kwargs: dict, output: Any):
-        mod = self._registered.get(_module_key(mod), mod)
-        key = id(mod)
-        stack = self._stack[key]
-        call = stack.pop() if stack else self._calls[key] - 1
+        mod = self._registered.get(module_key(mod), mod)
+        call = self._counter.finish(module_key(mod))
         for slot in self._slots:
             if slot.tap.port == "output" and self._modules.get(slot.tap.path) is mod:
                 self._record(slot, call, output)
@@ -281,7 +274,7 @@ class Capture:
     # -- results ---------------------------------------------------------
     def calls(self, path: str) -> int:
         """How many times the module at ``path`` ran so far."""
-        return self._calls.get(id(self._modules[path]), 0)
+        return self._counter.count(module_key(self._modules[path]))
 
     def results(self) -> dict[str, torch.Tensor]:
         """Captured tensors by name, in the order they were captured.
@@ -326,16 +319,6 @@ class Capture:
             )
         seq, value = slot.values[call]
         return [(seq, tap.name, value)]
-
-
-def _module_key(mod: nn.Module) -> int:
-    """Identity of a module that survives tracing proxies.
-
-    torch.export's non-strict tracer (make_fx's module-stack tracer) hands out
-    a fresh ``AttrProxy`` object on every submodule access; each shares the
-    real module's ``__dict__``, so that is what identifies the module.
-    """
-    return id(mod.__dict__)
 
 
 def _forward_names(mod: nn.Module) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from torch import nn
 
 from ..report import Column, Table, fmt_shape
 from .callgraph import is_plain_container
-from .callhooks import CallHooks
+from .callhooks import CallHooks, module_key
 from .capture import eager
 from .taps import bound_method
 from .values import describe, summarize
@@ -161,7 +161,7 @@ def layers(model: nn.Module, *args: Any, method: str = "forward", run: bool | No
 
 
 def _param_counts(model: nn.Module) -> dict[int, int]:
-    return {id(m): sum(p.numel() for p in m.parameters()) for m in model.modules()}
+    return {module_key(m): sum(p.numel() for p in m.parameters()) for m in model.modules()}
 
 
 def _depth(path: str) -> int:
@@ -172,7 +172,7 @@ def _static_rows(model: nn.Module) -> LayersTable:
     counts = _param_counts(model)
     rows = [
         LayerRow(name=path, path=path, type=type(m).__name__, call=None, calls=None, shapes=None,
-                 dtypes=None, structure=None, params=counts[id(m)], depth=_depth(path))
+                 dtypes=None, structure=None, params=counts[module_key(m)], depth=_depth(path))
         for path, m in model.named_modules()
     ]
     return LayersTable(rows, notes=["model not run (no inputs): pass inputs to see output shapes"])
@@ -190,13 +190,13 @@ class _Recorder(CallHooks):
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         self.param_counts = _param_counts(model)
-        self.mods = {id(m): m for m in model.modules()}
+        self.mods = {module_key(m): m for m in model.modules()}
         self.rows: list[LayerRow] = []
         self.keys: list[int] = []
         self._row_of: dict[tuple[int, int], int] = {}  # (module, call) -> row, until it returns
 
     def on_start(self, mod: nn.Module, path: str, call: int) -> None:
-        key = id(mod)
+        key = module_key(mod)
         self.rows.append(LayerRow(name=path, path=path, type=type(mod).__name__, call=call, calls=None,
                                   shapes=None, dtypes=None, structure=None, params=self.param_counts[key],
                                   depth=_depth(path)))
@@ -204,7 +204,7 @@ class _Recorder(CallHooks):
         self._row_of[(key, call)] = len(self.rows) - 1
 
     def on_return(self, mod: nn.Module, path: str, call: int, output: Any) -> None:
-        index = self._row_of.pop((id(mod), call), None)
+        index = self._row_of.pop((module_key(mod), call), None)
         if index is not None:
             row = self.rows[index]
             row.shapes, row.dtypes, row.structure = _summary(output)
@@ -216,9 +216,9 @@ class _Recorder(CallHooks):
 
     def finish(self) -> None:
         """Fill in call counts, ``PATH#k`` names and tree depths."""
-        ran = {p for key, p in self.paths.items() if self.counts[key]}
+        ran = {p for key, p in self.paths.items() if self.counter.count(key)}
         for row, key in zip(self.rows, self.keys):
-            row.calls = self.counts[key]
+            row.calls = self.counter.count(key)
             if row.calls > 1:
                 row.name = f"{row.path}#{row.call}"
             # Indent under the modules that appear in the table: a ModuleList
@@ -229,7 +229,7 @@ class _Recorder(CallHooks):
         """A note naming the topmost modules that did not run. Plain containers
         (ModuleList, ModuleDict) never run themselves, so they are not named."""
         idle_all = {
-            p for key, p in self.paths.items() if self.counts[key] == 0 and not is_plain_container(self.mods[key])
+            p for key, p in self.paths.items() if self.counter.count(key) == 0 and not is_plain_container(self.mods[key])
         }
         # Name only the topmost idle modules: "text_model", not each of its layers.
         idle = [p for p in self.paths.values() if p in idle_all and not any(a in idle_all for a in _ancestors(p))]
@@ -256,6 +256,6 @@ def _traced_rows(model: nn.Module, args: tuple, kwargs: dict, method: str) -> La
     out = rec.run(fn, args, kwargs)
     rec.finish()
     root = LayerRow(name="", path="", type=type(model).__name__, call=0, calls=1, shapes=None, dtypes=None,
-                    structure=None, params=rec.param_counts[id(model)], depth=0)
+                    structure=None, params=rec.param_counts[module_key(model)], depth=0)
     root.shapes, root.dtypes, root.structure = _summary(out)
     return LayersTable([root, *rec.rows], notes=rec.idle_note(method))

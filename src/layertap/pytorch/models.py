@@ -1,6 +1,6 @@
 """MODEL specs: build a PyTorch model from a short text, load weights, make inputs.
 
-Specs (see SPEC.md)::
+Specs (the forms ``MODEL`` takes on the command line)::
 
     torchvision:NAME          random weights (seeded) unless --weights
     timm:NAME                 pretrained=False

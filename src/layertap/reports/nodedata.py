@@ -111,9 +111,9 @@ def _result(value: Any, color: str | None, white_text: bool = False) -> dict:
 
 def _node_rows(report: Any, onnx_path: str | os.PathLike) -> dict[str, Any]:
     """ONNX node name -> the compare row that describes it."""
-    from ..onnxfile.modelfile import load_model
+    from ..onnxfile.modelfile import read_model
 
-    model = load_model(onnx_path).model
+    model = read_model(onnx_path).model
     graph = model.graph
     by_tensor: dict[str, Any] = {}
     for r in report.rows:  # a tensor several module calls share (a block's last ReLU) goes to the innermost

@@ -48,7 +48,7 @@ import numpy as np
 from ...errors import InputSpecError, LayertapError, unknown_name
 from ..tolerance import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, Criterion
 from .align import Item, RowBuilder, call_counts, plan_items, split_batches
-from .onnx_side import OrtRunner, ScopeView, check_feed_shapes, check_same_model, feed_from_args, model_outputs
+from .onnx_side import OrtRunner, ScopeView, check_feed_shapes, check_same_model, feed_from_args
 from .report import CompareReport, CompareRow
 from .samples import merge_samples
 from .torch_side import ArrayStore, run_torch
@@ -288,7 +288,8 @@ def _compare_torch(
     batch_outputs: int | None, memory_budget: int, seed: int, progress: Progress | None,
 ) -> CompareReport:
     """PyTorch reference: one hooked forward per sample, the candidate's tensors in ORT batches."""
-    from ...onnxfile.modelfile import load_model
+    from ...onnxfile.metadata import own_outputs
+    from ...onnxfile.modelfile import read_model
     from ...onnxfile.scopes import ScopeMap
     from ...pytorch.taps import bound_method
 
@@ -296,7 +297,7 @@ def _compare_torch(
     runs = _torch_samples(args, dict(kwargs or {}), samples, seed)
     # The shared loader: graph only (weights stay on disk for ORT) and the
     # external-data safety checks every ONNX command applies.
-    onnx_file = load_model(onnx_path)
+    onnx_file = read_model(onnx_path)
     proto = onnx_file.model
     view = ScopeView(ScopeMap.from_model(proto), {p for p, _ in model.named_modules() if p})
     check_same_model(view, model, onnx_path)
@@ -316,7 +317,7 @@ def _compare_torch(
                 prog.step("PyTorch forward")
                 calls, root = run_torch(model, a, k, method, store, wanted)
                 prog.advance()
-                items = [it for it in plan_items(calls, root, view, model_outputs(proto), include_root)
+                items = [it for it in plan_items(calls, root, view, own_outputs(proto), include_root)
                          if wanted(it.mc.path) or it.mc is root]
                 builder = RowBuilder(items, store, criterion, call_counts(calls))
                 batches = split_batches(items, store, batch_outputs, memory_budget)

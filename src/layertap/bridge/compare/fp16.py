@@ -61,8 +61,8 @@ def block_list(report: Any, cand: "onnx.ModelProto") -> list[str]:
 
 def write_block_list(report: Any, ref: str | os.PathLike | None, cand: str | os.PathLike, out: str | os.PathLike) -> list[str]:
     """Write :func:`block_list` of the candidate file as a JSON list, atomically; returns it."""
-    from ...onnxfile.modelfile import load_model
+    from ...onnxfile.modelfile import read_model
 
-    names = block_list(report, load_model(cand).model)
+    names = block_list(report, read_model(cand).model)
     atomic_write_bytes(out, (json.dumps(names, indent=1) + "\n").encode())
     return names

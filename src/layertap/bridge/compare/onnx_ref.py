@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from ...errors import InputSpecError, LayertapError, OnnxFileError
+from ...onnxfile.metadata import own_outputs
 from ..tolerance import Criterion
 from .align import Item, RowBuilder
-from .onnx_side import OrtRunner, check_feed_shapes, model_outputs
+from .onnx_side import OrtRunner, check_feed_shapes
 from .report import ABSORBED, NO_COUNTERPART, CompareReport, CompareRow
 from .samples import Sample, merge_samples
 from .torch_side import ArrayStore, ModuleCall
@@ -123,7 +124,7 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
                 else:
                     items.append(Item(mc, (got,), ref_tensors=(t,)))
         mode = "names"
-    ref_out, cand_out = model_outputs(ref), model_outputs(cand)
+    ref_out, cand_out = own_outputs(ref), own_outputs(cand)
     root = Item(ModuleCall(len(items), "", 0, "output"), tuple(cand_out), ref_tensors=tuple(ref_out))
     if len(ref_out) != len(cand_out):
         root.status, root.note, root.tensors = NO_COUNTERPART, (
@@ -230,14 +231,14 @@ def compare_onnx(
     progress: Any = None,
 ) -> CompareReport:
     """Both files in ORT, aligned by :func:`align_files`; see :func:`layertap.bridge.compare.compare`."""
-    from ...onnxfile.modelfile import load_model
+    from ...onnxfile.modelfile import read_model
 
     if _same_run(ref_path, cand_path, providers, cand_providers, ref_optimize, cand_optimize):
         raise LayertapError(
             f"REF and CAND are the same file '{ref_path}' run the same way; compare two runs by giving "
             "--cand-providers / --providers, or --no-ort-opt / --ref-no-ort-opt"
         )
-    ref_file, cand_file = load_model(ref_path), load_model(cand_path)
+    ref_file, cand_file = read_model(ref_path), read_model(cand_path)
     ref = Side(ref_path, OrtRunner(ref_file.model, ref_file.folder, ref_optimize, providers))
     cand = Side(cand_path, OrtRunner(cand_file.model, cand_file.folder, cand_optimize, cand_providers))
     if n_random:

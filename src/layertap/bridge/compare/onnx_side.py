@@ -170,19 +170,6 @@ def check_feed_shapes(feed: dict[str, np.ndarray], declared: dict[str, tuple[int
             )
 
 
-def model_outputs(proto: "onnx.ModelProto") -> list[str]:
-    """The graph outputs that are the model's own result.
-
-    A file from ``lt.export`` also has tap outputs; its ``layertap.taps``
-    metadata marks the model's own outputs with ``"path": null``.
-    """
-    from ...onnxfile.modelfile import taps_records
-
-    names = [o.name for o in proto.graph.output]
-    own = [e["name"] for e in taps_records(proto) if e.get("path") is None]
-    return [n for n in own if n in names] or names
-
-
 class ScopeView:
     """The file's module calls under the model's own module paths.
 

@@ -10,8 +10,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
-from ...report import Column, Report, fmt_float, fmt_shape
-from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL, Criterion, ErrorStats
+from ...report import Column, fmt_float, fmt_shape
+from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL, Criterion, ErrorStats, ToleranceReport
 
 PASS, FAIL, NO_COUNTERPART, ABSORBED = "pass", "FAIL", "no counterpart", "absorbed"
 STATISTIC = "rel_err = max|onnx - torch| / max|torch|; pass when max_abs <= atol + rtol * max|torch|"
@@ -61,7 +61,7 @@ class CompareRow:
     ref_max: float | None = None
 
 
-class CompareReport(Report):
+class CompareReport(ToleranceReport):
     """Result of :func:`compare`: one row per module call, in PyTorch execution order.
 
     Attributes:
@@ -104,10 +104,8 @@ class CompareReport(Report):
         first_divergence_counts: dict[str, int] | None = None,
         local: bool = False,
     ) -> None:
-        super().__init__(rows, notes)
         self.criterion = criterion or Criterion(rtol=rtol, atol=atol)
-        self.rtol = self.criterion.rtol
-        self.atol = self.criterion.atol
+        super().__init__(rows, notes, rtol=self.criterion.rtol, atol=self.criterion.atol)
         self.onnx_path = onnx_path
         self.ort_optimizations = ort_optimizations
         self.ort_runs = ort_runs

@@ -14,7 +14,8 @@ from .base import Tool
 class AddOutputsTool(Tool):
     name = "add-outputs"
     help = "write a copy of an ONNX file with intermediate tensors (by name or module path) as outputs"
-    groups = (OutputArgs(required=True, suffixes=(".onnx",), help="OUT.onnx (never the input)"),)
+    output = OutputArgs(required=True, suffixes=(".onnx",), help="OUT.onnx (never the input)")
+    groups = (output,)
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("src", metavar="IN.onnx", help="the ONNX file to copy (never modified)")
@@ -28,7 +29,7 @@ class AddOutputsTool(Tool):
 
         if not (ns.tensor or ns.module or ns.all):
             raise LayertapError("nothing to add: give --tensor NAME, --module PATH or --all")
-        self.groups[0].check(ns, inputs=(ns.src,))
+        self.output.check(ns, inputs=(ns.src,))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             added = add_outputs(ns.src, ns.output, tensors=ns.tensor, modules=ns.module, all=ns.all)

@@ -21,6 +21,12 @@ class Tool:
     Subclasses set ``name``, ``help`` and ``groups`` and implement ``run``,
     which returns the exit status (0 ok, 1 numbers disagree). User errors are
     raised as :class:`~layertap.errors.LayertapError` (exit 2).
+
+    Argument groups are reached one way: a group built with settings
+    (``OutputArgs(...)``) is a class attribute of the tool, listed in
+    ``groups`` and used as ``self.output``; a group without settings is used
+    through its class (``ModelArgs.load_with_inputs(ns)``). ``--json`` always
+    comes from :class:`~layertap.cli.args.JsonArgs`.
     """
 
     name: str = ""

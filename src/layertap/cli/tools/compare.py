@@ -161,9 +161,9 @@ def _options(ns: argparse.Namespace) -> dict[str, Any]:
 
 def _declared(path: Path) -> tuple[list[str], list[int | None]]:
     """Input names and ranks of an ONNX file (graph only)."""
-    from ...onnxfile.modelfile import load_model
+    from ...onnxfile.modelfile import read_model
 
-    model = load_model(path).model
+    model = read_model(path).model
     inits = {i.name for i in model.graph.initializer}
     names, ranks = [], []
     for i in model.graph.input:

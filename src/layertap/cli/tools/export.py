@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..args import InputArgs, ModelArgs, OutputArgs, TapArgs, ToleranceArgs
+from ..args import InputArgs, JsonArgs, ModelArgs, OutputArgs, TapArgs, ToleranceArgs
 from .base import Tool
-
-_OUTPUT = OutputArgs(required=True, suffixes=(".onnx",), help="FILE.onnx")
 
 
 class ExportTool(Tool):
@@ -21,12 +19,14 @@ class ExportTool(Tool):
 
     name = "export"
     help = "export a model to ONNX with taps as extra named outputs, verified in ONNX Runtime"
+    output = OutputArgs(required=True, suffixes=(".onnx",), help="FILE.onnx")
     groups = (
         ModelArgs(),
         TapArgs(),
         InputArgs(),
-        _OUTPUT,
+        output,
         ToleranceArgs(),
+        JsonArgs(),
     )
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -36,13 +36,12 @@ class ExportTool(Tool):
         parser.add_argument("--fallback", action="store_true",
                             help="if the dynamo exporter fails, use the TorchScript exporter instead of stopping")
         parser.add_argument("--no-verify", action="store_true", help="skip the ONNX Runtime check")
-        parser.add_argument("--json", action="store_true", help="print the verification report as JSON")
         g = parser.add_argument_group("advanced")
         g.add_argument("--opset", type=int, default=None, metavar="N", help="ONNX opset version (exporter default)")
 
     def run(self, ns: argparse.Namespace) -> int:
         # Cheap checks first: a bad path or tap fails before torch is imported.
-        out = _OUTPUT.check(ns)
+        out = self.output.check(ns)
         taps = TapArgs.taps(ns)
         model, info, args, kwargs = ModelArgs.load_with_inputs(ns)  # parses --input first
 

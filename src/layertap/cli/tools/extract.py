@@ -14,10 +14,6 @@ from ..console import status
 from .base import Tool, running
 from .extract_dataset import DatasetArgs, run_dataset
 
-OUTPUT = OutputArgs(
-    required=True, suffixes=(".npz", ".safetensors"), help="FILE.npz or FILE.safetensors (keys are the tap names); with --data: OUT_DIR",
-)
-
 
 def to_numpy(tensors: dict) -> tuple[dict, list[str]]:
     """name -> ndarray; dtypes numpy lacks (bfloat16) become float32, with a note."""
@@ -36,7 +32,10 @@ def to_numpy(tensors: dict) -> tuple[dict, list[str]]:
 class ExtractTool(Tool):
     name = "extract"
     help = "run a model once (or over a dataset with --data) and save the tapped tensors"
-    groups = (ModelArgs(onnx_ok=True), TapArgs(required=True), InputArgs(), OUTPUT, ReportArgs(), DatasetArgs())
+    output = OutputArgs(
+        required=True, suffixes=(".npz", ".safetensors"), help="FILE.npz or FILE.safetensors (keys are the tap names); with --data: OUT_DIR",
+    )
+    groups = (ModelArgs(onnx_ok=True), TapArgs(required=True), InputArgs(), output, ReportArgs(), DatasetArgs())
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--stop-early", action="store_true", help="stop the forward once every tap is captured (no 'output' then)")
@@ -45,7 +44,7 @@ class ExtractTool(Tool):
         if ns.data is not None:
             return run_dataset(ns)
         taps = TapArgs.taps(ns)  # cheap checks first: nothing is built for a typo
-        out = OUTPUT.check(ns)
+        out = self.output.check(ns)
         ReportArgs.check(ns, inputs=(out,))
         from ...files import save_arrays
         from ...pytorch.taps import extract

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...report import Column, Table, fmt_float, fmt_shape
-from ..args import InputArgs, OutputArgs, TapArgs
+from ..args import InputArgs, JsonArgs, OutputArgs, TapArgs
 from .base import Tool
 
 
@@ -36,18 +36,17 @@ class RunTable(Table):
 class RunTool(Tool):
     name = "run"
     help = "run an ONNX file in ONNX Runtime, exposing tensors or module taps in memory"
-    groups = (InputArgs(), TapArgs(), OutputArgs(required=False, suffixes=(".npz", ".safetensors"), help="FILE.npz"))
+    output = OutputArgs(required=False, suffixes=(".npz", ".safetensors"), help="FILE.npz")
+    groups = (InputArgs(), TapArgs(), output, JsonArgs())
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("onnx", metavar="FILE.onnx", help="the ONNX file to run (never modified)")
-        parser.add_argument("--json", action="store_true",
-                            help="print the outputs' name, shape, dtype, min, max, mean as JSON on stdout")
 
     def run(self, ns: argparse.Namespace) -> int:
         from ...files import save_arrays
         from ...onnxfile.runner import run
 
-        self.groups[2].check(ns, inputs=(ns.onnx,))
+        self.output.check(ns, inputs=(ns.onnx,))
         inputs = _inputs(InputArgs.specs(ns))
         notes: list[str] = []  # said once the run succeeded: an error names generated inputs itself
         values = run(ns.onnx, inputs, taps=ns.tap, seed=ns.seed, notify=notes.append)

@@ -1,0 +1,127 @@
+"""The import rule of docs/ARCHITECTURE.md, checked on the source (no imports run):
+which parts may import which, no import cycles, torch never reached from the
+ONNX side, and every module listed in the architecture document."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "layertap"
+CORE = {"errors", "selectors", "report", "inputs", "files"}
+# part -> parts it may import (itself always). ``core`` is the top-level modules above.
+ALLOWED = {
+    "core": {"core"},
+    "pytorch": {"core"},
+    "onnxfile": {"core"},
+    "bridge": {"core", "pytorch", "onnxfile"},
+    "cli": {"core", "pytorch", "onnxfile", "bridge"},
+    "root": {"core", "pytorch", "onnxfile", "bridge", "cli"},  # layertap/__init__.py, __main__.py
+}
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_name(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] == "__main__":
+        return "root"
+    return "core" if parts[1] in CORE else parts[1]
+
+
+def _imports(module: str) -> list[tuple[str, bool]]:
+    """(imported module, at import time) for every import in ``module``.
+
+    Imports inside functions and under ``if TYPE_CHECKING:`` are not run at
+    import time, so they cannot form an import cycle; the rule still applies to them.
+    """
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    tree = ast.parse(path.read_text())
+    out: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, eager: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                visit(child, False)
+            elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                visit(child, False)
+            elif isinstance(child, ast.Import):
+                out.extend((a.name, eager) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    up = package.split(".")[: len(package.split(".")) - (child.level - 1)]
+                    base = ".".join(up + ([child.module] if child.module else []))
+                for a in child.names:
+                    sub = f"{base}.{a.name}"
+                    out.append((sub if sub in MODULES else base, eager))
+            else:
+                visit(child, eager)
+
+    visit(tree, True)
+    return out
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_follow_the_rule(module):
+    part = _part(module)
+    bad = []
+    for target, _ in _imports(module):
+        if target.split(".")[0] == "torch" and part in ("core", "onnxfile"):
+            bad.append(f"{target} (the ONNX side and the core never import torch)")
+        if not target.startswith("layertap.") or target not in MODULES:
+            continue
+        other = _part(target)
+        if other != part and other not in ALLOWED[part]:
+            bad.append(f"{target} ({part} may import {', '.join(sorted(ALLOWED[part]))})")
+        if module == "layertap.cli.console" and target.startswith("layertap.cli."):
+            bad.append(f"{target} (cli/console.py is a leaf)")
+    assert not bad, f"{module} imports: " + "; ".join(bad)
+
+
+def test_no_import_cycles():
+    graph = {m: sorted({t for t, eager in _imports(m) if eager and t in MODULES and t != m}) for m in MODULES}
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def dfs(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in graph[m]:
+            if state.get(t) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(t):] + [t]))
+            if t not in state:
+                dfs(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            dfs(m)
+
+
+def test_every_module_is_in_the_architecture_document():
+    doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    missing = [str(p.relative_to(SRC)) for p in MODULES.values() if p.name != "__init__.py" and p.name not in doc]
+    assert not missing, f"docs/ARCHITECTURE.md does not list: {', '.join(missing)}"
+
+
+def test_the_rule_catches_a_bad_import(tmp_path, monkeypatch):
+    # the checker itself: an onnxfile module importing torch and the PyTorch side is refused
+    bad = tmp_path / "layertap" / "onnxfile" / "bad.py"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("import torch\nfrom ..pytorch.values import flatten\n")
+    monkeypatch.setitem(MODULES, "layertap.onnxfile.bad", bad)
+    monkeypatch.setitem(MODULES, "layertap.pytorch.values", SRC / "pytorch" / "values.py")
+    with pytest.raises(AssertionError, match="never import torch.*pytorch.values"):
+        test_imports_follow_the_rule("layertap.onnxfile.bad")
