@@ -33,7 +33,8 @@ class ExtractTool(Tool):
     name = "extract"
     help = "run a model once (or over a dataset with --data) and save the tapped tensors"
     output = OutputArgs(
-        required=True, suffixes=(".npz", ".safetensors"), help="FILE.npz or FILE.safetensors (keys are the tap names); with --data: OUT_DIR",
+        required=True, suffixes=(".npz", ".safetensors"), help="FILE.npz or FILE.safetensors"
+        " (keys are the tap names); with --data: OUT_DIR",
     )
     groups = (ModelArgs(onnx_ok=True), TapArgs(required=True), InputArgs(), output, ReportArgs(), DatasetArgs())
 
