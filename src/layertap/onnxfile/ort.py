@@ -45,15 +45,7 @@ def ort_session(model: "onnx.ModelProto", folder: Path, *, optimize: bool = True
         >>> [o.name for o in ort_session(m, Path(".")).get_outputs()]
         ['y']
     """
-    import onnxruntime as ort
-
-    quiet_logs()
-    so = ort.SessionOptions()
-    so.log_severity_level = _FATAL  # ORT's own error lines would reach stderr; its exception keeps the text
-    if not optimize:
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder.resolve()))
-    return ort.InferenceSession(model.SerializeToString(), so, providers=list(providers or ["CPUExecutionProvider"]))
+    return SessionSource(model, folder).session(optimize=optimize, providers=providers)
 
 
 # short names users type -> ORT's provider names
@@ -102,6 +94,105 @@ def resolve_providers(names: Sequence[str] | str | None) -> list[str]:
 
 
 _FATAL = 4
+#: external-data location of weights that live in memory (handed to ORT by :class:`SessionSource`)
+IN_MEMORY = "*/layertap-in-memory/*"
+
+
+class SessionSource:
+    """ORT sessions on one in-memory model, any number of times, each with its own extra outputs.
+
+    With ``move_weights``, inline weights above ``threshold`` bytes are taken
+    out of the model once, into numpy arrays that every session receives as
+    external initializers (on CPU ORT uses them in place): a session then
+    parses only the graph, instead of the whole model being serialised again
+    for each one (each copy costs the weights' size for a file with inline
+    weights). :attr:`model` is then a new, small proto: drop every reference
+    to the one passed in, so its memory is freed. Without ``move_weights`` the
+    model is used as it is (for a caller that writes it back, weights and all).
+
+    Args:
+        model: the loaded model.
+        folder: where its external data files lie.
+
+    Example:
+        >>> import numpy as np, onnx.helper as h, onnx.numpy_helper as nh
+        >>> w = nh.from_array(np.eye(512, dtype=np.float32), "w")
+        >>> g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("Relu", ["m"], ["y"])], "g",
+        ...     [h.make_tensor_value_info("x", 1, [1, 512])], [h.make_tensor_value_info("y", 1, [1, 512])], [w])
+        >>> src = SessionSource(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), Path("."), move_weights=True)
+        >>> src.model.graph.initializer[0].HasField("raw_data")
+        False
+        >>> sess = src.session(["m"])
+        >>> [o.name for o in sess.get_outputs()], float(sess.run(None, {"x": np.ones((1, 512), np.float32)})[1].sum())
+        (['y', 'm'], 512.0)
+    """
+
+    def __init__(self, model: "onnx.ModelProto", folder: Path, *, move_weights: bool = False, threshold: int = 1024) -> None:
+        import onnx
+
+        self.folder = folder
+        self.names: list[str] = []
+        self.arrays: list[np.ndarray] = []
+        if move_weights:
+            self.names, self.arrays = _take_inline_weights(model, threshold)
+            # protobuf keeps a cleared field's bytes until the whole message is
+            # freed: a copy holds only the graph, the caller drops the original
+            small = onnx.ModelProto()
+            small.CopyFrom(model)
+            model = small
+        self.model = model
+
+    def session(self, outputs: Sequence[str | "onnx.ValueInfoProto"] = (), *, optimize: bool = True, only: bool = False,
+                providers: Sequence[str] | None = None) -> Any:
+        """A session whose outputs are the model's plus ``outputs`` (names, typed or not); ``only``: just ``outputs``.
+
+        ``providers``: full ORT provider names (CPU when ``None``).
+        """
+        import onnx
+        import onnxruntime as ort
+
+        graph = self.model.graph
+        saved = list(graph.output)
+        if only:
+            del graph.output[:]
+        for o in outputs:
+            graph.output.append(o if isinstance(o, onnx.ValueInfoProto) else onnx.helper.make_empty_tensor_value_info(o))
+        try:
+            data = self.model.SerializeToString()
+        finally:
+            del graph.output[:]
+            graph.output.extend(saved)
+        quiet_logs()
+        so = ort.SessionOptions()
+        so.log_severity_level = _FATAL  # ORT's own error lines would reach stderr; its exception keeps the text
+        if not optimize:
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(self.folder.resolve()))
+        if self.names:
+            so.add_external_initializers(self.names, [ort.OrtValue.ortvalue_from_numpy(a) for a in self.arrays])
+        return ort.InferenceSession(data, so, providers=list(providers or ["CPUExecutionProvider"]))
+
+
+def _take_inline_weights(model: "onnx.ModelProto", threshold: int) -> tuple[list[str], list[np.ndarray]]:
+    """Move the main graph's big inline initializers into arrays; leave references in their place."""
+    import onnx
+    from onnx import numpy_helper
+
+    names, arrays = [], []
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL or t.ByteSize() < threshold:
+            continue
+        arr = np.ascontiguousarray(numpy_helper.to_array(t))
+        if arr.dtype == object:  # strings: ORT cannot take them as external initializers
+            continue
+        for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+            t.ClearField(field)
+        t.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", IN_MEMORY), ("offset", "0"), ("length", str(arr.nbytes))):
+            t.external_data.add(key=key, value=value)
+        names.append(t.name)
+        arrays.append(arr)
+    return names, arrays
 
 
 def quiet_logs() -> None:
@@ -139,12 +230,14 @@ def one_line(error: BaseException) -> str:
     return " ".join(part.strip() for part in str(error).splitlines() if part.strip())
 
 
-def tensor_types(model: "onnx.ModelProto", folder: Path, tensors: Sequence[str] | None = None) -> dict[str, "onnx.ValueInfoProto"]:
+def tensor_types(
+    model: "onnx.ModelProto", folder: Path, tensors: Sequence[str] | None = None, *, source: SessionSource | None = None
+) -> dict[str, "onnx.ValueInfoProto"]:
     """Typed value infos: ONNX shape inference first, ONNX Runtime for what it leaves untyped.
 
     ``tensors``: the names that must be typed (default: every node output).
     Files with ops ONNX does not know (``com.microsoft`` fusions) are typed by
-    ONNX Runtime; tensors neither can type are left out.
+    ONNX Runtime (through ``source`` when given); tensors neither can type are left out.
 
     Example:
         >>> import onnx.helper as h
@@ -157,7 +250,7 @@ def tensor_types(model: "onnx.ModelProto", folder: Path, tensors: Sequence[str] 
     wanted = tensors if tensors is not None else [t for n in model.graph.node for t in n.output if t]
     missing = [t for t in dict.fromkeys(wanted) if t not in known]
     if missing:
-        known.update(ort_types(model, folder, missing))
+        known.update(ort_types(source or SessionSource(model, folder), missing))
     return known
 
 
@@ -195,7 +288,7 @@ def _is_typed(vi: Any) -> bool:
     return vi.type.tensor_type.elem_type != 0
 
 
-def ort_types(model: "onnx.ModelProto", folder: Path, tensors: Sequence[str]) -> dict[str, "onnx.ValueInfoProto"]:
+def ort_types(source: SessionSource, tensors: Sequence[str]) -> dict[str, "onnx.ValueInfoProto"]:
     """Ask ONNX Runtime for the types of tensors that shape inference left untyped.
 
     ORT accepts untyped graph outputs and reports their types after its own
@@ -207,17 +300,13 @@ def ort_types(model: "onnx.ModelProto", folder: Path, tensors: Sequence[str]) ->
         >>> g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g",
         ...     [h.make_tensor_value_info("x", 1, [2])], [h.make_tensor_value_info("y", 1, [2])])
         >>> m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
-        >>> ort_types(m, Path("."), ["x"])["x"].type.tensor_type.elem_type
+        >>> ort_types(SessionSource(m, Path(".")), ["x"])["x"].type.tensor_type.elem_type
         1
     """
     import onnx
 
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    for t in tensors:
-        probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(t))
     try:
-        sess = ort_session(probe, folder)
+        sess = source.session(tensors)
     except Exception:  # noqa: BLE001 - reported by the caller as untyped
         return {}
     out = {}

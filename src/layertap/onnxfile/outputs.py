@@ -32,7 +32,7 @@ from ..errors import OnnxFileError, unknown_name
 from ..files import check_output_path, operation, refuse_inputs, temp_path
 from ..selectors import Tap
 from .modelfile import ModelFile, read_model
-from .ort import tensor_types
+from .ort import SessionSource, tensor_types
 from .publish import publish
 from .walk import attribute_graphs, defines
 
@@ -95,8 +95,10 @@ class OutputAdder:
         (['x', 'act'], ['y', 'x', 'act'])
     """
 
-    def __init__(self, mf: ModelFile) -> None:
+    def __init__(self, mf: ModelFile, source: SessionSource | None = None) -> None:
         self.mf = mf
+        #: ONNX Runtime on ``mf.model`` (asked for the types shape inference leaves open)
+        self.source = source or SessionSource(mf.model, mf.folder)
         self.graph = mf.model.graph
         self._scopes = None
         self._produced = {t for n in self.graph.node for t in n.output if t}
@@ -183,7 +185,7 @@ class OutputAdder:
 
     def _types(self, tensors: Sequence[str]) -> dict[str, "onnx.ValueInfoProto"]:
         """Type and shape per tensor: shape inference first, ONNX Runtime for the rest."""
-        known = tensor_types(self.mf.model, self.mf.folder, tensors)
+        known = tensor_types(self.mf.model, self.mf.folder, tensors, source=self.source)
         still = [t for t in dict.fromkeys(tensors) if t not in known]
         if still:
             raise OnnxFileError(

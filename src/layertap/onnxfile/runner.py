@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import OnnxFileError, SelectorError, unknown_name
 from .feeds import make_feeds
 from .modelfile import read_model
-from .ort import one_line, ort_session, run_options
+from .ort import SessionSource, one_line, run_options
 from .outputs import OutputAdder, dedupe
 
 
@@ -70,7 +70,10 @@ class TappedSession:
     def __init__(self, path: str | os.PathLike, taps: Sequence[str] = ()) -> None:
         self.path = path
         self.mf = mf = read_model(path)
-        adder = OutputAdder(mf)
+        # the weights go to ORT once, as arrays; the proto keeps only the graph
+        self.source = SessionSource(mf.model, mf.folder, move_weights=True)
+        mf.model = self.source.model
+        adder = OutputAdder(mf, self.source)
         self.pairs = dedupe([p for tap in taps for p in _resolve_tap(adder, tap)])
         if not self.pairs and not list(adder.outputs):
             raise OnnxFileError(f"'{path}' has no graph outputs, so there is nothing to run; pass --tap NAME to pick tensors")
@@ -78,7 +81,7 @@ class TappedSession:
         self.added = adder.apply(self.pairs)
         self.tap_names = list(dict.fromkeys(name for name, _ in self.pairs))
         try:
-            self.session = ort_session(mf.model, mf.folder)
+            self.session = self.source.session()
         except Exception as e:  # noqa: BLE001 - ORT's own message, one line
             raise OnnxFileError(f"ONNX Runtime cannot load '{path}': {one_line(e)}") from None
 
