@@ -33,6 +33,11 @@ _EXPORTS = {
     "extract_dataset": ".dataset.api",
     "load_features": ".dataset.features",
     "Tap": ".selectors",
+    "TapResult": ".pytorch.taps",
+    "LayersTable": ".pytorch.layers",
+    "OnnxLayers": ".onnxfile.layers",
+    "ExportReport": ".bridge._verify",
+    "CompareReport": ".bridge.compare.report",
     "LayertapError": ".errors",
 }
 

@@ -115,6 +115,14 @@ class ExportReport(ToleranceReport):
         inputs: graph input names with their declared shapes.
         rtol, atol: the tolerances used.
         verified: False when ``verify=False`` (rows then have ``ok=None``).
+
+    Example:
+        >>> import layertap as lt
+        >>> row = ExportRow("output", "output", [1, 3], "float32")
+        >>> report = lt.ExportReport([row], path="m.onnx", exporter="dynamo", inputs={"x": [1, 4]},
+        ...                          rtol=1e-3, atol=1e-5, verified=False)
+        >>> report.exporter, [r.name for r in report.rows], report.rows[0].ok
+        ('dynamo', ['output'], None)
     """
 
     title = "Export verification (ONNX Runtime vs PyTorch)"

@@ -28,6 +28,13 @@ class OnnxLayers(Table):
 
     ``source`` says where module paths came from: ``dynamo``, ``torchscript``
     or ``none``.
+
+    Example:
+        >>> import tempfile, layertap as lt
+        >>> from layertap.onnxfile.samples import write_tiny_model
+        >>> table = lt.onnx_layers(write_tiny_model(tempfile.mkdtemp()))
+        >>> isinstance(table, lt.OnnxLayers), table.source, [r.module for r in table.rows]
+        (True, 'torchscript', [None, 'act', 'neg'])
     """
 
     title = "ONNX tensors"

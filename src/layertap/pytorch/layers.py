@@ -94,6 +94,13 @@ class LayersTable(Table):
 
     ``str(table)`` renders an indented table; ``table.to_json()`` gives the
     same fields as the CLI's ``--json``.
+
+    Example:
+        >>> import torch, layertap as lt
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        >>> table = lt.layers(net, torch.zeros(2, 4))
+        >>> isinstance(table, lt.LayersTable), table.find("0").shapes, table.find("0").params
+        (True, [[2, 3]], 15)
     """
 
     title = "Layers"

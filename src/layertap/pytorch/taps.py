@@ -20,6 +20,14 @@ class TapResult:
 
     Attributes:
         outputs: dict name -> tensor, in the order the values were captured.
+
+    Example:
+        >>> import torch, layertap as lt
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        >>> with lt.tap(net, ["0", "1:input"]) as taps:
+        ...     _ = net(torch.ones(1, 4))
+        >>> isinstance(taps, lt.TapResult), list(taps.outputs), taps["0"].shape
+        (True, ['0', '1:input'], torch.Size([1, 3]))
     """
 
     def __init__(self, capture: Capture) -> None:
