@@ -53,7 +53,7 @@ from torch import nn
 from ..errors import InputSpecError, LayertapError
 from ..files import check_output_path
 from ..onnxfile.metadata import TAPS_KEY
-from ..onnxfile.publish import publish
+from ..onnxfile.publish import external_locations, publish
 from ..pytorch.values import tensor_to_numpy
 from ..selectors import Tap, parse_taps
 from . import _onnxedit as edit
@@ -440,7 +440,8 @@ def _save(model: ir.Model, final: Path, external: bool) -> None:
     """
     on_disk = any(isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values())
     data = _data_name(final) if external or on_disk else None
-    ir.save(model, str(final), external_data=data, size_threshold_bytes=1024)
+    # Asked for external data: every weight goes there (as before); streamed only: small ones stay inline.
+    ir.save(model, str(final), external_data=data, size_threshold_bytes=0 if external else 1024)
 
 
 def _data_name(onnx_path: Path) -> str:
@@ -452,7 +453,8 @@ def _publish(final: Path, out: Path) -> None:
     """Move the finished ``.onnx`` and its data file into place as one unit (see onnxfile.publish)."""
     proto = onnx.load(str(final), load_external_data=False)
     data = final.parent / _data_name(final)
-    publish(proto, out, {data.name: data} if data.exists() else {})
+    referenced = data.exists() and data.name in external_locations(proto)  # ir.save may leave it empty, unused
+    publish(proto, out, {data.name: data} if referenced else {})
 
 
 # -- verification ------------------------------------------------------------
