@@ -8,7 +8,7 @@ Used by :mod:`layertap.bridge.compare`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
@@ -16,6 +16,8 @@ from ...report import fmt_shape
 from ..tolerance import Criterion, ErrorStats
 from .report import ABSORBED, FAIL, NO_COUNTERPART, PASS, CompareRow, merge_stats, pair_tensors, same_shape, stat_fields
 from .torch_side import ArrayStore, ModuleCall
+
+T = TypeVar("T")
 
 # How many following sibling module calls a failing call is checked against
 # before it is called a fusion (Conv -> BatchNorm -> ReLU is the longest
@@ -145,11 +147,29 @@ def split_batches(items: list[Item], store: ArrayStore, max_tensors: int | None,
     PyTorch sizes) ``budget`` bytes; a single call over the budget gets a run
     of its own.
     """
-    out: list[list[Item]] = [[]]
+    def cost(item: Item) -> tuple[int, int]:
+        k = len(item.tensors)
+        return k, store.nbytes(item.mc.key) if k else 0
+
+    return pack_batches(items, cost, max_tensors, budget)
+
+
+def pack_batches(items: Sequence[T], cost: Callable[[T], tuple[int, int]], max_tensors: int | None,
+                 budget: int) -> list[list[T]]:
+    """Contiguous batches of ``items`` by ``cost(item) -> (tensors, bytes)``.
+
+    A batch closes before an item that would take it past ``max_tensors``
+    tensors or ``budget`` bytes; an item over the budget on its own gets a
+    batch of its own, and items without tensors never start one.
+
+    Example:
+        >>> pack_batches([1, 2, 3, 4], lambda i: (1, i), None, 5)
+        [[1, 2], [3], [4]]
+    """
+    out: list[list[T]] = [[]]
     n_tensors = n_bytes = 0
     for item in items:
-        k = len(item.tensors)
-        b = store.nbytes(item.mc.key) if k else 0
+        k, b = cost(item)
         over = (max_tensors is not None and n_tensors + k > max_tensors) or n_bytes + b > budget
         if k and n_tensors and over:
             out.append([])

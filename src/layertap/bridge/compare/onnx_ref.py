@@ -27,7 +27,7 @@ import numpy as np
 from ...errors import InputSpecError, LayertapError, OnnxFileError
 from ...onnxfile.metadata import own_outputs
 from ..tolerance import Criterion
-from .align import Item, RowBuilder
+from .align import Item, RowBuilder, pack_batches
 from .onnx_side import OrtRunner, check_feed_shapes
 from .report import ABSORBED, NO_COUNTERPART, CompareReport, CompareRow
 from .samples import Sample, merge_samples
@@ -354,18 +354,10 @@ def _sizes(model: "onnx.ModelProto", feed: dict[str, np.ndarray]) -> dict[str, i
 
 def _batches(items: list[Item], sizes: dict[str, int], max_tensors: int | None, budget: int) -> list[list[Item]]:
     """Contiguous batches of at most ``max_tensors`` tensors per side and ``budget`` bytes (both sides)."""
-    out: list[list[Item]] = [[]]
-    n = used = 0
-    for it in items:
-        k = len(it.ref_tensors)
-        b = 2 * sum(sizes.get(t, 1 << 20) for t in it.ref_tensors)
-        if k and n and ((max_tensors is not None and n + k > max_tensors) or used + b > budget):
-            out.append([])
-            n = used = 0
-        out[-1].append(it)
-        n += k
-        used += b
-    return [b for b in out if b]
+    def cost(it: Item) -> tuple[int, int]:
+        return len(it.ref_tensors), 2 * sum(sizes.get(t, 1 << 20) for t in it.ref_tensors)
+
+    return pack_batches(items, cost, max_tensors, budget)
 
 
 def _notes(ref: Side, cand: Side, mode: str, n_samples: int) -> list[str]:
