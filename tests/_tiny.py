@@ -19,6 +19,14 @@ def tiny_clip(layers: int = 2):
     return transformers.CLIPModel(cfg).eval()
 
 
+def tiny_bert_config():
+    """A BertConfig 32 wide, 2 layers deep, vocab 100, up to 32 tokens (the caller seeds the init)."""
+    import transformers
+
+    return transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                   intermediate_size=37, max_position_embeddings=32)
+
+
 def small_cnn():
     """Conv-BN-ReLU stem and block, pool, Linear: 3x16x16 images in, 4 logits out (seed 0).
 

@@ -15,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import layertap as lt
+from _tiny import tiny_bert_config
 from conftest import run_cli
 from layertap.errors import LayertapError, OnnxFileError
 from layertap.onnxfile.scopes import ScopeMap
@@ -144,8 +145,7 @@ def test_onnx_layers(resnet_onnx):
 @pytest.fixture(scope="session")
 def bert(torch_mod, tmp_path_factory):
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                  intermediate_size=37, max_position_embeddings=32)
+    cfg = tiny_bert_config()
     torch_mod.manual_seed(0)
     model = transformers.BertModel(cfg).eval()
     ids = torch_mod.randint(0, 100, (2, 7), generator=torch_mod.Generator().manual_seed(0))

@@ -14,6 +14,7 @@ import onnx
 import pytest
 
 import layertap as lt
+from _tiny import tiny_bert_config
 from layertap.errors import OnnxFileError
 from layertap.onnxfile.scopes import ScopeMap
 from layertap.selectors import Tap
@@ -292,8 +293,7 @@ def test_file_without_scopes_says_so_and_layers_types_fused_ops(rewritten, cli):
 @pytest.fixture(scope="module")
 def bert_rewritten(torch_mod, tmp_path_factory):
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                  intermediate_size=37, max_position_embeddings=32)
+    cfg = tiny_bert_config()
     torch_mod.manual_seed(0)
 
     class Wrap(torch_mod.nn.Module):  # the TorchScript exporter needs ids as the only argument
