@@ -510,3 +510,19 @@ def test_file_reads_the_models_own_module_paths(rn_export, tmp_path):
     assert not [n.name for n in proto.graph.node if n.name.startswith(("/model/", "/_fn/"))]
     added = lt.add_outputs(path, tmp_path / "more.onnx", modules=["layer3.0.bn2"])
     assert list(added) == ["layer3.0.bn2"]
+
+
+def test_wrapper_hands_the_exporter_each_weight_once(resnet18, resnet_input):
+    """The model is one child of the wrapper: registered twice (as ``model`` and as the
+    ``forward`` it calls), every weight was a second graph input that torch.export traced
+    and decomposed again (lt.export ran 1.5x a plain export)."""
+    from layertap.bridge._wrapper import TapWrapper
+    from layertap.selectors import parse_taps
+
+    wrapper = TapWrapper(resnet18, "forward", parse_taps(["layer1"]), (resnet_input,), {})
+    names = [n for n, _ in wrapper.named_parameters(remove_duplicate=False)]
+    assert len(names) == len(list(resnet18.parameters()))
+    assert [n for n, _ in wrapper.named_children()] == ["model"]
+    program = torch.export.export(wrapper, (resnet_input,), strict=False)
+    lifted = program.graph_signature.inputs_to_parameters
+    assert len(lifted) == len(names)

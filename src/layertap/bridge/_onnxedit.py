@@ -182,7 +182,7 @@ def strip_wrapper_scope(graph: ir.Graph, prefixes: Sequence[str]) -> int:
     """Make module scopes, node names and weight names read as the user's module paths.
 
     The exporters see the user's model as a child of the export wrapper, so
-    every scope starts with the wrapper's attribute (``_fn.layer1.0.conv1``,
+    every scope starts with the wrapper's attribute (``model.layer1.0.conv1``,
     ``/model/layer1/layer1.0/conv1/Conv``, ``model.fc.weight``). Without the
     prefix, ``layertap layers``/``add-outputs --module`` and ``compare`` see
     the same paths as ``model.named_modules()``. Renames that would clash
@@ -244,10 +244,10 @@ def _strip_path(name: str, prefixes: Sequence[str], sep: str) -> str:
 def _strip_dynamo_scopes(props: dict[str, str], prefixes: Sequence[str]) -> bool:
     """Rewrite the dynamo exporter's scope metadata of one node; True if changed.
 
-    ``name_scopes`` is ``['', '_fn', '_fn.layer1', ..., fx_name]`` and
+    ``name_scopes`` is ``['', 'model', 'model.layer1', ..., fx_name]`` and
     ``class_hierarchy`` the matching classes (``TapWrapper`` for ``''``, the
     op last); ``namespace`` joins the pairs as ``path: class``. The model's own
-    level (``_fn``) becomes the root and takes the wrapper's place.
+    level (``model``, or ``_fn`` where a wrapper registered the model twice) becomes the root and takes the wrapper's place.
     """
     if NAME_SCOPES_KEY not in props or CLASS_HIERARCHY_KEY not in props:
         return False

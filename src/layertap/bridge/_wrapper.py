@@ -24,7 +24,8 @@ from ..pytorch.taps import bound_method, output_tensors, root_input, root_value
 from ..selectors import Tap
 
 #: the wrapper attributes through which exporters reach the user's model; they
-#: prefix every module scope in the raw export (``_fn.layer1``, ``/model/layer1``)
+#: prefix every module scope in the raw export (``model.layer1``, ``/model/layer1``;
+#: ``_fn.layer1`` when the model was also registered as ``_fn``, as it once was)
 MODEL_ATTRIBUTES = ("model", "_fn")
 
 _TOKENS = itertools.count()
@@ -90,7 +91,10 @@ class TapWrapper(nn.Module):
         # already exported as ``output`` (lt.extract merges it the same way).
         self.taps = [t for t in taps if not _is_model_output(t)]
         if isinstance(method, str):
-            self._fn = bound_method(model, method)
+            # Past nn.Module.__setattr__: for ``forward`` this is the model itself, and a
+            # second registration would hand the exporter every weight twice (as many
+            # graph inputs again to trace and decompose: lt.export ran 1.5x a plain export).
+            self.__dict__["_fn"] = bound_method(model, method)
             # Hooks on the root fire only when the root module is called, which
             # a method other than forward does not do: serve those taps here.
             self._root_taps = [t for t in self.taps if t.path == "" and method != "forward"]

@@ -53,7 +53,7 @@ from torch import nn
 from ..errors import InputSpecError, LayertapError
 from ..files import check_output_path
 from ..onnxfile.metadata import TAPS_KEY
-from ..onnxfile.publish import external_locations, publish
+from ..onnxfile.publish import external_locations, publish, publish_file
 from ..pytorch.values import tensor_to_numpy
 from ..selectors import Tap, parse_taps
 from . import _onnxedit as edit
@@ -450,10 +450,17 @@ def _data_name(onnx_path: Path) -> str:
 
 
 def _publish(final: Path, out: Path) -> None:
-    """Move the finished ``.onnx`` and its data file into place as one unit (see onnxfile.publish)."""
-    proto = onnx.load(str(final), load_external_data=False)
+    """Move the finished ``.onnx`` and its data file into place as one unit (see onnxfile.publish).
+
+    Without a data file the finished file is renamed as it is; with one, the
+    graph (weights left on disk) is read to point it at the data's new name.
+    """
     data = final.parent / _data_name(final)
-    referenced = data.exists() and data.name in external_locations(proto)  # ir.save may leave it empty, unused
+    if not data.exists():
+        publish_file(final, out)
+        return
+    proto = onnx.load(str(final), load_external_data=False)
+    referenced = data.name in external_locations(proto)  # ir.save may leave it empty, unused
     publish(proto, out, {data.name: data} if referenced else {})
 
 

@@ -20,7 +20,7 @@ import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping
 
-from ..files import atomic_write_bytes, is_input, replace_keeping_mode
+from ..files import atomic_write_bytes, is_input, refuse_inputs, replace_keeping_mode
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -66,11 +66,42 @@ def publish(model: "onnx.ModelProto", out: Path, data: Mapping[str, Path] = {}) 
                 with contextlib.suppress(OSError):
                     p.unlink()
             raise
-        for name in old - external_locations(model):
-            stale = out.parent / name
-            if not is_input(stale):
-                with contextlib.suppress(OSError):
-                    stale.unlink()
+        _remove_stale(out, old - external_locations(model))
+
+
+def publish_file(src: Path, out: Path) -> None:
+    """Rename a finished ``.onnx`` that uses no external data onto ``out``.
+
+    The file is not parsed or rewritten (for a model with its weights inline
+    that is the whole model again); ``src`` must be in ``out``'s folder, so
+    the rename is atomic. Data files only the replaced ``out`` used go.
+
+    Example:
+        >>> import onnx, tempfile
+        >>> from onnx import helper, TensorProto
+        >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+        ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+        >>> d = Path(tempfile.mkdtemp())
+        >>> onnx.save(helper.make_model(g), str(d / ".work.onnx"))
+        >>> publish_file(d / ".work.onnx", d / "m.onnx")
+        >>> sorted(p.name for p in d.iterdir())
+        ['m.onnx']
+    """
+    with _folder_lock(out.parent):
+        refuse_inputs(out)
+        old = _own_locations(out)
+        replace_keeping_mode(src, out, like=out if out.exists() else None)
+        _remove_stale(out, old)
+
+
+def _remove_stale(out: Path, names: set[str]) -> None:
+    """Remove data files beside ``out`` that nothing published refers to any more (never an input)."""
+    for name in names:
+        stale = out.parent / name
+        if not is_input(stale):
+            with contextlib.suppress(OSError):
+                stale.unlink()
 
 
 def external_locations(model: "onnx.ModelProto") -> set[str]:
@@ -102,6 +133,9 @@ def _own_locations(out: Path) -> set[str]:
     """Data files beside ``out`` that belong to it alone by name (``OUT.*``), as it refers to them now."""
     if not out.is_file():
         return set()
+    prefix = _stem(out) + "."
+    if not any(n.startswith(prefix) for n in os.listdir(out.parent)):
+        return set()  # nothing to remove: do not parse a file whose weights may be inline
     try:
         import onnx
 
