@@ -149,7 +149,6 @@ class SessionSource:
         ``providers``: full ORT provider names (CPU when ``None``).
         """
         import onnx
-        import onnxruntime as ort
 
         graph = self.model.graph
         saved = list(graph.output)
@@ -162,15 +161,46 @@ class SessionSource:
         finally:
             del graph.output[:]
             graph.output.extend(saved)
+        return self._open(data, self.names, self.arrays, optimize, providers)
+
+    def session_for(self, model: "onnx.ModelProto", *, optimize: bool = True, providers: Sequence[str] | None = None) -> Any:
+        """A session on another graph built from this one's nodes (a part of it), reading the
+        weights this source took out by reference, without copying them.
+
+        Example:
+            >>> import numpy as np, onnx.helper as h, onnx.numpy_helper as nh
+            >>> w = nh.from_array(np.eye(512, dtype=np.float32), "w")
+            >>> g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "g",
+            ...     [h.make_tensor_value_info("x", 1, [1, 512])], [h.make_tensor_value_info("y", 1, [1, 512])], [w])
+            >>> src = SessionSource(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), Path("."), move_weights=True)
+            >>> part = h.make_model(h.make_graph([h.make_node("MatMul", ["w", "w"], ["ww"])], "part", [],
+            ...     [h.make_empty_tensor_value_info("ww")], list(src.model.graph.initializer)),
+            ...     opset_imports=[h.make_opsetid("", 17)])
+            >>> float(src.session_for(part).run(None, {})[0].sum())
+            512.0
+        """
+        wanted = {t.name for t in model.graph.initializer if _in_memory(t)}
+        picked = [(n, a) for n, a in zip(self.names, self.arrays) if n in wanted]
+        return self._open(model.SerializeToString(), [n for n, _ in picked], [a for _, a in picked], optimize, providers)
+
+    def _open(self, data: bytes, names: Sequence[str], arrays: Sequence[np.ndarray], optimize: bool,
+              providers: Sequence[str] | None) -> Any:
+        import onnxruntime as ort
+
         quiet_logs()
         so = ort.SessionOptions()
         so.log_severity_level = _FATAL  # ORT's own error lines would reach stderr; its exception keeps the text
         if not optimize:
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(self.folder.resolve()))
-        if self.names:
-            so.add_external_initializers(self.names, [ort.OrtValue.ortvalue_from_numpy(a) for a in self.arrays])
+        if names:
+            so.add_external_initializers(list(names), [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays])
         return ort.InferenceSession(data, so, providers=list(providers or ["CPUExecutionProvider"]))
+
+
+def _in_memory(t: Any) -> bool:
+    """An initializer whose data :class:`SessionSource` holds (location :data:`IN_MEMORY`)."""
+    return any(kv.key == "location" and kv.value == IN_MEMORY for kv in t.external_data)
 
 
 def _take_inline_weights(model: "onnx.ModelProto", threshold: int) -> tuple[list[str], list[np.ndarray]]:

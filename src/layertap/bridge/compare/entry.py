@@ -298,11 +298,12 @@ def _compare_torch(
     # The shared loader: graph only (weights stay on disk for ORT) and the
     # external-data safety checks every ONNX command applies.
     onnx_file = read_model(onnx_path)
-    proto = onnx_file.model
-    view = ScopeView(ScopeMap.from_model(proto), {p for p, _ in model.named_modules() if p})
+    view = ScopeView(ScopeMap.from_model(onnx_file.model), {p for p, _ in model.named_modules() if p})
     check_same_model(view, model, onnx_path)
     wanted, include_root = _module_filter(model, modules)
-    runner = OrtRunner(proto, onnx_file.folder, ort_optimizations, providers)
+    runner = OrtRunner(onnx_file.model, onnx_file.folder, ort_optimizations, providers)
+    proto = runner.proto  # the graph with the weights held once by the runner; the loaded proto goes
+    del onnx_file
     # Inputs first: a wrong number or shape of arguments should not cost a forward.
     feeds = [feed_from_args(runner.input_names(), a, k) for a, k in runs]
     for feed in feeds:
@@ -326,7 +327,7 @@ def _compare_torch(
                 if local:
                     from .local import local_errors_torch
 
-                    local_errors_torch(proto, onnx_file.folder, ort_optimizations, providers, items, rows, builder, feed)
+                    local_errors_torch(runner.source, ort_optimizations, providers, items, rows, builder, feed)
                 per_sample.append(rows)
             finally:
                 spilled = max(spilled, store.spilled)

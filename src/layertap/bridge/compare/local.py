@@ -15,7 +15,6 @@ Never imports torch (the PyTorch reference's values come as numpy from the value
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
@@ -24,7 +23,7 @@ from .align import Item
 from .report import CompareRow, pair_tensors, same_shape
 
 if TYPE_CHECKING:  # pragma: no cover
-    import onnx
+    from ...onnxfile.ort import SessionSource
 
 _SEE_THROUGH = {"Cast", "QuantizeLinear", "DequantizeLinear", "Identity"}
 
@@ -34,13 +33,13 @@ RefLookup = Callable[[str], "np.ndarray | None"]  # candidate tensor -> the refe
 class LocalGraph:
     """The candidate's nodes of several calls, each fed on its own (see module doc)."""
 
-    def __init__(self, cand: "onnx.ModelProto", folder: Path, optimize: bool, providers: Sequence[str]) -> None:
+    def __init__(self, source: "SessionSource", optimize: bool, providers: Sequence[str]) -> None:
         from ...onnxfile._graph import GraphFacts
         from ...onnxfile.ort import inferred_types
         from ...onnxfile.scopes import ScopeMap
 
-        self.cand = cand
-        self.folder = folder
+        self.sessions = source  # the candidate, its weights held once for every part run
+        self.cand = cand = source.model
         self.optimize = optimize
         self.providers = list(providers)
         self.smap = ScopeMap.from_model(cand)
@@ -74,8 +73,6 @@ class LocalGraph:
         """``jobs``: ``(job id, nodes, entering, outputs)``. Returns per job the candidate's outputs
         computed from the reference's inputs, or why that cannot be done."""
         import onnx
-
-        from ...onnxfile.ort import ort_session
 
         results: dict[int, dict[str, np.ndarray] | str] = {}
         nodes_out: list[Any] = []
@@ -121,7 +118,7 @@ class LocalGraph:
         model.ir_version = self.cand.ir_version
         model.functions.extend(self.cand.functions)
         try:
-            sess = ort_session(model, self.folder, optimize=self.optimize, providers=self.providers)
+            sess = self.sessions.session_for(model, optimize=self.optimize, providers=self.providers)
             got = dict(zip([o.name for o in outputs], sess.run([o.name for o in outputs], feed)))
         except Exception as e:  # noqa: BLE001 - ORT's own message
             why = f"ONNX Runtime cannot run the candidate's part alone: {' '.join(str(e).split())[:160]}"
@@ -229,9 +226,9 @@ def ref_pairs(item: Item, ref_values: dict[str, np.ndarray], cand_shapes: dict[s
 class LocalRunner:
     """``local=True`` for an ONNX reference: one local graph run per batch and sample."""
 
-    def __init__(self, cand: "onnx.ModelProto", folder: Path, optimize: bool, providers: Sequence[str],
+    def __init__(self, source: "SessionSource", optimize: bool, providers: Sequence[str],
                  items: list[Item], criterion: Any) -> None:
-        self.graph = LocalGraph(cand, folder, optimize, providers)
+        self.graph = LocalGraph(source, optimize, providers)
         self.items = items
         self.criterion = criterion
         self.ref_inputs: list[str] = []
@@ -286,11 +283,11 @@ def _finish(results: dict[int, Any], pairs: dict[int, list[tuple[np.ndarray, str
             annotate(rows[k], local_rel(got, pairs.get(k, []), criterion), None)
 
 
-def local_errors_torch(cand: "onnx.ModelProto", folder: Path, optimize: bool, providers: Sequence[str],
+def local_errors_torch(source: "SessionSource", optimize: bool, providers: Sequence[str],
                        items: list[Item], rows: list[CompareRow], builder: Any, feed: dict[str, np.ndarray]) -> None:
     """``local=True`` for a PyTorch reference: the candidate's part of each call fed with
     the PyTorch values that the other rows paired with its input tensors."""
-    graph = LocalGraph(cand, folder, optimize, providers)
+    graph = LocalGraph(source, optimize, providers)
     where = {name: key for key, name in builder.onnx_of.items()}
 
     def ref_of(t: str) -> np.ndarray | None:

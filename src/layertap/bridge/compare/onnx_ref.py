@@ -241,14 +241,16 @@ def compare_onnx(
     ref_file, cand_file = read_model(ref_path), read_model(cand_path)
     ref = Side(ref_path, OrtRunner(ref_file.model, ref_file.folder, ref_optimize, providers))
     cand = Side(cand_path, OrtRunner(cand_file.model, cand_file.folder, cand_optimize, cand_providers))
+    del ref_file, cand_file  # the runners hold the graphs and the weights once; the loaded protos go
+    ref_model, cand_model = ref.runner.proto, cand.runner.proto
     if n_random:
         samples = [*samples, *random(ref.inputs, ref.runner.input_shapes(), n_random)]
     feeds = [feed_for(ref, s) for s in samples]
     cand_feeds = [cand_feed(ref, cand, f) for f in feeds]
     wanted = _wanted(modules)
-    items, counts, mode = align_files(ref_file.model, cand_file.model, wanted)
+    items, counts, mode = align_files(ref_model, cand_model, wanted)
     _check_variants(items, ref_path, cand_path, mode)
-    sizes = _sizes(ref_file.model, feeds[0])
+    sizes = _sizes(ref_model, feeds[0])
     batches = _batches(items, sizes, batch_outputs, memory_budget)
     per_sample: list[list[CompareRow]] = [[] for _ in feeds]
     store = ArrayStore(memory_budget)
@@ -257,8 +259,8 @@ def compare_onnx(
     if local:
         from .local import LocalRunner
 
-        locals_ = LocalRunner(cand_file.model, cand_file.folder, cand_optimize, cand_providers, items, criterion)
-    ref_known = set(_producers(ref_file.model.graph))
+        locals_ = LocalRunner(cand.runner.source, cand_optimize, cand_providers, items, criterion)
+    ref_known = set(_producers(ref_model.graph))
     try:
         if progress is not None:
             progress.step("ONNX Runtime and compare", total=len(items) * len(feeds))
@@ -269,7 +271,7 @@ def compare_onnx(
             cand_names = list(dict.fromkeys(t for it in batch for t in it.tensors))
             for s, (feed, cfeed) in enumerate(zip(feeds, cand_feeds)):
                 ref_values = ref.runner.run(ref_names, feed) if ref_names else {}
-                cand_values = cand.runner.run(cand_names, cfeed) if cand_names else {}
+                cand_values = _widened(cand.runner.run(cand_names, cfeed) if cand_names else {})
                 rows = _batch_rows(batch, builder, store, ref_values, cand_values)
                 if locals_ is not None:
                     locals_.fill(batch, rows, ref_values, cand_values, feed, cfeed)
@@ -305,6 +307,24 @@ def _batch_rows(batch: list[Item], builder: RowBuilder, store: ArrayStore, ref_v
         rows.append(builder.row(it, cand_values))
         store.drop(it.mc.key)
     return rows
+
+
+def _widened(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """float16 / bfloat16 values as float32, converted on every core (numpy casts one
+    thread at a time, and this is most of the cost of judging a float16 candidate).
+
+    Example:
+        >>> _widened({"a": np.ones(3, np.float16), "b": np.ones(2, np.int64)})["a"].dtype
+        dtype('float32')
+    """
+    narrow = [k for k, v in values.items() if v.dtype.kind == "f" and v.dtype.itemsize < 4 or v.dtype.name == "bfloat16"]
+    if not narrow:
+        return values
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
+        wide = dict(zip(narrow, pool.map(lambda k: values[k].astype(np.float32), narrow)))
+    return {**values, **wide}
 
 
 def _same_run(a: Path, b: Path, pa: Sequence[str], pb: Sequence[str], oa: bool, ob: bool) -> bool:

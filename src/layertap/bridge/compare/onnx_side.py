@@ -21,15 +21,25 @@ if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
 class OrtRunner:
-    """Sessions over an in-memory copy of the graph with chosen tensors as outputs."""
+    """Sessions over an in-memory copy of the graph with chosen tensors as outputs.
+
+    The model's inline weights are taken out once (:class:`SessionSource` with
+    ``move_weights``): every session, and every part of the graph run on its own
+    (``--local``), reads them in place, instead of the whole model being
+    serialised and parsed again per session. :attr:`proto` is that small copy;
+    callers use it and drop the model they passed in.
+    """
 
     def __init__(self, proto: "onnx.ModelProto", folder: Path, optimize: bool, providers: Sequence[str] | None = None) -> None:
-        self.proto = proto
+        from ...onnxfile.ort import SessionSource
+
+        self.source = SessionSource(proto, folder, move_weights=True)
+        self.proto = self.source.model
         self.folder = folder
         self.optimize = optimize
         self.providers = list(providers or ["CPUExecutionProvider"])
-        self._out_info = {o.name: o for o in proto.graph.output}
-        self._value_info = {v.name: v for v in proto.graph.value_info}
+        self._out_info = {o.name: o for o in self.proto.graph.output}
+        self._value_info = {v.name: v for v in self.proto.graph.value_info}
         self.runs = 0
         self.sessions = 0
         self._session: tuple[tuple[str, ...], Any] | None = None  # the last session, kept for the next sample
@@ -79,24 +89,16 @@ class OrtRunner:
     def _new_session(self, names: list[str]) -> Any:
         import onnx
 
-        from ...onnxfile.ort import ort_session
-
-        graph = self.proto.graph
-        saved = list(graph.output)
+        infos = []
+        for n in names:
+            info = self._out_info.get(n) or self._value_info.get(n)
+            infos.append(info if info is not None else onnx.helper.make_empty_tensor_value_info(n))
         try:
-            del graph.output[:]
-            for n in names:
-                info = self._out_info.get(n) or self._value_info.get(n)
-                graph.output.append(info if info is not None else onnx.helper.make_empty_tensor_value_info(n))
-            try:
-                return ort_session(self.proto, self.folder, optimize=self.optimize, providers=self.providers)
-            except Exception as e:  # noqa: BLE001 - ORT raises its own types
-                raise OnnxFileError(
-                    f"ONNX Runtime cannot load the graph from '{self.folder}' with extra outputs: {one_line(e)}"
-                ) from None
-        finally:
-            del graph.output[:]
-            graph.output.extend(saved)
+            return self.source.session(infos, only=True, optimize=self.optimize, providers=self.providers)
+        except Exception as e:  # noqa: BLE001 - ORT raises its own types
+            raise OnnxFileError(
+                f"ONNX Runtime cannot load the graph from '{self.folder}' with extra outputs: {one_line(e)}"
+            ) from None
 
     def close(self) -> None:
         self._session = None
