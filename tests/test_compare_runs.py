@@ -220,6 +220,34 @@ def test_local_error_names_the_perturbed_module(torch_mod, r18):
             assert any("no reference value" in (r.note or "") for r in report.rows)
 
 
+def test_pytorch_reference_batches_share_one_session_per_batch_across_samples(torch_mod, r18):
+    """Several ORT batches and several samples: each batch's session is built once for all the
+    samples, rows and local errors equal those of one big batch, RAM stays within the budget."""
+    import layertap as lt
+
+    model, x, ts, d = r18
+    xs = [x, x * 0.5, -x]
+    whole = lt.compare(model, x, ts, samples=xs, local=True)
+    parts = lt.compare(model, x, ts, samples=xs, local=True, batch_outputs=8)
+    assert whole.ort_runs == 3 and whole.samples == 3
+    n_batches = parts.ort_runs // 3
+    assert n_batches > 2 and parts.ort_runs == 3 * n_batches
+    assert any(f"{n_batches} ORT session(s) for all of them" in n for n in parts.notes), parts.notes
+    assert [r.name for r in parts.rows] == [r.name for r in whole.rows]
+    def same(a, b):  # ORT fuses differently when other tensors are exposed: float noise only
+        return (a is None) == (b is None) and (a is None or abs(a - b) < 1e-5)
+
+    for a, b in zip(whole.rows, parts.rows):
+        assert (a.status, a.onnx) == (b.status, b.onnx), a.name
+        assert same(a.rel_err, b.rel_err) and same(a.local_rel, b.local_rel), (a.name, a.rel_err, b.rel_err)
+    assert sum(r.local_rel is not None for r in parts.rows) >= 20
+    # a budget too small for one sample's values: they wait on disk, the rows do not change
+    tight = lt.compare(model, x, ts, samples=xs, batch_outputs=8, memory_budget=1 << 16)
+    assert [(r.name, r.status) for r in tight.rows] == [(r.name, r.status) for r in parts.rows]
+    assert all(same(a.rel_err, b.rel_err) for a, b in zip(tight.rows, parts.rows))
+    assert any("held on disk" in n for n in tight.notes), tight.notes
+
+
 # -- CLI ------------------------------------------------------------------------------------
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "layertap", *args], capture_output=True, text=True, timeout=600)

@@ -41,6 +41,7 @@ the next run.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
@@ -309,31 +310,22 @@ def _compare_torch(
     for feed in feeds:
         check_feed_shapes(feed, runner.input_shapes())
     prog = progress if progress is not None else _Silent()
-    per_sample: list[list[CompareRow]] = []
-    spilled = 0
+    held = _TorchSamples(runner, criterion, local, prog)
     try:
         for (a, k), feed in zip(runs, feeds):
-            store = ArrayStore(memory_budget)
-            try:
-                prog.step("PyTorch forward")
-                calls, root = run_torch(model, a, k, method, store, wanted)
-                prog.advance()
-                items = [it for it in plan_items(calls, root, view, own_outputs(proto), include_root)
-                         if wanted(it.mc.path) or it.mc is root]
-                builder = RowBuilder(items, store, criterion, call_counts(calls))
-                batches = split_batches(items, store, batch_outputs, memory_budget)
-                prog.step("ONNX Runtime and compare", total=len(items))
-                rows = _compare_batches(batches, builder, runner, feed, prog)
-                if local:
-                    from .local import local_errors_torch
-
-                    local_errors_torch(runner.source, ort_optimizations, providers, items, rows, builder, feed)
-                per_sample.append(rows)
-            finally:
-                spilled = max(spilled, store.spilled)
-                store.close()
+            store = ArrayStore(max(0, memory_budget - held.held_bytes()))
+            held.stores.append(store)
+            prog.step("PyTorch forward")
+            calls, root = run_torch(model, a, k, method, store, wanted)
+            prog.advance()
+            items = [it for it in plan_items(calls, root, view, own_outputs(proto), include_root)
+                     if wanted(it.mc.path) or it.mc is root]
+            builder = RowBuilder(items, store, criterion, call_counts(calls))
+            held.add(_TorchSample(items, builder, split_batches(items, store, batch_outputs, memory_budget), feed))
+        held.finish()
     finally:
-        runner.close()
+        held.close()
+    per_sample, spilled = held.rows, held.spilled
     rows, firsts = merge_samples(per_sample, criterion)
     return CompareReport(
         rows,
@@ -358,19 +350,89 @@ def _check_options(rtol: Any, atol: Any, batch_outputs: Any, memory_budget: Any)
         raise LayertapError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
 
 
-def _compare_batches(
-    batches: list[list[Item]], builder: RowBuilder, runner: OrtRunner, feed: dict[str, np.ndarray], prog: Progress
-) -> list[CompareRow]:
-    """One ORT run per batch; each batch's arrays are compared and dropped before the next run."""
-    rows: list[CompareRow] = []
-    for batch in batches:
+@dataclass
+class _TorchSample:
+    """One sample's PyTorch values (in ``builder.store``), rows to build, and ORT batches."""
+
+    items: list[Item]
+    builder: RowBuilder
+    batches: list[list[Item]]
+    feed: dict[str, np.ndarray]
+    rows: list[list[CompareRow]] = field(default_factory=list)
+
+
+class _TorchSamples:
+    """Runs the candidate for the samples of a PyTorch reference, one ORT session per batch for all.
+
+    A sample whose exposed tensors fit one batch is compared at once and its
+    values dropped (the session stays for the next sample). One that needs
+    several batches keeps its values (within what is left of the memory
+    budget, the rest on disk) until every sample has run: then batch ``b`` of
+    every sample runs before batch ``b + 1``, so each batch's session is built
+    once, not once per sample.
+    """
+
+    def __init__(self, runner: OrtRunner, criterion: Criterion, local: bool, prog: Progress) -> None:
+        self.runner, self.criterion, self.local, self.prog = runner, criterion, local, prog
+        self.stores: list[ArrayStore] = []
+        self.samples: list[_TorchSample] = []
+        self.spilled = 0
+
+    def held_bytes(self) -> int:
+        return sum(st.held for st in self.stores)
+
+    def add(self, sample: _TorchSample) -> None:
+        self.samples.append(sample)
+        if len(sample.batches) <= 1:
+            self.prog.step("ONNX Runtime and compare", total=len(sample.items))
+            for batch in sample.batches:
+                self._run(sample, batch)
+            self._release(sample)
+
+    def finish(self) -> None:
+        pending = [s for s in self.samples if len(s.batches) > 1]
+        if pending:
+            self.prog.step("ONNX Runtime and compare", total=sum(len(s.items) for s in pending))
+        for b in range(max((len(s.batches) for s in pending), default=0)):
+            for sample in pending:
+                if b < len(sample.batches):
+                    self._run(sample, sample.batches[b])
+        for sample in pending:
+            self._release(sample)
+
+    @property
+    def rows(self) -> list[list[CompareRow]]:
+        return [[r for batch in s.rows for r in batch] for s in self.samples]
+
+    def _run(self, sample: _TorchSample, batch: list[Item]) -> None:
+        """One ORT run for one batch of one sample; --local for the same batch (its part graph stays small)."""
         names = list(dict.fromkeys(n for it in batch for n in it.tensors))
-        values = runner.run(names, feed) if names else {}
+        values = self.runner.run(names, sample.feed) if names else {}
+        rows = []
         for it in batch:
-            rows.append(builder.row(it, values))
-            prog.advance()
+            rows.append(sample.builder.row(it, values))
+            self.prog.advance()
         del values
-    return rows
+        if self.local:
+            from .local import local_errors_torch
+
+            local_errors_torch(self.runner.source, self.runner.optimize, self.runner.providers, batch, rows,
+                               sample.builder, sample.feed)
+        sample.rows.append(rows)
+
+    def _release(self, sample: _TorchSample) -> None:
+        store = sample.builder.store
+        self.spilled = max(self.spilled, store.spilled)
+        store.close()
+        if store in self.stores:
+            self.stores.remove(store)
+
+    def close(self) -> None:
+        for store in self.stores:
+            self.spilled = max(self.spilled, store.spilled)
+            store.close()
+        self.stores.clear()
+        self.runner.close()
 
 
 def _notes(model: Any, view: ScopeView, runner: OrtRunner, spilled: int, n_samples: int, *, failed: bool) -> list[str]:
