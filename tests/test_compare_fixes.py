@@ -153,7 +153,9 @@ def test_rewritten_attention_is_compared_when_its_tensor_matches(swin_block):
     assert report.ok
 
 
-def test_rewritten_attention_that_differs_is_named_in_the_summary(torch_mod, swin_block):
+def test_fault_inside_rewritten_attention_is_reported_at_attention(torch_mod, swin_block):
+    """A fault inside the rewritten call: its tensor differs and so does the next module's, so
+    the divergence is the call itself, not the LayerNorm after it."""
     import copy
 
     import layertap as lt
@@ -164,6 +166,21 @@ def test_rewritten_attention_that_differs_is_named_in_the_summary(torch_mod, swi
         faulty.attn.proj.weight.mul_(1.2)
     report = lt.compare(faulty, x, path)
     row = _row(report, "attn")
-    assert row.status == "no counterpart" and "does not equal" in row.note
-    assert report.first_divergence == "norm2"
-    assert "attn just before it was not compared" in "\n".join(report.footer())
+    assert row.status == "FAIL" and row.rel_err > 0.01 and "divergence starts here" in row.note, str(report)
+    assert report.first_divergence == "attn"
+    assert _row(report, "norm1").status == "pass"
+
+
+def test_rewritten_tensor_that_differs_while_later_modules_agree_is_not_blamed():
+    """A moved value (the modules after it agree) is not compared, and not a divergence."""
+    from layertap.bridge.compare import FAIL, NO_COUNTERPART, PASS, CompareReport, CompareRow
+    from layertap.bridge.compare.align import REWRITE_DIFFERS, blame_rewritten
+
+    rows = [
+        CompareRow("attn", "attn", 0, "Attention", [1], 0.5, 0.5, NO_COUNTERPART, None, note=f"rewritten; {REWRITE_DIFFERS}"),
+        CompareRow("norm2", "norm2", 0, "LayerNorm", [1], 0.0, 0.0, PASS, True),
+        CompareRow("fc", "fc", 0, "Linear", [1], 1.0, 1.0, FAIL, False),
+    ]
+    kept = blame_rewritten(rows)
+    assert [r.status for r in kept] == [NO_COUNTERPART, PASS, FAIL]
+    assert CompareReport(kept).first_divergence == "fc"

@@ -192,6 +192,42 @@ def _ambiguous(shapes: list[tuple]) -> bool:
     return len(set(shapes)) < len(shapes)
 
 
+#: the note of a rewritten call whose candidate tensor differs (see :func:`blame_rewritten`)
+REWRITE_DIFFERS = "its candidate tensor does not equal the reference's value either"
+
+
+def blame_rewritten(rows: Sequence[CompareRow]) -> list[CompareRow]:
+    """One sample's rows, where a rewritten call whose tensor differs is followed by a failing
+    compared module: that call is where the divergence starts, and becomes a FAIL.
+
+    An optimizer rewrite may leave a call's boundary tensor holding another value, so a
+    differing tensor alone proves nothing; but had it only been moved, the modules after
+    it would agree. When the next compared module fails as well, everything before agreed
+    and the error enters at this call (or inside it), not at the module after it.
+
+    Example:
+        >>> from .report import PASS
+        >>> rows = [CompareRow("attn", "attn", 0, "Attention", [1], 0.5, 0.5, NO_COUNTERPART, None,
+        ...                    note=f"rewritten; {REWRITE_DIFFERS}"),
+        ...         CompareRow("norm2", "norm2", 0, "LayerNorm", [1], 1.0, 1.0, FAIL, False)]
+        >>> [(r.name, r.status) for r in blame_rewritten(rows)]
+        [('attn', 'FAIL'), ('norm2', 'FAIL')]
+    """
+    import dataclasses
+
+    out = list(rows)
+    for i, row in enumerate(out):
+        if row.status != NO_COUNTERPART or row.rel_err is None or REWRITE_DIFFERS not in (row.note or ""):
+            continue
+        after = next((r for r in out[i + 1:] if r.ok is not None), None)
+        if after is None or after.ok:
+            continue
+        note = (f"the exporter's optimizer rewrote a node here, and this tensor differs from the reference; "
+                f"so does the next compared module ({after.name}), so the divergence starts here")
+        out[i] = dataclasses.replace(row, status=FAIL, ok=False, note=note)
+    return out
+
+
 class RowBuilder:
     """Turns aligned values into rows; detects folds the scopes did not report."""
 
@@ -248,8 +284,13 @@ class RowBuilder:
             return CompareRow(**base, **stat_fields(stats), status=PASS, ok=True, onnx=names,
                               note="the exporter's optimizer rewrote a node here, but this tensor equals the "
                                    "reference's value (checked numerically)")
-        return CompareRow(**base, max_abs=None, rel_err=None, status=NO_COUNTERPART, ok=None,
-                          note=f"{item.unverified}; its candidate tensor does not equal the reference's value either")
+        if stats is None:
+            return CompareRow(**base, max_abs=None, rel_err=None, status=NO_COUNTERPART, ok=None,
+                              note=f"{item.unverified}; its candidate tensor does not match the reference's shape either")
+        # The numbers stay on the row: blame_rewritten() turns it into the divergence when the
+        # next compared module fails too.
+        return CompareRow(**base, **stat_fields(stats), status=NO_COUNTERPART, ok=None, onnx=names,
+                          note=f"{item.unverified}; {REWRITE_DIFFERS}")
 
     def _compare(
         self, ref: list[np.ndarray], got: list[np.ndarray], names: Sequence[str], mc: ModuleCall | None = None

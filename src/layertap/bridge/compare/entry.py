@@ -48,7 +48,7 @@ import numpy as np
 
 from ...errors import InputSpecError, LayertapError, unknown_name
 from ..tolerance import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, Criterion
-from .align import Item, RowBuilder, call_counts, plan_items, split_batches
+from .align import Item, RowBuilder, blame_rewritten, call_counts, plan_items, split_batches
 from .onnx_side import OrtRunner, ScopeView, check_feed_shapes, check_same_model, feed_from_args
 from .report import CompareReport, CompareRow
 from .samples import merge_samples
@@ -325,7 +325,7 @@ def _compare_torch(
         held.finish()
     finally:
         held.close()
-    per_sample, spilled = held.rows, held.spilled
+    per_sample, spilled = [blame_rewritten(rows) for rows in held.rows], held.spilled
     rows, firsts = merge_samples(per_sample, criterion)
     return CompareReport(
         rows,

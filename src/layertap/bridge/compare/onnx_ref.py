@@ -27,7 +27,7 @@ import numpy as np
 from ...errors import InputSpecError, LayertapError, OnnxFileError
 from ...onnxfile.metadata import own_outputs
 from ..tolerance import Criterion
-from .align import Item, RowBuilder, pack_batches
+from .align import Item, RowBuilder, blame_rewritten, pack_batches
 from .onnx_side import OrtRunner, check_feed_shapes
 from .report import ABSORBED, NO_COUNTERPART, CompareReport, CompareRow
 from .samples import Sample, merge_samples
@@ -283,7 +283,7 @@ def compare_onnx(
         store.close()
         ref.runner.close()
         cand.runner.close()
-    rows, firsts = merge_samples(per_sample, criterion)
+    rows, firsts = merge_samples([blame_rewritten(r) for r in per_sample], criterion)
     return CompareReport(
         rows,
         _notes(ref, cand, mode, len(feeds)),
