@@ -2,7 +2,7 @@
 
 The weights live in a sparse file (``truncate``), so the benchmark needs little
 disk. Each contender runs in its own subprocess; peak RSS is that process's
-``ru_maxrss``. Run::
+``VmHWM`` (``ru_maxrss`` would report the parent's peak, carried over ``exec``). Run::
 
     .venv/bin/python benchmarks/bench_add_outputs.py [--gb 3] [--dir /tmp] [--keep]
 
@@ -34,7 +34,8 @@ try:
 except Exception as e:
     err = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
 wall = time.perf_counter() - t
-print(json.dumps({"wall_s": wall, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "error": err}))
+hwm = next((int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:")), None)  # ru_maxrss would carry the parent's peak over exec
+print(json.dumps({"wall_s": wall, "peak_mb": hwm or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "error": err}))
 """
 
 
