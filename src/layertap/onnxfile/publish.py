@@ -14,9 +14,7 @@ and the other's data.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping
 
@@ -151,6 +149,8 @@ def _stem(out: Path) -> str:
     name = out.name
     if len(os.fsencode(name)) + len(".12345678.data99") <= _NAME_MAX:
         return name
+    import hashlib  # here: it loads OpenSSL (3 MB), which only over-long names need
+
     return name[:150] + "." + hashlib.sha1(os.fsencode(name)).hexdigest()[:8]
 
 
@@ -159,6 +159,8 @@ def _fresh_data_name(out: Path, k: int) -> str:
     suffix = ".data" + (str(k) if k else "")
     name = _stem(out) + suffix
     while os.path.lexists(out.parent / name):
+        import secrets  # here, as hashlib in _stem: only a taken name needs it
+
         name = f"{_stem(out)}.{secrets.token_hex(4)}{suffix}"
     return name
 
