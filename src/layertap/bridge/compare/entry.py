@@ -377,6 +377,7 @@ class _TorchSamples:
         self.stores: list[ArrayStore] = []
         self.samples: list[_TorchSample] = []
         self.spilled = 0
+        self._parts: Any = None  # the candidate's part graphs for --local (LocalGraph)
 
     def held_bytes(self) -> int:
         return sum(st.held for st in self.stores)
@@ -414,10 +415,11 @@ class _TorchSamples:
             self.prog.advance()
         del values
         if self.local:
-            from .local import local_errors_torch
+            from .local import LocalGraph, local_errors_torch
 
-            local_errors_torch(self.runner.source, self.runner.optimize, self.runner.providers, batch, rows,
-                               sample.builder, sample.feed)
+            if self._parts is None:  # one for all batches and samples: its last session is reused
+                self._parts = LocalGraph(self.runner.source, self.runner.optimize, self.runner.providers)
+            local_errors_torch(self._parts, batch, rows, sample.builder, sample.feed)
         sample.rows.append(rows)
 
     def _release(self, sample: _TorchSample) -> None:

@@ -23,6 +23,8 @@ from .align import Item
 from .report import CompareRow, pair_tensors, same_shape
 
 if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
     from ...onnxfile.ort import SessionSource
 
 _SEE_THROUGH = {"Cast", "QuantizeLinear", "DequantizeLinear", "Identity"}
@@ -48,6 +50,7 @@ class LocalGraph:
         self.producer = {t: i for i, n in enumerate(cand.graph.node) for t in n.output if t}
         self.inits = {i.name: i for i in cand.graph.initializer}
         self.graph_inputs = [i.name for i in cand.graph.input if i.name not in self.inits]
+        self._last: tuple[bytes, Any] | None = None
 
     def part(self, path: str, call: int, tensors: Sequence[str]) -> tuple[list[int], tuple[str, ...]]:
         """Nodes and entering tensors of a call (its module scope, else the nodes making ``tensors``)."""
@@ -118,7 +121,7 @@ class LocalGraph:
         model.ir_version = self.cand.ir_version
         model.functions.extend(self.cand.functions)
         try:
-            sess = self.sessions.session_for(model, optimize=self.optimize, providers=self.providers)
+            sess = self._session(model)
             got = dict(zip([o.name for o in outputs], sess.run([o.name for o in outputs], feed)))
         except Exception as e:  # noqa: BLE001 - ORT's own message
             why = f"ONNX Runtime cannot run the candidate's part alone: {' '.join(str(e).split())[:160]}"
@@ -128,6 +131,15 @@ class LocalGraph:
         for job, names in wanted.items():
             results[job] = {t: got[r] for t, r in names.items()}
         return results
+
+    def _session(self, model: "onnx.ModelProto") -> Any:
+        """A session on the part graph; the last one is reused while the graph is the same
+        (the next sample of a batch feeds other values to the same part)."""
+        key = model.SerializeToString()
+        if self._last is None or self._last[0] != key:
+            self._last = None  # free the old session first
+            self._last = (key, self.sessions.session_for(model, optimize=self.optimize, providers=self.providers))
+        return self._last[1]
 
     def _feed(self, job: int, entering: Sequence[str], ref_of: RefLookup) -> dict[str, np.ndarray] | str:
         fed: dict[str, np.ndarray] = {}
@@ -283,11 +295,10 @@ def _finish(results: dict[int, Any], pairs: dict[int, list[tuple[np.ndarray, str
             annotate(rows[k], local_rel(got, pairs.get(k, []), criterion), None)
 
 
-def local_errors_torch(source: "SessionSource", optimize: bool, providers: Sequence[str],
-                       items: list[Item], rows: list[CompareRow], builder: Any, feed: dict[str, np.ndarray]) -> None:
+def local_errors_torch(graph: LocalGraph, items: list[Item], rows: list[CompareRow], builder: Any,
+                       feed: dict[str, np.ndarray]) -> None:
     """``local=True`` for a PyTorch reference: the candidate's part of each call fed with
     the PyTorch values that the other rows paired with its input tensors."""
-    graph = LocalGraph(source, optimize, providers)
     where = {name: key for key, name in builder.onnx_of.items()}
 
     def ref_of(t: str) -> np.ndarray | None:

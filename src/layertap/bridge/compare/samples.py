@@ -141,9 +141,9 @@ def merge_samples(per_sample: Sequence[Sequence[CompareRow]], criterion: Criteri
         ('FAIL', 1, {'fc': 1})
     """
     if len(per_sample) == 1:  # nothing to merge: the rows are already the worst (and only) sample's
-        rows = list(per_sample[0])
-        first = next((r.name for r in rows if r.ok is False), None)
-        return rows, {first: 1} if first is not None else {}
+        only = list(per_sample[0])
+        first = next((r.name for r in only if r.ok is False), None)
+        return only, {first: 1} if first is not None else {}
     order: list[str] = []
     best: dict[str, tuple[CompareRow, int]] = {}
     local: dict[str, float] = {}
