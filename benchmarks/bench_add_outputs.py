@@ -34,7 +34,8 @@ try:
 except Exception as e:
     err = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
 wall = time.perf_counter() - t
-hwm = next((int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:")), None)  # ru_maxrss would carry the parent's peak over exec
+# VmHWM: ru_maxrss would carry the parent's peak over exec
+hwm = next((int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:")), None)
 print(json.dumps({"wall_s": wall, "peak_mb": hwm or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "error": err}))
 """
 

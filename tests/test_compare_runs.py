@@ -173,6 +173,40 @@ def test_ort_optimised_copy_and_same_file_two_ways(r18):
         lt.compare(ts, x.numpy(), ts)
 
 
+def test_ort_enable_all_copy_read_through_its_nchwc_layout(r18):
+    """ORT's default level (ORT_ENABLE_ALL) saves x86 files whose Convs run in a blocked NCHWc
+    layout under new tensor names: each is read back as NCHW, and a fault is found there."""
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    import layertap as lt
+    from layertap.onnxfile.ort import NCHWC_DOMAIN, nchwc_block_size
+
+    _, x, ts, d = r18
+    full = d / "all.onnx"
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(full)
+    so.log_severity_level = 3
+    ort.InferenceSession(str(ts), so, providers=["CPUExecutionProvider"])
+    m = onnx.load(str(full))
+    if nchwc_block_size() is None or not any(n.domain == NCHWC_DOMAIN for n in m.graph.node):
+        pytest.skip("this CPU / onnxruntime has no NCHWc kernels")
+    report = lt.compare(ts, x.numpy(), full)
+    assert report.ok, str(report)
+    passed = [r for r in report.rows if r.status == "pass"]
+    assert len(passed) >= 30 and sum(any(n.startswith("reorder_token") for n in r.onnx) for r in passed) >= 20
+    assert {"layer1.0", "layer2.1.relu#1", "layer4"} <= {r.name for r in passed}  # Convs with the residual Add fused in
+    node = next(n for n in m.graph.node if n.name == "/layer2/layer2.1/relu/Relu_output_0_nchwc")
+    init = next(i for i in m.graph.initializer if i.name == node.input[1])
+    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 1.5, init.name))
+    bad = d / "all_bad.onnx"
+    onnx.save(m, str(bad))
+    faulty = lt.compare(ts, x.numpy(), bad, local=True)
+    assert faulty.first_divergence == "layer2.1.relu#0"
+    assert _row(faulty, "layer2.0").ok is True
+    assert "blocked NCHWc layout" in (_row(faulty, "layer2.1.relu#0").note or "")
+
+
 def test_onnxslim_simplified_copy(r18):
     onnxslim = pytest.importorskip("onnxslim")
     import layertap as lt

@@ -5,6 +5,7 @@ Everything here imports ``onnx``/``onnxruntime`` lazily, never torch.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -223,6 +224,36 @@ def _take_inline_weights(model: "onnx.ModelProto", threshold: int) -> tuple[list
         names.append(t.name)
         arrays.append(arr)
     return names, arrays
+
+
+#: the domain of ONNX Runtime's blocked-layout kernels (``ORT_ENABLE_ALL`` on x86 writes them into saved files)
+NCHWC_DOMAIN = "com.microsoft.nchwc"
+
+
+@functools.lru_cache(maxsize=1)
+def nchwc_block_size() -> int | None:
+    """The channel block of ONNX Runtime's NCHWc layout on this machine (8 with AVX2, 16 with
+    AVX-512), read off one ``ReorderInput`` of a known tensor; ``None`` where ORT has no NCHWc
+    kernels (a file that uses them does not run there either).
+
+    Example:
+        >>> nchwc_block_size() in (None, 4, 8, 16, 32)
+        True
+    """
+    import onnx.helper as h
+
+    node = h.make_node("ReorderInput", ["x"], ["y"], domain=NCHWC_DOMAIN)
+    graph = h.make_graph([node], "probe", [h.make_tensor_value_info("x", 1, [1, 64, 1, 2])],
+                         [h.make_empty_tensor_value_info("y")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(NCHWC_DOMAIN, 1)])
+    x = np.arange(128, dtype=np.float32).reshape(1, 64, 1, 2)
+    try:
+        y = SessionSource(model, Path(".")).session(optimize=False).run(None, {"x": x})[0].ravel()
+    except Exception:  # noqa: BLE001 - no NCHWc kernels in this build or on this CPU
+        return None
+    # NCHW keeps x[0, c, 0, 1] (= 2c + 1) after x[0, c, 0, 0]; a block of b channels puts b values first
+    at = np.flatnonzero(y == 1.0)
+    return int(at[0]) if at.size and at[0] > 1 else None
 
 
 def quiet_logs() -> None:

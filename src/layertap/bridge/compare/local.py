@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from ...onnxfile.ort import NCHWC_DOMAIN
 from .align import Item
 from .report import CompareRow, pair_tensors, same_shape
 
@@ -91,6 +92,10 @@ class LocalGraph:
                 continue
             if any(_has_subgraph(self.cand.graph.node[i]) for i in nodes):
                 results[job] = "the call holds control flow (subgraphs); its part cannot be run alone"
+                continue
+            if any(self.cand.graph.node[i].domain == NCHWC_DOMAIN for i in nodes):
+                results[job] = ("the call runs in ONNX Runtime's blocked NCHWc layout (a file saved at "
+                                "ORT_ENABLE_ALL); its part is not run alone")
                 continue
             rename = {t: f"lt_local{job}/{t}" for t in entering}
             for i in nodes:

@@ -75,6 +75,89 @@ def stand_ins(graph: "onnx.GraphProto") -> dict[str, str]:
     return out
 
 
+def blocked_stand_ins(graph: "onnx.GraphProto", ref: "onnx.GraphProto") -> dict[str, str]:
+    """Reference tensor -> the NCHWc-layout tensor that holds its value in a file ONNX Runtime
+    saved at ``ORT_ENABLE_ALL`` (x86): such a node is named after the tensor it replaced
+    (``/relu/Relu_output_0_nchwc`` for a Conv+Relu) and writes ``reorder_token_k`` in ORT's
+    blocked layout, which :func:`unblock` turns back into NCHW.
+
+    The name is the tensor of the node ORT converted first; what it fused in afterwards is
+    followed in the reference: a Conv that took in the residual ``Add`` (its ``Sum`` input)
+    holds that Add's output, and a fused ``activation`` the output of the activation after
+    it. Where the reference does not read that way, the node stands for nothing.
+
+    Example:
+        >>> from onnx import helper
+        >>> cand = helper.make_graph([helper.make_node("Conv", ["x", "w", "b", "r"], ["reorder_token_0"],
+        ...     name="c_nchwc", domain="com.microsoft.nchwc", activation="Relu")], "g", [], [])
+        >>> ref = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["c"]),
+        ...     helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])], "r", [], [])
+        >>> blocked_stand_ins(cand, ref)
+        {'y': 'reorder_token_0'}
+    """
+    import onnx
+
+    from ...onnxfile.ort import NCHWC_DOMAIN
+
+    made = {t for node in graph.node for t in node.output if t}
+    readers: dict[str, list[Any]] = {}
+    for node in ref.node:
+        for t in node.input:
+            readers.setdefault(t, []).append(node)
+
+    def after(tensor: str, op: str) -> str | None:
+        """The output of the one ``op`` node that alone reads ``tensor`` in the reference."""
+        nodes = readers.get(tensor, [])
+        return nodes[0].output[0] if len(nodes) == 1 and nodes[0].op_type == op and nodes[0].output else None
+
+    ref_made = _producers(ref)
+    out: dict[str, str] = {}
+    for node in graph.node:
+        if node.domain != NCHWC_DOMAIN or not node.name.endswith("_nchwc") or not node.output or not node.output[0]:
+            continue
+        tensor: str | None = node.name[: -len("_nchwc")]
+        if not tensor or tensor not in ref_made:
+            continue
+        act = next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "activation"), None)
+        act = act.decode() if isinstance(act, bytes) else act
+        if node.op_type == "Conv" and len(node.input) > 3 and node.input[3]:
+            tensor = after(tensor, "Add")  # the residual Add fused in: the node holds the sum
+            if tensor is not None and act is not None:
+                tensor = after(tensor, str(act))
+        elif act is not None and ref_made[tensor].op_type != act:
+            tensor = after(tensor, str(act))
+        if tensor is not None and tensor not in made:
+            out[tensor] = node.output[0]
+    return out
+
+
+def blocked_tensors(graph: "onnx.GraphProto") -> set[str]:
+    """Tensors a file holds in ORT's NCHWc layout (written by its NCHWc kernels)."""
+    from ...onnxfile.ort import NCHWC_DOMAIN
+
+    return {t for n in graph.node if n.domain == NCHWC_DOMAIN and n.op_type != "ReorderOutput" for t in n.output if t}
+
+
+def unblock(a: np.ndarray, shape: Sequence[int], block: int) -> np.ndarray:
+    """An NCHWc-layout array (``N, ceil(C/b)*b, H, W`` holding blocks of ``b`` channels
+    innermost) as the NCHW array of ``shape``; ``a`` unchanged when it cannot be that.
+
+    Example:
+        >>> nchw = np.arange(2 * 4 * 3, dtype=np.float32).reshape(1, 4, 2, 3)
+        >>> blocked = nchw.reshape(1, 2, 2, 2, 3).transpose(0, 1, 3, 4, 2).reshape(1, 4, 2, 3)
+        >>> bool((unblock(blocked, (1, 4, 2, 3), 2) == nchw).all())
+        True
+    """
+    if len(shape) != 4 or a.ndim != 4 or block < 1:
+        return a
+    n, c, h, w = (int(d) for d in shape)
+    padded = -(-c // block) * block
+    if a.shape != (n, padded, h, w):
+        return a
+    out = a.reshape(n, padded // block, h, w, block).transpose(0, 1, 4, 2, 3).reshape(n, padded, h, w)
+    return np.ascontiguousarray(out[:, :c])
+
+
 def _producers(graph: "onnx.GraphProto") -> dict[str, Any]:
     return {t: node for node in graph.node for t in node.output if t}
 
@@ -92,9 +175,14 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
     ref_made, cand_made = _producers(ref.graph), _producers(cand.graph)
     through = stand_ins(cand.graph)
     cand_inputs = {i.name for i in cand.graph.input}
+    from ...onnxfile.ort import nchwc_block_size
+
+    blocked = blocked_stand_ins(cand.graph, ref.graph) if nchwc_block_size() else {}
 
     def by_name(t: str) -> str | None:
-        return through.get(t, t) if t in cand_made or t in cand_inputs else None
+        if t in cand_made or t in cand_inputs:
+            return through.get(t, t)
+        return blocked.get(t)
 
     items: list[Item] = []
     counts: dict[str, int] = {}
@@ -261,6 +349,7 @@ def compare_onnx(
 
         locals_ = LocalRunner(cand.runner.source, cand_optimize, cand_providers, items, criterion)
     ref_known = set(_producers(ref_model.graph))
+    blocked = blocked_tensors(cand_model.graph)
     try:
         if progress is not None:
             progress.step("ONNX Runtime and compare", total=len(items) * len(feeds))
@@ -272,6 +361,7 @@ def compare_onnx(
             for s, (feed, cfeed) in enumerate(zip(feeds, cand_feeds)):
                 ref_values = ref.runner.run(ref_names, feed) if ref_names else {}
                 cand_values = _widened(cand.runner.run(cand_names, cfeed) if cand_names else {})
+                _unblocked(cand_values, batch, ref_values, blocked)
                 rows = _batch_rows(batch, builder, store, ref_values, cand_values)
                 if locals_ is not None:
                     locals_.fill(batch, rows, ref_values, cand_values, feed, cfeed)
@@ -307,6 +397,22 @@ def _batch_rows(batch: list[Item], builder: RowBuilder, store: ArrayStore, ref_v
         rows.append(builder.row(it, cand_values))
         store.drop(it.mc.key)
     return rows
+
+
+def _unblocked(values: dict[str, np.ndarray], batch: list[Item], ref_values: dict[str, np.ndarray],
+               blocked: set[str]) -> None:
+    """Candidate tensors in ORT's NCHWc layout, in place as NCHW shaped like the reference tensor they answer."""
+    if not blocked:
+        return
+    from ...onnxfile.ort import nchwc_block_size
+
+    block = nchwc_block_size() or 0
+    done: set[str] = set()
+    for it in batch:
+        for r, c in zip(it.ref_tensors, it.tensors):
+            if c in blocked and c not in done and c in values and r in ref_values:
+                values[c] = unblock(values[c], ref_values[r].shape, block)
+                done.add(c)
 
 
 def _widened(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
