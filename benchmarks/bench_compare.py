@@ -15,6 +15,8 @@ With ``--fp16`` (issue 12) it also measures resnet50 float32 vs its float16
 conversion (onnxconverter-common, ``keep_io_types=True``), layer by layer:
 
 * fp16 baseline: one ORT run of each file (sessions built; best of ``--repeat``),
+* ONNX Runtime's own floor for any layer-by-layer comparison, without layertap: each
+  file loaded, every node output exposed, the session built and run once,
 * ``lt.compare(fp32_file, x, fp16_file, metric="cosine")`` end to end, and
 * the rival, Polygraphy: ``polygraphy run FILE --onnxrt --onnx-outputs mark all``
   on the float32 file (``--save-inputs``/``--save-outputs``), then on the float16
@@ -145,6 +147,59 @@ def child_fp16_compare(path: str, batch: int, size: int, repeat: int, budget_mb:
             "first_divergence": report.first_divergence}
 
 
+def child_fp16_floor(path: str, batch: int, size: int, repeat: int) -> dict:
+    """What any layer-by-layer comparison pays ONNX Runtime itself, without layertap: per file,
+    load it, expose every node output, build the session and run it once (best of ``repeat``).
+
+    Two ways: ``naive`` hands ORT the whole model with its weights serialised (what a script
+    written by hand does), ``by_ref`` hands the weights over as ``OrtValue``s that ORT reads in
+    place (what lt.compare does), so only the graph is serialised and parsed.
+    """
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    x = _np_input(batch, size)
+
+    def one(name: str, by_ref: bool) -> tuple[float, float]:
+        model = onnx.load(name)
+        outs = [t for n in model.graph.node for t in n.output if t]
+        del model.graph.output[:]
+        model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t) for t in outs)
+        so = ort.SessionOptions()
+        if by_ref:
+            names, values = [], []
+            for init in model.graph.initializer:
+                if init.ByteSize() < 1024:
+                    continue  # small constants (axes, shapes) stay inline: shape inference reads them
+                names.append(init.name)
+                values.append(ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(numpy_helper.to_array(init))))
+                for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data"):
+                    init.ClearField(field)
+                init.data_location = onnx.TensorProto.EXTERNAL  # ORT takes the values handed over below
+                for key, value in (("location", "*/in-memory/*"), ("offset", "0"), ("length", "0")):
+                    init.external_data.add(key=key, value=value)
+            so.add_external_initializers(names, values)
+        t1 = time.perf_counter()
+        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        t2 = time.perf_counter()
+        sess.run(outs, {"x": x})
+        return t2 - t1, time.perf_counter() - t2
+
+    result = {}
+    for way in ("naive", "by_ref"):
+        best = (float("inf"), 0.0, 0.0)
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            parts = [one(name, way == "by_ref") for name in (path, _fp16_path(path))]
+            total = time.perf_counter() - t0
+            if total < best[0]:
+                best = (total, sum(p[0] for p in parts), sum(p[1] for p in parts))
+        result[way] = {"floor_s": best[0], "builds_s": best[1], "runs_s": best[2]}
+    return result
+
+
 def child_polygraphy(path: str, batch: int, size: int, repeat: int) -> dict:
     """Polygraphy marks every tensor of each file and compares the saved outputs (best of ``repeat``)."""
     folder = Path(path).parent
@@ -190,7 +245,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--budget-mb", type=int, default=None, help="lt.compare memory_budget in MiB (default: its 1 GiB)")
     p.add_argument("--fp16", action="store_true", help="also: float32 vs float16 file, layer by layer, and Polygraphy")
-    p.add_argument("--child", choices=("baseline", "compare", "fp16-baseline", "fp16-compare", "polygraphy"))
+    p.add_argument("--child", choices=("baseline", "compare", "fp16-baseline", "fp16-compare", "fp16-floor", "polygraphy"))
     p.add_argument("--onnx")
     ns = p.parse_args()
     if ns.child:
@@ -200,6 +255,8 @@ def main() -> None:
             result = child_compare(ns.onnx, ns.batch, ns.size, ns.repeat, ns.budget_mb)
         elif ns.child == "fp16-baseline":
             result = child_fp16_baseline(ns.onnx, ns.batch, ns.size, ns.repeat)
+        elif ns.child == "fp16-floor":
+            result = child_fp16_floor(ns.onnx, ns.batch, ns.size, ns.repeat)
         elif ns.child == "fp16-compare":
             result = child_fp16_compare(ns.onnx, ns.batch, ns.size, ns.repeat, ns.budget_mb)
         else:
@@ -219,7 +276,7 @@ def main() -> None:
         cmp_ = _run_child("compare", path, ns)
         if ns.fp16:
             _make_fp16(path)
-            fp16 = {mode: _run_child(mode, path, ns) for mode in ("fp16-baseline", "fp16-compare", "polygraphy")}
+            fp16 = {mode: _run_child(mode, path, ns) for mode in ("fp16-baseline", "fp16-floor", "fp16-compare", "polygraphy")}
     one = base["torch_s"] + base["ort_s"]
     budget = f", memory_budget {ns.budget_mb} MiB" if ns.budget_mb else ""
     print(f"resnet50, input {ns.batch}x3x{ns.size}x{ns.size}, {os.cpu_count()} CPU(s), best of {ns.repeat}{budget}")
@@ -244,6 +301,11 @@ def _print_fp16(r: dict) -> None:
     print(f"  lt.compare (cosine)       {c['compare_s'] * 1e3:8.1f} ms   (first call {c['compare_first_s'] * 1e3:.0f} ms)"
           f" -> {c['compare_s'] / one:.2f}x one run of each (goal <= 4x); rows {c['rows']} {c['counts']}, "
           f"ORT runs {c['ort_runs']}, first divergence {c['first_divergence']}")
+    for way, label in (("naive", "weights serialised"), ("by_ref", "weights by reference")):
+        f = r["fp16-floor"][way]
+        print(f"  ORT alone, every tensor exposed, {label}: load+build+run each {f['floor_s'] * 1e3:7.1f} ms "
+              f"(builds {f['builds_s'] * 1e3:.0f}, runs {f['runs_s'] * 1e3:.0f}) = {f['floor_s'] / one:.2f}x one run of "
+              f"each; lt.compare is {c['compare_s'] / f['floor_s']:.2f}x that")
     print(f"  ORT sessions + one run of each {(one + b['sessions_s']) * 1e3:8.1f} ms -> lt.compare is "
           f"{c['compare_s'] / (one + b['sessions_s']):.2f}x (what a user waits for either way)")
     print(f"  polygraphy run x2         {pg['polygraphy_s'] * 1e3:8.1f} ms   -> {pg['polygraphy_s'] / one:.2f}x; "
