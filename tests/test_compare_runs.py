@@ -205,6 +205,7 @@ def test_ort_enable_all_copy_read_through_its_nchwc_layout(r18):
     assert faulty.first_divergence == "layer2.1.relu#0"
     assert _row(faulty, "layer2.0").ok is True
     assert "blocked NCHWc layout" in (_row(faulty, "layer2.1.relu#0").note or "")
+    assert "max|cand - ref| / max|ref|" in "\n".join(faulty.footer())
 
 
 def test_onnxslim_simplified_copy(r18):

@@ -116,8 +116,8 @@ def explain(report: Any) -> str:
     p.append(_after(rows, fi))
     p.append(_nonfinite_words(report, first))
     counts = getattr(report, "first_divergence_counts", None)
-    if counts:
-        total = sum(counts.values())
+    total = getattr(report, "samples", None) or sum((counts or {}).values())
+    if counts and total > 1:  # over one sample the sentence says nothing new
         n = counts.get(field(first, "name"), 0)
         p.append(f"Over {total} samples it was the first to diverge in {n}.")
     worst = field(first, "worst_sample")

@@ -94,8 +94,7 @@ class LocalGraph:
                 results[job] = "the call holds control flow (subgraphs); its part cannot be run alone"
                 continue
             if any(self.cand.graph.node[i].domain == NCHWC_DOMAIN for i in nodes):
-                results[job] = ("the call runs in ONNX Runtime's blocked NCHWc layout (a file saved at "
-                                "ORT_ENABLE_ALL); its part is not run alone")
+                results[job] = "its part runs in ORT's blocked NCHWc layout, not run alone"
                 continue
             rename = {t: f"lt_local{job}/{t}" for t in entering}
             for i in nodes:

@@ -15,6 +15,8 @@ from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL, Criterion, ErrorStats, Toler
 
 PASS, FAIL, NO_COUNTERPART, ABSORBED = "pass", "FAIL", "no counterpart", "absorbed"
 STATISTIC = "rel_err = max|onnx - torch| / max|torch|; pass when max_abs <= atol + rtol * max|torch|"
+#: the same rule when the reference is an ONNX file
+STATISTIC_ONNX = "rel_err = max|cand - ref| / max|ref|; pass when max_abs <= atol + rtol * max|ref|"
 
 
 @dataclass
@@ -160,7 +162,7 @@ class CompareReport(ToleranceReport):
             "onnx": self.onnx_path,
             "rtol": self.rtol,
             "atol": self.atol,
-            "statistic": STATISTIC,
+            "statistic": self._statistic(),
             "ort_optimizations": self.ort_optimizations,
             "ort_runs": self.ort_runs,
             "counts": self.counts(),
@@ -201,8 +203,11 @@ class CompareReport(ToleranceReport):
 
     def _rule(self) -> str:
         if self.criterion.metric == "rel":
-            return f"rtol {self.rtol:g}, atol {self.atol:g}; {STATISTIC}"
+            return f"rtol {self.rtol:g}, atol {self.atol:g}; {self._statistic()}"
         return self.criterion.describe()
+
+    def _statistic(self) -> str:
+        return STATISTIC_ONNX if self.reference else STATISTIC
 
     def uncompared_before(self, row: CompareRow) -> list[CompareRow]:
         """Rows not compared between ``row`` and the last compared row before it.
