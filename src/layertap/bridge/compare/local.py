@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from ...onnxfile.ort import NCHWC_DOMAIN
 from .align import Item
+from .nchwc import block, blocked_tensors, unblock
 from .report import CompareRow, pair_tensors, same_shape
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,6 +52,13 @@ class LocalGraph:
         self.inits = {i.name: i for i in cand.graph.initializer}
         self.graph_inputs = [i.name for i in cand.graph.input if i.name not in self.inits]
         self._last: tuple[bytes, Any] | None = None
+        # tensors in ORT's NCHWc layout (an ORT_ENABLE_ALL file): fed blocked, read back as NCHW
+        self.blocked = blocked_tensors(cand.graph)
+        self.block = 0
+        if self.blocked:
+            from ...onnxfile.ort import nchwc_block_size
+
+            self.block = nchwc_block_size() or 0
 
     def part(self, path: str, call: int, tensors: Sequence[str]) -> tuple[list[int], tuple[str, ...]]:
         """Nodes and entering tensors of a call (its module scope, else the nodes making ``tensors``)."""
@@ -92,9 +99,6 @@ class LocalGraph:
                 continue
             if any(_has_subgraph(self.cand.graph.node[i]) for i in nodes):
                 results[job] = "the call holds control flow (subgraphs); its part cannot be run alone"
-                continue
-            if any(self.cand.graph.node[i].domain == NCHWC_DOMAIN for i in nodes):
-                results[job] = "its part runs in ORT's blocked NCHWc layout, not run alone"
                 continue
             rename = {t: f"lt_local{job}/{t}" for t in entering}
             for i in nodes:
@@ -151,8 +155,13 @@ class LocalGraph:
             value = next((v for v in (ref_of(s) for s in self.source(t)) if v is not None), None)
             if value is None:
                 return f"its input {t} has no reference value (the boundary cannot be matched)"
-            fed[t] = self._typed(t, value)
+            typed = self._typed(t, value)
+            fed[t] = block(typed, self.block) if t in self.blocked else typed
         return fed
+
+    def as_reference(self, name: str, value: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+        """A locally computed output in the reference's layout (NCHW for a blocked tensor)."""
+        return unblock(value, shape, self.block) if name in self.blocked else value
 
     def _typed(self, t: str, value: np.ndarray) -> np.ndarray:
         """The reference's value in the candidate's type and declared shape (float16 for a float16 file)."""
@@ -201,13 +210,17 @@ def _elem(value: np.ndarray) -> int:
     return int(onnx.helper.np_dtype_to_tensor_dtype(value.dtype))
 
 
-def local_rel(outputs: dict[str, np.ndarray], pairs: Sequence[tuple[np.ndarray, str]], criterion: Any) -> float | None:
-    """The worst rel error of the locally computed outputs against the reference's values."""
+def local_rel(outputs: dict[str, np.ndarray], pairs: Sequence[tuple[np.ndarray, str]], criterion: Any,
+              graph: "LocalGraph | None" = None) -> float | None:
+    """The worst rel error of the locally computed outputs against the reference's values
+    (read in the reference's layout through ``graph``)."""
     worst = None
     for ref, name in pairs:
         got = outputs.get(name)
         if got is None:
             continue
+        if graph is not None:
+            got = graph.as_reference(name, got, ref.shape)
         if got.shape != ref.shape and got.size == ref.size:
             got = got.reshape(ref.shape)
         if got.shape != ref.shape:
@@ -287,16 +300,16 @@ class LocalRunner:
             pr = ref_pairs(it, ref_values, cand_shapes)
             pairs[k] = [(ref_values[r], c) for r, c in pr if r in ref_values]
             jobs.append((k, nodes, entering, [c for _, c in pr]))
-        _finish(self.graph.run(jobs, ref_of), pairs, rows, self.criterion)
+        _finish(self.graph, self.graph.run(jobs, ref_of), pairs, rows, self.criterion)
 
 
-def _finish(results: dict[int, Any], pairs: dict[int, list[tuple[np.ndarray, str]]], rows: list[CompareRow],
-            criterion: Any) -> None:
+def _finish(graph: LocalGraph, results: dict[int, Any], pairs: dict[int, list[tuple[np.ndarray, str]]],
+            rows: list[CompareRow], criterion: Any) -> None:
     for k, got in results.items():
         if isinstance(got, str):
             annotate(rows[k], None, got)
         else:
-            annotate(rows[k], local_rel(got, pairs.get(k, []), criterion), None)
+            annotate(rows[k], local_rel(got, pairs.get(k, []), criterion, graph), None)
 
 
 def local_errors_torch(graph: LocalGraph, items: list[Item], rows: list[CompareRow], builder: Any,
@@ -326,5 +339,5 @@ def local_errors_torch(graph: LocalGraph, items: list[Item], rows: list[CompareR
         jobs.append((k, nodes, entering, [n for _, n in pairs[k]]))
     if not jobs:
         return
-    _finish(graph.run(jobs, ref_of), pairs, rows, builder.criterion)
+    _finish(graph, graph.run(jobs, ref_of), pairs, rows, builder.criterion)
 
