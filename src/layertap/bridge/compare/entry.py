@@ -49,8 +49,9 @@ import numpy as np
 from ...errors import InputSpecError, LayertapError, unknown_name
 from ..tolerance import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, Criterion
 from .align import Item, RowBuilder, blame_rewritten, call_counts, plan_items, split_batches
+from .nchwc import blocked_tensors
 from .onnx_side import OrtRunner, ScopeView, check_feed_shapes, check_same_model, feed_from_args
-from .report import CompareReport, CompareRow
+from .report import NO_COUNTERPART, CompareReport, CompareRow
 from .samples import merge_samples
 from .torch_side import ArrayStore, run_torch
 
@@ -310,6 +311,7 @@ def _compare_torch(
     for feed in feeds:
         check_feed_shapes(feed, runner.input_shapes())
     prog = progress if progress is not None else _Silent()
+    blocked = blocked_tensors(proto.graph)
     held = _TorchSamples(runner, criterion, local, prog)
     try:
         for (a, k), feed in zip(runs, feeds):
@@ -318,7 +320,7 @@ def _compare_torch(
             prog.step("PyTorch forward")
             calls, root = run_torch(model, a, k, method, store, wanted)
             prog.advance()
-            items = [it for it in plan_items(calls, root, view, own_outputs(proto), include_root)
+            items = [_refuse_blocked(it, blocked) for it in plan_items(calls, root, view, own_outputs(proto), include_root)
                      if wanted(it.mc.path) or it.mc is root]
             builder = RowBuilder(items, store, criterion, call_counts(calls))
             held.add(_TorchSample(items, builder, split_batches(items, store, batch_outputs, memory_budget), feed))
@@ -329,7 +331,8 @@ def _compare_torch(
     rows, firsts = merge_samples(per_sample, criterion)
     return CompareReport(
         rows,
-        _notes(model, view, runner, spilled, len(runs), failed=any(r.ok is False for r in rows)),
+        _notes(model, view, runner, spilled, len(runs), failed=any(r.ok is False for r in rows)) + (
+            [NCHWC_NOTE] if blocked else []),
         criterion=criterion,
         onnx_path=str(onnx_path),
         ort_optimizations=ort_optimizations,
@@ -348,6 +351,20 @@ def _check_options(rtol: Any, atol: Any, batch_outputs: Any, memory_budget: Any)
         raise LayertapError(f"batch_outputs must be a positive integer, got {batch_outputs!r}")
     if not isinstance(memory_budget, int) or memory_budget < 1:
         raise LayertapError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
+
+
+#: said when a PyTorch reference meets a file with ORT's NCHWc kernels
+NCHWC_NOTE = ("the file holds ONNX Runtime's NCHWc kernels (saved at ORT_ENABLE_ALL), whose tensors are in a blocked "
+              "layout: compare it with the file it was optimised from as the reference (compare SRC.onnx THIS.onnx), "
+              "or save it at ORT_ENABLE_EXTENDED")
+
+
+def _refuse_blocked(item: Item, blocked: set[str]) -> Item:
+    """A call answered by a tensor in ORT's NCHWc layout is not compared with PyTorch's NCHW value."""
+    if item.status is None and blocked.intersection(item.tensors):
+        item.status, item.tensors, item.unverified = NO_COUNTERPART, (), None
+        item.note = "its ONNX tensor is in ONNX Runtime's blocked NCHWc layout (a file saved at ORT_ENABLE_ALL)"
+    return item
 
 
 @dataclass
