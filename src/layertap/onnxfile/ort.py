@@ -256,6 +256,35 @@ def nchwc_block_size() -> int | None:
     return int(at[0]) if at.size and at[0] > 1 else None
 
 
+def as_float32(a: np.ndarray) -> np.ndarray:
+    """A float16 array as float32 through one ONNX Runtime ``Cast`` (vectorised, on every core:
+    5-10x numpy's one-thread cast, which was most of the cost of judging a float16 file).
+    Exact, like numpy's; small arrays, and any ORT refuses, take numpy.
+
+    Example:
+        >>> out = as_float32(np.full(5000, 1.5, np.float16))
+        >>> out.dtype, float(out.sum())
+        (dtype('float32'), 7500.0)
+    """
+    if a.dtype == np.float16 and a.size >= 4096:
+        try:
+            return _half_to_float().run(None, {"x": np.ascontiguousarray(a)})[0]
+        except Exception:  # noqa: BLE001 - numpy below gives the same values
+            pass
+    return a.astype(np.float32)
+
+
+@functools.lru_cache(maxsize=1)
+def _half_to_float() -> Any:
+    """A session of one ``Cast`` float16 -> float32 for tensors of any shape."""
+    import onnx.helper as h
+
+    graph = h.make_graph([h.make_node("Cast", ["x"], ["y"], to=1)], "widen",
+                         [h.make_tensor_value_info("x", 10, None)], [h.make_tensor_value_info("y", 1, None)])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    return SessionSource(model, Path(".")).session(optimize=False)
+
+
 def quiet_logs() -> None:
     """Silence ONNX Runtime's process-wide logger (load-time warnings and errors print to stderr otherwise).
 

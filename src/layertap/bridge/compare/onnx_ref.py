@@ -278,7 +278,7 @@ def compare_onnx(
             cand_names = list(dict.fromkeys(t for it in batch for t in it.tensors))
             for s, (feed, cfeed) in enumerate(zip(feeds, cand_feeds)):
                 ref_values = ref.runner.run(ref_names, feed) if ref_names else {}
-                cand_values = _widened(cand.runner.run(cand_names, cfeed) if cand_names else {})
+                cand_values = cand.runner.run(cand_names, cfeed) if cand_names else {}
                 _unblocked(cand_values, batch, ref_values, blocked)
                 rows = _batch_rows(batch, builder, store, ref_values, cand_values)
                 if locals_ is not None:
@@ -331,24 +331,6 @@ def _unblocked(values: dict[str, np.ndarray], batch: list[Item], ref_values: dic
             if c in blocked and c not in done and c in values and r in ref_values:
                 values[c] = unblock(values[c], ref_values[r].shape, block)
                 done.add(c)
-
-
-def _widened(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """float16 / bfloat16 values as float32, converted on every core (numpy casts one
-    thread at a time, and this is most of the cost of judging a float16 candidate).
-
-    Example:
-        >>> _widened({"a": np.ones(3, np.float16), "b": np.ones(2, np.int64)})["a"].dtype
-        dtype('float32')
-    """
-    narrow = [k for k, v in values.items() if v.dtype.kind == "f" and v.dtype.itemsize < 4 or v.dtype.name == "bfloat16"]
-    if not narrow:
-        return values
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
-        wide = dict(zip(narrow, pool.map(lambda k: values[k].astype(np.float32), narrow)))
-    return {**values, **wide}
 
 
 def _same_run(a: Path, b: Path, pa: Sequence[str], pb: Sequence[str], oa: bool, ob: bool) -> bool:
