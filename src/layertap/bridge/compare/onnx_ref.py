@@ -89,7 +89,7 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
     from ...onnxfile.ort import inferred_types
     from ...onnxfile.scopes import ScopeMap
 
-    ref_map, cand_map = ScopeMap.from_model(ref), ScopeMap.from_model(cand)
+    ref_map = ScopeMap.from_model(ref)
     ref_made, cand_made = _producers(ref.graph), _producers(cand.graph)
     through = stand_ins(cand.graph)
     cand_inputs = {i.name for i in cand.graph.input}
@@ -105,13 +105,22 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
     items: list[Item] = []
     counts: dict[str, int] = {}
     if ref_map.source != "none":
-        cand_cps = {(c.path, c.call): c for c in cand_map.counterparts()} if cand_map.source != "none" else {}
+        cand_cps: dict[tuple[str, int], Any] | None = None
+
+        def cand_call(path: str, call: int) -> Any:
+            """The candidate's own call of a module; its scopes are read only when some tensor is not found by name."""
+            nonlocal cand_cps
+            if cand_cps is None:
+                cand_map = ScopeMap.from_model(cand)
+                cand_cps = {(c.path, c.call): c for c in cand_map.counterparts()} if cand_map.source != "none" else {}
+            return cand_cps.get((path, call))
+
         for cp in ref_map.counterparts():
             if not wanted(cp.path):
                 continue
             counts[cp.path] = ref_map.calls(cp.path)
             mc = ModuleCall(len(items), cp.path, cp.call, _op(ref_made, cp.tensors))
-            items.append(_scope_item(mc, cp, cand_cps.get((cp.path, cp.call)), by_name, ref_made, through))
+            items.append(_scope_item(mc, cp, cand_call, by_name, ref_made, through))
         mode = "scopes"
     else:
         from ...onnxfile._graph import GraphFacts
@@ -139,8 +148,8 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
     return items, counts, mode
 
 
-def _scope_item(mc: ModuleCall, cp: Any, ccp: Any, by_name: Callable[[str], str | None], ref_made: dict[str, Any],
-                through: dict[str, str]) -> Item:
+def _scope_item(mc: ModuleCall, cp: Any, cand_call: Callable[[str, int], Any], by_name: Callable[[str], str | None],
+                ref_made: dict[str, Any], through: dict[str, str]) -> Item:
     """One reference module call: by tensor name first, then by the candidate's own call."""
     if not cp.tensors:
         status = ABSORBED if cp.absorbed_by else NO_COUNTERPART
@@ -149,6 +158,7 @@ def _scope_item(mc: ModuleCall, cp: Any, ccp: Any, by_name: Callable[[str], str 
     named = [by_name(t) for t in cp.tensors]
     if all(n is not None for n in named):
         return Item(mc, tuple(n for n in named if n is not None), ref_tensors=tuple(cp.tensors))
+    ccp = cand_call(cp.path, cp.call)
     if ccp is None:
         return Item(mc, status=NO_COUNTERPART, note="the candidate has neither its tensors nor a call of this module")
     if not ccp.tensors:
