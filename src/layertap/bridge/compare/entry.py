@@ -312,7 +312,7 @@ def _compare_torch(
         check_feed_shapes(feed, runner.input_shapes())
     prog = progress if progress is not None else _Silent()
     blocked = blocked_tensors(proto.graph)
-    held = _TorchSamples(runner, criterion, local, prog)
+    held = _TorchSamples(runner, local, prog)
     try:
         for (a, k), feed in zip(runs, feeds):
             store = ArrayStore(max(0, memory_budget - held.held_bytes()))
@@ -389,8 +389,8 @@ class _TorchSamples:
     once, not once per sample.
     """
 
-    def __init__(self, runner: OrtRunner, criterion: Criterion, local: bool, prog: Progress) -> None:
-        self.runner, self.criterion, self.local, self.prog = runner, criterion, local, prog
+    def __init__(self, runner: OrtRunner, local: bool, prog: Progress) -> None:
+        self.runner, self.local, self.prog = runner, local, prog
         self.stores: list[ArrayStore] = []
         self.samples: list[_TorchSample] = []
         self.spilled = 0
