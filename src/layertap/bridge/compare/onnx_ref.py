@@ -12,6 +12,9 @@ Alignment (:func:`align_files`), per row of the reference:
   under another name (ORT fused the node into a neighbour), which is not this call's value;
 * a quantised candidate's tensor is read through its ``QuantizeLinear -> DequantizeLinear``
   pair: the ``DequantizeLinear`` output is the value the rest of the graph sees;
+* a file ONNX Runtime saved at ``ORT_ENABLE_ALL`` holds many tensors in its blocked NCHWc
+  layout under new names: each is found through the node named after the tensor it replaced,
+  and read back as NCHW (:mod:`.nchwc`);
 * the model's outputs pair by position (names may differ between exporters).
 """
 
@@ -86,15 +89,13 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
     Returns the items (``ref_tensors`` set), calls per module path (for ``PATH#k`` names)
     and the alignment mode (``"scopes"`` or ``"names"``).
     """
-    from ...onnxfile.ort import inferred_types
+    from ...onnxfile.ort import inferred_types, nchwc_block_size
     from ...onnxfile.scopes import ScopeMap
 
     ref_map = ScopeMap.from_model(ref)
     ref_made, cand_made = _producers(ref.graph), _producers(cand.graph)
     through = stand_ins(cand.graph)
     cand_inputs = {i.name for i in cand.graph.input}
-    from ...onnxfile.ort import nchwc_block_size
-
     blocked = blocked_stand_ins(cand.graph, ref.graph) if nchwc_block_size() else {}
 
     def by_name(t: str) -> str | None:
