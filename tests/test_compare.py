@@ -245,6 +245,27 @@ def test_error_stats_near_zero_values_do_not_explode():
     assert s.ok and s.rel_err < 1e-6 and s.scale == pytest.approx(3.0)
 
 
+def test_fast_paths_give_the_exact_paths_values():
+    """The one-pass float32 statistics and ORT's float16 cast agree with the plain numpy ones,
+    special values included (those leave the fast path)."""
+    from layertap.bridge.tolerance import Criterion, error_stats, similarity
+    from layertap.onnxfile.ort import as_float32
+
+    rng = np.random.default_rng(3)
+    ref = rng.standard_normal(10_000).astype(np.float32)
+    for got in (ref * 1.001, ref + 1e-7, ref.copy()):
+        fast = Criterion(metric="cosine").judge(ref, got)
+        slow, (cos, sqnr, finite) = error_stats(ref, got), similarity(ref, got)
+        assert (fast.max_abs, fast.scale, fast.rel_err) == (slow.max_abs, slow.scale, slow.rel_err)
+        assert (fast.cosine, fast.sqnr_db, fast.finite) == (cos, sqnr, finite)
+    bad = ref.copy()
+    bad[7] = np.nan
+    assert not Criterion(check_finite=True).judge(ref, bad).ok and not Criterion().judge(ref, bad).finite
+    half = np.concatenate([rng.standard_normal(8192), [np.inf, -np.inf, np.nan, 6e-8, -0.0, 65504.0]]).astype(np.float16)
+    np.testing.assert_array_equal(as_float32(half), half.astype(np.float32))
+    assert as_float32(half).dtype == np.float32
+
+
 def test_error_stats_fails_and_handles_nan():
     from layertap.bridge.tolerance import error_stats
 
