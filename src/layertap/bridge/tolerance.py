@@ -131,10 +131,12 @@ def similarity(ref: np.ndarray, got: np.ndarray) -> tuple[float, float, bool]:
     return cosine, sqnr, finite_got
 
 
-def _similarity_f32(a: np.ndarray, b: np.ndarray) -> tuple[float, float, bool] | None:
+def _similarity_f32(a: np.ndarray, b: np.ndarray, d: np.ndarray | None = None) -> tuple[float, float, bool] | None:
     """The common case, all finite float32: BLAS dot products (float32 accumulation is
-    ample for these ratios); ``None`` sends non-finite values to the exact path."""
-    d = b - a
+    ample for these ratios); ``None`` sends non-finite values to the exact path.
+    ``d``: ``b - a`` when the caller made it already."""
+    if d is None:
+        d = b - a
     na, nb, ab, noise = float(np.dot(a, a)), float(np.dot(b, b)), float(np.dot(a, b)), float(np.dot(d, d))
     if not all(map(math.isfinite, (na, nb, ab, noise))):
         return None
@@ -169,16 +171,10 @@ def _judge_f32(ref: np.ndarray, got: np.ndarray, rtol: float, atol: float
     scale = max(abs(float(r.max())), abs(float(r.min())))
     if not (math.isfinite(max_abs) and math.isfinite(scale)):
         return None
-    na, nb, ab, noise = float(np.dot(r, r)), float(np.dot(g, g)), float(np.dot(r, g)), float(np.dot(d, d))
-    if not all(map(math.isfinite, (na, nb, ab, noise))):
+    similar = _similarity_f32(r, g, d)
+    if similar is None:
         return None
-    if na == 0 or nb == 0:
-        cosine = 1.0 if na == nb else 0.0
-    else:
-        cosine = max(-1.0, min(1.0, ab / math.sqrt(na * nb)))
-    sqnr = math.inf if noise == 0 else (10 * math.log10(na / noise) if na > 0 else -math.inf)
-    stats = ErrorStats(max_abs, scale, _rel(max_abs, scale), bool(max_abs <= atol + rtol * scale))
-    return stats, (cosine, sqnr, True)
+    return ErrorStats(max_abs, scale, _rel(max_abs, scale), bool(max_abs <= atol + rtol * scale)), similar
 
 
 @dataclass(frozen=True)

@@ -315,8 +315,7 @@ def _compare_torch(
     held = _TorchSamples(runner, local, prog)
     try:
         for (a, k), feed in zip(runs, feeds):
-            store = ArrayStore(max(0, memory_budget - held.held_bytes()))
-            held.stores.append(store)
+            store = held.new_store(memory_budget)
             prog.step("PyTorch forward")
             calls, root = run_torch(model, a, k, method, store, wanted)
             prog.advance()
@@ -396,8 +395,11 @@ class _TorchSamples:
         self.spilled = 0
         self._parts: Any = None  # the candidate's part graphs for --local (LocalGraph)
 
-    def held_bytes(self) -> int:
-        return sum(st.held for st in self.stores)
+    def new_store(self, budget: int) -> ArrayStore:
+        """A store for the next sample's values, with what the samples still held leave of ``budget``."""
+        store = ArrayStore(max(0, budget - sum(st.held for st in self.stores)))
+        self.stores.append(store)
+        return store
 
     def add(self, sample: _TorchSample) -> None:
         self.samples.append(sample)

@@ -140,10 +140,6 @@ def merge_samples(per_sample: Sequence[Sequence[CompareRow]], criterion: Criteri
         >>> rows[0].status, rows[0].worst_sample, counts
         ('FAIL', 1, {'fc': 1})
     """
-    if len(per_sample) == 1:  # nothing to merge: the rows are already the worst (and only) sample's
-        only = list(per_sample[0])
-        first = next((r.name for r in only if r.ok is False), None)
-        return only, {first: 1} if first is not None else {}
     order: list[str] = []
     best: dict[str, tuple[CompareRow, int]] = {}
     local: dict[str, float] = {}
@@ -166,7 +162,9 @@ def merge_samples(per_sample: Sequence[Sequence[CompareRow]], criterion: Criteri
         fields: dict[str, Any] = {"worst_sample": s if len(per_sample) > 1 and row.ok is not None else None}
         if name in local:
             fields["local_rel"] = local[name]
-        merged.append(dataclasses.replace(row, **fields))
+        # a copy only where a field changes (with one sample, none does)
+        changed = any(getattr(row, k) != v for k, v in fields.items())
+        merged.append(dataclasses.replace(row, **fields) if changed else row)
     return merged, dict(firsts)
 
 
