@@ -77,17 +77,25 @@ def _make_variant(src: Path, variant: str, out: Path) -> Path | None:
     return out
 
 
+def _every_module_output(torch_mod, model, args: tuple, value) -> dict[str, list]:
+    """``value(output)`` of every call of every submodule in one forward, by module path (plain hooks)."""
+    seen: dict[str, list] = {}
+    handles = [m.register_forward_hook(lambda m, a, o, n=n: seen.setdefault(n, []).append(value(o)))
+               for n, m in model.named_modules() if n]
+    try:
+        with torch_mod.no_grad():
+            model(*args)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
 @pytest.fixture(scope="module")
 def rewritten(resnet18, torch_mod, tmp_path_factory):
     """resnet18 (1x3x32x32) from both exporters, each rewritten by every tool, plus PyTorch's values."""
     x = torch_mod.randn(1, 3, 32, 32, generator=torch_mod.Generator().manual_seed(3))
-    seen: dict[str, list[np.ndarray]] = {}
-    handles = [m.register_forward_hook(lambda m, a, o, n=n: seen.setdefault(n, []).append(o.detach().numpy().copy()))
-               for n, m in resnet18.named_modules() if n]
-    with torch_mod.no_grad():
-        resnet18(x)
-    for h in handles:
-        h.remove()
+    seen = _every_module_output(torch_mod, resnet18, (x,), lambda o: o.detach().numpy().copy())
     folder = tmp_path_factory.mktemp("rewritten")
     files: dict[tuple[str, str], Path] = {}
     for exporter in ("dynamo", "torchscript"):
@@ -306,19 +314,13 @@ def bert_rewritten(torch_mod, tmp_path_factory):
 
     model = Wrap().eval()
     ids = torch_mod.randint(0, 100, (1, 8), generator=torch_mod.Generator().manual_seed(0))
-    seen: dict[str, list[np.ndarray]] = {}
 
     def first(v):  # a tuple or model-output result: its first tensor (what one ONNX tensor can hold)
         while not isinstance(v, torch_mod.Tensor) and v is not None:
             v = v[0] if isinstance(v, (tuple, list)) and v else (v.to_tuple()[0] if hasattr(v, "to_tuple") else None)
         return None if v is None else v.detach().numpy().copy()
 
-    handles = [m.register_forward_hook(lambda m, a, o, n=n: seen.setdefault(n, []).append(first(o)))
-               for n, m in model.named_modules() if n]
-    with torch_mod.no_grad():
-        model(ids)
-    for h in handles:
-        h.remove()
+    seen = _every_module_output(torch_mod, model, (ids,), first)
     folder = tmp_path_factory.mktemp("bert_rewritten")
     files: dict[tuple[str, str], Path] = {}
     for exporter in ("dynamo", "torchscript"):
