@@ -34,6 +34,19 @@ class Net(nn.Module):
 
 class SlowNet(Net):
     SLEEP = 0.25
+
+
+class Threads(nn.Module):
+    """Each sample's output is torch.get_num_threads() during the forward; a negative input acts as Ctrl-C."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = nn.Identity()
+
+    def forward(self, x):
+        if bool((x < 0).any()):
+            raise KeyboardInterrupt
+        return self.count(torch.full((x.shape[0], 1), float(torch.get_num_threads())))
 '''
 
 

@@ -12,7 +12,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
 
 import layertap as lt  # noqa: E402
-from _datasets import image_folder, npy_folder, same_tree  # noqa: E402
+from _datasets import image_folder, npy_folder, same_tree, write_model  # noqa: E402
 from conftest import run_cli  # noqa: E402
 from layertap.errors import LayertapError  # noqa: E402
 
@@ -26,13 +26,27 @@ def cluster():
     ray.shutdown()
 
 
-def test_ray_equals_local_byte_for_byte(cluster, tmp_path):
+def test_ray_equals_local_byte_for_byte(cluster, tmp_path, caplog):
     data = npy_folder(tmp_path / "data", n=22, shape=(3, 32, 32))
     kw = dict(taps=["layer1.0", "layer4"], batch_size=4, shard_size=6, pool="mean", dtype="float16", progress=False)
     local = lt.extract_dataset("torchvision:resnet18", data, out=tmp_path / "local", **kw)
     on_ray = lt.extract_dataset("torchvision:resnet18", data, out=tmp_path / "ray", engine="ray", **kw)
     assert on_ray.ids == local.ids and on_ray.taps == local.taps == ["layer1.0", "layer4"]
     assert same_tree(tmp_path / "local", tmp_path / "ray") == []  # same shards, same manifest
+    assert [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()] == []  # current Ray Data API
+
+
+def test_ray_actors_run_on_the_drivers_thread_count(cluster, tmp_path):
+    # Ray starts actors with OMP_NUM_THREADS=num_cpus; a forward on another thread count sums in another order
+    first = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)  # neither Ray's per-actor default nor this cluster's CPU count
+        f = lt.extract_dataset(f"{write_model(tmp_path)}:Threads", [np.zeros(1, np.float32)] * 6, taps=["count"],
+                               out=tmp_path / "o", batch_size=2, shard_size=2, engine="ray", progress=False)
+    finally:
+        torch.set_num_threads(first)
+    assert f.manifest.data["options"]["threads"] == 3
+    assert np.asarray(f["count"]).ravel().tolist() == [3.0] * 6
 
 
 def test_ray_images_resume_and_bad_samples(cluster, tmp_path):
@@ -46,7 +60,7 @@ def test_ray_images_resume_and_bad_samples(cluster, tmp_path):
     f = lt.extract_dataset("torchvision:resnet18", folder, out=tmp_path / "skip", engine="ray", skip_bad=True, **kw)
     local = lt.extract_dataset("torchvision:resnet18", folder, out=tmp_path / "local", skip_bad=True, **kw)
     assert [s["id"] for s in f.skipped] == ["dogs/zz_broken.png"] and f.ids == local.ids
-    np.testing.assert_array_equal(np.asarray(f["layer2"]), np.asarray(local["layer2"]))
+    assert np.array_equal(np.asarray(f["layer2"]), np.asarray(local["layer2"]))  # a batch of 1 (beside the bad sample) too
     (folder / "dogs" / "zz_broken.png").unlink()
     resumed = lt.extract_dataset("torchvision:resnet18", folder, out=tmp_path / "ray", engine="ray", resume=True, **kw)
     fresh = lt.extract_dataset("torchvision:resnet18", folder, out=tmp_path / "fresh", **kw)
@@ -60,6 +74,7 @@ def test_cli_joins_a_running_cluster_by_address(cluster, tmp_path):
     args = ["extract", "torchvision:resnet18", "--tap", "layer3", "--data", str(data), "--pool", "mean", "--shard-size", "2"]
     r = run_cli(*args, "-o", str(tmp_path / "ray"), "--ray", address)
     assert r.returncode == 0, r.stderr
+    assert "deprecated" not in r.stderr
     assert run_cli(*args, "-o", str(tmp_path / "local")).returncode == 0
     assert same_tree(tmp_path / "local", tmp_path / "ray") == []
 

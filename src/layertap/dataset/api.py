@@ -102,7 +102,7 @@ def extract_dataset(
     count = None
     if isinstance(source, MapSource):
         count = len(source) if limit is None else min(limit, len(source))
-    header = {"model": spec.describe(), "data": source.describe(), "options": opts.recorded(tap_texts, device),
+    header = {"model": spec.describe(), "data": source.describe(), "options": opts.recorded(tap_texts, device, _threads(spec)),
               "preprocessing": recipe[0].to_dict() if recipe and recipe[0] is not None and source.preprocess is not None else None}
     ref = _reference(source, skip_bad)
     if not spec.is_onnx and device != "cpu":
@@ -131,6 +131,15 @@ def _run(job: Job, engine: str, ray_address: str | None, progress: bool | None) 
     from .local import run_local
 
     return run_local(job, progress)
+
+
+def _threads(spec: BackendSpec) -> int | None:
+    """PyTorch's intra-op thread count here, which every forward of the run will use (None for ONNX files)."""
+    if spec.is_onnx:
+        return None  # no torch import for ONNX files
+    import torch
+
+    return int(torch.get_num_threads())
 
 
 def _check_device(device: str) -> None:

@@ -119,6 +119,24 @@ class TorchBackend:
         return t.to(self.device, non_blocking=True) if self.device.type != "cpu" else t
 
 
+def pin_threads(n: int | None) -> int | None:
+    """Set PyTorch's intra-op thread count to ``n``; return the count before (None when ``n`` is None).
+
+    A convolution split over 2 threads sums in another order than over 1, so
+    values differ in the last bits: the local engine, Ray actors (which Ray
+    starts with ``OMP_NUM_THREADS=1``) and resumed runs all pin the count the
+    manifest records.
+    """
+    if n is None:
+        return None
+    import torch
+
+    before = torch.get_num_threads()
+    if before != n:
+        torch.set_num_threads(n)
+    return before
+
+
 def check_device(torch: Any, name: str):
     """``torch.device(name)`` for ``cpu`` / ``cuda[:N]``, or a one-line error (no GPU, bad name)."""
     if name not in ("cpu", "cuda") and not name.startswith("cuda:"):

@@ -34,11 +34,16 @@ class Options:
     skip_bad: bool = False
     workers: int = 0
 
-    def recorded(self, taps: list[str], device: str) -> dict:
-        """The options as the manifest records them (``workers`` changes no value)."""
+    def recorded(self, taps: list[str], device: str, threads: int | None) -> dict:
+        """The options as the manifest records them (``workers`` changes no value).
+
+        ``threads`` is PyTorch's intra-op thread count (None for ONNX files):
+        how many threads split a convolution decides the order of its float
+        sums, so every engine and every resumed run uses the recorded count.
+        """
         return {"taps": list(taps), "format": self.format, "dtype": self.dtype, "pool": self.pool,
                 "shard_size": self.shard_size, "batch_size": self.batch_size, "limit": self.limit,
-                "skip_bad": self.skip_bad, "device": device}
+                "skip_bad": self.skip_bad, "device": device, "threads": threads}
 
 
 @dataclass
@@ -50,6 +55,11 @@ class Job:
     reference: Reference | None
     count: int | None  # source samples to read (after --limit); None for iterators
     manifest: Manifest
+
+    @property
+    def threads(self) -> int | None:
+        """PyTorch's intra-op thread count for every forward of this extraction (None: leave it)."""
+        return self.manifest.header["options"].get("threads")
 
     @property
     def done(self) -> set[int]:
@@ -100,6 +110,8 @@ def prepare_out(out: Path, header: dict, resume: bool) -> Manifest:
         if not resume:
             state = "a complete" if m.status == "complete" else "an interrupted"
             raise LayertapError(f"'{out}' already holds {state} extraction; pass --resume to continue it, or choose a new OUT_DIR")
+        # the thread count is this machine's, not a user option: the resumed shards use the first run's
+        header["options"]["threads"] = m.header["options"].get("threads")
         m.check_same(header)
         remove_leftovers(out)
         return m

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
 from ..errors import LayertapError
+from .backends import pin_threads
 from .batches import Collated, ShardAssembler, ShardData, batch_ranges, chunked, collate
 from .job import Job
 from .sources import Bad, IterSource, reference
@@ -23,6 +24,14 @@ from .sources import Bad, IterSource, reference
 
 def run_local(job: Job, progress: bool | None) -> int:
     """Run every shard the manifest lacks; return the number of source samples."""
+    before = pin_threads(job.threads)
+    try:
+        return _run(job, progress)
+    finally:
+        pin_threads(before)
+
+
+def _run(job: Job, progress: bool | None) -> int:
     backend = job.backend.build()
     runner = job.runner(backend)
     writer = BackgroundWriter(job)

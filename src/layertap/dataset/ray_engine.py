@@ -1,12 +1,14 @@
 """The Ray Data engine: the same shards, written by actors that each load the model once.
 
 The pipeline is ``ray.data.from_items`` over the shards still to do, then
-``map_batches`` with :class:`ShardWorker` (an actor class: the model or ORT
-session is built in ``__init__``, once per actor; one actor per GPU when the
-run is on CUDA). Each call reads its shard's samples with the same loaders
-and batch boundaries as the local engine, writes the shard file into OUT_DIR
-(which must be on storage every node sees) and returns its manifest record;
-the driver writes the manifest. Ids and values therefore equal a local run's.
+``map_batches`` with :class:`ShardWorker` (an actor class in a fixed-size
+``ActorPoolStrategy``: the model or ORT session is built in ``__init__``, once
+per actor; one actor per GPU when the run is on CUDA, else one per ``threads``
+CPUs). Each actor runs PyTorch on the manifest's thread count and each call
+reads its shard's samples with the same loaders and batch boundaries as the
+local engine, writes the shard file into OUT_DIR (which must be on storage
+every node sees) and returns its manifest record; the driver writes the
+manifest. Ids and values therefore equal a local run's.
 
 Samples are read by layertap's loaders rather than ``ray.data.read_images`` /
 ``read_numpy``: ``read_numpy`` splits every file along its first axis, and
@@ -20,6 +22,7 @@ import logging
 from typing import Any
 
 from ..errors import LayertapError
+from .backends import pin_threads
 from .batches import ShardAssembler, ShardData, batch_ranges, shard_count
 from .job import Job
 from .local import progress_bar
@@ -69,14 +72,15 @@ def _run_shards(ray: Any, job: Job, todo: list[int], progress: bool | None) -> N
     import ray.data
 
     gpus = int(ray.cluster_resources().get("GPU", 0)) if job.backend.device.startswith("cuda") else 0
+    per_actor = 1 if gpus else _cpus_per_actor(ray, job.threads)
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    actors = max(1, min(len(todo), gpus or cpus))
+    actors = max(1, min(len(todo), gpus or cpus // per_actor))
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # layertap shows its own bar
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     ds = ray.data.from_items([{"shard": k} for k in todo], override_num_blocks=len(todo)).map_batches(
-        ShardWorker, fn_constructor_kwargs={"job": job}, batch_size=1, concurrency=actors,
-        num_gpus=1 if gpus else 0, num_cpus=1,
+        ShardWorker, fn_constructor_kwargs={"job": job}, batch_size=1, compute=ray.data.ActorPoolStrategy(size=actors),
+        num_gpus=1 if gpus else 0, num_cpus=per_actor,
     )
     errors: list[tuple[int, str]] = []
     bar = progress_bar() if (progress if progress is not None else _tty()) else None
@@ -100,6 +104,12 @@ def _run_shards(ray: Any, job: Job, todo: list[int], progress: bool | None) -> N
         raise LayertapError(min(errors)[1])
 
 
+def _cpus_per_actor(ray: Any, threads: int | None) -> int:
+    """CPUs each actor reserves: its PyTorch thread count, capped by the largest node (else it never starts)."""
+    largest = max((int(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n.get("Alive")), default=1)
+    return max(1, min(threads or 1, largest))
+
+
 def _tty() -> bool:
     import sys
 
@@ -110,6 +120,7 @@ class ShardWorker:
     """A Ray Data actor: builds the backend once, then writes one shard per call."""
 
     def __init__(self, job: Job) -> None:
+        pin_threads(job.threads)  # Ray starts actors with OMP_NUM_THREADS=num_cpus; the local run used job.threads
         self.job = job
         self.runner = job.runner(job.backend.build())
 
