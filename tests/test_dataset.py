@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -265,6 +266,63 @@ def test_sigkill_after_first_shards_then_resume_is_byte_identical(work, tmp_path
     resumed = _cli_extract(model, data, out, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert same_tree(tmp_path / "whole", out) == []
+
+
+def test_ctrl_c_names_the_kept_shards_and_the_resume_command(work, tmp_path):
+    data = npy_folder(tmp_path / "data", n=24)
+    model = f"{work['model']}:SlowNet"
+    assert _cli_extract(model, data, tmp_path / "whole").returncode == 0
+    out = tmp_path / "stopped"
+    args = ["extract", model, "--tap", "conv2", "--tap", "relu", "--data", str(data), "-o", str(out),
+            "--batch-size", "2", "--shard-size", "4"]
+    proc = subprocess.Popen([sys.executable, "-m", "layertap", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(out.glob("shard-*.safetensors")) and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    m = json.loads((out / "manifest.json").read_text())
+    kept = len(m["shards"])
+    assert m["status"] == "running" and 1 <= kept < 6
+    command = shlex.join(["layertap", *args, "--resume"])
+    assert err.strip().splitlines() == [
+        f"layertap: error: interrupted; {kept} complete shard(s) ({4 * kept} samples) are kept in '{out}'; to go on, run: {command}"
+    ]
+    assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.json", *(s["file"] for s in m["shards"])])  # no temp files
+    resumed = run_cli(*shlex.split(command)[1:])
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"wrote {6 - kept} new shard(s) ({kept} kept from the earlier run) and manifest.json to {out}" in resumed.stderr
+    assert same_tree(tmp_path / "whole", out) == []
+    again = run_cli(*shlex.split(command)[1:])
+    assert again.returncode == 0 and f"nothing to do: all 6 shard(s) in {out} were written by the earlier run" in again.stderr
+
+
+def test_ctrl_c_before_the_first_shard_keeps_nothing(work, tmp_path):
+    data = [np.zeros(1, np.float32)] * 2 + [np.full(1, -1, np.float32)]  # Threads raises KeyboardInterrupt on -1
+    with pytest.raises(KeyboardInterrupt):
+        lt.extract_dataset(f"{work['model']}:Threads", data, taps=["count"], out=tmp_path / "o", batch_size=1, shard_size=4, progress=False)
+    assert not (tmp_path / "o").exists()
+
+
+def test_resume_runs_on_the_thread_count_the_run_started_with(work, tmp_path):
+    # a convolution's float sums depend on how many threads split it: a resumed run must use the recorded count
+    model, first = f"{work['model']}:Threads", torch.get_num_threads()
+    stopped = [np.zeros(1, np.float32)] * 6 + [np.full(1, -1, np.float32)] + [np.zeros(1, np.float32)]
+    kw = dict(taps=["count"], out=tmp_path / "o", batch_size=2, shard_size=2, progress=False)
+    try:
+        torch.set_num_threads(1)
+        with pytest.raises(KeyboardInterrupt):
+            lt.extract_dataset(model, stopped, **kw)
+        assert len(json.loads((tmp_path / "o" / "manifest.json").read_text())["shards"]) == 2
+        torch.set_num_threads(2)
+        f = lt.extract_dataset(model, [np.zeros(1, np.float32)] * 8, resume=True, **kw)
+        assert torch.get_num_threads() == 2  # the caller's setting is back
+    finally:
+        torch.set_num_threads(first)
+    assert f.manifest.data["options"]["threads"] == 1
+    assert np.asarray(f["count"]).ravel().tolist() == [1.0] * 8
+    assert (f.written, f.kept) == (2, 2)
 
 
 def test_resume_with_other_options_is_refused_naming_the_difference(work, tmp_path):

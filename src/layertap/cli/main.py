@@ -66,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         if extra:  # argparse would point at the top-level help; the subcommand's own lists its options
             raise LayertapError(f"unrecognized arguments: {' '.join(extra)} (see 'layertap {ns.command} --help')")
+        ns.argv = argv  # a command that keeps partial results names the command line that continues it
         with _signals_raise(), _operation(), _warnings_one_line(), _json_stdout(getattr(ns, "json", False)):
             return _run_tool(tools[ns.command], ns)
     except LayertapError as e:
@@ -74,10 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(str(e))
         return e.exit_code
     except Terminated as e:
-        _error(f"stopped by {e.name}; temporary files were removed and no output was changed")
+        _error(f"stopped by {e.name}; {_kept(e) or 'temporary files were removed and no output was changed'}")
         return 128 + e.signum
-    except KeyboardInterrupt:
-        _error("interrupted")
+    except KeyboardInterrupt as e:
+        _error(f"interrupted; {_kept(e)}" if _kept(e) else "interrupted")
         return 130
     except SystemExit:
         raise
@@ -86,6 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         _error(f"{type(e).__name__}: {_first_line(e)} (rerun with --debug for the traceback)")
         return 2
+
+
+def _kept(stop: BaseException) -> str:
+    """What a command stopped by a signal kept, when it keeps partial results (it sets ``stop.kept``)."""
+    return str(getattr(stop, "kept", ""))
 
 
 def _run_tool(tool, ns: argparse.Namespace) -> int:

@@ -110,17 +110,19 @@ def extract_dataset(
     created = not out_dir.exists()
     manifest = prepare_out(out_dir, header, resume)
     job = Job(out_dir, source, spec, opts, ref, count, manifest)
-    if manifest.status == "complete":
-        return load_features(out)
-    check_resumed_ids(job)
-    try:
-        total = _run(job, engine, ray_address, progress)
-    except BaseException:
-        if not manifest.shards:
-            discard_empty(out_dir, created)  # nothing done: leave no half-made OUT_DIR behind
-        raise
-    manifest.finish(total)
-    return load_features(out)
+    kept = len(manifest.shards)
+    if manifest.status != "complete":
+        check_resumed_ids(job)
+        try:
+            total = _run(job, engine, ray_address, progress)
+        except BaseException:
+            if not manifest.shards:
+                discard_empty(out_dir, created)  # nothing done: leave no half-made OUT_DIR behind
+            raise
+        manifest.finish(total)
+    feats = load_features(out)
+    feats.kept, feats.written = kept, len(manifest.shards) - kept
+    return feats
 
 
 def _run(job: Job, engine: str, ray_address: str | None, progress: bool | None) -> int:

@@ -90,6 +90,8 @@ class Features:
         taps: tap names in manifest order.
         manifest: the parsed ``manifest.json``.
         skipped: samples left out with ``skip_bad`` (``{"id", "index", "error"}``).
+        written, kept: from ``lt.extract_dataset``, the shards that call wrote and the
+            ones an earlier run had written (``resume``); None from ``lt.load_features``.
     """
 
     report_kind = "features"  # how layertap.reports draws it (``--report``, notebooks)
@@ -102,6 +104,8 @@ class Features:
         self.skipped: list = list(m.get("skipped", []))
         self.taps: list[str] = [t["name"] for t in m.get("taps") or []]
         self.complete = m["status"] == "complete"
+        self.written: int | None = None
+        self.kept: int | None = None
 
     def __len__(self) -> int:
         return len(self.ids)

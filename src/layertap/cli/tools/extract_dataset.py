@@ -45,17 +45,22 @@ def run_dataset(ns: argparse.Namespace) -> int:
     """Extract over ``--data`` into OUT_DIR; print what was written."""
     from ...dataset.api import extract_dataset
     from ...errors import LayertapError
+    from ..main import Terminated
 
     if not ns.output:
         raise LayertapError("--data needs -o OUT_DIR (a new or empty folder, or one to --resume)")
     ReportArgs.check(ns, inputs=(ns.data,))  # before any work, like every output
-    feats = extract_dataset(
-        ns.model, ns.data, ns.tap, ns.output, batch_size=ns.batch_size, shard_size=ns.shard_size, format=ns.format,
-        dtype=ns.dtype, pool=ns.pool, resume=ns.resume, limit=ns.limit, workers=ns.workers, device=ns.device,
-        method=ns.method, stop_early=ns.stop_early, skip_bad=ns.skip_bad, image_size=ns.image_size, mean=ns.mean,
-        std=ns.std, weights=ns.weights, config=ns.config, unsafe_pickle=ns.unsafe_load_pickle,
-        engine="ray" if ns.ray is not None else "local", ray_address=ns.ray or None,
-    )
+    try:
+        feats = extract_dataset(
+            ns.model, ns.data, ns.tap, ns.output, batch_size=ns.batch_size, shard_size=ns.shard_size, format=ns.format,
+            dtype=ns.dtype, pool=ns.pool, resume=ns.resume, limit=ns.limit, workers=ns.workers, device=ns.device,
+            method=ns.method, stop_early=ns.stop_early, skip_bad=ns.skip_bad, image_size=ns.image_size, mean=ns.mean,
+            std=ns.std, weights=ns.weights, config=ns.config, unsafe_pickle=ns.unsafe_load_pickle,
+            engine="ray" if ns.ray is not None else "local", ray_address=ns.ray or None,
+        )
+    except (KeyboardInterrupt, Terminated) as stop:
+        stop.kept = _kept_note(ns)  # type: ignore[union-attr]  # main's exit line says it
+        raise
     _print_summary(feats)
     if ns.report:
         from ...reports import report_page
@@ -63,6 +68,27 @@ def run_dataset(ns: argparse.Namespace) -> int:
         summary = [("model", ns.model), ("data", ns.data), ("written to", str(feats.path))]
         ReportArgs.write(ns, report_page(feats, f"extract from {ns.model} over {ns.data}", summary=summary))
     return 0
+
+
+def _kept_note(ns: argparse.Namespace) -> str:
+    """After Ctrl-C (or SIGTERM): how many complete shards OUT_DIR keeps, and the command that goes on."""
+    import shlex
+    from pathlib import Path
+
+    from ...dataset.manifest import NAME, Manifest
+    from ...errors import LayertapError
+
+    out = Path(ns.output)
+    try:
+        shards = Manifest.read(out).shards if (out / NAME).is_file() else {}
+    except LayertapError:
+        shards = {}
+    if not shards:
+        return f"no shard was complete, so '{out}' keeps nothing; run the same command to start again"
+    samples = sum(len(r["ids"]) for r in shards.values())
+    argv = list(getattr(ns, "argv", None) or sys.argv[1:])
+    command = shlex.join(["layertap", *argv, *([] if "--resume" in argv else ["--resume"])])
+    return f"{len(shards)} complete shard(s) ({samples} samples) are kept in '{out}'; to go on, run: {command}"
 
 
 def _print_summary(feats) -> None:
@@ -78,6 +104,11 @@ def _print_summary(feats) -> None:
         table.add_row(escape(t["name"]), "x".join(str(d) for d in t["shape"]) or "scalar", t["dtype"])
     stdout_console().print(table)
     skipped = feats.skipped
-    shards = len(feats.manifest.data["shards"])
     note = f" ({len(skipped)} skipped, listed in manifest.json)" if skipped else ""
-    sys.stderr.write(f"wrote {shards} shard(s) and manifest.json to {feats.path}{note}\n")
+    written, kept = feats.written or 0, feats.kept or 0
+    if kept and not written:
+        sys.stderr.write(f"nothing to do: all {kept} shard(s) in {feats.path} were written by the earlier run{note}\n")
+    elif kept:
+        sys.stderr.write(f"wrote {written} new shard(s) ({kept} kept from the earlier run) and manifest.json to {feats.path}{note}\n")
+    else:
+        sys.stderr.write(f"wrote {written} shard(s) and manifest.json to {feats.path}{note}\n")
