@@ -185,7 +185,10 @@ def strip_wrapper_scope(graph: ir.Graph, prefixes: Sequence[str]) -> int:
     every scope starts with the wrapper's attribute (``model.layer1.0.conv1``,
     ``/model/layer1/layer1.0/conv1/Conv``, ``model.fc.weight``). Without the
     prefix, ``layertap layers``/``add-outputs --module`` and ``compare`` see
-    the same paths as ``model.named_modules()``. Renames that would clash
+    the same paths as ``model.named_modules()``. Exactly one level goes, so
+    a module of the user's called ``model`` keeps its name. The graph's
+    inputs and outputs are left alone: they already carry their final names
+    (:func:`name_inputs`, :func:`name_outputs`). Renames that would clash
     with an existing name are skipped (the name stays as it was).
 
     Returns:
@@ -194,13 +197,15 @@ def strip_wrapper_scope(graph: ir.Graph, prefixes: Sequence[str]) -> int:
     Example:
         >>> import onnx_ir as ir
         >>> x = ir.Value(name="x")
-        >>> n = ir.node("Relu", [x], name="/model/fc/Relu")
-        >>> n.outputs[0].name = "/model/fc/Relu_output_0"
-        >>> g = ir.Graph([x], n.outputs, nodes=[n])
+        >>> n = ir.node("Relu", [x], name="/model/model/fc/Relu")
+        >>> n.outputs[0].name = "/model/model/fc/Relu_output_0"
+        >>> tap = ir.node("Relu", n.outputs, name="/model/model/act/Relu")
+        >>> tap.outputs[0].name = "model.act"
+        >>> g = ir.Graph([x], tap.outputs, nodes=[n, tap])
         >>> strip_wrapper_scope(g, ["model"])
-        1
-        >>> n.name, n.outputs[0].name
-        ('/fc/Relu', '/fc/Relu_output_0')
+        2
+        >>> n.name, n.outputs[0].name, tap.outputs[0].name
+        ('/model/fc/Relu', '/model/fc/Relu_output_0', 'model.act')
     """
     changed = 0
     node_names = {n.name for n in graph}
@@ -214,8 +219,13 @@ def strip_wrapper_scope(graph: ir.Graph, prefixes: Sequence[str]) -> int:
             scoped = True
         changed += scoped
     values = _values(graph)
+    # Inputs and outputs already carry the names layertap gave them: a tap
+    # ``model.layers.1.mlp`` of a model with a child ``model`` is the user's path, not the wrapper's.
+    given = {v.name for v in (*graph_inputs(graph), *graph.outputs)}
     renames: dict[str, str] = {}
     for name in sorted(values):
+        if name in given:
+            continue
         new = _strip_path(name, prefixes, sep="/" if name.startswith("/") else ".")
         if new != name and new not in values and new not in renames.values():
             renames[name] = new

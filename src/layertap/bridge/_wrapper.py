@@ -20,7 +20,7 @@ from torch import nn
 
 from ..errors import LayertapError, SelectorError
 from ..pytorch.capture import Capture
-from ..pytorch.taps import bound_method, output_tensors, root_input, root_value
+from ..pytorch.taps import bound_method, output_tensors, root_input, root_value, served_at_root
 from ..selectors import Tap
 
 #: the wrapper attributes through which exporters reach the user's model; they
@@ -73,6 +73,9 @@ class TapWrapper(nn.Module):
         ['output', '0']
     """
 
+    #: runs the method on the model (see :func:`~layertap.pytorch.taps.bound_method`)
+    _fn: Callable[..., Any]
+
     def __init__(
         self,
         model: nn.Module,
@@ -90,19 +93,11 @@ class TapWrapper(nn.Module):
         # The root's own output under its default name is the model output,
         # already exported as ``output`` (lt.extract merges it the same way).
         self.taps = [t for t in taps if not _is_model_output(t)]
-        if isinstance(method, str):
-            # Past nn.Module.__setattr__: for ``forward`` this is the model itself, and a
-            # second registration would hand the exporter every weight twice (as many
-            # graph inputs again to trace and decompose: lt.export ran 1.5x a plain export).
-            self.__dict__["_fn"] = bound_method(model, method)
-            # Hooks on the root fire only when the root module is called, which
-            # a method other than forward does not do: serve those taps here.
-            self._root_taps = [t for t in self.taps if t.path == "" and method != "forward"]
-        elif callable(method):
-            self._fn = lambda *a, **k: method(model, *a, **k)
-            self._root_taps = []
-        else:
-            raise LayertapError(f"method must be a method name or a callable fn(model, *args), got {type(method).__name__}")
+        # Past nn.Module.__setattr__: for ``forward`` this is the model itself, and a
+        # second registration would hand the exporter every weight twice (as many
+        # graph inputs again to trace and decompose: lt.export ran 1.5x a plain export).
+        self.__dict__["_fn"] = bound_method(model, method)
+        self._root_taps = served_at_root(self.taps, method)
         self._hooked = [t for t in self.taps if t not in self._root_taps]
         # Rebuild the call from the flat tensor list: ("t", i) or ("c", value).
         self._arg_slots, self._kw_slots, self.example_tensors = _split_tensors(args, kwargs)
@@ -122,15 +117,11 @@ class TapWrapper(nn.Module):
         values = self.run(tensors)
         return tuple(values)
 
-    @property
-    def method_name(self) -> str:
-        return self.method if isinstance(self.method, str) else getattr(self.method, "__name__", "callable")
-
     def run(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """One call; the first one records :attr:`outputs` (names and sources)."""
         args = tuple(tensors[v] if k == "t" else v for k, v in self._arg_slots)
         kwargs = {name: (tensors[v] if k == "t" else v) for name, (k, v) in self._kw_slots.items()}
-        cap = Capture(self.model, self._hooked, method=self.method if isinstance(self.method, str) else "forward")
+        cap = Capture(self.model, self._hooked, method=self.method)
         with cap:
             out = self._fn(*args, **kwargs)
         captured = cap.results()
@@ -139,7 +130,7 @@ class TapWrapper(nn.Module):
         values = list(model_out.values())
         for tap in self.taps:
             if tap in self._root_taps:
-                src = root_input(args, kwargs, tap) if tap.port == "input" else out
+                src = root_input(args, kwargs, tap, self._fn) if tap.port == "input" else out
                 values.append(root_value(tap, src, detach=True))
                 infos.append(_info(tap, tap.name, 0))
                 continue

@@ -425,6 +425,9 @@ def _finish_graph(plan: _Plan, model: ir.Model) -> None:
     if plan.dynamic:
         edit.name_batch_symbols(graph, plan.input_names)
     edit.strip_wrapper_scope(graph, MODEL_ATTRIBUTES)
+    written = [v.name for v in graph.outputs]
+    if written != plan.output_names:  # verification and the report ask for these names
+        raise LayertapError(f"internal error: the file's outputs {written} are not the taps' names {plan.output_names}")
     model.metadata_props[TAPS_KEY] = json.dumps([o.record() for o in plan.wrapper.outputs])
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..errors import LayertapError
 from .arrays import DTYPES, POOLS, check_choice
@@ -33,7 +33,7 @@ def extract_dataset(
     limit: int | None = None,
     workers: int = 0,
     device: str = "cpu",
-    method: str = "forward",
+    method: str | Callable[..., Any] = "forward",
     stop_early: bool = False,
     skip_bad: bool = False,
     image_size: Any = None,
@@ -62,7 +62,7 @@ def extract_dataset(
         limit: read only the first ``limit`` samples.
         workers: DataLoader worker processes (threads for ONNX files) that load ahead.
         device: ``cpu`` or ``cuda`` (PyTorch backend).
-        method, stop_early: as for ``lt.extract``.
+        method, stop_early: as for ``lt.extract`` (the manifest records a callable by its name).
         skip_bad: record unreadable samples in the manifest and go on, instead of stopping.
         image_size, mean, std: image preprocessing when the model's config gives none.
         weights, config, unsafe_pickle: options of a MODEL spec.

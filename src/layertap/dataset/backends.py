@@ -12,7 +12,7 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -33,7 +33,7 @@ class BackendSpec:
 
     model: Any
     taps: list[str]
-    method: str = "forward"
+    method: str | Callable[..., Any] = "forward"
     stop_early: bool = False
     device: str = "cpu"
     weights: str | None = None
@@ -59,9 +59,11 @@ class BackendSpec:
         if isinstance(self.model, str):
             return {"backend": "pytorch", "spec": self.model, "weights": self.weights, "config": self.config,
                     "method": self.method, "stop_early": self.stop_early}
+        from ..pytorch.values import method_name
+
         cls = type(self.model)
         return {"backend": "pytorch", "spec": f"{cls.__module__}.{cls.__qualname__}", "params_sha256": _params_digest(self.model),
-                "method": self.method, "stop_early": self.stop_early}
+                "method": method_name(self.method), "stop_early": self.stop_early}
 
 
 def _params_digest(model: Any) -> str:

@@ -24,7 +24,7 @@ import ast
 import functools
 import inspect
 import textwrap
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from torch import nn
 
@@ -39,7 +39,7 @@ _ITERABLE = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 _MAX_DEPTH = 3  # how deep self-method calls (self._forward_impl) are followed
 
 
-def completing_ancestor(model: nn.Module, path: str, method: str = "forward") -> str:
+def completing_ancestor(model: nn.Module, path: str, method: str | Callable[..., Any] = "forward") -> str:
     """Deepest module whose return guarantees no further call of ``path``.
 
     The result runs at most once per run of ``model.<method>``, and every call
@@ -54,7 +54,9 @@ def completing_ancestor(model: nn.Module, path: str, method: str = "forward") ->
         >>> completing_ancestor(m, "layer2")
         'layer2'
     """
-    if path == "":
+    if path == "" or not isinstance(method, str):
+        # A callable fn(model, ...) reaches the modules through an argument,
+        # not ``self``: nothing is known to run once, so only its end completes.
         return ""
     target = model.get_submodule(path)
     paths = [p for p, m in model.named_modules(remove_duplicate=False) if m is target] or [path]

@@ -19,7 +19,7 @@ from ..errors import SelectorError, unknown_name
 from ..selectors import Tap, index_text, parse_taps
 from . import callgraph
 from .callhooks import CallCounter, module_key
-from .values import CallArgs, not_a_tensor, param_names, pick
+from .values import CallArgs, Method, check_method, method_name, not_a_tensor, param_names, pick
 
 
 class StopForward(BaseException):
@@ -118,7 +118,8 @@ class Capture:
         detach: store ``tensor.detach().clone()`` (default) instead of a clone
             that keeps the autograd graph.
         stop_early: raise :class:`StopForward` once every tap is complete.
-        method: the root method being run (used by ``stop_early``'s analysis).
+        method: the root method being run, a name or a callable (used by
+            ``stop_early``'s analysis and in messages).
 
     The value is always cloned: in-place modules (``ReLU(inplace=True)``)
     would otherwise overwrite what was captured.
@@ -138,13 +139,13 @@ class Capture:
         *,
         detach: bool = True,
         stop_early: bool = False,
-        method: str = "forward",
+        method: Method = "forward",
     ) -> None:
         self.model = model
         self.taps = parse_taps(taps)
         self.detach = detach
         self.stop_early = stop_early
-        self.method = method
+        self.method = check_method(method)
         self._modules = {t.path: find_module(model, t.path) for t in self.taps}
         self._handles: list[Any] = []
         self._seq = itertools.count()
@@ -297,7 +298,7 @@ class Capture:
         where = f"tap {str(tap)!r}"
         if ran == 0:
             raise SelectorError(
-                f"{where}: module {tap.path or '<root>'!r} never ran in this {self.method}; "
+                f"{where}: module {tap.path or '<root>'!r} never ran in this {method_name(self.method)}; "
                 "check the method and inputs, or run 'layertap layers MODEL' to see which modules run"
             )
         if tap.call is None:

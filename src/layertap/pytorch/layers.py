@@ -19,7 +19,7 @@ from .callgraph import is_plain_container
 from .callhooks import CallHooks, module_key
 from .capture import eager
 from .taps import bound_method
-from .values import describe, summarize
+from .values import Method, describe, method_name, summarize
 
 
 @dataclass
@@ -139,7 +139,7 @@ class LayersTable(Table):
         raise SelectorError(unknown_name("layer", name, self.names))
 
 
-def layers(model: nn.Module, *args: Any, method: str = "forward", run: bool | None = None, **kwargs: Any) -> LayersTable:
+def layers(model: nn.Module, *args: Any, method: Method = "forward", run: bool | None = None, **kwargs: Any) -> LayersTable:
     """Run ``model.<method>(*args, **kwargs)`` once; one row per module call.
 
     Without arguments (and ``run`` not True) the model is not run: every
@@ -148,7 +148,8 @@ def layers(model: nn.Module, *args: Any, method: str = "forward", run: bool | No
     Args:
         model: the root module.
         *args, **kwargs: example inputs for the method.
-        method: method to run (``"forward"``, ``"encode_image"``...).
+        method: method to run (``"forward"``, ``"encode_image"``...) or a
+            callable ``fn(model, *args, **kwargs)``.
         run: force running (True) or listing only (False); default: run when
             inputs are given.
 
@@ -232,7 +233,7 @@ class _Recorder(CallHooks):
             # never runs, so its elements sit one level under its parent.
             row.depth = 1 + sum(1 for a in _ancestors(row.path) if a in ran)
 
-    def idle_note(self, method: str) -> list[str]:
+    def idle_note(self, method: Method) -> list[str]:
         """A note naming the topmost modules that did not run. Plain containers
         (ModuleList, ModuleDict) never run themselves, so they are not named."""
         idle_all = {
@@ -243,7 +244,7 @@ class _Recorder(CallHooks):
         if not idle:
             return []
         shown = ", ".join(idle[:5]) + (f", ... ({len(idle) - 5} more)" if len(idle) > 5 else "")
-        return [f"{len(idle)} module(s) did not run in this {method}: {shown}"]
+        return [f"{len(idle)} module(s) did not run in this {method_name(method)}: {shown}"]
 
 
 def _ancestors(path: str) -> list[str]:
@@ -257,7 +258,7 @@ def _ancestors(path: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def _traced_rows(model: nn.Module, args: tuple, kwargs: dict, method: str) -> LayersTable:
+def _traced_rows(model: nn.Module, args: tuple, kwargs: dict, method: Method) -> LayersTable:
     fn = bound_method(model, method)
     rec = _Recorder(model)
     out = rec.run(fn, args, kwargs)

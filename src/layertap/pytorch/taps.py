@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Sequence
+import functools
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -12,7 +13,7 @@ from ..errors import LayertapError, SelectorError, unknown_name
 from ..files import unique_names
 from ..selectors import Tap, index_text, parse_taps
 from .capture import Capture, StopForward, _input_value, eager
-from .values import describe, flatten, not_a_tensor, param_names, pick
+from .values import Method, check_method, describe, flatten, not_a_tensor, param_names, pick
 
 
 class TapResult:
@@ -56,7 +57,7 @@ def tap(
     *,
     detach: bool = True,
     stop_early: bool = False,
-    method: str = "forward",
+    method: Method = "forward",
 ) -> Iterator[TapResult]:
     """Capture module inputs/outputs while the ``with`` block runs.
 
@@ -70,8 +71,9 @@ def tap(
         detach: store detached clones (default) or clones that keep autograd.
         stop_early: end the forward once every tap is captured; the block's
             forward call then does not return (the ``with`` swallows the stop).
-        method: the root method the block will run (``stop_early`` reads its
-            source to know when a tapped module cannot run again).
+        method: the root method the block will run, a name or a callable
+            ``fn(model, *args, **kwargs)`` (``stop_early`` reads a named
+            method's source to know when a tapped module cannot run again).
 
     Returns:
         A :class:`TapResult`; its ``outputs`` dict is filled on exit.
@@ -100,7 +102,7 @@ def extract(
     model: nn.Module,
     *args: Any,
     taps: Sequence[str | Tap],
-    method: str = "forward",
+    method: Method = "forward",
     stop_early: bool = False,
     detach: bool = True,
     **kwargs: Any,
@@ -111,7 +113,10 @@ def extract(
         model: the root module.
         *args, **kwargs: the method's arguments.
         taps: selectors (see SPEC: ``[ALIAS=]PATH[#CALL][:input][INDEX]...``).
-        method: the method to run (``"forward"``, ``"encode_image"``, ...).
+        method: the method to run (``"forward"``, ``"encode_image"``, ...) or a
+            callable ``fn(model, *args, **kwargs)`` that may call several
+            methods; root taps (``":input"``, ``"[0]"``) then read its
+            arguments and result, as in ``lt.export``.
         stop_early: stop as soon as every tap is complete, so later layers
             never run; ``"output"`` is then absent. A tap without ``#CALL`` is
             complete once no further call of its module can follow (layertap
@@ -133,7 +138,7 @@ def extract(
     parsed = parse_taps(taps)
     model = eager(model)  # a torch.compile wrapper: tap the original module (compiled graphs run no hooks)
     fn = bound_method(model, method)
-    root_taps = [t for t in parsed if t.path == "" and method != "forward"]
+    root_taps = served_at_root(parsed, method)
     hooked = [t for t in parsed if t not in root_taps]
     inputs = [(t.name, root_value(t, root_input(args, kwargs, t, fn), detach)) for t in root_taps if t.port == "input"]
     cap = Capture(model, hooked, detach=detach, stop_early=stop_early, method=method)
@@ -169,10 +174,14 @@ class Extraction(dict):
         return tensors_html({k: tensor_to_numpy(v) for k, v in self.items() if isinstance(v, torch.Tensor)})
 
 
-def bound_method(model: nn.Module, method: str):
-    """``model`` itself for ``forward`` (so hooks fire), else the bound method.
+def bound_method(model: nn.Module, method: Method) -> Callable[..., Any]:
+    """What runs ``method`` on ``model``: ``model`` itself for ``forward`` (so
+    hooks fire), the bound method for another name, and a callable
+    ``fn(model, *args, **kwargs)`` with the model bound as its first argument.
 
     Example:
+        >>> bound_method(nn.Linear(2, 2), lambda m, x: m(x) * 2)(torch.ones(1, 2)).shape
+        torch.Size([1, 2])
         >>> bound_method(nn.Linear(2, 2), "encode")
         Traceback (most recent call last):
         ...
@@ -180,6 +189,9 @@ def bound_method(model: nn.Module, method: str):
     """
     if not isinstance(model, nn.Module):
         raise LayertapError(f"expected a torch.nn.Module, got {type(model).__name__}")
+    method = check_method(method)
+    if not isinstance(method, str):
+        return functools.partial(method, model)
     if method == "forward":
         return model
     fn = getattr(model, method, None)
@@ -191,6 +203,21 @@ def bound_method(model: nn.Module, method: str):
         hint = f"{cls.__name__}'s own methods: {', '.join(own[:10])}" if own else ""
         raise LayertapError(unknown_name(f"method of {cls.__name__}", method, names, hint=hint))
     return fn
+
+
+def served_at_root(taps: Sequence[Tap], method: Method) -> list[Tap]:
+    """The root taps that the method's own arguments and result serve.
+
+    Hooks on the root module fire only when it is called, which a method
+    other than ``forward`` (or a callable) need not do; such taps read the
+    call itself instead (:func:`root_input`, :func:`root_value`).
+
+    Example:
+        >>> taps = [Tap.parse(":input"), Tap.parse("0")]
+        >>> served_at_root(taps, "forward"), [t.name for t in served_at_root(taps, lambda m, x: m(x))]
+        ([], [':input'])
+    """
+    return [t for t in taps if t.path == "" and not (isinstance(method, str) and method == "forward")]
 
 
 def output_tensors(out: Any, *, detach: bool = True, name: str = "output") -> dict[str, torch.Tensor]:

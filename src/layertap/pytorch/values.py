@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from ..errors import SelectorError
+from ..errors import LayertapError, SelectorError
 from ..selectors import Index, index_text
+
+#: what ``method=`` takes: a method name (``"encode_image"``) or a callable ``fn(model, *args, **kwargs)``
+Method = str | Callable[..., Any]
 
 
 def is_model_output(value: Any) -> bool:
@@ -78,6 +81,35 @@ def tensor_to_numpy(t: torch.Tensor, *, copy: bool = False) -> np.ndarray:
     if t.dtype == torch.bfloat16 or (t.is_floating_point() and t.element_size() < 2):
         t = t.float()
     return t.to("cpu", copy=copy).numpy()
+
+
+def method_name(method: Method) -> str:
+    """How messages name a ``method=`` value: the name itself, or the callable's name.
+
+    Example:
+        >>> method_name("encode_image"), method_name(lambda m, x: m(x))
+        ('encode_image', '<lambda>')
+    """
+    if isinstance(method, str):
+        return method
+    return getattr(method, "__qualname__", None) or getattr(method, "__name__", None) or type(method).__name__
+
+
+def check_method(method: Any) -> Method:
+    """``method`` itself if it is a method name or a callable, else a one-line error.
+
+    Example:
+        >>> check_method(3)
+        Traceback (most recent call last):
+        ...
+        layertap.errors.LayertapError: method=3 (int) is neither a method name nor a callable; pass a name ...
+    """
+    if isinstance(method, str) or callable(method):
+        return method
+    raise LayertapError(
+        f"method={method!r:.80} ({type(method).__name__}) is neither a method name nor a callable; "
+        "pass a name such as 'encode_image' or a function fn(model, *args, **kwargs)"
+    )
 
 
 def param_names(fn: Any) -> tuple[str, ...]:

@@ -121,7 +121,7 @@ def compare(
     check_finite: bool = False,
     modules: Sequence[str] | None = None,
     kwargs: dict | None = None,
-    method: str = "forward",
+    method: str | Callable[..., Any] = "forward",
     ort_optimizations: bool = True,
     ref_ort_optimizations: bool | None = None,
     batch_outputs: int | None = None,
@@ -154,7 +154,8 @@ def compare(
             report's ``first_nonfinite`` names the first one either way).
         modules: compare only these modules and their submodules.
         kwargs: keyword arguments for the PyTorch method.
-        method: the PyTorch method the file was exported from.
+        method: the PyTorch method the file was exported from: a name or a
+            callable ``fn(model, *args, **kwargs)``, as for ``lt.export``.
         ort_optimizations: ORT graph optimisations for the candidate;
             ``ref_ort_optimizations`` for an ONNX reference (default: the same).
         batch_outputs: at most this many ONNX tensors per ORT run.
@@ -286,7 +287,7 @@ def _like(args: tuple, seed: int) -> tuple:
 
 def _compare_torch(
     model: Any, args: Any, onnx_path: str | os.PathLike, *, samples: Any, criterion: Criterion, providers: list[str],
-    local: bool, modules: Sequence[str] | None, kwargs: dict | None, method: str, ort_optimizations: bool,
+    local: bool, modules: Sequence[str] | None, kwargs: dict | None, method: str | Callable[..., Any], ort_optimizations: bool,
     batch_outputs: int | None, memory_budget: int, seed: int, progress: Progress | None,
 ) -> CompareReport:
     """PyTorch reference: one hooked forward per sample, the candidate's tensors in ORT batches."""

@@ -199,7 +199,7 @@ def run_torch(
     model: Any,
     args: tuple,
     kwargs: dict,
-    method: str,
+    method: str | Callable[..., Any],
     store: ArrayStore,
     wanted: Callable[[str], bool],
 ) -> tuple[list[ModuleCall], ModuleCall]:
@@ -210,9 +210,10 @@ def run_torch(
     import torch
 
     from ...pytorch.taps import bound_method
-    from ...pytorch.values import flatten
+    from ...pytorch.values import flatten, method_name
 
     fn = bound_method(model, method)
+    what = f"{type(model).__name__}.{method}" if isinstance(method, str) else method_name(method)
     recorder = _TorchRecorder(model, store, wanted)
     with recorder.hooks(), torch.no_grad():
         try:
@@ -220,11 +221,11 @@ def run_torch(
         except (TypeError, ValueError, RuntimeError, IndexError) as e:
             # Almost always inputs that do not fit the model; the chain keeps the traceback.
             raise InputSpecError(
-                f"{type(model).__name__}.{method} failed on the given inputs: {type(e).__name__}: {one_line(e)}"
+                f"{what} failed on the given inputs: {type(e).__name__}: {one_line(e)}"
             ) from e
     root = ModuleCall(len(recorder.calls), "", 0, type(model).__name__)
     tensors = [t for _, t in flatten(out)]
     if not tensors:
-        raise LayertapError(f"{type(model).__name__}.{method} returned no tensor; there is nothing to compare")
+        raise LayertapError(f"{what} returned no tensor; there is nothing to compare")
     store.put(root.key, [to_numpy(t) for t in tensors])
     return recorder.calls, root
