@@ -93,11 +93,11 @@ class LocalGraph:
         wanted: dict[int, dict[str, str]] = {}
         shared: set[int] = set()
         for job, nodes, entering, outs in jobs:
-            got = self._feed(entering, ref_of)
-            if isinstance(got, str):
-                results[job] = got
+            feeding = self._feed(entering, ref_of)
+            if isinstance(feeding, str):
+                results[job] = feeding
                 continue
-            fed, converting = got
+            fed, converting = feeding
             nodes = sorted({*nodes, *converting})
             if any(_has_subgraph(self.cand.graph.node[i]) for i in nodes):
                 results[job] = "the call holds control flow (subgraphs); its part cannot be run alone"
