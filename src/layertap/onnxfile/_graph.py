@@ -172,3 +172,30 @@ def readers(graph: "onnx.GraphProto") -> dict[str, list[int]]:
             if t:
                 uses.setdefault(t, []).append(i)
     return uses
+
+
+def stand_ins(graph: "onnx.GraphProto") -> dict[str, str]:
+    """Tensor -> the ``DequantizeLinear`` output that stands for it after ``QuantizeLinear``.
+
+    A quantised graph computes with the ``DequantizeLinear`` output: that is the
+    value of a quantised tensor as the graph uses it.
+
+    Example:
+        >>> from onnx import helper
+        >>> g = helper.make_graph([helper.make_node("QuantizeLinear", ["y", "s", "z"], ["y_q"]),
+        ...                        helper.make_node("DequantizeLinear", ["y_q", "s", "z"], ["y_dq"])], "g", [], [])
+        >>> stand_ins(g)
+        {'y': 'y_dq'}
+    """
+    readers: dict[str, list["onnx.NodeProto"]] = {}
+    for node in graph.node:
+        for t in node.input:
+            readers.setdefault(t, []).append(node)
+    out: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type != "QuantizeLinear" or not node.input or not node.output:
+            continue
+        dq = [r for r in readers.get(node.output[0], ()) if r.op_type == "DequantizeLinear"]
+        if len(dq) == 1 and dq[0].output:
+            out[node.input[0]] = dq[0].output[0]
+    return out

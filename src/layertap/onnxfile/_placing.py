@@ -9,19 +9,27 @@ QDQ quantizer interleaves the pairs of neighbouring calls), so each connected
 group of such nodes (an *island*) is placed from its neighbours:
 
 1. an island whose results all go to one node named after an original tensor
-   (kind ``"value"``) computes that value: it joins that node's module;
+   (kind ``"value"``) or after the node a tool replaced (kind ``"renamed"``)
+   computes part of that module: it joins that node's module;
 2. a ``QuantizeLinear -> DequantizeLinear`` pair that keeps values (its zero
    point is above the type's minimum, or the tensor is never negative) is
    the quantized form of its producer's value: it joins the producer's
    module, so the module's value is the tensor after ``DequantizeLinear``;
 3. a pair that clips at zero stands for an activation the quantizer removed
-   (QDQ folds ``Relu`` into the quantization). Under TorchScript the tensor
-   keeps the removed module's name (``/layer1/layer1.0/relu/Relu_output_0``
-   on the Conv), so the pair becomes that module's call;
+   (QDQ folds ``Relu`` into the quantization, and its producer's output takes
+   the activation's tensor name). Under TorchScript that name keeps the removed
+   module's scope (``/layer1/layer1.0/relu/Relu_output_0`` on the Conv), so the
+   pair becomes that module's call. Without one (dynamo names such as
+   ``relu_12``) the activation is read as applied by the innermost module
+   around its producer that calls other modules (the BasicBlock around its
+   ``bn1`` or its residual ``Add``, the root around the stem's ``bn1``): the
+   pair joins that module, whose value is then the tensor after
+   ``DequantizeLinear``, while a leaf such as the BatchNorm keeps its own
+   output before the pair;
 4. anything else sits in the innermost module around all its neighbours.
    Whether it finished the module before it or started the one after it is
    unknown, so those modules' output (resp. input) at the island is refused
-   (:class:`Suspect`).
+   (:class:`Suspect`), unless every neighbour is in that one module.
 
 Example:
     >>> from onnx import helper, TensorProto
@@ -100,6 +108,7 @@ class _Placer:
         self.producer = {t: i for i, n in enumerate(graph.node) for t in n.output if t}
         self.inits = {i.name: i for i in graph.initializer}
         self._nonneg: dict[str, bool] = {}
+        self._parents: set[str] | None = None
 
     def place(self, island: list[int]) -> list[Suspect]:
         inside = set(island)
@@ -122,8 +131,8 @@ class _Placer:
     def _chain(self, island: list[int], reads: list[str], outs: list[str], readers: list[int]) -> tuple[Chain, bool]:
         ns = self.ns
         targets = {ns.chains[u] or () for u in readers}
-        if readers and not set(outs) & self.facts.outputs and all(ns.kinds[u] == "value" for u in readers) \
-                and len(targets) == 1:
+        if readers and not set(outs) & self.facts.outputs and len(targets) == 1 \
+                and all(ns.kinds[u] in ("value", "renamed") for u in readers):
             return targets.pop(), False  # rule 1
         pair = self._qdq_pair(island)
         if pair is not None and len(set(reads)) == 1:
@@ -135,9 +144,21 @@ class _Placer:
             named = ns.tensor_chain(t)
             if named is not None and named != own:
                 return named, False  # rule 3
+            if p is not None and named is None and ns.chains[p] is not None:
+                return self._applier(own), False  # rule 3, no name
         around = [ns.chains[self.producer[t]] if t in self.producer else () for t in reads]
         around += [ns.chains[u] for u in readers] + [() for t in outs if t in self.facts.outputs]
-        return _common_prefix([c or () for c in around]), True  # rule 4
+        chains = [c or () for c in around]
+        return _common_prefix(chains), len(set(chains)) != 1  # rule 4
+
+    def _applier(self, chain: Chain) -> Chain:
+        """The innermost level of ``chain`` that calls other modules (``()``, the root, when none does)."""
+        if self._parents is None:
+            self._parents = {c[j][0] for c in self.ns.chains if c for j in range(len(c) - 1)}
+        for j in range(len(chain), 0, -1):
+            if chain[j - 1][0] in self._parents:
+                return chain[:j]
+        return ()
 
     def _qdq_pair(self, island: list[int]) -> tuple[int, int] | None:
         if len(island) != 2:

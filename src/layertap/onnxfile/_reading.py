@@ -33,6 +33,8 @@ MAX_SCOPE_DEPTH = 256
 _CALL_SUFFIX_RE = re.compile(r"^(?P<base>.+)_(?P<call>\d+)$")
 _OP_COMPONENT_RE = re.compile(r"^(?P<op>[A-Za-z][A-Za-z0-9]*?)(?:_\d+)?$")
 _TS_TENSOR_RE = re.compile(r"^(?P<node>/.+/[A-Za-z][A-Za-z0-9]*(?:_\d+)?)_output_\d+$")
+# a tool's name for a node it made from an exporter-named one: ``/fc/Gemm_MatMul_quant``, ``/fc/Gemm_Add``
+_RENAMED_RE = re.compile(r"^[A-Z][A-Za-z0-9]*(?:_\d+)?_(?!output_)[A-Za-z]\w*$")
 
 Chain = tuple[tuple[str, "int | None"], ...]  # (module path, explicit call or None), outer first
 
@@ -44,7 +46,9 @@ class NodeScopes:
     ``kinds[i]`` is ``"own"`` (the exporter's metadata or node name: the node
     computes an op of that module), ``"value"`` (a TorchScript tensor name on a
     node a tool made or fused: the node's output is that module's value, its
-    inputs may come from elsewhere) or ``None`` (no scope: a node another tool
+    inputs may come from elsewhere), ``"renamed"`` (a tool replaced an
+    exporter-named node and named the new ones after it, ``/fc/Gemm_MatMul_quant``:
+    they compute part of that module) or ``None`` (no scope: a node another tool
     inserted; :mod:`._placing` places it by data flow). ``"unscoped"``: a
     TorchScript exporter node made outside any module (``Unsqueeze_161``).
     """
@@ -95,6 +99,9 @@ def read_nodes(graph: "onnx.GraphProto", fused: Callable[["onnx.NodeProto"], boo
         elif m is not None:
             chains.append(resolve(m))
             kinds.append("value")
+        elif _renamed(node.name):
+            chains.append(resolve(_torchscript_parts(node.name)))
+            kinds.append("renamed")
         else:  # the exporter's own unscoped nodes (``Unsqueeze_161``) stay outside modules, as exported
             chains.append(None)
             kinds.append("unscoped" if _exporter_unscoped(node) else None)
@@ -112,6 +119,20 @@ def _own_name(node: "onnx.NodeProto") -> bool:
         return False
     m = _OP_COMPONENT_RE.match(node.name.rsplit("/", 1)[-1])
     return m is not None and (m.group("op") == node.op_type or node.op_type.endswith(m.group("op")))
+
+
+def _renamed(name: str) -> bool:
+    """Whether a node name is a tool's name derived from an exporter's (``/fc/Gemm_Add``).
+
+    Names derived from a tensor (``/relu/Relu_output_0_QuantizeLinear``) say
+    whose value the node reads, not which module it belongs to: they are not.
+
+    Example:
+        >>> _renamed("/fc/Gemm_MatMul_quant"), _renamed("/fc/Gemm_1_Add"), _renamed("/relu/Relu_output_0_QuantizeLinear")
+        (True, True, False)
+    """
+    return (name.startswith("/") and "_output_" not in name and bool(_RENAMED_RE.match(name.rsplit("/", 1)[-1]))
+            and _torchscript_parts(name) is not None)
 
 
 def tensor_op(name: str) -> str | None:

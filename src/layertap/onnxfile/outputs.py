@@ -28,7 +28,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
-from ..errors import OnnxFileError, unknown_name
+from ..errors import LayertapWarning, OnnxFileError, unknown_name
 from ..files import check_output_path, operation, refuse_inputs, temp_path
 from ..selectors import Tap
 from .modelfile import ModelFile, read_model
@@ -101,6 +101,7 @@ class OutputAdder:
         self.source = source or SessionSource(mf.model, mf.folder)
         self.graph = mf.model.graph
         self._scopes = None
+        self._stand_ins: dict[str, str] | None = None
         self._produced = {t for n in self.graph.node for t in n.output if t}
         self._inputs = {i.name for i in self.graph.input}
         self._inits = {i.name for i in self.graph.initializer}
@@ -131,11 +132,32 @@ class OutputAdder:
     def resolve_tensor(self, name: str) -> tuple[str, str]:
         """A tensor by its ONNX name (also a name recorded by ``lt.export``)."""
         if name in self.known_tensors():
+            self.note_quantized(name)
             return (name, name)
         where = self.nested_location(name)
         if where:
             raise OnnxFileError(f"tensor {name!r} is {where}; only tensors of the main graph can become outputs")
         raise OnnxFileError(unknown_name("tensor", name, sorted(self.known_tensors())))
+
+    def note_quantized(self, name: str) -> None:
+        """Warn (one line) when the graph computes with ``name``'s dequantised copy, not with ``name``.
+
+        The tensor asked for is still the one returned: the user named it. Its
+        ``QuantizeLinear -> DequantizeLinear`` output is what the graph really uses
+        (and what a module tap answers), so the note names that tensor.
+        """
+        if self._stand_ins is None:
+            from ._graph import stand_ins
+
+            self._stand_ins = stand_ins(self.graph)
+        used = self._stand_ins.get(name)
+        if used is not None:
+            warnings.warn(
+                f"tensor {name!r} is quantised: the graph computes with its QuantizeLinear -> DequantizeLinear "
+                f"value {used!r} (tap that name for the value the model uses)",
+                LayertapWarning,
+                stacklevel=4,
+            )
 
     def resolve_module(self, text: str) -> list[tuple[str, str]]:
         """A module tap (``layer2.0.relu#1``); names already made outputs by ``lt.export`` pass through."""

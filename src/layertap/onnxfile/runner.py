@@ -143,6 +143,7 @@ def _resolve_tap(adder: OutputAdder, text: str) -> list[tuple[str, str]]:
     if tap is not None and adder.scopes.source != "none" and adder.scopes.calls(tap.path):
         return adder.scopes.resolve(tap)
     if text in adder.known_tensors():
+        adder.note_quantized(text)
         return [(text, text)]
     scoped = adder.scopes.source != "none"
     if tap is not None and scoped and ("." in tap.path or tap.call is not None or tap.port == "input"):

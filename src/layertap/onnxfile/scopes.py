@@ -243,12 +243,11 @@ class ScopeMap:
             )
         calls = self._by_path.get(tap.path)
         if not calls:
-            raise OnnxFileError(
-                unknown_name(
-                    "module", tap.path, self.modules(),
-                    hint="modules that compute nothing in ONNX, such as Dropout or Identity in eval mode, leave no nodes",
-                )
-            )
+            hint = "modules that compute nothing in ONNX, such as Dropout or Identity in eval mode, leave no nodes"
+            if any(n.op_type == "QuantizeLinear" for n in self._graph.node):
+                hint += ("; a quantizer also removes activations (Relu, Clip) it folds into a QuantizeLinear: "
+                         "their value is the output of the module that applies them")
+            raise OnnxFileError(unknown_name("module", tap.path, self.modules(), hint=hint))
         if tap.call is not None:
             k = tap.call + len(calls) if tap.call < 0 else tap.call
             if not 0 <= k < len(calls):

@@ -93,14 +93,16 @@ class LocalGraph:
         wanted: dict[int, dict[str, str]] = {}
         shared: set[int] = set()
         for job, nodes, entering, outs in jobs:
-            fed = self._feed(job, entering, ref_of)
-            if isinstance(fed, str):
-                results[job] = fed
+            feeding = self._feed(entering, ref_of)
+            if isinstance(feeding, str):
+                results[job] = feeding
                 continue
+            fed, converting = feeding
+            nodes = sorted({*nodes, *converting})
             if any(_has_subgraph(self.cand.graph.node[i]) for i in nodes):
                 results[job] = "the call holds control flow (subgraphs); its part cannot be run alone"
                 continue
-            rename = {t: f"lt_local{job}/{t}" for t in entering}
+            rename = {t: f"lt_local{job}/{t}" for t in fed}
             for i in nodes:
                 for t in self.cand.graph.node[i].output:
                     if t:
@@ -149,15 +151,25 @@ class LocalGraph:
             self._last = (key, self.sessions.session_for(model, optimize=self.optimize, providers=self.providers))
         return self._last[1]
 
-    def _feed(self, job: int, entering: Sequence[str], ref_of: RefLookup) -> dict[str, np.ndarray] | str:
+    def _feed(self, entering: Sequence[str], ref_of: RefLookup) -> tuple[dict[str, np.ndarray], set[int]] | str:
+        """The reference's values for the part's inputs, and the conversion nodes the part must run.
+
+        A value found upstream of ``Cast``/``QuantizeLinear``/``DequantizeLinear`` nodes is fed
+        where the reference has it and the part runs those nodes too: a float value goes into
+        the candidate's ``QuantizeLinear``, never into its int8 tensor.
+        """
         fed: dict[str, np.ndarray] = {}
+        converting: set[int] = set()
         for t in entering:
-            value = next((v for v in (ref_of(s) for s in self.source(t)) if v is not None), None)
+            chain = self.source(t)
+            k, value = next(((k, v) for k, v in enumerate(ref_of(s) for s in chain) if v is not None), (0, None))
             if value is None:
                 return f"its input {t} has no reference value (the boundary cannot be matched)"
-            typed = self._typed(t, value)
-            fed[t] = block(typed, self.block) if t in self.blocked else typed
-        return fed
+            s = chain[k]
+            converting.update(self.producer[c] for c in chain[:k])
+            typed = self._typed(s, value)
+            fed[s] = block(typed, self.block) if s in self.blocked else typed
+        return fed, converting
 
     def as_reference(self, name: str, value: np.ndarray, shape: Sequence[int]) -> np.ndarray:
         """A locally computed output in the reference's layout (NCHW for a blocked tensor)."""

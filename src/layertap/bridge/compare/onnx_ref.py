@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from ...errors import InputSpecError, LayertapError, OnnxFileError
+from ...onnxfile._graph import stand_ins
 from ...onnxfile.metadata import own_outputs
 from ..tolerance import Criterion
 from .align import Item, RowBuilder, blame_rewritten, pack_batches
@@ -53,30 +54,6 @@ class Side:
     @property
     def inputs(self) -> list[tuple[str, str]]:
         return self.runner.input_names()
-
-
-def stand_ins(graph: "onnx.GraphProto") -> dict[str, str]:
-    """Tensor -> the ``DequantizeLinear`` output that stands for it after ``QuantizeLinear``.
-
-    Example:
-        >>> from onnx import helper
-        >>> g = helper.make_graph([helper.make_node("QuantizeLinear", ["y", "s", "z"], ["y_q"]),
-        ...                        helper.make_node("DequantizeLinear", ["y_q", "s", "z"], ["y_dq"])], "g", [], [])
-        >>> stand_ins(g)
-        {'y': 'y_dq'}
-    """
-    readers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for t in node.input:
-            readers.setdefault(t, []).append(node)
-    out: dict[str, str] = {}
-    for node in graph.node:
-        if node.op_type != "QuantizeLinear" or not node.input or not node.output:
-            continue
-        dq = [r for r in readers.get(node.output[0], ()) if r.op_type == "DequantizeLinear"]
-        if len(dq) == 1 and dq[0].output:
-            out[node.input[0]] = dq[0].output[0]
-    return out
 
 
 def _producers(graph: "onnx.GraphProto") -> dict[str, Any]:
@@ -121,7 +98,7 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
                 continue
             counts[cp.path] = ref_map.calls(cp.path)
             mc = ModuleCall(len(items), cp.path, cp.call, _op(ref_made, cp.tensors))
-            items.append(_scope_item(mc, cp, cand_call, by_name, ref_made, through))
+            items.append(_scope_item(mc, cp, cand_call, by_name, _elsewhere(ref_made, cand_made, through)))
         mode = "scopes"
     else:
         from ...onnxfile._graph import GraphFacts
@@ -149,8 +126,27 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
     return items, counts, mode
 
 
+_REMOVABLE_ACTIVATIONS = {"Relu", "Clip"}
+
+
+def _elsewhere(ref_made: dict[str, Any], cand_made: dict[str, Any], through: dict[str, str]) -> set[str]:
+    """Tensors the reference computes whose name, in the candidate, holds another node's value.
+
+    The QDQ quantizer removes a ``Relu``/``Clip`` whose input it quantises (the
+    ``QuantizeLinear`` clips instead) and gives the activation's output name to the
+    node before it: that tensor is then the earlier module's value, as the
+    candidate's scopes say, so it is not counted here.
+    """
+    out = set(ref_made)
+    for t, node in ref_made.items():
+        made = cand_made.get(t)
+        if node.op_type in _REMOVABLE_ACTIVATIONS and t in through and made is not None and made.op_type != node.op_type:
+            out.discard(t)
+    return out
+
+
 def _scope_item(mc: ModuleCall, cp: Any, cand_call: Callable[[str, int], Any], by_name: Callable[[str], str | None],
-                ref_made: dict[str, Any], through: dict[str, str]) -> Item:
+                ref_made: set[str]) -> Item:
     """One reference module call: by tensor name first, then by the candidate's own call."""
     if not cp.tensors:
         status = ABSORBED if cp.absorbed_by else NO_COUNTERPART
@@ -169,7 +165,7 @@ def _scope_item(mc: ModuleCall, cp: Any, cand_call: Callable[[str, int], Any], b
         return Item(mc, status=NO_COUNTERPART, note=(
             f"the candidate's call hands out {foreign[0]}, which the reference computes in another call "
             "(nodes fused across modules), so its own value is not in the candidate"))
-    return Item(mc, tuple(through.get(t, t) for t in ccp.tensors), ref_tensors=tuple(cp.tensors))
+    return Item(mc, tuple(ccp.tensors), ref_tensors=tuple(cp.tensors))
 
 
 def _op(made: dict[str, Any], tensors: Sequence[str]) -> str:
