@@ -93,6 +93,28 @@ def test_extract_npz_matches_a_manual_reference(net_file, tmp_path):
         np.testing.assert_allclose(saved["output"], y.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("stop_early", [[], ["--stop-early"]])
+def test_extract_root_tap_is_the_model_result_saved_once(net_file, tmp_path, capsys, stop_early):
+    from layertap.cli.main import main
+
+    x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "acts.npz"
+    argv = ["extract", f"{net_file}:Net", "--tap", "", "--tap", "a", "--input", str(tmp_path / "x.npy"), "-o", str(out)]
+    assert main(argv + stop_early) == 0
+    capsys.readouterr()
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("net_root", net_file)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with torch.no_grad():
+        y = mod.Net()(torch.from_numpy(x)).numpy()
+    with np.load(out) as saved:
+        assert saved.files == ["a", "output"]
+        np.testing.assert_allclose(saved["output"], y, rtol=1e-5, atol=1e-6)
+
+
 def test_extract_resnet18_safetensors_stop_early(resnet18, tmp_path):
     from safetensors.numpy import load_file
 

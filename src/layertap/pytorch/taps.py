@@ -131,6 +131,10 @@ def extract(
         ['layer2.0.relu#0', 'layer2.0.relu#1']
     """
     parsed = parse_taps(taps)
+    # `""` names the model's result, which is always returned: hooked too, it would be saved twice
+    whole_result = any(t.canonical == "" and not t.alias for t in parsed)
+    parsed = [t for t in parsed if t.canonical or t.alias]
+    stop_early = stop_early and not whole_result  # the root finishes last: nothing to cut
     model = eager(model)  # a torch.compile wrapper: tap the original module (compiled graphs run no hooks)
     fn = bound_method(model, method)
     root_taps = [t for t in parsed if t.path == "" and method != "forward"]
