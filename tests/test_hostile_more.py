@@ -604,18 +604,24 @@ def test_many_named_inputs_stay_linear():
 
 
 # -- 14. messages that point the right way ---------------------------------------------
-def test_os_system_pickle_names_the_global_and_the_flag(tmp_path, capsys):
+@pytest.mark.parametrize("writer", ["pickle", "torch.save"])
+def test_os_system_pickle_names_the_global_and_the_flag(tmp_path, capsys, writer):
     import pickle
+
+    import torch
 
     class Evil:
         def __reduce__(self):
             return (os.system, ("true",))
 
     evil = tmp_path / "evil.pt"
-    evil.write_bytes(pickle.dumps(Evil()))
+    if writer == "pickle":
+        evil.write_bytes(pickle.dumps(Evil()))
+    else:  # torch's zip archive
+        torch.save({"w": Evil()}, evil)
     spec = tiny_file(tmp_path) + ":make"
     line = refused(tmp_path, ["layers", spec, "--weights", str(evil)], capsys, expect="--unsafe-load-pickle")
-    assert "system" in line
+    assert "a pickled object that calls posix.system (not a plain state dict)" in line
 
 
 def test_duplicate_initializer_names_are_refused(tmp_path, capsys):

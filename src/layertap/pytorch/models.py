@@ -464,16 +464,13 @@ def _read_torch(file: Path, unsafe_pickle: bool) -> Any:
     try:
         return _torch_load(file, weights_only=True)
     except pickle.UnpicklingError as e:
-        # torch's message is many lines; the useful part is what it refused.
-        refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
-        found = [refused.group(1)] if refused else _pickled_globals(file)
-        what = f"the pickled {', '.join(found[:3])}" if found else None
-        if what is None:
+        found = _unsafe_globals(file, e)
+        if not found:
             raise ModelSpecError(f"cannot read weights '{file}': not a torch checkpoint (unpickling failed)") from None
         if not unsafe_pickle:
             raise ModelSpecError(
-                f"weights '{file}' are not a plain state dict: torch.load(weights_only=True) refused "
-                f"{what}; if the file is from a source you trust, pass --unsafe-load-pickle"
+                f"weights '{file}' are a pickled object that calls {', '.join(found[:3])} (not a plain state dict), "
+                "which torch.load(weights_only=True) refuses; load it only if you trust the file: --unsafe-load-pickle"
             ) from None
     except Exception as e:  # noqa: BLE001 - a corrupt file makes the unpickler raise anything (KeyError...)
         raise ModelSpecError(
@@ -484,6 +481,23 @@ def _read_torch(file: Path, unsafe_pickle: bool) -> Any:
         return _torch_load(file, weights_only=False)
     except Exception as e:  # noqa: BLE001 - unpickling user files may raise anything
         raise ModelSpecError(f"cannot unpickle '{file}': {type(e).__name__}: {_first_line(e)}") from None
+
+
+def _unsafe_globals(file: Path, error: Exception) -> list[str]:
+    """What a pickle refused by ``weights_only=True`` would call, read from the file (never run):
+    torch's own reader for its zip archives, the pickle opcodes for a plain pickle, else the name
+    torch's message gives (its wording changes between versions: both known forms are read)."""
+    import zipfile
+
+    if zipfile.is_zipfile(file):
+        try:
+            found = torch.serialization.get_unsafe_globals_in_checkpoint(str(file))
+        except Exception:  # noqa: BLE001 - a damaged archive: fall back to torch's message
+            found = []
+    else:
+        found = _pickled_globals(file)
+    refused = re.search(r"[Uu]nsupported (?:global: )?GLOBAL ([\w.]+)", str(error))
+    return found or ([refused.group(1)] if refused else [])
 
 
 def _pickled_globals(file: Path) -> list[str]:
