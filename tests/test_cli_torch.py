@@ -146,7 +146,11 @@ def test_extract_resnet18_safetensors_stop_early(resnet18, tmp_path):
         (["--tap", "layer2.0.relu#2"], "module 'layer2.0.relu' ran 2 times"),
         (["--tap", "layer2.0.relu#x"], "bad tap 'layer2.0.relu#x'"),
         (["--tap", "layer1", "--input", "1x3xfoo"], "bad --input '1x3xfoo'"),
-        (["--tap", "layer1", "--input", "1x4x32x32"], "torchvision:resnet18.forward(1x4x32x32 float32) failed: RuntimeError"),
+        (["--tap", "layer1", "--input", "1x4x32x32"], "torchvision:resnet18 expects an input like 1x3x224x224 float32 "
+         "(its default), got 1x4x32x32 float32: forward() failed with RuntimeError: "),
+        (["--tap", "layer1", "--input", "1x3x224"], "torchvision:resnet18 expects an input like 1x3x224x224 float32 "
+         "(its default), got 1x3x224 float32: forward() failed with RuntimeError: Given groups=1"),
+        (["--tap", "layer1", "--input", "1x3x224"], "; pass --input 1x3x224x224, or no --input for the default"),
     ],
 )
 def test_extract_errors_write_nothing(tmp_path, argv, fragment):

@@ -677,18 +677,34 @@ def describe_inputs(args: tuple, kwargs: dict) -> str:
 
     def one(t: Any) -> str:
         if isinstance(t, torch.Tensor):
-            return "x".join(str(d) for d in t.shape) + " " + str(t.dtype).replace("torch.", "")
+            return _shape_text(t.shape) + " " + str(t.dtype).replace("torch.", "")
         return type(t).__name__
 
     return ", ".join([one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()])
 
 
 def run_failed(error: Exception, info: ModelInfo, method: str, args: tuple, kwargs: dict) -> LayertapError:
-    """A one-line user error for a model that raised on the given inputs.
+    """A one-line user error for a model that raised on the given inputs; when the
+    spec knows its default inputs and these differ, it leads with the inputs expected.
 
     Example:
         >>> str(run_failed(RuntimeError("bad shape"), ModelInfo("m:M", "module"), "forward", (torch.zeros(2),), {}))
         'm:M.forward(2 float32) failed: RuntimeError: bad shape (check --input)'
+        >>> info = ModelInfo("m:M", "module", [InputSpec.parse("1x3x8x8")])
+        >>> str(run_failed(RuntimeError("bad shape"), info, "forward", (torch.zeros(1, 3, 8),), {}))
+        'm:M expects an input like 1x3x8x8 float32 (its default), got 1x3x8 float32: forward() failed with RuntimeError: bad shape; pass --input 1x3x8x8, or no --input for the default'
     """
     msg = _first_line(error)
-    return LayertapError(f"{info.spec}.{method}({describe_inputs(args, kwargs)}) failed: {type(error).__name__}: {msg} (check --input)")
+    given = describe_inputs(args, kwargs)
+    defaults = [s for s in info.inputs if s.shape is not None] if method == "forward" else []
+    wanted = ", ".join(f"{s.name + '=' if s.name else ''}{_shape_text(s.shape)} {s.dtype}" for s in defaults)
+    if not defaults or len(defaults) != len(info.inputs) or wanted == given:
+        return LayertapError(f"{info.spec}.{method}({given}) failed: {type(error).__name__}: {msg} (check --input)")
+    options = " ".join(f"--input {s.name + '=' if s.name else ''}{_shape_text(s.shape)}"
+                       f"{'' if s.dtype == 'float32' else ':' + s.dtype}" for s in defaults)
+    return LayertapError(f"{info.spec} expects an input like {wanted} (its default), got {given}: {method}() failed with "
+                         f"{type(error).__name__}: {msg}; pass {options}, or no --input for the default")
+
+
+def _shape_text(shape: Sequence[int] | None) -> str:
+    return "x".join(str(d) for d in shape or ())
