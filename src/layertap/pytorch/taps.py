@@ -132,8 +132,8 @@ def extract(
     """
     parsed = parse_taps(taps)
     # `""` names the model's result, which is always returned: hooked too, it would be saved twice
-    whole_result = any(t.canonical == "" and not t.alias for t in parsed)
-    parsed = [t for t in parsed if t.canonical or t.alias]
+    whole_result = any(is_model_output(t) for t in parsed)
+    parsed = [t for t in parsed if not is_model_output(t)]
     stop_early = stop_early and not whole_result  # the root finishes last: nothing to cut
     model = eager(model)  # a torch.compile wrapper: tap the original module (compiled graphs run no hooks)
     fn = bound_method(model, method)
@@ -171,6 +171,16 @@ class Extraction(dict):
         from .values import tensor_to_numpy
 
         return tensors_html({k: tensor_to_numpy(v) for k, v in self.items() if isinstance(v, torch.Tensor)})
+
+
+def is_model_output(tap: Tap) -> bool:
+    """``""`` (the root's output, no alias, no index): the model's result, ``output``.
+
+    Example:
+        >>> is_model_output(Tap.parse("")), is_model_output(Tap.parse("y=")), is_model_output(Tap.parse(":input"))
+        (True, False, False)
+    """
+    return tap.path == "" and tap.port == "output" and not tap.index and tap.alias is None and tap.call in (None, 0, -1)
 
 
 def bound_method(model: nn.Module, method: str):
