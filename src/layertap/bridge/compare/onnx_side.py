@@ -158,7 +158,7 @@ def check_feed_shapes(feed: dict[str, np.ndarray], declared: dict[str, tuple[int
         >>> check_feed_shapes({"x": np.zeros((2, 3, 8))}, {"x": ("N", 3, 4)})
         Traceback (most recent call last):
         ...
-        layertap.errors.InputSpecError: input 'x' has shape 2x3x8 but the ONNX file expects Nx3x4 (N can vary, the other sizes were fixed at export; pass --input 2x3x4)
+        layertap.errors.InputSpecError: input 'x' has shape 2x3x8 but the ONNX file expects Nx3x4 (N can vary, ...; pass --input 2x3x4)
     """
     for name, a in feed.items():
         want = declared.get(name)
