@@ -93,6 +93,28 @@ def test_extract_npz_matches_a_manual_reference(net_file, tmp_path):
         np.testing.assert_allclose(saved["output"], y.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("stop_early", [[], ["--stop-early"]])
+def test_extract_root_tap_is_the_model_result_saved_once(net_file, tmp_path, capsys, stop_early):
+    from layertap.cli.main import main
+
+    x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "acts.npz"
+    argv = ["extract", f"{net_file}:Net", "--tap", "", "--tap", "a", "--input", str(tmp_path / "x.npy"), "-o", str(out)]
+    assert main(argv + stop_early) == 0
+    capsys.readouterr()
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("net_root", net_file)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with torch.no_grad():
+        y = mod.Net()(torch.from_numpy(x)).numpy()
+    with np.load(out) as saved:
+        assert saved.files == ["a", "output"]
+        np.testing.assert_allclose(saved["output"], y, rtol=1e-5, atol=1e-6)
+
+
 def test_extract_resnet18_safetensors_stop_early(resnet18, tmp_path):
     from safetensors.numpy import load_file
 
@@ -124,7 +146,11 @@ def test_extract_resnet18_safetensors_stop_early(resnet18, tmp_path):
         (["--tap", "layer2.0.relu#2"], "module 'layer2.0.relu' ran 2 times"),
         (["--tap", "layer2.0.relu#x"], "bad tap 'layer2.0.relu#x'"),
         (["--tap", "layer1", "--input", "1x3xfoo"], "bad --input '1x3xfoo'"),
-        (["--tap", "layer1", "--input", "1x4x32x32"], "torchvision:resnet18.forward(1x4x32x32 float32) failed: RuntimeError"),
+        (["--tap", "layer1", "--input", "1x4x32x32"], "torchvision:resnet18 expects an input like 1x3x224x224 float32 "
+         "(its default), got 1x4x32x32 float32: forward() failed with RuntimeError: "),
+        (["--tap", "layer1", "--input", "1x3x224"], "torchvision:resnet18 expects an input like 1x3x224x224 float32 "
+         "(its default), got 1x3x224 float32: forward() failed with RuntimeError: Given groups=1"),
+        (["--tap", "layer1", "--input", "1x3x224"], "; pass --input 1x3x224x224, or no --input for the default"),
     ],
 )
 def test_extract_errors_write_nothing(tmp_path, argv, fragment):

@@ -452,11 +452,25 @@ def test_input_shape_hint_fits_the_file():
     from layertap.errors import InputSpecError
 
     with pytest.raises(InputSpecError) as e:
-        _check_feed_shapes({"x": np.zeros((4, 3, 64, 64))}, {"x": (None, 3, 224, 224)})
-    assert str(e.value) == ("input 'x' has shape 4x3x64x64 but the ONNX file expects ?x3x224x224 "
-                            "(exported with a fixed shape; pass --input 4x3x224x224)")
+        _check_feed_shapes({"x": np.zeros((4, 3, 64, 64))}, {"x": ("", 3, 224, 224)})  # an unnamed symbolic batch
+    assert str(e.value) == ("input 'x' has shape 4x3x64x64 but the ONNX file expects Nx3x224x224 "
+                            "(N can vary, the other sizes were fixed at export; pass --input 4x3x224x224)")
     with pytest.raises(InputSpecError, match=r"pass --input 1x3 or re-export with a dynamic batch\)$"):
         _check_feed_shapes({"x": np.zeros((2, 3))}, {"x": (1, 3)})
+
+
+def test_input_shape_error_names_the_symbolic_batch_of_a_real_file(torch_mod, tmp_path):
+    import layertap as lt
+    from layertap.errors import InputSpecError
+
+    model = _small_net(torch_mod)
+    path = tmp_path / "batch.onnx"
+    torch_mod.onnx.export(model, (torch_mod.randn(2, 3, 8, 8),), str(path), dynamo=False, input_names=["x"],
+                          dynamic_axes={"x": {0: "batch"}})
+    with pytest.raises(InputSpecError) as e:
+        lt.compare(model, torch_mod.randn(4, 3, 16, 16), path)
+    assert str(e.value) == ("input 'x' has shape 4x3x16x16 but the ONNX file expects batch x 3 x 8 x 8 "
+                            "(batch can vary, the other sizes were fixed at export; pass --input 4x3x8x8)")
 
 
 def test_output_of_another_shape_fails(torch_mod, tmp_path):

@@ -95,3 +95,14 @@ def test_cli_bad_input_exit2(cli_files, tmp_path):
     assert r.returncode == 2 and "does not exist" in r.stderr
     r = run_cli("compare", spec, str(good), "--input", INPUT, "--module", "blok")
     assert r.returncode == 2 and "did you mean: block" in r.stderr
+
+
+def test_cli_providers_with_a_pytorch_reference_points_at_cand_providers(cli_files):
+    spec, good, _ = cli_files
+    r = run_cli("compare", spec, str(good), "--input", INPUT, "--providers", "CUDA")  # CUDA missing or not
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == (
+        "layertap: error: --providers (providers=) picks the execution providers of an ONNX reference, and REF here "
+        "is a PyTorch model; give the candidate's providers with --cand-providers (cand_providers=)")
+    r = run_cli("compare", spec, str(good), "--input", INPUT, "--cand-providers", "cpu")
+    assert r.returncode == 0, r.stderr

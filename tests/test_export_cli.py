@@ -88,6 +88,7 @@ def test_cli_export_impossible_tolerance_exits_1(cli, models):
         (["--tap", "0#x"], "must be an integer"),
         (["--input", "2xq"], "bad --input"),
         (["--rtol", "-1"], "expected a number >= 0"),
+        (["--input", "2x5"], ":small.forward(2x5 float32) failed: RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
     ],
 )
 def test_cli_export_bad_input_exits_2(cli, models, args, needle):

@@ -238,14 +238,50 @@ def test_npz_member_names_are_safe(tmp_path, capsys):
     onnx.save(proto, str(src))
     out = folder / "acts.npz"
     assert main(["run", str(src), "--tap", "../../x", "-o", str(out)]) == 0
-    capsys.readouterr()
+    err = capsys.readouterr().err
+    assert "'../../x' is saved under the key '%2E%2E/%2E%2E/x'" in " ".join(err.split())
     with zipfile.ZipFile(out) as z:
-        names = z.namelist()
-    assert all(".." not in n.split("/") and not n.startswith("/") for n in names), names
-    from urllib.parse import unquote
+        assert z.namelist() == ["output.npy", "%2E%2E/%2E%2E/x.npy"]
+        z.extractall(folder / "unzipped")
+    assert sorted(p.name for p in folder.rglob("*.npy")) == ["output.npy", "x.npy"]
+    assert (folder / "unzipped" / "%2E%2E" / "%2E%2E" / "x.npy").is_file()  # inside the folder
 
+
+def test_npz_keys_are_the_onnx_tensor_names(tmp_path, capsys):
+    """A TorchScript tensor name (leading '/') is the key np.load takes; unzipped, it stays in the folder."""
+    import zipfile
+
+    import torch
+
+    from _tiny import small_cnn
+
+    src = tmp_path / "cnn.onnx"
+    torch.onnx.export(small_cnn(), (torch.zeros(1, 3, 16, 16),), str(src), dynamo=False)
+    name = "/block/block.2/Relu_output_0"
+    out = tmp_path / "acts.npz"
+    assert main(["run", str(src), "--tap", name, "--tap", "stem", "-o", str(out)]) == 0
+    assert "saved under the key" not in capsys.readouterr().err
+    import layertap as lt
+
+    want = lt.run(src, taps=[name, "stem"])
     with np.load(out) as saved:
-        assert "../../x" in {unquote(k) for k in saved.files}
+        assert saved.files == ["output", name, "stem"]
+        np.testing.assert_array_equal(saved[name], want[name])
+        np.testing.assert_array_equal(saved["stem"], want["stem"])
+    with zipfile.ZipFile(out) as z:
+        z.extractall(tmp_path / "unzipped")
+    assert (tmp_path / "unzipped" / "block" / "block.2" / "Relu_output_0.npy").is_file()
+
+
+def test_npz_keys_named_like_savez_parameters(tmp_path, capsys):
+    spec = tiny_file(tmp_path) + ":make"
+    out = tmp_path / "a.npz"
+    assert main(["extract", spec, "--tap", "file=body.0", "--tap", "allow_pickle=body.2", "--input", "2x4",
+                 "-o", str(out)]) == 0
+    capsys.readouterr()
+    with np.load(out) as saved:
+        assert saved.files == ["file", "allow_pickle", "output"]
+        np.testing.assert_array_equal(saved["allow_pickle"], saved["output"])
 
 
 # -- 4. permissions ------------------------------------------------------------
@@ -604,18 +640,24 @@ def test_many_named_inputs_stay_linear():
 
 
 # -- 14. messages that point the right way ---------------------------------------------
-def test_os_system_pickle_names_the_global_and_the_flag(tmp_path, capsys):
+@pytest.mark.parametrize("writer", ["pickle", "torch.save"])
+def test_os_system_pickle_names_the_global_and_the_flag(tmp_path, capsys, writer):
     import pickle
+
+    import torch
 
     class Evil:
         def __reduce__(self):
             return (os.system, ("true",))
 
     evil = tmp_path / "evil.pt"
-    evil.write_bytes(pickle.dumps(Evil()))
+    if writer == "pickle":
+        evil.write_bytes(pickle.dumps(Evil()))
+    else:  # torch's zip archive
+        torch.save({"w": Evil()}, evil)
     spec = tiny_file(tmp_path) + ":make"
     line = refused(tmp_path, ["layers", spec, "--weights", str(evil)], capsys, expect="--unsafe-load-pickle")
-    assert "system" in line
+    assert "a pickled object that calls posix.system (not a plain state dict)" in line
 
 
 def test_duplicate_initializer_names_are_refused(tmp_path, capsys):

@@ -201,10 +201,36 @@ def test_pickled_module_refused_unless_unsafe(tmp_path):
     src = nn.Linear(3, 4)
     path = tmp_path / "whole.pt"
     torch.save(src, path)
-    with pytest.raises(ModelSpecError, match="not a plain state dict.*--unsafe-load-pickle"):
+    with pytest.raises(ModelSpecError, match="calls torch.nn.modules.linear.Linear .not a plain state dict.*--unsafe-load-pickle"):
         load_weights(nn.Linear(3, 4), path)
     dst = nn.Linear(3, 4)
     load_weights(dst, path, unsafe_pickle=True)
+    torch.testing.assert_close(dst.weight, src.weight)
+
+
+def test_checkpoint_calling_os_system_names_it_and_loads_only_with_the_flag(tmp_path):
+    import os
+    import zipfile
+
+    ran = tmp_path / "payload-ran"
+
+    class Payload:  # harmless: it creates an empty file, so the test sees whether unpickling ran it
+        def __reduce__(self):
+            return (os.system, (f"touch '{ran}'",))
+
+    src = nn.Linear(3, 4)
+    path = tmp_path / "x.pt"
+    torch.save({"state_dict": src.state_dict(), "note": Payload()}, path)
+    assert zipfile.is_zipfile(path)  # torch's own archive format, as torch.save writes it
+    with pytest.raises(ModelSpecError) as e:
+        load_weights(nn.Linear(3, 4), path)
+    assert str(e.value) == (
+        f"weights '{path}' are a pickled object that calls posix.system (not a plain state dict), which "
+        "torch.load(weights_only=True) refuses; load it only if you trust the file: --unsafe-load-pickle")
+    assert not ran.exists()
+    dst = nn.Linear(3, 4)
+    load_weights(dst, path, unsafe_pickle=True)
+    assert ran.exists()
     torch.testing.assert_close(dst.weight, src.weight)
 
 

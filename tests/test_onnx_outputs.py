@@ -448,6 +448,23 @@ def test_written_files_get_the_umask_mode_not_0600(tmp_path):
         assert path.stat().st_mode & 0o777 == 0o644, path
 
 
+def test_replaced_output_takes_a_fresh_data_name_as_the_readme_says(tmp_path):
+    """OUT.onnx.data when free, else OUT.onnx.<8 hex digits>.data; the replaced file's data goes."""
+    import re
+
+    src = _external_model(tmp_path)
+    out = tmp_path / "elsewhere" / "out.onnx"
+    out.parent.mkdir()
+    names = []
+    for _ in range(3):
+        lt.add_outputs(src, out, tensors=["h"])
+        names.append(sorted(p.name for p in out.parent.iterdir()))
+    assert names[0] == names[2] == ["out.onnx", "out.onnx.data"]
+    assert names[1][0] == "out.onnx" and len(names[1]) == 2 and re.fullmatch(r"out\.onnx\.[0-9a-f]{8}\.data", names[1][1])
+    x = np.ones((1, 64), np.float32)
+    np.testing.assert_allclose(ort_run(out, {"x": x})["h"], x @ (np.arange(4096, dtype=np.float32).reshape(64, 64) / 4096))
+
+
 def test_external_data_same_and_other_folder(tmp_path):
     src = _external_model(tmp_path)
     before = folder_hashes(tmp_path)

@@ -213,6 +213,28 @@ def test_sequences_become_elements_and_scalars_stay_0d(seq_file, tmp_path, cli):
     assert rows["ragged"].dtype == "sequence(float32)" and rows["total"].shape == []
 
 
+def test_empty_sequence_tap_is_named_not_dropped_silently(tmp_path, capsys):
+    from onnx import TensorProto, helper
+
+    from layertap.cli.main import main
+
+    nodes = [helper.make_node("SplitToSequence", ["x"], ["parts"], axis=0, keepdims=0, name="split"),
+             helper.make_node("SequenceLength", ["parts"], ["n"], name="len")]
+    path = _save(tmp_path, "empty_seq", nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"])],
+                 [helper.make_tensor_value_info("n", TensorProto.INT64, [])])
+    notes: list[str] = []
+    got = lt.run(path, {"x": np.zeros(0, np.float32)}, taps=["parts"], notify=notes.append)
+    assert list(got) == ["output"] and int(got["output"]) == 0
+    said = "'parts' is an empty sequence on these inputs: it has no elements (parts[0], parts[1], ...) to show or save"
+    assert notes == [said]
+    out = tmp_path / "v.npz"
+    assert main(["run", str(path), "--input", f"x={_npy(tmp_path, np.zeros(0, np.float32))}", "--tap", "parts",
+                 "-o", str(out)]) == 0
+    assert said in " ".join(capsys.readouterr().err.split())
+    assert np.load(out).files == ["output"]
+    assert list(lt.run(path, {"x": np.ones(2, np.float32)}, taps=["parts"])) == ["output", "parts[0]", "parts[1]"]
+
+
 def _npy(tmp_path: Path, arr: np.ndarray) -> str:
     p = tmp_path / "in.npy"
     np.save(p, arr)

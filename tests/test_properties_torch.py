@@ -167,5 +167,5 @@ def test_no_hook_survives_a_raise(plan, data):
 def test_bad_tap_leaves_no_hook():
     model = Block([Leaf(), Leaf()], [0, 1], tuple_out=True, branch=False)
     with pytest.raises(SelectorError, match="tuple"):
-        lt.extract(model, torch.randn(2, D), taps=[""])
+        lt.extract(model, torch.randn(2, D), taps=["r="])  # the root's tuple under a name: not one tensor
     assert no_hooks(model)

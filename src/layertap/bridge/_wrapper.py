@@ -20,7 +20,7 @@ from torch import nn
 
 from ..errors import LayertapError, SelectorError
 from ..pytorch.capture import Capture
-from ..pytorch.taps import bound_method, output_tensors, root_input, root_value, served_at_root
+from ..pytorch.taps import bound_method, is_model_output, output_tensors, root_input, root_value, served_at_root
 from ..selectors import Tap
 
 #: the wrapper attributes through which exporters reach the user's model; they
@@ -92,7 +92,7 @@ class TapWrapper(nn.Module):
         self.method = method
         # The root's own output under its default name is the model output,
         # already exported as ``output`` (lt.extract merges it the same way).
-        self.taps = [t for t in taps if not _is_model_output(t)]
+        self.taps = [t for t in taps if not is_model_output(t)]
         # Past nn.Module.__setattr__: for ``forward`` this is the model itself, and a
         # second registration would hand the exporter every weight twice (as many
         # graph inputs again to trace and decompose: lt.export ran 1.5x a plain export).
@@ -220,16 +220,6 @@ def _names_of(tap: Tap, cap: Capture) -> list[tuple[str, int]]:
     if ran == 1:
         return [(tap.name, 0)]
     return [(tap.name_for_call(c), c) for c in range(ran)]
-
-
-def _is_model_output(tap: Tap) -> bool:
-    """``""`` (the root's output, no alias, no index): the same as ``output``.
-
-    Example:
-        >>> _is_model_output(Tap.parse("")), _is_model_output(Tap.parse("y=")), _is_model_output(Tap.parse(":input"))
-        (True, False, False)
-    """
-    return tap.path == "" and tap.port == "output" and not tap.index and tap.alias is None and tap.call in (None, 0, -1)
 
 
 def _info(tap: Tap, name: str, call: int) -> OutputInfo:

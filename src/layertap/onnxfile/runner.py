@@ -36,7 +36,7 @@ def run(
     ``layer2.0.relu#1``), tensor names, or names recorded by ``lt.export``;
     repeats count once. The result holds the model's outputs first (a single
     output is named ``output``), then each tap; a sequence value becomes its
-    elements ``NAME[0]``, ``NAME[1]``, ...
+    elements ``NAME[0]``, ``NAME[1]``, ... (an empty one: none, and a line to ``notify``).
 
     Example:
         >>> import tempfile
@@ -110,19 +110,26 @@ class TappedSession:
         for name, tensor in self.pairs:  # a tap on a graph output: also under the tap's own name
             if name not in result:
                 result[name] = got[name if name in got else tensor]
-        return _flatten_sequences(result)
+        return _flatten_sequences(result, notify)
 
 
-def _flatten_sequences(values: dict[str, Any]) -> dict[str, np.ndarray]:
-    """A sequence-valued output (ORT returns a list) becomes ``NAME[0]``, ``NAME[1]``, ...
+def _flatten_sequences(values: dict[str, Any], notify: Callable[[str], None] | None = None) -> dict[str, np.ndarray]:
+    """A sequence-valued output (ORT returns a list) becomes ``NAME[0]``, ``NAME[1]``, ...;
+    an empty one gives no value, and ``notify`` a line saying so.
 
     Example:
         >>> {k: v.shape for k, v in _flatten_sequences({"s": [np.zeros(2), np.zeros(3)], "t": np.zeros(())}).items()}
         {'s[0]': (2,), 's[1]': (3,), 't': ()}
+        >>> _flatten_sequences({"s": []}, print)
+        's' is an empty sequence on these inputs: it has no elements (s[0], s[1], ...) to show or save
+        {}
     """
     out: dict[str, np.ndarray] = {}
     for name, v in values.items():
         if isinstance(v, (list, tuple)):
+            if not v and notify is not None:
+                notify(f"{name!r} is an empty sequence on these inputs: it has no elements ({name}[0], {name}[1], ...) "
+                       "to show or save")
             out.update((f"{name}[{i}]", np.asarray(e)) for i, e in enumerate(v))
         else:
             out[name] = v

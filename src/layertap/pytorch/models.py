@@ -464,16 +464,13 @@ def _read_torch(file: Path, unsafe_pickle: bool) -> Any:
     try:
         return _torch_load(file, weights_only=True)
     except pickle.UnpicklingError as e:
-        # torch's message is many lines; the useful part is what it refused.
-        refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
-        found = [refused.group(1)] if refused else _pickled_globals(file)
-        what = f"the pickled {', '.join(found[:3])}" if found else None
-        if what is None:
+        found = _unsafe_globals(file, e)
+        if not found:
             raise ModelSpecError(f"cannot read weights '{file}': not a torch checkpoint (unpickling failed)") from None
         if not unsafe_pickle:
             raise ModelSpecError(
-                f"weights '{file}' are not a plain state dict: torch.load(weights_only=True) refused "
-                f"{what}; if the file is from a source you trust, pass --unsafe-load-pickle"
+                f"weights '{file}' are a pickled object that calls {', '.join(found[:3])} (not a plain state dict), "
+                "which torch.load(weights_only=True) refuses; load it only if you trust the file: --unsafe-load-pickle"
             ) from None
     except Exception as e:  # noqa: BLE001 - a corrupt file makes the unpickler raise anything (KeyError...)
         raise ModelSpecError(
@@ -484,6 +481,23 @@ def _read_torch(file: Path, unsafe_pickle: bool) -> Any:
         return _torch_load(file, weights_only=False)
     except Exception as e:  # noqa: BLE001 - unpickling user files may raise anything
         raise ModelSpecError(f"cannot unpickle '{file}': {type(e).__name__}: {_first_line(e)}") from None
+
+
+def _unsafe_globals(file: Path, error: Exception) -> list[str]:
+    """What a pickle refused by ``weights_only=True`` would call, read from the file (never run):
+    torch's own reader for its zip archives, the pickle opcodes for a plain pickle, else the name
+    torch's message gives (its wording changes between versions: both known forms are read)."""
+    import zipfile
+
+    if zipfile.is_zipfile(file):
+        try:
+            found = torch.serialization.get_unsafe_globals_in_checkpoint(str(file))
+        except Exception:  # noqa: BLE001 - a damaged archive: fall back to torch's message
+            found = []
+    else:
+        found = _pickled_globals(file)
+    refused = re.search(r"[Uu]nsupported (?:global: )?GLOBAL ([\w.]+)", str(error))
+    return found or ([refused.group(1)] if refused else [])
 
 
 def _pickled_globals(file: Path) -> list[str]:
@@ -663,18 +677,34 @@ def describe_inputs(args: tuple, kwargs: dict) -> str:
 
     def one(t: Any) -> str:
         if isinstance(t, torch.Tensor):
-            return "x".join(str(d) for d in t.shape) + " " + str(t.dtype).replace("torch.", "")
+            return _shape_text(t.shape) + " " + str(t.dtype).replace("torch.", "")
         return type(t).__name__
 
     return ", ".join([one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()])
 
 
 def run_failed(error: Exception, info: ModelInfo, method: str, args: tuple, kwargs: dict) -> LayertapError:
-    """A one-line user error for a model that raised on the given inputs.
+    """A one-line user error for a model that raised on the given inputs; when the
+    spec knows its default inputs and these differ, it leads with the inputs expected.
 
     Example:
         >>> str(run_failed(RuntimeError("bad shape"), ModelInfo("m:M", "module"), "forward", (torch.zeros(2),), {}))
         'm:M.forward(2 float32) failed: RuntimeError: bad shape (check --input)'
+        >>> info = ModelInfo("m:M", "module", [InputSpec.parse("1x3x8x8")])
+        >>> print(run_failed(RuntimeError("bad shape"), info, "forward", (torch.zeros(1, 3, 8),), {}))
+        m:M expects an input like 1x3x8x8 float32 (its default), got 1x3x8 float32: forward() failed with ...; pass --input 1x3x8x8, ...
     """
     msg = _first_line(error)
-    return LayertapError(f"{info.spec}.{method}({describe_inputs(args, kwargs)}) failed: {type(error).__name__}: {msg} (check --input)")
+    given = describe_inputs(args, kwargs)
+    defaults = [s for s in info.inputs if s.shape is not None] if method == "forward" else []
+    wanted = ", ".join(f"{s.name + '=' if s.name else ''}{_shape_text(s.shape)} {s.dtype}" for s in defaults)
+    if not defaults or len(defaults) != len(info.inputs) or wanted == given:
+        return LayertapError(f"{info.spec}.{method}({given}) failed: {type(error).__name__}: {msg} (check --input)")
+    options = " ".join(f"--input {s.name + '=' if s.name else ''}{_shape_text(s.shape)}"
+                       f"{'' if s.dtype == 'float32' else ':' + s.dtype}" for s in defaults)
+    return LayertapError(f"{info.spec} expects an input like {wanted} (its default), got {given}: {method}() failed with "
+                         f"{type(error).__name__}: {msg}; pass {options}, or no --input for the default")
+
+
+def _shape_text(shape: Sequence[int] | None) -> str:
+    return "x".join(str(d) for d in shape or ())

@@ -136,6 +136,10 @@ def extract(
         ['layer2.0.relu#0', 'layer2.0.relu#1']
     """
     parsed = parse_taps(taps)
+    # `""` names the model's result, which is always returned: hooked too, it would be saved twice
+    whole_result = any(is_model_output(t) for t in parsed)
+    parsed = [t for t in parsed if not is_model_output(t)]
+    stop_early = stop_early and not whole_result  # the root finishes last: nothing to cut
     model = eager(model)  # a torch.compile wrapper: tap the original module (compiled graphs run no hooks)
     fn = bound_method(model, method)
     root_taps = served_at_root(parsed, method)
@@ -172,6 +176,16 @@ class Extraction(dict):
         from .values import tensor_to_numpy
 
         return tensors_html({k: tensor_to_numpy(v) for k, v in self.items() if isinstance(v, torch.Tensor)})
+
+
+def is_model_output(tap: Tap) -> bool:
+    """``""`` (the root's output, no alias, no index): the model's result, ``output``.
+
+    Example:
+        >>> is_model_output(Tap.parse("")), is_model_output(Tap.parse("y=")), is_model_output(Tap.parse(":input"))
+        (True, False, False)
+    """
+    return tap.path == "" and tap.port == "output" and not tap.index and tap.alias is None and tap.call in (None, 0, -1)
 
 
 def bound_method(model: nn.Module, method: Method) -> Callable[..., Any]:

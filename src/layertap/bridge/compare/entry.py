@@ -145,7 +145,8 @@ def compare(
             ``N`` for N seeded random samples shaped like ``args`` (or like the
             reference file's inputs). Rows then hold each call's worst sample.
         providers, cand_providers: ORT execution providers of the reference
-            (an ONNX file) and of the candidate, e.g. ``["CUDA"]``; default CPU.
+            (an ONNX file; refused with a PyTorch reference) and of the candidate,
+            e.g. ``["CUDA"]``; default CPU.
         metric: what decides pass/fail: ``rel`` (``max_abs <= atol + rtol *
             max|ref|``), ``cosine`` (``>= min_cosine``) or ``sqnr`` (``>= min_sqnr_db``).
         local: also run each compared call's candidate nodes on the reference's
@@ -186,8 +187,14 @@ def compare(
     _check_options(rtol, atol, batch_outputs, memory_budget)
     from ...onnxfile.ort import resolve_providers
 
+    onnx_ref = isinstance(ref, (str, os.PathLike))
+    if providers is not None and not onnx_ref:
+        raise LayertapError(
+            "--providers (providers=) picks the execution providers of an ONNX reference, and REF here is a PyTorch "
+            "model; give the candidate's providers with --cand-providers (cand_providers=)"
+        )
     ref_providers, c_providers = resolve_providers(providers), resolve_providers(cand_providers)
-    if isinstance(ref, (str, os.PathLike)):
+    if onnx_ref:
         from pathlib import Path
 
         from .onnx_ref import compare_onnx
@@ -242,7 +249,7 @@ def _random_from_file(seed: int) -> Callable[[list[tuple[str, str]], dict[str, t
         missing = [name for name in names if name not in shapes]
         if missing:
             raise InputSpecError(f"input {missing[0]!r} has no declared shape; pass the inputs (--input SHAPE)")
-        dims = [tuple(d if d else 1 for d in shapes[name]) for name in names]
+        dims = [tuple(d if isinstance(d, int) and d > 0 else 1 for d in shapes[name]) for name in names]
         return random_samples(n, dims, [dt or "float32" for _, dt in inputs], names, seed + 1)
 
     return draw

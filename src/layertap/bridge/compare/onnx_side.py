@@ -61,13 +61,14 @@ class OrtRunner:
             out.append((i.name, dtype))
         return out
 
-    def input_shapes(self) -> dict[str, tuple[int | None, ...]]:
-        """Declared shape of each graph input; ``None`` for a symbolic or unknown dimension."""
+    def input_shapes(self) -> dict[str, tuple[int | str, ...]]:
+        """Declared shape of each graph input: a fixed size as an int, a symbolic one as its
+        name (``""`` when unnamed)."""
         out = {}
         for i in self.proto.graph.input:
             if i.type.tensor_type.HasField("shape"):
                 dims = i.type.tensor_type.shape.dim
-                out[i.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in dims)
+                out[i.name] = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in dims)
         return out
 
     def run(self, names: list[str], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -145,31 +146,42 @@ def feed_from_args(inputs: list[tuple[str, str]], args: tuple, kwargs: dict) -> 
     return out
 
 
-def check_feed_shapes(feed: dict[str, np.ndarray], declared: dict[str, tuple[int | None, ...]]) -> None:
-    """A clear one-line error before any run when an input cannot fit the file.
+def check_feed_shapes(feed: dict[str, np.ndarray], declared: dict[str, tuple[int | str, ...]]) -> None:
+    """A clear one-line error before any run when an input cannot fit the file
+    (``declared`` as :meth:`OrtRunner.input_shapes` gives it).
 
     Example:
         >>> check_feed_shapes({"x": np.zeros((2, 3))}, {"x": (1, 3)})
         Traceback (most recent call last):
         ...
         layertap.errors.InputSpecError: input 'x' has shape 2x3 but the ONNX file expects 1x3 (exported with a fixed shape; ...
+        >>> check_feed_shapes({"x": np.zeros((2, 3, 8))}, {"x": ("N", 3, 4)})
+        Traceback (most recent call last):
+        ...
+        layertap.errors.InputSpecError: input 'x' has shape 2x3x8 but the ONNX file expects Nx3x4 (N can vary, ...; pass --input 2x3x4)
     """
     for name, a in feed.items():
         want = declared.get(name)
         if want is None:
             continue
-        fits = len(want) == a.ndim and all(w is None or w == d for w, d in zip(want, a.shape))
-        if not fits:
-            spelled = "x".join("?" if w is None else str(w) for w in want) or "a scalar"
-            same_rank = len(want) == a.ndim
-            # a symbolic size takes the user's own size; only a batch mismatch is fixed by a dynamic batch
-            fitting = "x".join(str(a.shape[i] if w is None and same_rank else (1 if w is None else w)) for i, w in enumerate(want))
-            batch_only = same_rank and a.ndim > 0 and all(w is None or w == d for w, d in zip(want[1:], a.shape[1:]))
-            raise InputSpecError(
-                f"input '{name}' has shape {'x'.join(map(str, a.shape)) or 'a scalar'} but the ONNX file expects "
-                f"{spelled} (exported with a fixed shape; pass --input {fitting or 'a scalar'}"
-                + (" or re-export with a dynamic batch)" if batch_only else ")")
-            )
+        fixed = [w if isinstance(w, int) else None for w in want]
+        fits = len(want) == a.ndim and all(w is None or w == d for w, d in zip(fixed, a.shape))
+        if fits:
+            continue
+        symbolic = list(dict.fromkeys(str(w or "N") for w in want if not isinstance(w, int)))
+        spelled = (" x " if any(len(n) > 1 for n in symbolic) else "x").join(
+            str(w) if isinstance(w, int) else str(w or "N") for w in want) or "a scalar"
+        same_rank = len(want) == a.ndim
+        # a symbolic size takes the user's own size; only a batch mismatch is fixed by a dynamic batch
+        fitting = "x".join(str(a.shape[i] if w is None and same_rank else (1 if w is None else w)) for i, w in enumerate(fixed))
+        batch_only = same_rank and a.ndim > 0 and all(w is None or w == d for w, d in zip(fixed[1:], a.shape[1:]))
+        why = (f"{', '.join(symbolic)} can vary, the other sizes were fixed at export" if symbolic
+               else "exported with a fixed shape")
+        raise InputSpecError(
+            f"input '{name}' has shape {'x'.join(map(str, a.shape)) or 'a scalar'} but the ONNX file expects "
+            f"{spelled} ({why}; pass --input {fitting or 'a scalar'}"
+            + (" or re-export with a dynamic batch)" if batch_only else ")")
+        )
 
 
 class ScopeView:

@@ -61,12 +61,13 @@ class Tool:
 
 
 @contextlib.contextmanager
-def running(info: Any, method: str, args: tuple, kwargs: dict) -> Iterator[None]:
-    """Turn an error raised by the user's model into a one-line user error."""
+def running(info: Any, method: str, args: tuple, kwargs: dict, *, spinner: bool = True) -> Iterator[None]:
+    """Turn an error raised by the user's model into a one-line user error (layertap's
+    own errors pass unchanged); ``spinner=False`` when the block reports its own progress."""
     from ...errors import LayertapError
     from ...pytorch.models import run_failed
 
-    with status(f"running {info.spec}.{method}"):
+    with status(f"running {info.spec}.{method}") if spinner else contextlib.nullcontext():
         try:
             yield
         except LayertapError:

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ..args import InputArgs, JsonArgs, ModelArgs, OutputArgs, TapArgs, ToleranceArgs
-from .base import Tool
+from .base import Tool, running
 
 
 class ExportTool(Tool):
@@ -49,20 +49,21 @@ class ExportTool(Tool):
 
         if sys.stderr.isatty():  # progress only for a person watching
             self.say(f"exporting {ns.model} ({ns.exporter} exporter) to {out} ...")
-        report = export(
-            model,
-            args,
-            out,
-            taps,
-            method=ns.method,
-            kwargs=kwargs,
-            dynamic_batch=not ns.static,
-            verify=not ns.no_verify,
-            exporter=ns.exporter,
-            fallback=ns.fallback,
-            opset=ns.opset,
-            rtol=ns.rtol,
-            atol=ns.atol,
-        )
+        with running(info, ns.method, args, kwargs, spinner=False):  # export runs the model first: its errors, one line
+            report = export(
+                model,
+                args,
+                out,
+                taps,
+                method=ns.method,
+                kwargs=kwargs,
+                dynamic_batch=not ns.static,
+                verify=not ns.no_verify,
+                exporter=ns.exporter,
+                fallback=ns.fallback,
+                opset=ns.opset,
+                rtol=ns.rtol,
+                atol=ns.atol,
+            )
         self.print_table(report, as_json=ns.json)
         return 0 if report.ok else 1

@@ -55,7 +55,7 @@ class ExtractTool(Tool):
             values = extract(model, *args, taps=taps, method=ns.method, stop_early=ns.stop_early, **kwargs)
         arrays, notes = to_numpy(values)
         with status(f"writing {out}"):
-            save_arrays(out, arrays)
+            save_arrays(out, arrays, notify=notes.append)
         self.print_saved(arrays, notes)
         # plain write: rich would wrap a long path when stderr is a pipe
         sys.stderr.write(f"wrote {len(arrays)} array(s) to {out}\n")

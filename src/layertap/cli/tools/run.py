@@ -51,7 +51,7 @@ class RunTool(Tool):
         notes: list[str] = []  # said once the run succeeded: an error names generated inputs itself
         values = run(ns.onnx, inputs, taps=ns.tap, seed=ns.seed, notify=notes.append)
         if ns.output:
-            save_arrays(ns.output, values)
+            save_arrays(ns.output, values, notify=notes.append)
         for note in notes:
             self.say(note)
         self.print_table(RunTable([_row(k, v) for k, v in values.items()]), as_json=ns.json)
