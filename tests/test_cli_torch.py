@@ -211,6 +211,9 @@ def test_demo_runs_end_to_end(tmp_path):
     written = {p.name for p in out_dir.iterdir()}
     assert {"resnet18_taps.npz", "resnet18_taps.onnx", "plain_tapped.onnx", "compare_broken.png"} <= written
     assert "first divergence: layer3.0.bn1" in out and "(exit status 1)" in out
+    # the summary says where the broken conv went, and no ORT-optimisation hint for a 100x error
+    words = " ".join(out.split())  # the summary line may wrap
+    assert "layer3.0.conv1 was fused into layer3.0.bn1 in the ONNX graph" in words and "--no-ort-opt" not in out
     assert "all 5 outputs match PyTorch" in out
     assert "layer2.0.relu#1" in out and "layer4.0.conv1" in out
     assert "equals conv1 applied by hand to layer4's input: True" in out

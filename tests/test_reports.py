@@ -118,14 +118,15 @@ def test_compare_fragment_reads_rows_of_either_compare_form():
     report = SimpleNamespace(rows=[row("a", 1e-7, 1e-7, True), row("b", 0.02, 0.019, False), row("c", 0.05, 1e-6, False)],
                              rtol=1e-3, atol=1e-5, notes=[], first_divergence_counts={"b": 3, "c": 1})
     html = compare_fragment(report)
-    assert html.count('class="pt-local"') == 3 and html.count('class="pt-fail"') == 2
+    # each chart is drawn wide and, for phones, tall
+    assert html.count('class="pt-local"') == 3 * 2 and html.count('class="pt-fail"') == 2 * 2
     assert "first divergence: b" in html and 'class="first-divergence"' in html
     assert "this module itself makes most of the error" in html
     assert "Over 4 samples it was the first to diverge in 3" in html and "cosine similarity 0.990000" in html
     cos = SimpleNamespace(rows=report.rows, rtol=1e-3, atol=1e-5, notes=[], samples=4,
                           criterion=SimpleNamespace(metric="cosine", min_cosine=0.999, describe=lambda: "cosine >= 0.999"))
     html = compare_fragment(cos)
-    assert "1 - cosine similarity" in html and "failing the cosine rule (cosine &gt;= 0.999)" in html
+    assert "cosine similarity (log of 1 - cos)" in html and "cosine 0.990000, below the cosine threshold 0.999" in html
     assert "relative error: accumulated and local" in html and html.count('class="errchart"') == 2
     plain = SimpleNamespace(rows=[SimpleNamespace(name="a", path="a", rel_err=1e-7, ok=True, status="pass")], rtol=1e-3)
     assert "All 1 compared module calls agree" in compare_fragment(plain)

@@ -31,8 +31,10 @@ HOST = """<!DOCTYPE html><html><body style="margin:0">
 <script>window.addEventListener("load", function () {{
   var doc = document.getElementById("page").contentDocument;
   document.body.dataset.scrollWidth = doc.documentElement.scrollWidth;
-  var chart = doc.querySelector(".chart");
-  document.body.dataset.chartScroll = chart ? chart.scrollLeft : -1;
+  var shown = function (sel) {{ var e = doc.querySelector(sel); return e ? doc.defaultView.getComputedStyle(e).display : "none"; }};
+  document.body.dataset.charts = shown(".chart-wide") + " " + shown(".chart-tall");
+  var tall = doc.querySelector(".chart-tall svg");
+  document.body.dataset.tallWidth = tall ? tall.getBoundingClientRect().width : 0;
   document.body.dataset.dom = doc.documentElement.outerHTML;
 }});</script></body></html>"""
 
@@ -108,11 +110,13 @@ def test_compare_report_in_chromium_desktop_and_phone(pages):
     assert f"first divergence: {report.first_divergence}" in dom
     assert dom.count("<details") >= 3 and "The numbers first part at" in dom
     assert scroll_width(dom) <= 1280
+    assert re.search(r'data-charts="([^"]*)"', dom).group(1) == "block none"  # the wide chart on a desktop
     shot, dom = render(d / "compare.html", 390, 1600)
     assert_not_blank(shot)
     assert scroll_width(dom) <= 390, "the page scrolls sideways on a phone"
-    # only the chart scrolls, and it starts scrolled towards the first divergence
-    assert float(re.search(r'data-chart-scroll="([-\d.]+)"', dom).group(1)) > 0
+    # a phone shows the tall chart (one line per module), its names drawn at 10.5 of 380 units: >= 9 px
+    assert re.search(r'data-charts="([^"]*)"', dom).group(1) == "none block"
+    assert float(re.search(r'data-tall-width="([\d.]+)"', dom).group(1)) * 10.5 / 380 >= 9
 
 
 def test_layers_and_extract_reports_in_chromium(pages):

@@ -51,6 +51,16 @@ def fmt_float(x: Any) -> str:
     return f"{x:.3g}"
 
 
+def fmt_db(x: Any) -> str:
+    """Decibels to two decimals, so a value just under a threshold never reads as the threshold.
+
+    Example:
+        >>> fmt_db(29.956), fmt_db(None), fmt_db(float("inf"))
+        ('29.96', '-', 'inf')
+    """
+    return "-" if x is None else f"{x:.2f}"
+
+
 def fmt_shape(shape: Any) -> str:
     """``[1, 3, 'batch']`` -> ``1x3xbatch``; ``None`` -> ``-``."""
     if shape is None:

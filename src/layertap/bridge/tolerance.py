@@ -222,6 +222,32 @@ class Criterion:
             ok = False
         return replace(base, ok=bool(ok), cosine=cosine, sqnr_db=sqnr, finite=finite)
 
+    def excess(self, max_abs: float | None, scale: float | None, cosine: float | None, sqnr_db: float | None) -> float:
+        """How many times the error exceeds what :attr:`metric` allows (<= 1 passes), in that
+        metric's error measure: ``max_abs / (atol + rtol * scale)``; ``(1 - cosine) / (1 -
+        min_cosine)``; the noise power over the allowed noise power, ``10^((min_sqnr - sqnr)/10)``.
+        ``inf`` when a value is missing or not finite.
+
+        Example:
+            >>> Criterion(rtol=1e-3, atol=0.0).excess(0.05, 1.0, None, None)
+            50.0
+            >>> round(Criterion(metric="sqnr", min_sqnr_db=30).excess(None, None, None, 20.0), 6)
+            10.0
+        """
+        if self.metric == "cosine":
+            if cosine is None or not math.isfinite(cosine):
+                return math.inf
+            allowed = 1.0 - self.min_cosine
+            return (1.0 - cosine) / allowed if allowed > 0 else (math.inf if cosine < 1 else 0.0)
+        if self.metric == "sqnr":
+            if sqnr_db is None or math.isnan(sqnr_db):
+                return math.inf
+            return 10.0 ** ((self.min_sqnr_db - sqnr_db) / 10.0)
+        if max_abs is None or scale is None or not math.isfinite(max_abs):
+            return math.inf
+        allowed = self.atol + self.rtol * scale
+        return max_abs / allowed if allowed > 0 else (math.inf if max_abs > 0 else 0.0)
+
     def describe(self) -> str:
         """The pass rule in words, for reports."""
         if self.metric == "cosine":

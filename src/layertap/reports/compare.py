@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from ..report import fmt_float, fmt_shape
+from ..report import fmt_db, fmt_float, fmt_shape
 from .html import cards, esc, field, grid_table, notes_list, section, verdict
-from .svg import FAIL_COLOR, LOCAL_COLOR, PASS_COLOR, TOL_COLOR, ErrorPoint, error_chart
+from .svg import FAIL_COLOR, LOCAL_COLOR, PASS_COLOR, TOL_COLOR, Axis, ErrorPoint, error_chart, error_chart_vertical
 from .tree import Node, nest, render_tree
 
 MAX_TREE_ROWS = 5000
@@ -50,8 +50,9 @@ def compare_fragment(report: Any) -> str:
     counts = getattr(report, "first_divergence_counts", None)
     if counts:
         parts.append(section("first divergence over samples", _counts_table(counts), anchor="samples"))
-    parts.append(section("module tree", _tree(rows, first), anchor="tree"))
-    parts.append(section("every row, in order", _flat(rows, first), anchor="rows"))
+    metric = _metric(report)
+    parts.append(section("module tree", _tree(rows, first, metric), anchor="tree"))
+    parts.append(section("every row, in order", _flat(rows, first, metric), anchor="rows"))
     return "".join(parts)
 
 
@@ -107,11 +108,12 @@ def explain(report: Any) -> str:
                  f"{field(last, 'name')}, has a relative error of {fmt_float(field(last, 'rel_err'))}.")
     else:
         p.append("It is the first module compared: the inputs themselves may already differ.")
-    absorbed = [field(r, "name") for r in rows[max(0, fi - 3):fi] if field(r, "status") == "absorbed"]
-    if absorbed:
-        were = "was" if len(absorbed) == 1 else "were"
-        p.append(f"Just before it, {', '.join(absorbed)} {were} fused in the ONNX graph and compared at this later "
-                 "tensor, so the error may come from there.")
+    gap = gap_words(rows, first)
+    if gap:
+        p.append(f"But {gap}.")
+    fused = fused_words(rows, first)
+    if fused:
+        p.append(f"{fused}.")
     p.append(_local_words(first))
     p.append(_after(rows, fi))
     p.append(_nonfinite_words(report, first))
@@ -139,16 +141,90 @@ def _where(report: Any, first: Any) -> str:
         ratio = f", {rel / tol:.3g} times the tolerance rtol {tol:g}" if tol else ""
         size = f"relative error {fmt_float(rel)} (max abs error {fmt_float(mx)}){ratio}"
     else:
-        rule = getattr(getattr(report, "criterion", None), "describe", None)
-        size = f"relative error {fmt_float(rel)}, failing the {metric} rule" + (f" ({rule()})" if callable(rule) else "")
+        value = field(first, _METRICS[metric][0])
+        size = (f"{metric_text(value, metric)}, below the {threshold_text(report, metric)} "
+                f"(relative error {fmt_float(rel)}, max abs error {fmt_float(mx)})")
     extra = []
     for key, label in (("cosine", "cosine similarity"), ("sqnr_db", "SQNR")):
         v = field(first, key)
-        if v is not None:
+        if v is not None and key != _METRICS.get(metric, _METRICS["rel"])[0]:
             extra.append(f"{label} {v:.6f}" if key == "cosine" else f"{label} {v:.4g} dB")
     tail = f"; {', '.join(extra)}" if extra else ""
     return (f"The numbers first part at {field(first, 'name')} ({field(first, 'type', '?')}, output {shape}): "
             f"{size}{tail}.")
+
+
+def uncompared_before(rows: Sequence[Any], first: Any) -> list[Any]:
+    """Calls without counterpart between ``first`` and the last compared row before it:
+    a divergence found at ``first`` may have started in any of them."""
+    out: list[Any] = []
+    for prev in reversed(rows[: _index(rows, first)]):
+        if field(prev, "ok") is not None:
+            break
+        if field(prev, "status") == "no counterpart":
+            out.append(prev)
+    return out[::-1]
+
+
+def gap_words(rows: Sequence[Any], first: Any) -> str:
+    """``layer2.1.bn1 just before it was not compared (no counterpart), so the divergence may
+    start there``; empty when a compared row comes right before it. The terminal summary and
+    the HTML explanation both say it."""
+    gap = uncompared_before(rows, first)
+    if not gap:
+        return ""
+    names = ", ".join(field(r, "name") for r in gap[-5:]) + (
+        f" and {len(gap) - 5} before them" if len(gap) > 5 else "")
+    were = "were" if len(gap) > 1 else "was"
+    return f"{names} just before it {were} not compared (no counterpart), so the divergence may start there"
+
+
+def fused_words(rows: Sequence[Any], first: Any) -> str:
+    """Which modules the ONNX graph fused into the first divergence, or into the uncompared calls
+    just before it: ``layer3.0.conv1 was fused into layer3.0.bn1 in the ONNX graph, so the error
+    may start in layer3.0.conv1 as well``. Empty when none was. The terminal summary and the
+    HTML explanation both say it.
+
+    A row's ``fused_into`` names its absorber; an absorbed row that does not (an older report)
+    counts as fused into the row after it only inside the run of uncompared rows just before
+    ``first``.
+
+    Example:
+        >>> from layertap.bridge.compare import CompareRow
+        >>> rows = [CompareRow("conv1", "conv1", 0, "Conv2d", [1], None, None, "absorbed", None, fused_into="bn1"),
+        ...         CompareRow("bn1", "bn1", 0, "BatchNorm2d", [1], 0.5, 0.1, "FAIL", False)]
+        >>> fused_words(rows, rows[1])
+        'conv1 was fused into bn1 in the ONNX graph, so the error may start in conv1 as well'
+    """
+    at = _index(rows, first)
+    targets = {field(first, "name")} | {field(r, "name") for r in uncompared_before(rows, first)}
+    pairs: list[tuple[str, str]] = []
+    adjacent = True  # still inside the run of uncompared rows right before ``first``
+    for k in range(at - 1, -1, -1):
+        r = rows[k]
+        adjacent = adjacent and field(r, "ok") is None
+        if field(r, "status") != "absorbed":
+            continue
+        into = field(r, "fused_into")
+        if into is None and adjacent:
+            into = next((field(n, "name") for n in rows[k + 1: at + 1] if field(n, "status") != "absorbed"), None)
+        if into in targets:
+            pairs.append((field(r, "name"), into))
+    if not pairs:
+        return ""
+    pairs.reverse()
+    own = [a for a, b in pairs if b == field(first, "name")]
+    words = "; ".join(f"{a} was fused into {b}" for a, b in pairs) + " in the ONNX graph"
+    if own:
+        words += f", so the error may start in {', '.join(own)} as well"
+    return words
+
+
+def _index(rows: Sequence[Any], row: Any) -> int:
+    for i, r in enumerate(rows):
+        if r is row:
+            return i
+    return list(rows).index(row)
 
 
 def _nonfinite_words(report: Any, first: Any) -> str:
@@ -210,11 +286,77 @@ def _as_error(value: Any, metric: str) -> float | None:
     return float(value)
 
 
-_CHARTS = {  # metric -> (row field, threshold attribute of the criterion, axis label, threshold label)
-    "rel": ("rel_err", "rtol", "max|cand - ref| / max|ref|", "tolerance (rtol)"),
-    "cosine": ("cosine", "min_cosine", "1 - cosine similarity", "threshold (1 - min cosine)"),
-    "sqnr": ("sqnr_db", "min_sqnr_db", "noise / signal power, 10^(-SQNR/10)", "threshold (min SQNR)"),
+#: metric -> (row field, threshold attribute of the criterion, column header)
+_METRICS = {
+    "rel": ("rel_err", "rtol", "rel err"),
+    "cosine": ("cosine", "min_cosine", "cosine"),
+    "sqnr": ("sqnr_db", "min_sqnr_db", "SQNR dB"),
 }
+
+
+def metric_text(value: Any, metric: str) -> str:
+    """A value of the deciding statistic as a reader sees it.
+
+    Example:
+        >>> metric_text(0.99945, "cosine"), metric_text(29.64, "sqnr"), metric_text(0.0454, "rel")
+        ('cosine 0.999450', 'SQNR 29.64 dB', 'rel err 0.0454')
+    """
+    if value is None:
+        return f"{_METRICS.get(metric, _METRICS['rel'])[2]} -"
+    if metric == "cosine":
+        return f"cosine {value:.6f}"
+    if metric == "sqnr":
+        return f"SQNR {fmt_db(value)} dB"
+    return f"rel err {fmt_float(value)}"
+
+
+def threshold_text(report: Any, metric: str | None = None) -> str:
+    """The line a row must stay on the right side of, named by its metric: ``rtol 0.001``,
+    ``cosine threshold 0.999``, ``SQNR threshold 30 dB``."""
+    metric = metric or _metric(report)
+    value = _threshold(report, metric)
+    if value is None:
+        return "threshold"
+    if metric == "cosine":
+        return f"cosine threshold {value:g}"
+    if metric == "sqnr":
+        return f"SQNR threshold {value:g} dB"
+    return f"rtol {value:g}"
+
+
+def _threshold(report: Any, metric: str) -> float | None:
+    attr = _METRICS.get(metric, _METRICS["rel"])[1]
+    criterion = getattr(report, "criterion", None)
+    value = getattr(criterion, attr, None) if criterion is not None else getattr(report, attr, None)
+    return None if value is None else float(value)
+
+
+def _axis(report: Any, metric: str) -> Axis:
+    """The error axis in the metric's own units: cosine ticks read 0.999, SQNR ticks 30 dB."""
+    if metric == "cosine":
+        return Axis("cosine similarity (log of 1 - cos)", _cosine_tick, threshold_text(report, metric))
+    if metric == "sqnr":
+        return Axis("SQNR (dB)", lambda e: f"{-10 * e} dB", threshold_text(report, metric))
+    return Axis("max|cand - ref| / max|ref| (log)", None, threshold_text(report, metric))
+
+
+def _cosine_tick(e: int) -> str:
+    """The cosine similarity at ``1 - cosine = 10**e``."""
+    if e >= 0:
+        return f"{1 - 10 ** e:g}"
+    return f"{1 - 10.0 ** e:.{-e}f}" if e >= -5 else f"1-1e{e}"
+
+
+def chart_points(report: Any, metric: str, *, with_local: bool) -> tuple[list[Any], list[ErrorPoint], float | None]:
+    """The rows the error chart shows, their points (the deciding value, as an error) and the
+    threshold on the same axis; the HTML chart and the ``--plot`` PNG both draw these."""
+    key = _METRICS.get(metric, _METRICS["rel"])[0]
+    rows = [r for r in report.rows if field(r, key) is not None or (with_local and field(r, "local_rel") is not None)]
+    points = [ErrorPoint(field(r, "name", "?"), _as_error(field(r, key), metric),
+                         field(r, "local_rel") if with_local else None, field(r, "ok"),
+                         metric_text(field(r, key), metric)) for r in rows]
+    threshold = _threshold(report, metric)
+    return rows, points, _as_error(threshold, metric) if threshold is not None else None
 
 
 def _chart(report: Any, rows: Sequence[Any]) -> str:
@@ -228,27 +370,25 @@ def _chart(report: Any, rows: Sequence[Any]) -> str:
 
 
 def _one_chart(report: Any, rows: Sequence[Any], metric: str, *, with_local: bool) -> str:
-    key, tol_attr, y_label, tol_label = _CHARTS.get(metric, _CHARTS["rel"])
-    criterion = getattr(report, "criterion", None)
-    threshold = getattr(criterion, tol_attr, None) if criterion is not None else getattr(report, tol_attr, None)
-    compared = [r for r in rows if field(r, key) is not None or (with_local and field(r, "local_rel") is not None)]
+    """A wide chart, and for phones the same points down the page (CSS shows one of them)."""
+    compared, points, threshold = chart_points(report, metric, with_local=with_local)
     if not compared:
         return '<p class="muted">nothing was compared, so there is no chart</p>'
     first = next((i for i, r in enumerate(compared) if field(r, "ok") is False), None)
-    points = [ErrorPoint(field(r, "name", "?"), _as_error(field(r, key), metric),
-                         field(r, "local_rel") if with_local else None, field(r, "ok")) for r in compared]
-    svg = error_chart(points, tolerance=_as_error(threshold, metric) if threshold is not None else None, first=first,
-                      y_label=y_label)
+    axis = _axis(report, metric)
+    wide = error_chart(points, tolerance=threshold, first=first, axis=axis)
+    tall = error_chart_vertical(points, tolerance=threshold, first=first, axis=axis)
     legend = [f'<span><i style="background:{PASS_COLOR}"></i>pass (accumulated error)</span>',
               f'<span><i style="background:{FAIL_COLOR}"></i>FAIL</span>',
-              f'<span><i style="background:{TOL_COLOR}"></i>{esc(tol_label)}</span>']
+              f'<span><i style="background:{TOL_COLOR}"></i>{esc(threshold_text(report, metric))}</span>']
     if any(p.local is not None for p in points):
         swatch = f'<i style="background:#fff;border:2px solid {LOCAL_COLOR}"></i>'
         legend.append(f"<span>{swatch}local error (fed the reference's inputs)</span>")
     hidden = len(rows) - len(compared)
     note = (f'<p class="muted">{len(compared)} compared calls in execution order, log scale; {hidden} calls without a '
             "value (absorbed or without counterpart) are left out. Hover a point for its module.</p>")
-    return f'<div class="legend">{"".join(legend)}</div><div class="chart scroll">{svg}</div>{note}'
+    return (f'<div class="legend">{"".join(legend)}</div><div class="chart scroll chart-wide">{wide}</div>'
+            f'<div class="chart chart-tall">{tall}</div>{note}')
 
 
 def _counts_table(counts: dict[str, int]) -> str:
@@ -260,34 +400,41 @@ def _has_local(rows: Sequence[Any]) -> bool:
     return any(field(r, "local_rel") is not None for r in rows)
 
 
-def _cells(row: Any, local: bool) -> list[str]:
-    """type, shape, rel err, [local], status: the local column only where some row carries local_rel."""
-    cells = [esc(field(row, "type", "")), esc(fmt_shape(field(row, "shape"))), esc(fmt_float(field(row, "rel_err")))]
+def _cells(row: Any, local: bool, metric: str = "rel") -> list[str]:
+    """type, shape, [deciding statistic], rel err, [local], status: the deciding statistic's column
+    when cosine or SQNR decides, the local column only where some row carries local_rel."""
+    cells = [esc(field(row, "type", "")), esc(fmt_shape(field(row, "shape")))]
+    if metric in ("cosine", "sqnr"):
+        value = field(row, _METRICS[metric][0])
+        cells.append("-" if value is None else esc(f"{value:.6f}" if metric == "cosine" else fmt_db(value)))
+    cells.append(esc(fmt_float(field(row, "rel_err"))))
     if local:
         value = field(row, "local_rel")
         cells.append(esc(fmt_float(value)) if value is not None else "")
     return cells + [esc(field(row, "status", ""))]
 
 
-def _headers(local: bool) -> list[str]:
-    return ["type", "shape", "rel err"] + (["local err"] if local else []) + ["status"]
+def _headers(local: bool, metric: str = "rel") -> list[str]:
+    deciding = [_METRICS[metric][2]] if metric in ("cosine", "sqnr") else []
+    return ["type", "shape", *deciding, "rel err"] + (["local err"] if local else []) + ["status"]
 
 
-def _tree(rows: Sequence[Any], first: Any) -> str:
+def _tree(rows: Sequence[Any], first: Any, metric: str = "rel") -> str:
     shown = rows[:MAX_TREE_ROWS]
     local = _has_local(rows)
-    nodes = [Node(field(r, "path", "") or "", esc(field(r, "name", "?")), _cells(r, local), _status_class(r, first))
-             for r in shown]
+    nodes = [Node(field(r, "path", "") or "", esc(field(r, "name", "?")), _cells(r, local, metric),
+                  _status_class(r, first)) for r in shown]
     cut = f"first {MAX_TREE_ROWS} of {len(rows)} rows shown" if len(rows) > MAX_TREE_ROWS else ""
-    widths = (11, 8, 5.5) + ((5.5,) if local else ()) + (6.5,)
-    return render_tree(["module", *_headers(local)], nest(nodes), widths=widths, keep=len(widths) - 1, note=cut)
+    widths = (11, 8) + ((6.5,) if metric in ("cosine", "sqnr") else ()) + (5.5,) + ((5.5,) if local else ()) + (6.5,)
+    return render_tree(["module", *_headers(local, metric)], nest(nodes), widths=widths, keep=len(widths) - 1, note=cut)
 
 
-def _flat(rows: Sequence[Any], first: Any) -> str:
+def _flat(rows: Sequence[Any], first: Any, metric: str = "rel") -> str:
     local = _has_local(rows)
-    body = [[esc(field(r, "name")), *_cells(r, local), esc(fmt_float(field(r, "max_abs"))), esc(field(r, "note") or "")]
-            for r in rows]
+    body = [[esc(field(r, "name")), *_cells(r, local, metric), esc(fmt_float(field(r, "max_abs"))),
+             esc(field(r, "note") or "")] for r in rows]
     classes = [_status_class(r, first) for r in rows]
-    numeric = [3, 4, 6] if local else [3, 5]
-    table = grid_table(["module", *_headers(local), "max abs", "note"], body, numeric=numeric, row_classes=classes)
+    headers = ["module", *_headers(local, metric), "max abs", "note"]
+    numeric = [i for i, h in enumerate(headers) if h in ("cosine", "SQNR dB", "rel err", "local err", "max abs")]
+    table = grid_table(headers, body, numeric=numeric, row_classes=classes)
     return f"<details><summary>show all {len(rows)} rows</summary>{table}</details>"

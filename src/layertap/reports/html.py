@@ -53,6 +53,7 @@ CSS = """
 .lt svg{max-width:100%;height:auto;display:block}
 .lt svg text{font-family:inherit}
 .lt .chart{border:1px solid #dde1e8;border-radius:6px;padding:.4em;background:#fff}
+.lt .chart-tall{display:none}
 .lt .legend{display:flex;flex-wrap:wrap;gap:1em;font-size:.85em;margin:.3em 0}
 .lt .legend i{display:inline-block;width:.9em;height:.9em;border-radius:2px;margin-right:.3em;vertical-align:-.1em}
 .lt .tensors{display:grid;grid-template-columns:repeat(auto-fill,minmax(300px,1fr));gap:.8em}
@@ -77,12 +78,14 @@ CSS = """
   .lt .tree .row.head .cell{display:none}.lt .tree .row.head .cell.keep{display:inline}
   .lt .tensors{grid-template-columns:minmax(0,1fr)}
   .lt .card{min-width:6.5em;padding:.35em .6em}
+  .lt .chart-wide{display:none}.lt .chart-tall{display:block}
 }
 """
 
-# On a narrow screen the chart scrolls sideways; start it at the first divergence.
+# A wide chart on a narrow screen scrolls sideways; start it at the first divergence.
+# (Phones get the tall chart instead: one line per module down the page.)
 SCRIPT = (
-    "<script>document.querySelectorAll('.lt .chart').forEach(function(c){"
+    "<script>document.querySelectorAll('.lt .chart-wide').forEach(function(c){"
     "var l=c.querySelector('.first-divergence');if(!l||c.scrollWidth<=c.clientWidth)return;"
     "c.scrollLeft+=l.getBoundingClientRect().left-c.getBoundingClientRect().left-c.clientWidth/2;});</script>"
 )

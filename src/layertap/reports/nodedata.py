@@ -54,7 +54,11 @@ def node_data(report: Any, onnx_path: str | os.PathLike) -> dict[str, dict]:
 
     Each node gets the row of the tensor it produces when that tensor was
     compared, else the row of the module call it belongs to (or of the
-    nearest enclosing module that ran once).
+    nearest enclosing module that ran once). Only nodes of a compared call
+    carry its values: nodes that compute weights (a TorchScript ``Identity``
+    copying a shared weight, a quantised weight's ``DequantizeLinear``) get
+    nothing, and nodes of the model's own code outside every module call only
+    their module, ``(root)``, never the model output's error.
 
     Example:
         >>> import onnx, tempfile, os
@@ -74,6 +78,9 @@ def node_data(report: Any, onnx_path: str | os.PathLike) -> dict[str, dict]:
     status: dict[str, dict] = {}
     module: dict[str, dict] = {}
     for node, row in rows_of.items():
+        if row is None:  # the model's own code between modules: no compared call's values
+            module[node] = _result("(root)", None)
+            continue
         st = field(row, "status", "-")
         key = "first" if row is first else st
         color = STATUS_COLORS.get(key)
@@ -110,7 +117,8 @@ def _result(value: Any, color: str | None, white_text: bool = False) -> dict:
 
 
 def _node_rows(report: Any, onnx_path: str | os.PathLike) -> dict[str, Any]:
-    """ONNX node name -> the compare row that describes it."""
+    """ONNX node name -> the compare row that describes it (``None``: in no module call's scope)."""
+    from ..onnxfile._graph import GraphFacts
     from ..onnxfile.modelfile import read_model
 
     model = read_model(onnx_path).model
@@ -123,15 +131,15 @@ def _node_rows(report: Any, onnx_path: str | os.PathLike) -> dict[str, Any]:
     by_call = {(field(r, "path"), field(r, "call")): r for r in report.rows}
     single = _single_call_rows(report.rows)
     owners = _owners(model) if by_call else {}
+    weights = GraphFacts(graph).weight_nodes
     out: dict[str, Any] = {}
     for k, node in enumerate(graph.node):
-        if not node.name:
+        if not node.name or k in weights:
             continue  # Model Explorer invents ids for unnamed nodes; nothing stable to key by
         row = next((by_tensor[t] for t in node.output if t in by_tensor), None)
-        if row is None:
-            row = _enclosing_row(owners[k], by_call, single) if k in owners else single.get("")
-        if row is not None:
-            out[node.name] = row
+        if row is None and k in owners:
+            row = _enclosing_row(owners[k], by_call, single)
+        out[node.name] = row
     return out
 
 
@@ -150,12 +158,14 @@ def _single_call_rows(rows: Any) -> dict[str, Any]:
 
 
 def _enclosing_row(owner: tuple[str, int], by_call: dict, single: dict) -> Any:
-    """The row of the owning call when it has a value, else of the nearest enclosing module that ran once."""
+    """The row of the owning call when it has a value, else of the nearest enclosing module
+    that ran once (never the root: it encloses everything, so its output error says nothing
+    of this node)."""
     row = by_call.get(owner)
     if row is not None and field(row, "rel_err") is not None:
         return row
     parts = owner[0].split(".")
-    for i in range(len(parts) - 1, -1, -1):
+    for i in range(len(parts) - 1, 0, -1):
         anc = single.get(".".join(parts[:i]))
         if anc is not None and field(anc, "rel_err") is not None:
             return anc

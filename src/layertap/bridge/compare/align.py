@@ -38,6 +38,7 @@ class Item:
     # they count only when they equal the reference's value
     unverified: str | None = None
     ref_tensors: tuple[str, ...] = ()  # an ONNX reference's own tensors for this row
+    fused_into: str | None = None  # an absorbed call: the module path whose value holds it
 
 
 def _is_absorption(note: str) -> bool:
@@ -84,6 +85,7 @@ def plan_items(calls: list[ModuleCall], root: ModuleCall, smap: Any, outputs: li
         elif not cp.tensors:
             item.status = ABSORBED if cp.absorbed_by or (cp.note and _is_absorption(cp.note)) else NO_COUNTERPART
             item.note = f"fused into {cp.absorbed_by}; compared there" if cp.absorbed_by else cp.note
+            item.fused_into = cp.absorbed_by if item.status == ABSORBED else None
         else:
             item.tensors = tuple(cp.tensors)
         if mc.note and not item.status:
@@ -248,9 +250,13 @@ class RowBuilder:
         self.onnx_of: dict[tuple[int, int], str] = {}  # (call key, output index) -> ONNX tensor compared
 
     def name(self, mc: ModuleCall) -> str:
-        if mc.path == "":
+        return self.call_name(mc.path, mc.call)
+
+    def call_name(self, path: str, call: int) -> str:
+        """``PATH``, or ``PATH#k`` for a module that ran more than once; ``output`` for the root."""
+        if path == "":
             return "output"
-        return f"{mc.path}#{mc.call}" if self.torch_calls.get(mc.path, 1) > 1 else mc.path
+        return f"{path}#{call}" if self.torch_calls.get(path, 1) > 1 else path
 
     def row(self, item: Item, values: dict[str, np.ndarray]) -> CompareRow:
         mc = item.mc
@@ -262,7 +268,10 @@ class RowBuilder:
                 got, onnx_names, donor = adopted
                 return CompareRow(**base, **stat_fields(got), status=PASS if got.ok else FAIL,
                                   ok=got.ok, onnx=onnx_names, note=f"compared at {donor}'s ONNX tensor (fused)")
-            return CompareRow(**base, max_abs=None, rel_err=None, status=item.status, ok=None, note=item.note)
+            # a fused call is fused into the same call of its absorber (conv1#k into bn1#k)
+            into = self.call_name(item.fused_into, mc.call) if item.fused_into else None
+            return CompareRow(**base, max_abs=None, rel_err=None, status=item.status, ok=None, note=item.note,
+                              fused_into=into)
         onnx_arrays = [values[n] for n in item.tensors]
         ref = self.store.get(mc.key)
         stats, names, why = self._compare(ref, onnx_arrays, item.tensors, mc)
@@ -278,8 +287,9 @@ class RowBuilder:
             if fused is not None:
                 donee, fstats, fnames = fused
                 self.adopted[donee.mc.key] = (fstats, fnames, base["name"])
-                return CompareRow(**base, **stat_fields(stats), status=ABSORBED, ok=None,
-                                  onnx=names, note=f"ONNX tensor holds {self.name(donee.mc)}'s value (fused)")
+                return CompareRow(**base, **stat_fields(stats), status=ABSORBED, ok=None, onnx=names,
+                                  note=f"ONNX tensor holds {self.name(donee.mc)}'s value (fused)",
+                                  fused_into=self.name(donee.mc))
         return CompareRow(**base, **stat_fields(stats), status=PASS if stats.ok else FAIL,
                           ok=stats.ok, onnx=names, note=why)
 

@@ -62,6 +62,8 @@ FUSION_NOTE = (
     "produce them, so this run may differ slightly from a plain run of the file; compare with "
     "ort_optimizations=False (--no-ort-opt) to rule ORT's graph optimisations out"
 )
+#: a first divergence at most this many times over the rule may be ORT's rounding (see :func:`could_be_rounding`)
+ROUNDING_EXCESS = 10.0
 
 
 class Progress(Protocol):
@@ -336,9 +338,10 @@ def _compare_torch(
         held.close()
     per_sample, spilled = [blame_rewritten(rows) for rows in held.rows], held.spilled
     rows, firsts = merge_samples(per_sample, criterion)
+    first = next((r for r in rows if r.ok is False), None)
     return CompareReport(
         rows,
-        _notes(model, view, runner, spilled, len(runs), failed=any(r.ok is False for r in rows)) + (
+        _notes(model, view, runner, spilled, len(runs), rounding=could_be_rounding(first, criterion)) + (
             [NCHWC_NOTE] if blocked else []),
         criterion=criterion,
         onnx_path=str(onnx_path),
@@ -464,15 +467,34 @@ class _TorchSamples:
         self.runner.close()
 
 
-def _notes(model: Any, view: ScopeView, runner: OrtRunner, spilled: int, n_samples: int, *, failed: bool) -> list[str]:
+def could_be_rounding(first: CompareRow | None, criterion: Criterion) -> bool:
+    """Whether the first divergence is small enough to be ORT's rounding: its error at most
+    :data:`ROUNDING_EXCESS` (10) times what the rule allows (:meth:`Criterion.excess`), with
+    finite candidate values. A fused kernel or an unfused pair of float32 nodes differ by a few
+    float32 roundings, which an accumulated chain can lift past a tight tolerance by a small
+    factor, never by orders of magnitude; a larger error is a real difference in the file.
+
+    Example:
+        >>> row = CompareRow("fc", "fc", 0, "Linear", [1], 0.002, 0.002, "FAIL", False, ref_max=1.0)
+        >>> could_be_rounding(row, Criterion()), could_be_rounding(None, Criterion())
+        (True, False)
+        >>> could_be_rounding(CompareRow("fc", "fc", 0, "Linear", [1], 0.1, 0.1, "FAIL", False, ref_max=1.0), Criterion())
+        False
+    """
+    if first is None or first.finite is False:
+        return False
+    return criterion.excess(first.max_abs, first.ref_max, first.cosine, first.sqnr_db) <= ROUNDING_EXCESS
+
+
+def _notes(model: Any, view: ScopeView, runner: OrtRunner, spilled: int, n_samples: int, *, rounding: bool) -> list[str]:
     """What the reader needs to know to trust (or doubt) the rows.
 
-    The ORT fusion caveat only matters to explain a failing row.
+    The ORT fusion caveat only matters to explain a failing row whose error could be rounding.
     """
     notes = []
     if not runner.optimize:
         notes.append("ONNX Runtime ran with graph optimisations disabled (ORT_DISABLE_ALL)")
-    elif failed:
+    elif rounding:
         notes.append(FUSION_NOTE)
     if getattr(model, "training", False):
         notes.append("the model is in training mode (dropout, batch statistics): call model.eval() before comparing")

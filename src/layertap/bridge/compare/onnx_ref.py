@@ -3,7 +3,8 @@ layer by layer. Never imports torch.
 
 Alignment (:func:`align_files`), per row of the reference:
 
-* rows are the reference's module calls (completion order, inner first) when it carries
+* rows are the reference's module calls (completion order, inner first; a call fused into
+  another, a Conv into its BatchNorm, just before it, as PyTorch ran them) when it carries
   module scopes, else every activation tensor it computes;
 * a reference tensor whose name the candidate also computes is that tensor (converters keep
   names: onnxconverter-common's float16 ``Cast`` nodes, ORT-optimised and onnxslim files);
@@ -99,6 +100,7 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
             counts[cp.path] = ref_map.calls(cp.path)
             mc = ModuleCall(len(items), cp.path, cp.call, _op(ref_made, cp.tensors))
             items.append(_scope_item(mc, cp, cand_call, by_name, _elsewhere(ref_made, cand_made, through)))
+        items = fused_first(items)
         mode = "scopes"
     else:
         from ...onnxfile._graph import GraphFacts
@@ -151,7 +153,7 @@ def _scope_item(mc: ModuleCall, cp: Any, cand_call: Callable[[str, int], Any], b
     if not cp.tensors:
         status = ABSORBED if cp.absorbed_by else NO_COUNTERPART
         note = f"fused into {cp.absorbed_by} in the reference; compared there" if cp.absorbed_by else f"reference: {cp.note}"
-        return Item(mc, status=status, note=note)
+        return Item(mc, status=status, note=note, fused_into=cp.absorbed_by)
     named = [by_name(t) for t in cp.tensors]
     if all(n is not None for n in named):
         return Item(mc, tuple(n for n in named if n is not None), ref_tensors=tuple(cp.tensors))
@@ -166,6 +168,26 @@ def _scope_item(mc: ModuleCall, cp: Any, cand_call: Callable[[str, int], Any], b
             f"the candidate's call hands out {foreign[0]}, which the reference computes in another call "
             "(nodes fused across modules), so its own value is not in the candidate"))
     return Item(mc, tuple(ccp.tensors), ref_tensors=tuple(cp.tensors))
+
+
+def fused_first(items: list[Item]) -> list[Item]:
+    """Items in the order PyTorch ran the calls: a call fused into a later module (a Conv into
+    its BatchNorm) comes just before that module's call, as it ran, even where the file's graph
+    order lists the fused node's scope first (the dynamo exporter's).
+
+    Example:
+        >>> mk = lambda k, path, into=None: Item(ModuleCall(k, path, 0, "-"), fused_into=into)
+        >>> [it.mc.path for it in fused_first([mk(0, "bn1"), mk(1, "conv1", "bn1"), mk(2, "relu")])]
+        ['conv1', 'bn1', 'relu']
+    """
+    at = {(it.mc.path, it.mc.call): i for i, it in enumerate(items) if it.fused_into is None}
+
+    def place(i: int) -> tuple[int, int, int]:
+        into = items[i].fused_into
+        j = at.get((into, items[i].mc.call)) if into is not None else None
+        return (i, 1, i) if j is None else (j, 0, i)  # just before its absorber, else where it was
+
+    return [items[i] for i in sorted(range(len(items)), key=place)]
 
 
 def _op(made: dict[str, Any], tensors: Sequence[str]) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 import math
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...errors import LayertapError
 from ...files import atomic_write_bytes, check_output_path
@@ -23,7 +23,9 @@ _MAX_LABELS = 40
 
 
 def write_plot(report: "CompareReport", path: str | os.PathLike) -> None:
-    """Draw ``rel_err`` of every compared call (log scale) with the tolerance and the first divergence.
+    """Draw the deciding value of every compared call (log scale: ``rel_err``, ``1 - cosine`` or the
+    noise power of the SQNR) with its threshold and the first divergence; labels thinned like the
+    HTML chart's, so they never overlap.
 
     Example:
         >>> from layertap.bridge.compare import CompareReport, CompareRow
@@ -34,6 +36,14 @@ def write_plot(report: "CompareReport", path: str | os.PathLike) -> None:
         True
     """
     out = check_output_path(path, suffixes=(".png",))
+    fig = plot_figure(report)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    atomic_write_bytes(out, buf.getvalue())
+
+
+def plot_figure(report: "CompareReport") -> Any:
+    """The matplotlib ``Figure`` :func:`write_plot` saves (Agg backend, no display needed)."""
     try:
         import matplotlib
     except ImportError:
@@ -41,43 +51,65 @@ def write_plot(report: "CompareReport", path: str | os.PathLike) -> None:
     matplotlib.use("Agg", force=True)
     from matplotlib.figure import Figure
 
-    rows = [r for r in report.rows if r.rel_err is not None]
+    from ...reports.compare import chart_points, threshold_text
+    from ...reports.svg import tick_indices
+
+    metric = report.criterion.metric
+    rows, points, threshold = chart_points(report, metric, with_local=False)
     xs = list(range(len(rows)))
-    ys = [max(r.rel_err, _FLOOR) if math.isfinite(r.rel_err) else float("nan") for r in rows]
-    fig = Figure(figsize=(max(8.0, min(0.12 * len(rows), 40.0)), 4.8), dpi=100)
+    ys = [max(p.error, _FLOOR) if p.error is not None and math.isfinite(p.error) else float("nan") for p in points]
+    first = report.first_divergence_row
+    fx = next((i for i, r in enumerate(rows) if r is first), None)
+    ticks = tick_indices(len(rows), fx, _MAX_LABELS)
+    # about a sixth of an inch per label, so rotated names never overlap
+    fig = Figure(figsize=(max(8.0, min(0.17 * len(ticks) + 1.5, 40.0)), 5.2), dpi=100)
     ax = fig.add_subplot(1, 1, 1)
     ax.set_yscale("log")
     ok_x = [x for x, r in zip(xs, rows) if r.ok is not False]
     ok_y = [ys[x] for x in ok_x]
     bad_x = [x for x, r in zip(xs, rows) if r.ok is False]
     bad_y = [ys[x] if math.isfinite(ys[x]) else 1.0 for x in bad_x]
-    ax.plot(xs, [y if math.isfinite(y) else float("nan") for y in ys], color="0.7", linewidth=0.8, zorder=1)
+    ax.plot(xs, ys, color="0.7", linewidth=0.8, zorder=1)
     ax.scatter(ok_x, ok_y, s=12, color="tab:blue", label="pass", zorder=2)
     if bad_x:
         ax.scatter(bad_x, bad_y, s=16, color="tab:red", label="FAIL", zorder=3)
-    ax.axhline(report.rtol, color="tab:orange", linestyle="--", linewidth=1, label=f"rtol {report.rtol:g}")
-    first = report.first_divergence_row
-    if first is not None and first in rows:
-        fx = rows.index(first)
+    if threshold:
+        ax.axhline(threshold, color="tab:orange", linestyle="--", linewidth=1, label=threshold_text(report))
+    if fx is not None:
         ax.axvline(fx, color="tab:red", linewidth=1.2)
         ax.annotate(
-            f"first divergence: {first.name}",
-            xy=(fx, bad_y[bad_x.index(fx)] if fx in bad_x else report.rtol),
+            f"first divergence: {rows[fx].name}",
+            xy=(fx, bad_y[bad_x.index(fx)] if fx in bad_x else (threshold or 1.0)),
             xytext=(6, -28), textcoords="offset points", color="tab:red", fontsize=9,
             bbox=dict(facecolor="white", edgecolor="none", alpha=0.85),  # readable over the FAIL points
         )
-    step = max(1, math.ceil(len(rows) / _MAX_LABELS))
-    ticks = set(xs[::step])
-    if first is not None and first in rows:
-        ticks.add(rows.index(first))  # the one label a reader looks for must not be thinned away
-    ticks_sorted = sorted(ticks)
-    ax.set_xticks(ticks_sorted)
-    ax.set_xticklabels([rows[x].name for x in ticks_sorted], rotation=90, fontsize=7)
-    ax.set_ylabel("max|onnx - torch| / max|torch|")
-    ax.set_xlabel("module call, PyTorch execution order")
-    ax.set_title("PyTorch vs ONNX Runtime: error per module" + ("" if report.ok else " (diverges)"))
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([rows[x].name for x in ticks], rotation=90, fontsize=7)
+    for x, label in zip(ticks, ax.get_xticklabels()):
+        if x == fx:
+            label.set_color("tab:red")
+    _label_axes(ax, report, metric)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    atomic_write_bytes(out, buf.getvalue())
+    return fig
+
+
+def _label_axes(ax: "Any", report: "CompareReport", metric: str) -> None:
+    """Axis labels and title in the metric's units; cosine ticks read 0.999, SQNR ticks 30 dB."""
+    from matplotlib.ticker import FuncFormatter
+
+    if metric == "cosine":
+        ax.set_ylabel("cosine similarity (log scale of 1 - cosine)")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{1 - v:.{max(0, -math.floor(math.log10(v)))}f}"
+                                                   if 0 < v < 1 else f"{1 - v:g}"))
+    elif metric == "sqnr":
+        ax.set_ylabel("SQNR (dB)")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{-10 * math.log10(v):g} dB" if v > 0 else ""))
+    else:
+        ax.set_ylabel("max|cand - ref| / max|ref|" if report.reference else "max|onnx - torch| / max|torch|")
+    ax.set_xlabel(f"module call, {'reference' if report.reference else 'PyTorch'} execution order")
+    from pathlib import Path
+
+    vs = (f"{Path(report.reference).name} vs {Path(report.onnx_path or '?').name}" if report.reference
+          else "PyTorch vs ONNX Runtime")
+    ax.set_title(f"{vs}: error per module" + ("" if report.ok else " (diverges)"), fontsize=11)

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
-from ...report import Column, fmt_float, fmt_shape
+from ...report import Column, fmt_db, fmt_float, fmt_shape
 from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL, Criterion, ErrorStats, ToleranceReport
 
 PASS, FAIL, NO_COUNTERPART, ABSORBED = "pass", "FAIL", "no counterpart", "absorbed"
@@ -42,6 +42,8 @@ class CompareRow:
             when fed the reference's own inputs (``None`` when its boundary cannot be matched).
         finite: every candidate value was finite (``None`` when not compared).
         ref_max: ``max|ref|`` over the finite reference values compared.
+        fused_into: for an ``absorbed`` call, the name of the row whose value holds it (the
+            BatchNorm a Conv was fused into); ``None`` when unknown or not absorbed.
     """
 
     name: str
@@ -61,6 +63,7 @@ class CompareRow:
     local_rel: float | None = None
     finite: bool | None = None
     ref_max: float | None = None
+    fused_into: str | None = None
 
 
 class CompareReport(ToleranceReport):
@@ -195,11 +198,18 @@ class CompareReport(ToleranceReport):
         if row is None:
             lines.append("no divergence: every compared module agrees")
         else:
-            lines.append(
-                f"first divergence: {row.name} ({row.type}): max abs err {fmt_float(row.max_abs)}, "
-                f"rel err {fmt_float(row.rel_err)}; {self._before_divergence(row)}"
-            )
+            lines.append(f"first divergence: {row.name} ({row.type}): {self._size(row)}; {self._before_divergence(row)}")
         return lines
+
+    def _size(self, row: CompareRow) -> str:
+        """The deciding value first, then the errors."""
+        errors = f"max abs err {fmt_float(row.max_abs)}, rel err {fmt_float(row.rel_err)}"
+        if self.criterion.metric == "rel":
+            return errors
+        from ...reports.compare import metric_text, threshold_text
+
+        value = row.cosine if self.criterion.metric == "cosine" else row.sqnr_db
+        return f"{metric_text(value, self.criterion.metric)} ({threshold_text(self)}), {errors}"
 
     def _rule(self) -> str:
         if self.criterion.metric == "rel":
@@ -214,28 +224,23 @@ class CompareReport(ToleranceReport):
 
         A divergence found at ``row`` may have started in any of them.
         """
-        out: list[CompareRow] = []
-        for prev in reversed(self.rows[: self.rows.index(row)]):
-            if prev.ok is not None:
-                break
-            if prev.status == NO_COUNTERPART:
-                out.append(prev)
-        return out[::-1]
+        from ...reports.compare import uncompared_before
+
+        return uncompared_before(self.rows, row)
 
     def _before_divergence(self, row: CompareRow) -> str:
-        gap = self.uncompared_before(row)
-        if not gap:
-            return "every module before it agrees"
-        names = ", ".join(r.name for r in gap[-5:]) + (f" and {len(gap) - 5} before them" if len(gap) > 5 else "")
-        were = "were" if len(gap) > 1 else "was"
-        return (f"every compared module before it agrees, but {names} just before it {were} not compared "
-                "(no counterpart), so the divergence may start there")
+        """What the HTML explanation says of the calls just before ``row``, in the same words."""
+        from ...reports.compare import fused_words, gap_words
+
+        gap, fused = gap_words(self.rows, row), fused_words(self.rows, row)
+        words = f"every compared module before it agrees, but {gap}" if gap else "every module before it agrees"
+        return f"{words}; {fused}" if fused else words
 
 
 # the statistics that do not decide pass/fail give way first on a narrow terminal
 _EXTRA_COLUMNS = (
     Column("cosine", "Cosine", lambda v: "-" if v is None else f"{v:.6f}", "right", no_wrap=True, drop=4),
-    Column("sqnr_db", "SQNR dB", fmt_float, "right", no_wrap=True, drop=5),
+    Column("sqnr_db", "SQNR dB", fmt_db, "right", no_wrap=True, drop=5),
     Column("local_rel", "Local rel", fmt_float, "right", no_wrap=True),
 )
 

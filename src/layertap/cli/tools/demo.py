@@ -228,7 +228,7 @@ def step_compare(ctx: DemoContext) -> None:
     onnx.save(proto, str(bad))
     ctx.show(f">>> # {bad.name}: {src.name} with layer3.0.conv1's weights x1.1")
     plot = ctx.workdir / "compare_broken.png"
-    ctx.command(["compare", MODEL, bad.name, "--plot", plot.name], head=8, tail=4)
+    ctx.command(["compare", MODEL, bad.name, "--plot", plot.name], head=8, tail=6)
     ctx.written += [bad, plot]
 
 
