@@ -99,7 +99,7 @@ def explain(report: Any) -> str:
                      f"{field(worst, 'name')} ({field(worst, 'type', '?')}).")
         return f'<div class="explain"><p>{esc(text)}</p></div>'
     first = rows[fi]
-    p = [_where(report, first)]
+    p = [_where(report, first), _weights_words(rows[: fi + 1])]
     before = [r for r in rows[:fi] if field(r, "rel_err") is not None]
     if before:
         last = before[-1]
@@ -149,6 +149,14 @@ def _where(report: Any, first: Any) -> str:
     tail = f"; {', '.join(extra)}" if extra else ""
     return (f"The numbers first part at {field(first, 'name')} ({field(first, 'type', '?')}, output {shape}): "
             f"{size}{tail}.")
+
+
+def _weights_words(rows: Sequence[Any]) -> str:
+    """Parameters that differ between the two sides, in modules up to the first divergence: the likely cause."""
+    found = [field(r, "weights") for r in rows if field(r, "weights")]
+    if not found:
+        return ""
+    return f"Weights differ at or before it, the likely cause: {'; '.join(found)}."
 
 
 def _nonfinite_words(report: Any, first: Any) -> str:
@@ -285,7 +293,8 @@ def _tree(rows: Sequence[Any], first: Any) -> str:
 
 def _flat(rows: Sequence[Any], first: Any) -> str:
     local = _has_local(rows)
-    body = [[esc(field(r, "name")), *_cells(r, local), esc(fmt_float(field(r, "max_abs"))), esc(field(r, "note") or "")]
+    body = [[esc(field(r, "name")), *_cells(r, local), esc(fmt_float(field(r, "max_abs"))),
+             esc("; ".join(t for t in (field(r, "weights"), field(r, "note")) if t))]
             for r in rows]
     classes = [_status_class(r, first) for r in rows]
     numeric = [3, 4, 6] if local else [3, 5]

@@ -42,6 +42,8 @@ class CompareRow:
             when fed the reference's own inputs (``None`` when its boundary cannot be matched).
         finite: every candidate value was finite (``None`` when not compared).
         ref_max: ``max|ref|`` over the finite reference values compared.
+        weights: the module's parameters whose values differ between the two sides
+            (``fc.weight differs (rel 0.5)``), else ``None``.
     """
 
     name: str
@@ -61,6 +63,12 @@ class CompareRow:
     local_rel: float | None = None
     finite: bool | None = None
     ref_max: float | None = None
+    weights: str | None = None
+
+    @property
+    def remarks(self) -> str | None:
+        """The Note column: differing weights first, then the note."""
+        return "; ".join(t for t in (self.weights, self.note) if t) or None
 
 
 class CompareReport(ToleranceReport):
@@ -87,7 +95,7 @@ class CompareReport(ToleranceReport):
         Column("max_abs", "Max abs err", fmt_float, "right", no_wrap=True, drop=1),
         Column("rel_err", "Rel err", fmt_float, "right", no_wrap=True),
         Column("status", "Status", no_wrap=True),
-        Column("note", "Note"),
+        Column("remarks", "Note"),
     )
 
     def __init__(
@@ -105,6 +113,7 @@ class CompareReport(ToleranceReport):
         samples: int = 1,
         first_divergence_counts: dict[str, int] | None = None,
         local: bool = False,
+        weights: Any = None,
     ) -> None:
         self.criterion = criterion or Criterion(rtol=rtol, atol=atol)
         super().__init__(rows, notes, rtol=self.criterion.rtol, atol=self.criterion.atol)
@@ -115,6 +124,7 @@ class CompareReport(ToleranceReport):
         self.samples = samples
         self.first_divergence_counts = dict(first_divergence_counts or {})
         self.local = local
+        self.weights = weights  # the weight check (a WeightCheck), when one ran
         if reference is not None:
             self.__dict__["title"] = f"{reference} vs {onnx_path}, layer by layer"
         extra = [_metric_column(c, self.criterion.metric) for c in _EXTRA_COLUMNS if c.key != "local_rel" or local]
@@ -173,6 +183,8 @@ class CompareReport(ToleranceReport):
             "first_divergence_counts": self.first_divergence_counts,
             "first_nonfinite": self.first_nonfinite.name if self.first_nonfinite else None,
         }
+        if self.weights is not None:
+            out["weights"] = self.weights.to_dict()
         if self.notes:
             out["notes"] = list(self.notes)
         return out
@@ -197,7 +209,7 @@ class CompareReport(ToleranceReport):
         else:
             lines.append(
                 f"first divergence: {row.name} ({row.type}): max abs err {fmt_float(row.max_abs)}, "
-                f"rel err {fmt_float(row.rel_err)}; {self._before_divergence(row)}"
+                f"rel err {fmt_float(row.rel_err)}; {self._before_divergence(row)}{self._weights_before(row)}"
             )
         return lines
 
@@ -221,6 +233,16 @@ class CompareReport(ToleranceReport):
             if prev.status == NO_COUNTERPART:
                 out.append(prev)
         return out[::-1]
+
+    def weights_before(self, row: CompareRow) -> list[CompareRow]:
+        """Rows up to ``row`` (included) whose module holds a parameter that differs: the likely cause."""
+        return [r for r in self.rows[: self.rows.index(row) + 1] if r.weights]
+
+    def _weights_before(self, row: CompareRow) -> str:
+        found = self.weights_before(row)
+        if not found:
+            return ""
+        return "; weights that differ at or before it, the likely cause: " + "; ".join(r.weights or "" for r in found)
 
     def _before_divergence(self, row: CompareRow) -> str:
         gap = self.uncompared_before(row)
