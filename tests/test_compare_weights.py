@@ -225,3 +225,50 @@ def test_cli_allow_different_weights(resnet_onnx_dynamo, cli):
     summary = json.loads(proc.stdout)
     assert summary["weights"]["compared_anyway"] is True
     assert any(n.startswith("compared anyway") for n in summary["notes"])
+
+
+def _bfloat16_copy(src: Path, dst: Path) -> Path:
+    """``src`` with every float weight stored as bfloat16 and widened back by a ``Cast`` before use."""
+    import ml_dtypes
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(src))
+    graph = model.graph
+    casts = []
+    for init in graph.initializer:
+        if init.data_type != onnx.TensorProto.FLOAT or init.name.startswith("val_"):
+            continue
+        name = init.name
+        values = numpy_helper.to_array(init).astype(ml_dtypes.bfloat16)
+        init.CopyFrom(helper.make_tensor(f"{name}_bf16", onnx.TensorProto.BFLOAT16, values.shape,
+                                         values.view(np.uint16).tobytes(), raw=True))
+        casts.append(helper.make_node("Cast", [f"{name}_bf16"], [name], to=onnx.TensorProto.FLOAT))
+    nodes = casts + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.save(model, str(dst))
+    return dst
+
+
+def test_bfloat16_weights_read_through_their_cast(files, tmp_path):
+    """Weights stored as bfloat16 under a new name, widened by a ``Cast`` to the parameter's name: no finding."""
+    import layertap as lt
+
+    bf16 = _bfloat16_copy(files["torchscript"]["a"], tmp_path / "bf16.onnx")
+    report = lt.compare(_net(0), _x(), bf16, metric="sqnr", min_sqnr_db=20)
+    assert report.weights.matched == 2 and report.weights.differing == [], report.weights.to_dict()
+    with pytest.raises(LayertapError, match="the file's weights are not the model's"):
+        lt.compare(_net(1), _x(), bf16)
+
+
+def test_weights_in_an_external_data_file_are_read_and_left_there(files, tmp_path):
+    import layertap as lt
+
+    path = tmp_path / "ext.onnx"
+    onnx.save(onnx.load(str(files["dynamo"]["a"])), str(path), save_as_external_data=True, location="ext.onnx.data",
+              size_threshold=64)  # the weights, not the small shape constants ORT must read inline
+    before = path.read_bytes()
+    assert lt.compare(_net(0), _x(), path).weights.matched == 6
+    with pytest.raises(LayertapError, match=r"and 6 of 6 matched parameters differ"):
+        lt.compare(_net(1), _x(), path)
+    assert path.read_bytes() == before

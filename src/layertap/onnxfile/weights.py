@@ -3,7 +3,8 @@
 What :mod:`layertap.bridge.compare`'s weight check reads. A parameter is
 
 * a floating-point initializer of the main graph, under its own name (float16 and bfloat16
-  converters keep the names; the value is widened to float32);
+  converters keep the names; the value is widened to float32), or under the name of the
+  ``Cast`` that widens it (a weight stored in another type under another name);
 * the output of a ``DequantizeLinear`` whose integer input is an initializer (a quantizer's
   weight or bias), under the name the quantizer gave it back: ``fc.bias``, or
   ``fc.weight_DequantizeLinear_Output`` read as ``fc.weight``.
@@ -77,7 +78,7 @@ def format_allowance(fmt: str, value: np.ndarray) -> np.ndarray | float:
     """How far rounding to the float type named ``fmt`` may move each element of ``value`` (its float32 values).
 
     Example:
-        >>> float(format_allowance("float16", np.array([2048.0], np.float32))[0])
+        >>> round(float(format_allowance("float16", np.array([2048.0], np.float32))[0]), 6)  # half of float16's step 2 there
         1.0
         >>> format_allowance("int64", np.zeros(2))
         0.0
@@ -119,10 +120,27 @@ def file_params(source: "SessionSource") -> dict[str, FileParam]:
         out[t.name] = FileParam(t.name, tuple(t.dims), np.dtype(dtype).name, folded.get(t.name),
                                 functools.partial(_read_float, array, t.name))
     for node in graph.node:
-        param = _dequantized(node, inits, array, folded)
+        param = _dequantized(node, inits, array, folded) or _cast(node, out, folded)
         if param is not None and not _ANONYMOUS.match(param.name):
             out.setdefault(param.name, param)
     return out
+
+
+def _cast(node: "onnx.NodeProto", params: Mapping[str, FileParam], folded: Mapping[str, str]) -> FileParam | None:
+    """A weight stored under another name (or type) and ``Cast`` to a float type under the parameter's name."""
+    if node.op_type != "Cast" or not node.input or not node.output or node.input[0] not in params:
+        return None
+    to = next((a.i for a in node.attribute if a.name == "to"), 0)
+    if _np_type(to) is None:
+        return None
+    stored = params[node.input[0]]
+    target = np.dtype(_np_type(to)).name
+
+    def read() -> Reading:
+        value, allowance = stored.read()
+        return value, allowance + format_allowance(target, value)  # a narrowing Cast rounds once more
+
+    return FileParam(node.output[0], stored.shape, stored.fmt, folded.get(node.output[0]), read)
 
 
 def _np_type(elem: int) -> Any:
