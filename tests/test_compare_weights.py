@@ -272,3 +272,23 @@ def test_weights_in_an_external_data_file_are_read_and_left_there(files, tmp_pat
     with pytest.raises(LayertapError, match=r"and 6 of 6 matched parameters differ"):
         lt.compare(_net(1), _x(), path)
     assert path.read_bytes() == before
+
+
+def test_ort_optimised_copy_that_lost_the_fold_records(files):
+    """ONNX Runtime's saved copy keeps the folded Conv weights' names but not the exporter's record of the
+    fold: those weights are skipped, not taken for another checkpoint; another seed is still refused."""
+    import onnxruntime as ort
+
+    import layertap as lt
+
+    opt = files["dynamo"]["a"].with_name("dynamo0_opt.onnx")  # beside its source: it reads the same data file
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.optimized_model_filepath = str(opt)
+    ort.InferenceSession(str(files["dynamo"]["a"]), so, providers=["CPUExecutionProvider"])
+    assert not any(p.key == "pkg.onnxscript.rewriter.rule_name" for n in onnx.load(str(opt)).graph.node
+                   for p in n.metadata_props)
+    report = lt.compare(_net(0), _x(), opt)
+    assert report.weights.matched == 2 and report.weights.differing == [], report.weights.to_dict()  # the Linear
+    with pytest.raises(LayertapError, match=r"^the file.s weights are not the model.s: 0\.weight differs \(rel "):
+        lt.compare(_net(1), _x(), opt)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -144,18 +144,22 @@ class WeightCheck:
                 "differing": {m.name: (None if math.isinf(m.rel) else m.rel) for m in self.differing}}
 
 
-def judge(pairs: Iterable[tuple[str, Any, "FileParam"]], ref: str, cand: str) -> WeightCheck:
+def judge(pairs: Iterable[tuple[str, Any, "FileParam"]], ref: str, cand: str,
+          unknowable: Callable[[str, Reading, Reading], bool] | None = None) -> WeightCheck:
     """Compare ``(name, read reference, candidate parameter)`` pairs, one parameter in memory at a time.
 
-    ``read reference`` returns the reference's ``(value, allowance)``, or ``None`` to skip the name.
+    ``read reference`` returns the reference's ``(value, allowance)``, or ``None`` to skip the name;
+    ``unknowable(name, ref, cand)`` may skip a parameter that differs for a reason the file no longer shows.
     """
     check = WeightCheck(ref=ref, cand=cand)
     for name, read_ref, param in pairs:
         got = read_ref()
         if got is None:
             continue
-        verdict = _differs(name, got, param.read())
-        if verdict is _SKIP:
+        value = param.read()
+        verdict = _differs(name, got, value)
+        if verdict is _SKIP or (isinstance(verdict, Mismatch) and unknowable is not None
+                                and unknowable(name, got, value)):
             continue
         check.matched += 1
         if isinstance(verdict, Mismatch):
@@ -223,7 +227,46 @@ def check_model(model: Any, cand: dict[str, "FileParam"], prefix: str, absorbed:
         if param is None or not tensor.is_floating_point():
             continue
         pairs.append((name, _torch_reader(model, name, tensor, param, absorbed), param))
-    return judge(pairs, "model", "file")
+    # a file that records any fold records them all: only a file without such records may hide one
+    unmarked = None if any(p.folded for p in cand.values()) else _UnmarkedFolds(_conv_paths(model))
+    return judge(pairs, "model", "file", unmarked)
+
+
+def _conv_paths(model: Any) -> set[str]:
+    from torch.nn.modules.conv import _ConvNd
+
+    return {path for path, m in model.named_modules() if isinstance(m, _ConvNd)}
+
+
+class _UnmarkedFolds:
+    """A Conv weight the file does not mark as folded, yet equal to the model's scaled per output channel.
+
+    That is what folding a BatchNorm into a Conv makes; files that lost the exporter's record of
+    it (ONNX Runtime's optimised copies keep the names, drop the metadata) hold such weights, and
+    the Conv's bias then carries the BatchNorm's shift. Neither can be told there from a hand edit
+    that scales channels, so both are skipped: never a refusal, never a finding.
+    """
+
+    def __init__(self, convs: set[str]) -> None:
+        self.convs = convs
+        self.scaled: set[str] = set()
+
+    def __call__(self, name: str, ref: Reading, cand: Reading) -> bool:
+        module, _, leaf = name.rpartition(".")
+        if leaf == "bias":
+            return module in self.scaled
+        (r, _), (c, c_allow) = ref, cand
+        if leaf != "weight" or module not in self.convs or r.ndim < 2 or r.shape != c.shape:
+            return False
+        rows, got = r.reshape(r.shape[0], -1), c.reshape(c.shape[0], -1)
+        norms = np.einsum("ij,ij->i", rows, rows)
+        scale = np.divide(np.einsum("ij,ij->i", rows, got), norms, out=np.zeros_like(norms), where=norms > 0)
+        residual = np.abs(got - rows * scale[:, None])
+        allowed = np.reshape(np.broadcast_to(c_allow, c.shape), got.shape) + np.abs(got) * np.float32(_RECOMPUTED)
+        if bool(np.all(residual <= allowed)):
+            self.scaled.add(module)
+            return True
+        return False
 
 
 def _torch_reader(model: Any, name: str, tensor: Any, param: FileParam, absorbed: dict[str, str]) -> Any:
