@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 FX_NODE_KEY = "pkg.torch.onnx.fx_node"
 _FX_NAME_RE = re.compile(r"%([A-Za-z_]\w*)")
-_BN_FOLD_RULES = {"FuseBatchNormIntoConv", "FuseBatchNormIntoConvTranspose", "FuseBatchNormIntoGemm"}
+BN_FOLD_RULES = {"FuseBatchNormIntoConv", "FuseBatchNormIntoConvTranspose", "FuseBatchNormIntoGemm"}
 _FOLD_OPS = {"Conv", "ConvTranspose", "Gemm"}
 _CONV_OPS = frozenset({"Conv", "ConvInteger", "QLinearConv"})
 # onnxscript rules that rewrite one node into one node computing the same value
@@ -55,7 +55,7 @@ def fold_dynamo(graph: "onnx.GraphProto", calls: list[Call]) -> None:
     """Add a refused call for each Conv absorbed into its BatchNorm (named by the weight)."""
     added: list[Call] = []
     for i, node in enumerate(graph.node):
-        if node.op_type not in _FOLD_OPS or not _BN_FOLD_RULES & set(rules(node)):
+        if node.op_type not in _FOLD_OPS or not BN_FOLD_RULES & set(rules(node)):
             continue
         owner = innermost(calls, i)
         if owner is None:
@@ -245,7 +245,7 @@ def distrust_rewrites(graph: "onnx.GraphProto", calls: list[Call], facts: GraphF
         [('attn', False, True), ('attn.proj', False, False)]
     """
     for i, node in enumerate(graph.node):
-        moved = [r for r in rules(node) if r not in LOCAL_RULES and r not in _BN_FOLD_RULES]
+        moved = [r for r in rules(node) if r not in LOCAL_RULES and r not in BN_FOLD_RULES]
         if not moved:
             continue
         why = (

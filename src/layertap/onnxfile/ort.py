@@ -214,7 +214,7 @@ def _take_inline_weights(model: "onnx.ModelProto", threshold: int) -> tuple[list
         if t.data_location == onnx.TensorProto.EXTERNAL or t.ByteSize() < threshold:
             continue
         arr = np.ascontiguousarray(numpy_helper.to_array(t))
-        if arr.dtype == object:  # strings: ORT cannot take them as external initializers
+        if arr.dtype == object or arr.dtype.kind == "V":  # strings, ml_dtypes' bfloat16/float8: ORT cannot take them
             continue
         for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
             t.ClearField(field)

@@ -100,7 +100,7 @@ def explain(report: Any) -> str:
                      f"{field(worst, 'name')} ({field(worst, 'type', '?')}).")
         return f'<div class="explain"><p>{esc(text)}</p></div>'
     first = rows[fi]
-    p = [_where(report, first)]
+    p = [_where(report, first), _weights_words(rows[: fi + 1])]
     before = [r for r in rows[:fi] if field(r, "rel_err") is not None]
     if before:
         last = before[-1]
@@ -225,6 +225,14 @@ def _index(rows: Sequence[Any], row: Any) -> int:
         if r is row:
             return i
     return list(rows).index(row)
+
+
+def _weights_words(rows: Sequence[Any]) -> str:
+    """Parameters that differ between the two sides, in modules up to the first divergence: the likely cause."""
+    found = [field(r, "weights") for r in rows if field(r, "weights")]
+    if not found:
+        return ""
+    return f"Weights differ at or before it, the likely cause: {'; '.join(found)}."
 
 
 def _nonfinite_words(report: Any, first: Any) -> str:
@@ -432,7 +440,7 @@ def _tree(rows: Sequence[Any], first: Any, metric: str = "rel") -> str:
 def _flat(rows: Sequence[Any], first: Any, metric: str = "rel") -> str:
     local = _has_local(rows)
     body = [[esc(field(r, "name")), *_cells(r, local, metric), esc(fmt_float(field(r, "max_abs"))),
-             esc(field(r, "note") or "")] for r in rows]
+             esc("; ".join(t for t in (field(r, "weights"), field(r, "note")) if t))] for r in rows]
     classes = [_status_class(r, first) for r in rows]
     headers = ["module", *_headers(local, metric), "max abs", "note"]
     numeric = [i for i, h in enumerate(headers) if h in ("cosine", "SQNR dB", "rel err", "local err", "max abs")]

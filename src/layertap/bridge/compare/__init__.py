@@ -7,6 +7,7 @@ The parts, each importing the others by their public names:
 * :mod:`.torch_side` - the hooked PyTorch run and the value store that spills to disk;
 * :mod:`.onnx_side` - ONNX Runtime runs in batches, feeds, the file's scopes under the model's paths;
 * :mod:`.align` - module calls <-> ONNX tensors (the plan), batches, rows;
+* :mod:`.weights` - the weight check: the same model, or :class:`DifferentWeightsError`;
 * :mod:`.plot` - ``--plot`` PNG.
 
 Example:
@@ -20,6 +21,7 @@ from __future__ import annotations
 from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL, ErrorStats, error_stats
 from .entry import DEFAULT_MEMORY_BUDGET, FUSION_NOTE, Progress, compare
 from .report import ABSORBED, FAIL, NO_COUNTERPART, PASS, STATISTIC, CompareReport, CompareRow, pair_tensors
+from .weights import DifferentWeightsError, WeightCheck
 
 __all__ = [
     "compare",
@@ -38,4 +40,6 @@ __all__ = [
     "ABSORBED",
     "STATISTIC",
     "FUSION_NOTE",
+    "DifferentWeightsError",
+    "WeightCheck",
 ]

@@ -54,6 +54,7 @@ from .onnx_side import OrtRunner, ScopeView, check_feed_shapes, check_same_model
 from .report import NO_COUNTERPART, CompareReport, CompareRow
 from .samples import merge_samples
 from .torch_side import ArrayStore, run_torch
+from .weights import check_model_weights
 
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of intermediates held at once, per side
 
@@ -131,6 +132,7 @@ def compare(
     seed: int = 0,
     progress: Progress | None = None,
     onnx_path: str | os.PathLike | None = None,
+    allow_different_weights: bool = False,
 ) -> CompareReport:
     """Compare a reference with an ONNX candidate layer by layer in ONNX Runtime.
 
@@ -165,6 +167,10 @@ def compare(
         memory_budget: bytes of intermediates held at once on each side.
         seed: seed of random samples.
         progress: receives the steps (``step``/``advance``); ``None``: silent.
+        allow_different_weights: compare even when most parameters found on both sides by
+            name differ (another checkpoint); the report says so. Without it that raises
+            :class:`~layertap.bridge.compare.weights.DifferentWeightsError`. A few differing
+            parameters never stop the comparison: each is named on its module's row (``weights``).
 
     Returns:
         A :class:`CompareReport`: ``.ok``, ``.rows`` (one per module call, in
@@ -208,11 +214,13 @@ def compare(
             ref_optimize=ort_optimizations if ref_ort_optimizations is None else ref_ort_optimizations,
             cand_optimize=ort_optimizations, modules=modules, batch_outputs=batch_outputs,
             memory_budget=memory_budget, random=_random_from_file(seed), local=local, progress=progress,
+            allow_different_weights=allow_different_weights,
         )
     return _compare_torch(
         ref, args, cand, samples=samples, criterion=criterion, providers=c_providers, local=local,
         modules=modules, kwargs=kwargs, method=method, ort_optimizations=ort_optimizations,
         batch_outputs=batch_outputs, memory_budget=memory_budget, seed=seed, progress=progress,
+        allow_different_weights=allow_different_weights,
     )
 
 
@@ -298,6 +306,7 @@ def _compare_torch(
     model: Any, args: Any, onnx_path: str | os.PathLike, *, samples: Any, criterion: Criterion, providers: list[str],
     local: bool, modules: Sequence[str] | None, kwargs: dict | None, method: str | Callable[..., Any], ort_optimizations: bool,
     batch_outputs: int | None, memory_budget: int, seed: int, progress: Progress | None,
+    allow_different_weights: bool = False,
 ) -> CompareReport:
     """PyTorch reference: one hooked forward per sample, the candidate's tensors in ORT batches."""
     from ...onnxfile.metadata import own_outputs
@@ -316,6 +325,7 @@ def _compare_torch(
     runner = OrtRunner(onnx_file.model, onnx_file.folder, ort_optimizations, providers)
     proto = runner.proto  # the graph with the weights held once by the runner; the loaded proto goes
     del onnx_file
+    weights = check_model_weights(model, view, runner.source).enforce(allow_different_weights)
     # Inputs first: a wrong number or shape of arguments should not cost a forward.
     feeds = [feed_from_args(runner.input_names(), a, k) for a, k in runs]
     for feed in feeds:
@@ -339,9 +349,10 @@ def _compare_torch(
     per_sample, spilled = [blame_rewritten(rows) for rows in held.rows], held.spilled
     rows, firsts = merge_samples(per_sample, criterion)
     first = next((r for r in rows if r.ok is False), None)
+    weights.annotate(rows)
     return CompareReport(
         rows,
-        _notes(model, view, runner, spilled, len(runs), rounding=could_be_rounding(first, criterion)) + (
+        weights.notes() + _notes(model, view, runner, spilled, len(runs), rounding=could_be_rounding(first, criterion)) + (
             [NCHWC_NOTE] if blocked else []),
         criterion=criterion,
         onnx_path=str(onnx_path),
@@ -350,6 +361,7 @@ def _compare_torch(
         samples=len(runs),
         first_divergence_counts=firsts,
         local=local,
+        weights=weights,
     )
 
 

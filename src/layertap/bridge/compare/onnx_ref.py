@@ -38,6 +38,7 @@ from .onnx_side import OrtRunner, check_feed_shapes
 from .report import ABSORBED, NO_COUNTERPART, CompareReport, CompareRow
 from .samples import Sample, merge_samples
 from .torch_side import ArrayStore, ModuleCall
+from .weights import WeightCheck, check_file_weights
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -264,6 +265,7 @@ def compare_onnx(
     random: Callable[[list[tuple[str, str]], dict[str, tuple], int], list[Sample]],
     local: bool = False,
     progress: Any = None,
+    allow_different_weights: bool = False,
 ) -> CompareReport:
     """Both files in ORT, aligned by :func:`align_files`; see :func:`layertap.bridge.compare.compare`."""
     from ...onnxfile.modelfile import read_model
@@ -278,6 +280,7 @@ def compare_onnx(
     cand = Side(cand_path, OrtRunner(cand_file.model, cand_file.folder, cand_optimize, cand_providers))
     del ref_file, cand_file  # the runners hold the graphs and the weights once; the loaded protos go
     ref_model, cand_model = ref.runner.proto, cand.runner.proto
+    weights = _weights(ref, cand).enforce(allow_different_weights)
     if n_random:
         samples = [*samples, *random(ref.inputs, ref.runner.input_shapes(), n_random)]
     feeds = [feed_for(ref, s) for s in samples]
@@ -321,9 +324,10 @@ def compare_onnx(
         ref.runner.close()
         cand.runner.close()
     rows, firsts = merge_samples([blame_rewritten(r) for r in per_sample], criterion)
+    weights.annotate(rows)
     return CompareReport(
         rows,
-        _notes(ref, cand, mode, len(feeds)),
+        weights.notes() + _notes(ref, cand, mode, len(feeds)),
         criterion=criterion,
         onnx_path=str(cand_path),
         ort_optimizations=cand_optimize,
@@ -332,6 +336,7 @@ def compare_onnx(
         samples=len(feeds),
         first_divergence_counts=firsts,
         local=local,
+        weights=weights,
     )
 
 
@@ -360,6 +365,16 @@ def _unblocked(values: dict[str, np.ndarray], batch: list[Item], ref_values: dic
             if c in blocked and c not in done and c in values and r in ref_values:
                 values[c] = unblock(values[c], ref_values[r].shape, block)
                 done.add(c)
+
+
+def _weights(ref: Side, cand: Side) -> WeightCheck:
+    """The weight check of two files; one file run two ways holds one set of weights."""
+    try:
+        if os.path.samefile(ref.path, cand.path):
+            return WeightCheck(ref="reference", cand="candidate")
+    except OSError:
+        pass
+    return check_file_weights(ref.runner.source, cand.runner.source)
 
 
 def _same_run(a: Path, b: Path, pa: Sequence[str], pb: Sequence[str], oa: bool, ob: bool) -> bool:

@@ -44,6 +44,8 @@ class CompareRow:
         ref_max: ``max|ref|`` over the finite reference values compared.
         fused_into: for an ``absorbed`` call, the name of the row whose value holds it (the
             BatchNorm a Conv was fused into); ``None`` when unknown or not absorbed.
+        weights: the module's parameters whose values differ between the two sides
+            (``fc.weight differs (rel 0.5)``), else ``None``.
     """
 
     name: str
@@ -64,6 +66,12 @@ class CompareRow:
     finite: bool | None = None
     ref_max: float | None = None
     fused_into: str | None = None
+    weights: str | None = None
+
+    @property
+    def remarks(self) -> str | None:
+        """The Note column: differing weights first, then the note."""
+        return "; ".join(t for t in (self.weights, self.note) if t) or None
 
 
 class CompareReport(ToleranceReport):
@@ -90,7 +98,7 @@ class CompareReport(ToleranceReport):
         Column("max_abs", "Max abs err", fmt_float, "right", no_wrap=True, drop=1),
         Column("rel_err", "Rel err", fmt_float, "right", no_wrap=True),
         Column("status", "Status", no_wrap=True),
-        Column("note", "Note"),
+        Column("remarks", "Note"),
     )
 
     def __init__(
@@ -108,6 +116,7 @@ class CompareReport(ToleranceReport):
         samples: int = 1,
         first_divergence_counts: dict[str, int] | None = None,
         local: bool = False,
+        weights: Any = None,
     ) -> None:
         self.criterion = criterion or Criterion(rtol=rtol, atol=atol)
         super().__init__(rows, notes, rtol=self.criterion.rtol, atol=self.criterion.atol)
@@ -118,6 +127,7 @@ class CompareReport(ToleranceReport):
         self.samples = samples
         self.first_divergence_counts = dict(first_divergence_counts or {})
         self.local = local
+        self.weights = weights  # the weight check (a WeightCheck), when one ran
         if reference is not None:
             self.__dict__["title"] = f"{reference} vs {onnx_path}, layer by layer"
         extra = [_metric_column(c, self.criterion.metric) for c in _EXTRA_COLUMNS if c.key != "local_rel" or local]
@@ -176,6 +186,8 @@ class CompareReport(ToleranceReport):
             "first_divergence_counts": self.first_divergence_counts,
             "first_nonfinite": self.first_nonfinite.name if self.first_nonfinite else None,
         }
+        if self.weights is not None:
+            out["weights"] = self.weights.to_dict()
         if self.notes:
             out["notes"] = list(self.notes)
         return out
@@ -198,7 +210,8 @@ class CompareReport(ToleranceReport):
         if row is None:
             lines.append("no divergence: every compared module agrees")
         else:
-            lines.append(f"first divergence: {row.name} ({row.type}): {self._size(row)}; {self._before_divergence(row)}")
+            lines.append(f"first divergence: {row.name} ({row.type}): {self._size(row)}; "
+                         f"{self._before_divergence(row)}{self._weights_before(row)}")
         return lines
 
     def _size(self, row: CompareRow) -> str:
@@ -227,6 +240,16 @@ class CompareReport(ToleranceReport):
         from ...reports.compare import uncompared_before
 
         return uncompared_before(self.rows, row)
+
+    def weights_before(self, row: CompareRow) -> list[CompareRow]:
+        """Rows up to ``row`` (included) whose module holds a parameter that differs: the likely cause."""
+        return [r for r in self.rows[: self.rows.index(row) + 1] if r.weights]
+
+    def _weights_before(self, row: CompareRow) -> str:
+        found = self.weights_before(row)
+        if not found:
+            return ""
+        return "; weights that differ at or before it, the likely cause: " + "; ".join(r.weights or "" for r in found)
 
     def _before_divergence(self, row: CompareRow) -> str:
         """What the HTML explanation says of the calls just before ``row``, in the same words."""

@@ -43,6 +43,9 @@ class CompareTool(Tool):
         g.add_argument("--local", action="store_true",
                        help="also run each module's candidate nodes on the reference's own inputs (local_rel: the "
                             "error the module makes by itself)")
+        g.add_argument("--allow-different-weights", action="store_true",
+                       help="compare even when most parameters differ from the reference's (another checkpoint or "
+                            "seed); without it that is refused")
         g.add_argument("--fp16-block-list", metavar="FILE.json",
                        help="write the ONNX node names that should stay float32, for "
                             "onnxconverter_common.float16.convert_float_to_float16(node_block_list=...)")
@@ -156,6 +159,7 @@ def _options(ns: argparse.Namespace) -> dict[str, Any]:
         batch_outputs=ns.batch_outputs,
         memory_budget=ns.memory_budget << 20,
         seed=ns.seed,
+        allow_different_weights=ns.allow_different_weights,
     )
 
 

@@ -1,0 +1,316 @@
+"""Same model, or refuse: the reference's parameters against the candidate file's, before any layer runs.
+
+Parameters found on both sides by name (a PyTorch state dict against the file's initializers, or
+the initializers of two files) are compared through each side's number format
+(:mod:`layertap.onnxfile.weights`): a parameter *differs* when some element moved further than
+the two formats' rounding explains. Then:
+
+* more than half of the matched parameters differ: another checkpoint, another seed, another
+  architecture. :func:`WeightCheck.enforce` raises one line naming the first, unless the caller
+  allows it (the report then says it compared anyway);
+* fewer differ: a converter or a hand edit changed them. Each is named on the row of the module
+  that owns it (``CompareRow.weights``) and the comparison runs.
+
+A name the other side lacks, a shape that is another layout of the same values, and a Conv
+weight the exporter scaled by a folded BatchNorm whose module is not known are skipped, never
+guessed: with no parameter matched, nothing is said. Never imports torch unless the reference
+is a PyTorch model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from ...errors import LayertapError
+from ...report import fmt_float, fmt_shape
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ...onnxfile.ort import SessionSource
+    from ...onnxfile.weights import FileParam, Reading
+    from .report import CompareRow
+
+#: a reference value recomputed here (a folded BatchNorm's scale) may land an ulp or two away
+_RECOMPUTED = 1e-5
+_SKIP = "skip"
+#: mismatches spelled out in a note
+_NAMED = 5
+
+
+class DifferentWeightsError(LayertapError):
+    """The candidate holds another model's weights (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A parameter whose values differ beyond what the formats explain.
+
+    Attributes:
+        name: the parameter's name (the reference's).
+        module: the module that owns it (the name without its last part).
+        rel: ``max|cand - ref| / max|ref|`` (``inf`` when the shapes differ).
+        shapes: ``(reference shape, candidate shape)`` when they differ, else ``None``.
+    """
+
+    name: str
+    module: str
+    rel: float
+    shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+    def words(self, ref: str = "model", cand: str = "file") -> str:
+        """``fc.weight differs (rel 1.38)``."""
+        if self.shapes is not None:
+            return (f"{self.name} differs (shape {fmt_shape(list(self.shapes[1]))} in the {cand}, "
+                    f"{fmt_shape(list(self.shapes[0]))} in the {ref})")
+        return f"{self.name} differs (rel {fmt_float(self.rel)})"
+
+
+@dataclass
+class WeightCheck:
+    """What the parameters matched by name say: how many matched, which differ.
+
+    Attributes:
+        matched: parameters found on both sides and compared.
+        differing: those that differ, in the reference's order.
+        ref, cand: how messages name the two sides (``model`` / ``file``, ``reference`` / ``candidate``).
+        compared_anyway: most differ and the caller allowed it.
+    """
+
+    matched: int = 0
+    differing: list[Mismatch] = field(default_factory=list)
+    ref: str = "model"
+    cand: str = "file"
+    compared_anyway: bool = False
+
+    @property
+    def most_differ(self) -> bool:
+        """More than half of the matched parameters differ: not the same weights."""
+        return self.matched > 0 and 2 * len(self.differing) > self.matched
+
+    def verdict(self) -> str:
+        """``the file's weights are not the model's: X differs (rel 1.38), and 61 of 62 matched parameters differ``."""
+        first = self.differing[0].words(self.ref, self.cand) if self.differing else ""
+        shaped = [m for m in self.differing if m.shapes is not None]
+        other = ""  # another architecture: say so, naming one parameter of another shape
+        if shaped and shaped[0] is not self.differing[0]:
+            ref_shape, cand_shape = (fmt_shape(list(s)) for s in shaped[0].shapes or ((), ()))
+            other = (f", {len(shaped)} of them in shape ({shaped[0].name}: {cand_shape} in the {self.cand}, "
+                     f"{ref_shape} in the {self.ref})")
+        elif shaped:
+            other = f", {len(shaped)} of them in shape"
+        return (f"the {self.cand}'s weights are not the {self.ref}'s: {first}, and {len(self.differing)} of "
+                f"{self.matched} matched parameters differ{other}")
+
+    def enforce(self, allow: bool) -> WeightCheck:
+        """Raise :class:`DifferentWeightsError` when most differ and ``allow`` is false; returns ``self``."""
+        if self.most_differ:
+            if not allow:
+                what = "export this checkpoint again" if self.ref == "model" else "make both files from one checkpoint"
+                raise DifferentWeightsError(f"{self.verdict()}; {what}, or pass --allow-different-weights")
+            self.compared_anyway = True
+        return self
+
+    def notes(self) -> list[str]:
+        """The report's notes: compared anyway, or which parameters differ."""
+        if self.compared_anyway:
+            return [f"compared anyway (allow_different_weights): {self.verdict()}"]
+        if not self.differing:
+            return []
+        named = ", ".join(f"{m.name} ({'shape' if m.shapes else 'rel ' + fmt_float(m.rel)})"
+                          for m in self.differing[:_NAMED])
+        more = f" and {len(self.differing) - _NAMED} more" if len(self.differing) > _NAMED else ""
+        return [f"{len(self.differing)} of {self.matched} matched parameters differ from the {self.ref}'s: "
+                f"{named}{more} (named on their modules' rows)"]
+
+    def annotate(self, rows: Sequence[CompareRow]) -> None:
+        """Name each differing parameter on the first row of the module that owns it (``row.weights``)."""
+        if self.compared_anyway:
+            return  # every row would say it: the note does
+        first: dict[str, CompareRow] = {}
+        for row in rows:
+            first.setdefault(row.path, row)
+        for m in self.differing:
+            owner = first.get(m.module)
+            if owner is not None:
+                text = m.words(self.ref, self.cand)
+                owner.weights = f"{owner.weights}; {text}" if owner.weights else text
+
+    def to_dict(self) -> dict[str, Any]:
+        """For the report's JSON summary."""
+        return {"matched": self.matched, "compared_anyway": self.compared_anyway,
+                "differing": {m.name: (None if math.isinf(m.rel) else m.rel) for m in self.differing}}
+
+
+def judge(pairs: Iterable[tuple[str, Any, "FileParam"]], ref: str, cand: str,
+          unknowable: Callable[[str, Reading, Reading], bool] | None = None) -> WeightCheck:
+    """Compare ``(name, read reference, candidate parameter)`` pairs, one parameter in memory at a time.
+
+    ``read reference`` returns the reference's ``(value, allowance)``, or ``None`` to skip the name;
+    ``unknowable(name, ref, cand)`` may skip a parameter that differs for a reason the file no longer shows.
+    """
+    check = WeightCheck(ref=ref, cand=cand)
+    for name, read_ref, param in pairs:
+        got = read_ref()
+        if got is None:
+            continue
+        value = param.read()
+        verdict = _differs(name, got, value)
+        if verdict is _SKIP or (isinstance(verdict, Mismatch) and unknowable is not None
+                                and unknowable(name, got, value)):
+            continue
+        check.matched += 1
+        if isinstance(verdict, Mismatch):
+            check.differing.append(verdict)
+    return check
+
+
+def _differs(name: str, ref: Reading, cand: Reading) -> Mismatch | str | None:
+    """A :class:`Mismatch`, ``None`` when the values agree, :data:`_SKIP` when they cannot be compared."""
+    (r, r_allow), (c, c_allow) = ref, cand
+    module = name.rsplit(".", 1)[0] if "." in name else ""
+    if r.shape != c.shape:
+        if r.size != c.size:
+            return Mismatch(name, module, math.inf, (tuple(r.shape), tuple(c.shape)))
+        if [d for d in r.shape if d != 1] != [d for d in c.shape if d != 1]:
+            return _SKIP  # the same number of values in another layout: a converter's, not compared
+        c, c_allow = c.reshape(r.shape), np.reshape(c_allow, r.shape) if np.ndim(c_allow) else c_allow
+    if r.size == 0:
+        return None
+    diff = np.abs(c - r)
+    # a hair over the two formats' rounding: their own float32 arithmetic rounds too
+    allowed = (np.asarray(r_allow) + np.asarray(c_allow)) * np.float32(1.01)
+    if bool(np.all(diff <= allowed)):
+        return None
+    scale = float(np.max(np.abs(r)))
+    worst = float(np.max(diff))
+    return Mismatch(name, module, worst / scale if scale > 0 else math.inf)
+
+
+# ---------------------------------------------------------------------------
+# the two kinds of reference
+# ---------------------------------------------------------------------------
+def check_file_weights(ref: "SessionSource", cand: "SessionSource") -> WeightCheck:
+    """Two files' parameters (from the sessions' sources, which hold their weights), matched by name."""
+    from ...onnxfile.weights import file_params
+
+    return check_files(file_params(ref), file_params(cand))
+
+
+def check_model_weights(model: Any, view: Any, cand: "SessionSource") -> WeightCheck:
+    """A PyTorch model against the file ``cand`` holds; ``view``: the file's scopes under the model's paths
+    (its wrapper prefix, the Conv modules a BatchNorm was folded into)."""
+    from ...onnxfile.weights import file_params
+
+    absorbed = {cp.path: cp.absorbed_by for cp in view.counterparts() if cp.absorbed_by}
+    return check_model(model, file_params(cand), view.prefix, absorbed)
+
+
+def check_files(ref: dict[str, "FileParam"], cand: dict[str, "FileParam"]) -> WeightCheck:
+    """Two files' parameters, matched by name; a weight folded on one side only is skipped."""
+    pairs = [(name, p.read, cand[name]) for name, p in ref.items()
+             if name in cand and (p.folded is None) == (cand[name].folded is None)]
+    return judge(pairs, "reference", "candidate")
+
+
+def check_model(model: Any, cand: dict[str, "FileParam"], prefix: str, absorbed: dict[str, str]) -> WeightCheck:
+    """A PyTorch model's state dict against a file's parameters.
+
+    ``prefix``: the module scope prefix the file adds (an export wrapper's attribute);
+    ``absorbed``: Conv module path -> the BatchNorm folded into it, from the file's scopes.
+    """
+    pairs = []
+    for name, tensor in model.state_dict().items():
+        param = cand.get(f"{prefix}.{name}" if prefix else name) or cand.get(name)
+        if param is None or not tensor.is_floating_point():
+            continue
+        pairs.append((name, _torch_reader(model, name, tensor, param, absorbed), param))
+    # a file that records any fold records them all: only a file without such records may hide one
+    unmarked = None if any(p.folded for p in cand.values()) else _UnmarkedFolds(_conv_paths(model))
+    return judge(pairs, "model", "file", unmarked)
+
+
+def _conv_paths(model: Any) -> set[str]:
+    from torch.nn.modules.conv import _ConvNd
+
+    return {path for path, m in model.named_modules() if isinstance(m, _ConvNd)}
+
+
+class _UnmarkedFolds:
+    """A Conv weight the file does not mark as folded, yet equal to the model's scaled per output channel.
+
+    That is what folding a BatchNorm into a Conv makes; files that lost the exporter's record of
+    it (ONNX Runtime's optimised copies keep the names, drop the metadata) hold such weights, and
+    the Conv's bias then carries the BatchNorm's shift. Neither can be told there from a hand edit
+    that scales channels, so both are skipped: never a refusal, never a finding.
+    """
+
+    def __init__(self, convs: set[str]) -> None:
+        self.convs = convs
+        self.scaled: set[str] = set()
+
+    def __call__(self, name: str, ref: Reading, cand: Reading) -> bool:
+        module, _, leaf = name.rpartition(".")
+        if leaf == "bias":
+            return module in self.scaled
+        (r, _), (c, c_allow) = ref, cand
+        if leaf != "weight" or module not in self.convs or r.ndim < 2 or r.shape != c.shape:
+            return False
+        rows, got = r.reshape(r.shape[0], -1), c.reshape(c.shape[0], -1)
+        norms = np.einsum("ij,ij->i", rows, rows)
+        scale = np.divide(np.einsum("ij,ij->i", rows, got), norms, out=np.zeros_like(norms), where=norms > 0)
+        residual = np.abs(got - rows * scale[:, None])
+        allowed = np.reshape(np.broadcast_to(c_allow, c.shape), got.shape) + np.abs(got) * np.float32(_RECOMPUTED)
+        if bool(np.all(residual <= allowed)):
+            self.scaled.add(module)
+            return True
+        return False
+
+
+def _torch_reader(model: Any, name: str, tensor: Any, param: FileParam, absorbed: dict[str, str]) -> Any:
+    def read() -> Reading | None:
+        from ...onnxfile.weights import format_allowance
+
+        value = tensor.detach().cpu().float().numpy()
+        if param.folded is None:
+            return value, format_allowance(str(tensor.dtype).removeprefix("torch."), value)
+        return _folded_value(model, name, value, param.folded, absorbed)
+
+    return read
+
+
+def _folded_value(model: Any, name: str, value: np.ndarray, op: str, absorbed: dict[str, str]) -> Reading | None:
+    """A Conv's weight or bias as the exporter folded its BatchNorm in (``s = gamma / sqrt(running_var + eps)``
+    per output channel: ``W * s``, ``(b - running_mean) * s + beta``); ``None`` (skip) unless the file
+    names the BatchNorm and the model has it."""
+    module, _, leaf = name.rpartition(".")
+    bn = _batchnorm(model, absorbed.get(module))
+    if op != "Conv" or leaf not in ("weight", "bias") or bn is None or bn.running_var.shape[0] != value.shape[0]:
+        return None
+
+    def arr(t: Any) -> np.ndarray:
+        return t.detach().cpu().float().numpy()
+
+    scale = (1.0 / np.sqrt(arr(bn.running_var) + np.float32(bn.eps))).astype(np.float32)
+    shift = np.zeros_like(scale)
+    if bn.weight is not None:
+        scale, shift = scale * arr(bn.weight), arr(bn.bias)
+    if leaf == "weight":
+        folded = value * scale.reshape(-1, *([1] * (value.ndim - 1)))
+        return folded, np.abs(folded) * np.float32(_RECOMPUTED)
+    centred = (value - arr(bn.running_mean)) * scale
+    return centred + shift, (np.abs(centred) + np.abs(shift)) * np.float32(_RECOMPUTED)
+
+
+def _batchnorm(model: Any, path: str | None) -> Any:
+    """The BatchNorm module at ``path`` (with running statistics), else ``None``."""
+    if path is None:
+        return None
+    try:
+        bn = model.get_submodule(path)
+    except AttributeError:
+        return None
+    has_stats = getattr(bn, "running_var", None) is not None and getattr(bn, "running_mean", None) is not None
+    return bn if has_stats and hasattr(bn, "eps") else None

@@ -1,0 +1,238 @@
+"""The parameters an ONNX file holds, by name, as float32 read through the file's own number format.
+
+What :mod:`layertap.bridge.compare`'s weight check reads. A parameter is
+
+* a floating-point initializer of the main graph, under its own name (float16 and bfloat16
+  converters keep the names; the value is widened to float32), or under the name of the
+  ``Cast`` that widens it (a weight stored in another type under another name);
+* the output of a ``DequantizeLinear`` whose integer input is an initializer (a quantizer's
+  weight or bias), under the name the quantizer gave it back: ``fc.bias``, or
+  ``fc.weight_DequantizeLinear_Output`` read as ``fc.weight``.
+
+Each comes with its format's rounding: how far from the original float32 value a faithful
+conversion may land, per element (half a unit in the last place of float16 / bfloat16,
+half a quantisation step ``scale / 2`` for integers). Quantisation scales and zero points,
+integer tensors and names exporters make up (``onnx::Conv_193``, ``val_12``) are not parameters.
+
+Weights are read one at a time, from where the compare already holds them
+(:class:`~layertap.onnxfile.ort.SessionSource`), else from the proto or its external data
+file; the graph is never changed. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+import numpy as np
+
+from ._folds import BN_FOLD_RULES
+from ._graph import rules
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+    from .ort import SessionSource
+
+#: half the relative spacing of each float type's values: the most round-to-nearest moves a value
+#: (bfloat16 at twice that: some converters truncate)
+_UNIT = {"float16": 2.0**-11, "bfloat16": 2.0**-7, "float32": 2.0**-24, "float64": 0.0}
+#: onnxconverter-common raises float16 values closer to zero than 1e-7 to 1e-7 (``min_positive_val``)
+_FLOOR = {"float16": 1.2e-7}
+_DQ_SUFFIX = "_DequantizeLinear_Output"
+_QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+# names the exporters make up for tensors that have none: they say nothing about which parameter it is
+_ANONYMOUS = re.compile(r"^(?:.*::.*|_?val_\d+|\d+|Constant_\d+.*)$")
+
+Reading = tuple[np.ndarray, "np.ndarray | float"]
+
+
+@dataclass(frozen=True)
+class FileParam:
+    """One parameter of a file: its name, shape, stored format and how to read it.
+
+    Attributes:
+        name: the parameter's name (see the module doc).
+        shape: its shape.
+        fmt: how it is stored: ``float32``, ``float16``, ``bfloat16``, ``int8 QDQ`` ...
+        folded: the op of the node a BatchNorm was folded into by the exporter (``Conv``), when the
+            file says so (the value is then the Conv's weight or bias with the BatchNorm applied), else ``None``.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    fmt: str
+    folded: str | None
+    _read: Callable[[], Reading]
+
+    def read(self) -> Reading:
+        """``(value, allowance)``: the float32 value and how far (per element, or one number for all)
+        a faithful conversion to this format may move it."""
+        return self._read()
+
+
+def format_allowance(fmt: str, value: np.ndarray) -> np.ndarray | float:
+    """How far rounding to the float type named ``fmt`` may move each element of ``value`` (its float32 values).
+
+    Example:
+        >>> round(float(format_allowance("float16", np.array([2048.0], np.float32))[0]), 6)  # half of float16's step 2 there
+        1.0
+        >>> format_allowance("int64", np.zeros(2))
+        0.0
+    """
+    unit = _UNIT.get(fmt, 0.0)
+    if not unit:
+        return 0.0
+    return np.abs(value) * np.float32(unit) + np.float32(_FLOOR.get(fmt, 0.0))
+
+
+def file_params(source: "SessionSource") -> dict[str, FileParam]:
+    """The parameters of the model ``source`` holds, by name (see the module doc).
+
+    Example:
+        >>> import onnx.helper as h, onnx.numpy_helper as nh
+        >>> from layertap.onnxfile.ort import SessionSource
+        >>> w = nh.from_array(np.full((2, 2), 0.1, np.float16), "fc.weight")
+        >>> g = h.make_graph([h.make_node("MatMul", ["x", "fc.weight"], ["y"])], "g",
+        ...     [h.make_tensor_value_info("x", 10, [1, 2])], [h.make_tensor_value_info("y", 10, [1, 2])], [w])
+        >>> p = file_params(SessionSource(h.make_model(g), Path(".")))["fc.weight"]
+        >>> value, allowance = p.read()
+        >>> p.fmt, value.dtype, float(allowance.max()) < 1e-4
+        ('float16', dtype('float32'), True)
+    """
+    graph = source.model.graph
+    held = dict(zip(source.names, source.arrays))
+    inits = {t.name: t for t in graph.initializer}
+    folded = _folded(graph)
+
+    def array(name: str) -> np.ndarray:
+        return _array(inits[name], held, source.folder)
+
+    out: dict[str, FileParam] = {}
+    quant_args = {t for n in graph.node if n.op_type in _QDQ_OPS for t in n.input[1:3]}
+    for t in graph.initializer:
+        dtype = _np_type(t.data_type)
+        if dtype is None or t.name in quant_args or _ANONYMOUS.match(t.name):
+            continue
+        out[t.name] = FileParam(t.name, tuple(t.dims), np.dtype(dtype).name, folded.get(t.name),
+                                functools.partial(_read_float, array, t.name))
+    for node in graph.node:
+        param = _dequantized(node, inits, array, folded) or _cast(node, out, folded)
+        if param is not None and not _ANONYMOUS.match(param.name):
+            out.setdefault(param.name, param)
+    return out
+
+
+def _cast(node: "onnx.NodeProto", params: Mapping[str, FileParam], folded: Mapping[str, str]) -> FileParam | None:
+    """A weight stored under another name (or type) and ``Cast`` to a float type under the parameter's name."""
+    if node.op_type != "Cast" or not node.input or not node.output or node.input[0] not in params:
+        return None
+    to = next((a.i for a in node.attribute if a.name == "to"), 0)
+    if _np_type(to) is None:
+        return None
+    stored = params[node.input[0]]
+    target = np.dtype(_np_type(to)).name
+
+    def read() -> Reading:
+        value, allowance = stored.read()
+        return value, allowance + format_allowance(target, value)  # a narrowing Cast rounds once more
+
+    return FileParam(node.output[0], stored.shape, stored.fmt, folded.get(node.output[0]), read)
+
+
+def _np_type(elem: int) -> Any:
+    """numpy's type for a floating-point element type (bfloat16 through ml_dtypes), else ``None``."""
+    import onnx
+
+    if elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16):
+        return None
+    if elem == onnx.TensorProto.BFLOAT16:
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return onnx.helper.tensor_dtype_to_np_dtype(elem)
+
+
+def _read_float(array: Callable[[str], np.ndarray], name: str) -> Reading:
+    """A float initializer as float32, with its format's rounding."""
+    a = array(name)
+    value = a if a.dtype == np.float32 else a.astype(np.float32)
+    return value, format_allowance(a.dtype.name, value)
+
+
+def _dequantized(node: "onnx.NodeProto", inits: Mapping[str, Any], array: Callable[[str], np.ndarray],
+                 folded: Mapping[str, str]) -> FileParam | None:
+    """A quantizer's weight or bias: ``DequantizeLinear`` of an integer initializer, under its float name."""
+    if node.op_type != "DequantizeLinear" or len(node.input) < 2 or not node.output or node.input[0] not in inits:
+        return None
+    scale_name, zp_name = node.input[1], (node.input[2] if len(node.input) > 2 else "")
+    if scale_name not in inits or (zp_name and zp_name not in inits):
+        return None
+    attrs = {a.name: a for a in node.attribute}
+    if "block_size" in attrs and attrs["block_size"].i:
+        return None  # blocked quantisation: not read here
+    axis = attrs["axis"].i if "axis" in attrs else 1
+    q = inits[node.input[0]]
+    out = node.output[0]
+    name = out[: -len(_DQ_SUFFIX)] if out.endswith(_DQ_SUFFIX) else out
+    qtype = _q_type_name(q.data_type)
+
+    def read() -> Reading:
+        x = array(node.input[0])
+        scale = array(scale_name).astype(np.float32)
+        zp = array(zp_name).astype(np.float32) if zp_name else np.float32(0)
+        if scale.size > 1:  # per channel: one scale (and zero point) along ``axis``
+            shape = [1] * x.ndim
+            shape[axis % x.ndim] = scale.size
+            scale = scale.reshape(shape)
+            zp = zp.reshape(shape) if np.ndim(zp) else zp
+        else:
+            scale, zp = scale.reshape(()), np.reshape(zp, ())
+        value = (x.astype(np.float32) - zp) * scale
+        return value, np.broadcast_to(np.abs(scale) * np.float32(0.5), value.shape)
+
+    return FileParam(name, tuple(q.dims), f"{qtype} QDQ", folded.get(out), read)
+
+
+def _q_type_name(elem: int) -> str:
+    import onnx
+
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).name
+    except (KeyError, TypeError, ValueError):
+        return "integer"
+
+
+def _folded(graph: "onnx.GraphProto") -> dict[str, str]:
+    """Weight or bias -> op of the node it feeds that had a BatchNorm folded in (read through Cast and DequantizeLinear)."""
+    through: dict[str, str] = {}  # a Cast / DequantizeLinear output -> its input
+    for node in graph.node:
+        if node.op_type in ("Cast", "DequantizeLinear") and node.input and node.output:
+            through[node.output[0]] = node.input[0]
+    out: dict[str, str] = {}
+    for node in graph.node:
+        if not BN_FOLD_RULES & set(rules(node)) or len(node.input) < 2:
+            continue
+        for t in node.input[1:3]:  # the weight and the bias: both hold the BatchNorm now
+            while t and t not in out:
+                out[t] = node.op_type
+                t = through.get(t, "")
+    return out
+
+
+def _array(t: "onnx.TensorProto", held: Mapping[str, np.ndarray], folder: Path) -> np.ndarray:
+    """One initializer's values: from the arrays taken out of the model, else inline, else its data file."""
+    import onnx
+    from onnx import numpy_helper
+
+    if t.name in held:
+        return held[t.name]
+    if t.data_location != onnx.TensorProto.EXTERNAL:
+        return numpy_helper.to_array(t)
+    # onnx fills the tensor it loads external data into: load into a copy, so the graph stays weightless
+    copy = onnx.TensorProto()
+    copy.CopyFrom(t)
+    return numpy_helper.to_array(copy, base_dir=str(folder))
