@@ -105,3 +105,24 @@ def test_blame_notes_what_the_next_compared_module_shows():
     assert [r.status for r in kept] == [FAIL, PASS, FAIL]
     assert "norm2) agrees" in kept[0].note
     assert CompareReport(kept).first_divergence == "attn"
+
+
+def test_module_before_a_quantizer_island_is_not_a_candidate(resnet18, resnet_input, resnet_onnx_dynamo, tmp_path):
+    """QDQ (dynamo): a clipping Q/DQ pair after a residual Add stands for the block's ReLU, so the
+    Add's tensor is not the block's value: the block stays uncompared instead of failing on it."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    import layertap as lt
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter([{"x": resnet_input.numpy()}])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    qdq = tmp_path / "qdq.onnx"
+    quantize_static(str(resnet_onnx_dynamo), str(qdq), Reader(), quant_format=QuantFormat.QDQ)
+    report = lt.compare(resnet18, resnet_input, qdq, metric="cosine", min_cosine=0.95)
+    assert _row(report, "layer2.0").status == "no counterpart", str(report)
+    assert not [r.name for r in report.rows if r.ok is False], str(report)
