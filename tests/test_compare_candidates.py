@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from _faults import scale_module_output
 
 C_ATTN = "h.0.attn.c_attn"

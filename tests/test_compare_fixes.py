@@ -175,9 +175,9 @@ def test_rewritten_attention_off_by_less_than_norm2_can_see_still_fails(swin_blo
     """attn's output x1.002 (in the graph): the residual sum dilutes it below the tolerance at
     norm2, yet the rewritten call's own tensor differs, so attn is the FAIL and the divergence."""
     import numpy as np
-    from _faults import scale_module_output
 
     import layertap as lt
+    from _faults import scale_module_output
 
     model, x, path = swin_block
     scale_module_output(path, tmp_path / "blk.onnx", "attn", np.full(16, 1.002))
