@@ -34,7 +34,7 @@ class Call:
     tensors: tuple[str, ...] | None = None  # set for absorbed/absorbing calls
     inputs: tuple[str, ...] | None = None
     absorbed_by: str | None = None   # the module whose node holds this (folded) module's value
-    rewritten: bool = False          # note set only because an optimizer rewrite may have moved the value
+    rewritten: bool = False          # note set only because a rewrite or an inserted node may have moved the value
 
     @property
     def first(self) -> int:

@@ -263,8 +263,15 @@ def distrust_rewrites(graph: "onnx.GraphProto", calls: list[Call], facts: GraphF
 
 
 def distrust_suspects(calls: list[Call], suspects: "Sequence[Suspect]", facts: GraphFacts) -> None:
-    """Refuse the output (input) of calls at a tensor where a placed island meets them (:mod:`._placing`)."""
+    """Refuse the output (input) of calls at a tensor where a placed island meets them (:mod:`._placing`).
+
+    A refused output is still a candidate (``rewritten``) when the suspect says so: the
+    tensor is there, only whether the island ends this module is unknown, so a caller
+    that knows the true value can check it numerically (GPT-2's ``c_attn`` before the
+    optimizer's ``Split``).
+    """
     out = {s.tensor: s.why for s in suspects if s.side == "out"}
+    candidates = {s.tensor for s in suspects if s.side == "out" and s.candidate}
     into = {s.tensor: s.why for s in suspects if s.side == "in"}
     for c in calls:
         if not c.nodes:
@@ -273,6 +280,7 @@ def distrust_suspects(calls: list[Call], suspects: "Sequence[Suspect]", facts: G
             hit = next((t for t in facts.boundary(c.nodes) if t in out), None)
             if hit is not None:
                 c.note = f"its output {hit} is read by nodes another tool inserted: {out[hit]}"
+                c.rewritten = hit in candidates
         if c.input_note is None:
             hit = next((t for t in facts.entering(c.nodes) if t in into), None)
             if hit is not None:

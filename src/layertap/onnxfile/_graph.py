@@ -119,6 +119,18 @@ def is_fusion(node: "onnx.NodeProto") -> bool:
             or any(a.name == "activation" for a in node.attribute))
 
 
+def is_quantizer(node: "onnx.NodeProto") -> bool:
+    """Whether a quantizer made the node: (De)QuantizeLinear, DynamicQuantizeLinear, ``QLinear*``, ``*Integer``.
+
+    Example:
+        >>> from onnx import helper
+        >>> is_quantizer(helper.make_node("ConvInteger", ["x", "w"], ["y"])), is_quantizer(helper.make_node("Split", ["x"], ["y"]))
+        (True, False)
+    """
+    op = node.op_type
+    return op in _QUANT_OPS or op.startswith("QLinear") or op.endswith("Integer")
+
+
 def activation(node: "onnx.NodeProto") -> str | None:
     """The ``activation`` attribute of a fused node (``"Relu"``), else ``None``."""
     for a in node.attribute:

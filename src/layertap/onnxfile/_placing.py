@@ -29,7 +29,11 @@ group of such nodes (an *island*) is placed from its neighbours:
 4. anything else sits in the innermost module around all its neighbours.
    Whether it finished the module before it or started the one after it is
    unknown, so those modules' output (resp. input) at the island is refused
-   (:class:`Suspect`), unless every neighbour is in that one module.
+   (:class:`Suspect`), unless every neighbour is in that one module. The
+   tensor the island reads stays a candidate for the module before it (a
+   caller that knows the true value may check it), unless a quantizer made the
+   island: its clipping pair may stand for an activation that module ended
+   with, so the tensor before it is not that module's value.
 
 Example:
     >>> from onnx import helper, TensorProto
@@ -50,7 +54,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._graph import GraphFacts, activation, connected_groups
+from ._graph import GraphFacts, activation, connected_groups, is_quantizer
 from ._reading import Chain, NodeScopes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -78,11 +82,13 @@ class Suspect:
 
     ``side="out"``: calls whose output is ``tensor`` are refused;
     ``side="in"``: calls whose input is ``tensor`` are refused.
+    ``candidate``: the refused output may still be checked numerically (not after a quantizer's island).
     """
 
     tensor: str
     side: str
     why: str
+    candidate: bool = False
 
 
 def place_floating(graph: "onnx.GraphProto", ns: NodeScopes, facts: GraphFacts) -> list[Suspect]:
@@ -126,7 +132,9 @@ class _Placer:
         first = self.graph.node[island[0]]
         why = (f"node {first.name or first.op_type} ({first.op_type}) was inserted by another tool without a module "
                "scope, and ONNX does not record whether it ends the module before it or starts the one after it")
-        return [Suspect(t, "out", why) for t in dict.fromkeys(reads)] + [Suspect(t, "in", why) for t in dict.fromkeys(outs)]
+        candidate = not any(is_quantizer(self.graph.node[i]) for i in island)
+        return ([Suspect(t, "out", why, candidate) for t in dict.fromkeys(reads)]
+                + [Suspect(t, "in", why) for t in dict.fromkeys(outs)])
 
     def _chain(self, island: list[int], reads: list[str], outs: list[str], readers: list[int]) -> tuple[Chain, bool]:
         ns = self.ns

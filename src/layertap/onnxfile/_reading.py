@@ -13,6 +13,12 @@ more faithful: a tool that replaces nodes usually keeps the name of the last
 replaced node's output (``/layer1/layer1.0/relu/Relu_output_0`` on the
 ``FusedConv`` that fused conv1, bn1 and relu), so that name says whose value
 the new node computes (:func:`read_nodes`, kind ``"value"``).
+
+ONNX Runtime marks the names of some nodes it made: ``fused /fc2/Gemm`` (a Gemm
+fused with the activation after it), ``/h.0/attn/MatMul/MatMulScaleFusion/``.
+The exporter's name under the mark (:func:`exporter_name`) still says which
+module the first fused op came from; without it, a module whose first call was
+fused away would leave only ``/fc2_1/Gemm``, read as a module ``fc2_1``.
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ _OP_COMPONENT_RE = re.compile(r"^(?P<op>[A-Za-z][A-Za-z0-9]*?)(?:_\d+)?$")
 _TS_TENSOR_RE = re.compile(r"^(?P<node>/.+/[A-Za-z][A-Za-z0-9]*(?:_\d+)?)_output_\d+$")
 # a tool's name for a node it made from an exporter-named one: ``/fc/Gemm_MatMul_quant``, ``/fc/Gemm_Add``
 _RENAMED_RE = re.compile(r"^[A-Z][A-Za-z0-9]*(?:_\d+)?_(?!output_)[A-Za-z]\w*$")
+# ONNX Runtime's marks on the name of a node it fused: a "fused " prefix, "/<Rule>Fusion/" suffixes
+_ORT_FUSED_PREFIX = "fused "
+_ORT_FUSION_SUFFIX_RE = re.compile(r"/[A-Za-z]\w*Fusion/.*$")
 
 Chain = tuple[tuple[str, "int | None"], ...]  # (module path, explicit call or None), outer first
 
@@ -113,11 +122,26 @@ def _exporter_unscoped(node: "onnx.NodeProto") -> bool:
     return m is not None and m.group("op") == node.op_type
 
 
+def exporter_name(name: str) -> str:
+    """A node name without the marks ONNX Runtime adds when it fuses that node.
+
+    Example:
+        >>> exporter_name("fused /fc2/Gemm"), exporter_name("/h.0/attn/MatMul/MatMulScaleFusion//MatmulTransposeFusion/")
+        ('/fc2/Gemm', '/h.0/attn/MatMul')
+        >>> exporter_name("/layer1/layer1.0/conv1/Conv")
+        '/layer1/layer1.0/conv1/Conv'
+    """
+    while name.startswith(_ORT_FUSED_PREFIX):
+        name = name[len(_ORT_FUSED_PREFIX):]
+    return _ORT_FUSION_SUFFIX_RE.sub("", name) if name.startswith("/") else name
+
+
 def _own_name(node: "onnx.NodeProto") -> bool:
     """Whether a node's name is the TorchScript exporter's (last component = its op type)."""
-    if not node.name.startswith("/"):
+    name = exporter_name(node.name)
+    if not name.startswith("/"):
         return False
-    m = _OP_COMPONENT_RE.match(node.name.rsplit("/", 1)[-1])
+    m = _OP_COMPONENT_RE.match(name.rsplit("/", 1)[-1])
     return m is not None and (m.group("op") == node.op_type or node.op_type.endswith(m.group("op")))
 
 
@@ -169,7 +193,8 @@ def _dynamo_scopes(node: "onnx.NodeProto") -> list[str] | None:
 
 
 def _torchscript_parts(name: str) -> list[str] | None:
-    """``/layer1/layer1.0/conv1/Conv`` -> ``['layer1', 'layer1.0', 'conv1']``."""
+    """``/layer1/layer1.0/conv1/Conv`` -> ``['layer1', 'layer1.0', 'conv1']`` (ONNX Runtime's marks removed)."""
+    name = exporter_name(name)
     if not name.startswith("/"):
         return None
     parts = name.split("/")[1:]

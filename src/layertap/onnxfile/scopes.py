@@ -86,9 +86,10 @@ class Counterpart:
             BatchNorm), the module path whose node holds the fused value;
             ``None`` otherwise, and under TorchScript when the BatchNorm's name
             cannot be guessed.
-        unverified: for a call refused only because an optimizer rewrite may
-            have moved its value, the boundary tensors it would have had; a
-            caller that knows the true value can check them numerically.
+        unverified: for a call refused only because an optimizer rewrite, or a
+            node inserted without scope after it, may have moved its value, the
+            boundary tensors it would have had; a caller that knows the true
+            value can check them numerically.
 
     Example:
         >>> cp = Counterpart("layer1.0.conv1", 0, (), "folded into node X with layer1.0.bn1", "layer1.0.bn1")

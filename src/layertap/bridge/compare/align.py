@@ -199,39 +199,42 @@ def _ambiguous(shapes: list[tuple]) -> bool:
     return len(set(shapes)) < len(shapes)
 
 
-#: the note of a rewritten call whose candidate tensor differs (see :func:`blame_rewritten`)
-REWRITE_DIFFERS = "its candidate tensor does not equal the reference's value either"
+#: the note of a call whose candidate tensor differs (see :meth:`RowBuilder.row` and :func:`blame_rewritten`)
+REWRITE_DIFFERS = "its candidate tensor differs from the reference's value beyond the tolerance"
 
 
 def blame_rewritten(rows: Sequence[CompareRow]) -> list[CompareRow]:
-    """One sample's rows, where a rewritten call whose tensor differs is followed by a failing
-    compared module: that call is where the divergence starts, and becomes a FAIL.
+    """One sample's rows, where each failing candidate-only call (a rewrite or an inserted
+    node at its edge, whose tensor differs) says what the next compared module shows.
 
-    An optimizer rewrite may leave a call's boundary tensor holding another value, so a
-    differing tensor alone proves nothing; but had it only been moved, the modules after
-    it would agree. When the next compared module fails as well, everything before agreed
-    and the error enters at this call (or inside it), not at the module after it.
+    Such a call is a ``FAIL`` on its own numbers: a differing tensor is never passed over,
+    since a residual sum after it can dilute the error below the tolerance at the next
+    module. When the next module fails too, the divergence starts at this call; when it
+    agrees, either the error was diluted or the rewrite moved the value, and the note
+    says both.
 
     Example:
         >>> from .report import PASS
-        >>> rows = [CompareRow("attn", "attn", 0, "Attention", [1], 0.5, 0.5, NO_COUNTERPART, None,
-        ...                    note=f"rewritten; {REWRITE_DIFFERS}"),
+        >>> rows = [CompareRow("attn", "attn", 0, "Attention", [1], 0.5, 0.5, FAIL, False, note=REWRITE_DIFFERS),
         ...         CompareRow("norm2", "norm2", 0, "LayerNorm", [1], 1.0, 1.0, FAIL, False)]
-        >>> [(r.name, r.status) for r in blame_rewritten(rows)]
-        [('attn', 'FAIL'), ('norm2', 'FAIL')]
+        >>> [(r.name, r.status, "starts here" in (r.note or "")) for r in blame_rewritten(rows)]
+        [('attn', 'FAIL', True), ('norm2', 'FAIL', False)]
     """
     import dataclasses
 
     out = list(rows)
     for i, row in enumerate(out):
-        if row.status != NO_COUNTERPART or row.rel_err is None or REWRITE_DIFFERS not in (row.note or ""):
+        if row.ok is not False or REWRITE_DIFFERS not in (row.note or ""):
             continue
         after = next((r for r in out[i + 1:] if r.ok is not None), None)
-        if after is None or after.ok:
+        if after is None:
             continue
-        note = (f"the exporter's optimizer rewrote a node here, and this tensor differs from the reference; "
-                f"so does the next compared module ({after.name}), so the divergence starts here")
-        out[i] = dataclasses.replace(row, status=FAIL, ok=False, note=note)
+        if after.ok:
+            more = (f"the next compared module ({after.name}) agrees: the error shrinks after this call (a residual "
+                    "sum or a normalisation can dilute it), or the rewrite moved this value")
+        else:
+            more = f"so does the next compared module ({after.name}), so the divergence starts here"
+        out[i] = dataclasses.replace(row, note=f"{row.note}; {more}")
     return out
 
 
@@ -294,18 +297,18 @@ class RowBuilder:
                           ok=stats.ok, onnx=names, note=why)
 
     def _checked(self, item: Item, base: dict[str, Any], stats: ErrorStats | None, names: list[str]) -> CompareRow:
-        """A rewritten call's candidate tensor: trusted when it equals the reference, else not compared."""
-        if stats is not None and stats.ok:
-            return CompareRow(**base, **stat_fields(stats), status=PASS, ok=True, onnx=names,
-                              note="the exporter's optimizer rewrote a node here, but this tensor equals the "
-                                   "reference's value (checked numerically)")
+        """A candidate-only call's tensor (a rewrite or an inserted node at its edge): compared like
+        any other when it has the reference's shape; a differing one is a FAIL, never passed over."""
         if stats is None:
             return CompareRow(**base, max_abs=None, rel_err=None, status=NO_COUNTERPART, ok=None,
                               note=f"{item.unverified}; its candidate tensor does not match the reference's shape either")
-        # The numbers stay on the row: blame_rewritten() turns it into the divergence when the
-        # next compared module fails too.
-        return CompareRow(**base, **stat_fields(stats), status=NO_COUNTERPART, ok=None, onnx=names,
-                          note=f"{item.unverified}; {REWRITE_DIFFERS}")
+        if stats.ok:
+            return CompareRow(**base, **stat_fields(stats), status=PASS, ok=True, onnx=names,
+                              note="a rewrite or a node inserted without scope at its edge makes its tensor only a "
+                                   "candidate, and it equals the reference's value (checked numerically)")
+        # blame_rewritten() adds what the next compared module shows
+        return CompareRow(**base, **stat_fields(stats), status=FAIL, ok=False, onnx=names,
+                          note=f"{REWRITE_DIFFERS}, and {item.unverified}")
 
     def _compare(
         self, ref: list[np.ndarray], got: list[np.ndarray], names: Sequence[str], mc: ModuleCall | None = None
