@@ -238,7 +238,7 @@ def test_tuple_output_module_pairs_by_position(torch_mod, tmp_path):
 
 # -- statistics and pairing ----------------------------------------------------------
 def test_error_stats_near_zero_values_do_not_explode():
-    from layertap.bridge.tolerance import error_stats
+    from layertap.tolerance import error_stats
 
     ref = np.array([0.0, 1e-9, 3.0], dtype=np.float32)
     got = np.array([1e-6, -1e-9, 3.0 + 1e-6], dtype=np.float32)
@@ -249,8 +249,8 @@ def test_error_stats_near_zero_values_do_not_explode():
 def test_fast_paths_give_the_exact_paths_values():
     """The one-pass float32 statistics and ORT's float16 cast agree with the plain numpy ones,
     special values included (those leave the fast path)."""
-    from layertap.bridge.tolerance import Criterion, error_stats, similarity
     from layertap.onnxfile.ort import as_float32
+    from layertap.tolerance import Criterion, error_stats, similarity
 
     rng = np.random.default_rng(3)
     ref = rng.standard_normal(10_000).astype(np.float32)
@@ -268,7 +268,7 @@ def test_fast_paths_give_the_exact_paths_values():
 
 
 def test_error_stats_fails_and_handles_nan():
-    from layertap.bridge.tolerance import error_stats
+    from layertap.tolerance import error_stats
 
     s = error_stats(np.array([1.0, 2.0]), np.array([1.0, 2.5]))
     assert not s.ok and s.max_abs == pytest.approx(0.5) and s.rel_err == pytest.approx(0.25)
@@ -281,7 +281,7 @@ def test_error_stats_fails_and_handles_nan():
 
 
 def test_pair_tensors():
-    from layertap.bridge.compare import pair_tensors
+    from layertap.comparing import pair_tensors
 
     assert pair_tensors([(2, 3), (2,)], [(2, 3), (2,)]) == [(0, 0), (1, 1)]
     assert pair_tensors([(2, 3), (2,)], [(2,), (2, 3)]) == [(1, 0), (0, 1)]
@@ -419,7 +419,7 @@ def test_file_of_a_wrapper_aligns_with_the_inner_model(torch_mod, tmp_path):
 
 
 def test_wrapper_prefix():
-    from layertap.bridge.compare.onnx_side import wrapper_prefix as _wrapper_prefix
+    from layertap.comparing.onnx_side import wrapper_prefix as _wrapper_prefix
 
     model = {"conv", "blocks", "blocks.0", "head"}
     assert _wrapper_prefix({"_fn", "_fn.conv", "_fn.blocks.0", "_fn.head"}, model) == "_fn"
@@ -449,7 +449,7 @@ def test_input_shape_the_file_cannot_take(resnet18, resnet_onnx_dynamo, torch_mo
 def test_input_shape_hint_fits_the_file():
     # A dynamic-batch file fed the wrong image size used to suggest "--input 1x..." (not the
     # user's batch) and "re-export with a dynamic batch" (the file already has one).
-    from layertap.bridge.compare.onnx_side import check_feed_shapes as _check_feed_shapes
+    from layertap.comparing.onnx_side import check_feed_shapes as _check_feed_shapes
     from layertap.errors import InputSpecError
 
     with pytest.raises(InputSpecError) as e:

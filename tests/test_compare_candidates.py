@@ -94,8 +94,8 @@ def test_candidate_that_differs_fails_even_when_the_next_module_agrees(tiny_gpt2
 
 
 def test_blame_notes_what_the_next_compared_module_shows():
-    from layertap.bridge.compare import FAIL, PASS, CompareReport, CompareRow
-    from layertap.bridge.compare.align import REWRITE_DIFFERS, blame_rewritten
+    from layertap.comparing import FAIL, PASS, CompareReport, CompareRow
+    from layertap.comparing.align import REWRITE_DIFFERS, blame_rewritten
 
     rows = [
         CompareRow("attn", "attn", 0, "Attention", [1], 0.5, 0.5, FAIL, False, note=REWRITE_DIFFERS),

@@ -151,7 +151,7 @@ def test_page_shows_the_deciding_metric_and_labels_its_threshold(files, metric, 
 # -- the --no-ort-opt hint ------------------------------------------------------------------
 def test_ort_optimisation_hint_only_when_the_divergence_could_be_rounding(files):
     import layertap as lt
-    from layertap.bridge.compare import FUSION_NOTE
+    from layertap.comparing import FUSION_NOTE
 
     model, x, d = files
     clean = lt.compare(model, x, d / "ts.onnx")
@@ -169,9 +169,9 @@ def test_ort_optimisation_hint_only_when_the_divergence_could_be_rounding(files)
 def test_plot_labels_do_not_overlap_and_name_the_threshold():
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from layertap.bridge.compare import CompareReport, CompareRow
-    from layertap.bridge.compare.plot import plot_figure
-    from layertap.bridge.tolerance import Criterion
+    from layertap.comparing import CompareReport, CompareRow
+    from layertap.comparing.plot import plot_figure
+    from layertap.tolerance import Criterion
 
     rows = [CompareRow(f"encoder.layers.{i // 4}.block{i % 4}", "m", i, "Linear", [1], 1e-6, 1e-6 * (1 + i % 3),
                        "pass", True, sqnr_db=60.0) for i in range(300)]

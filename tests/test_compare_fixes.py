@@ -99,7 +99,7 @@ def test_bn_folds_found_and_named_from_the_model(torch_mod, tmp_path, dynamo):
 
 # -- honest summary ------------------------------------------------------------------
 def test_summary_names_uncompared_modules_before_the_divergence():
-    from layertap.bridge.compare import FAIL, NO_COUNTERPART, PASS, CompareReport, CompareRow
+    from layertap.comparing import FAIL, NO_COUNTERPART, PASS, CompareReport, CompareRow
 
     rows = [
         CompareRow("a", "a", 0, "Linear", [1], 0.0, 0.0, PASS, True),

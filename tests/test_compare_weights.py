@@ -105,7 +105,7 @@ def _row(report, name):
 @pytest.mark.parametrize("exporter", EXPORTERS)
 def test_another_seed_is_refused_in_one_line(files, exporter):
     import layertap as lt
-    from layertap.bridge.compare.weights import DifferentWeightsError
+    from layertap.comparing.weights import DifferentWeightsError
 
     with pytest.raises(DifferentWeightsError) as err:
         lt.compare(_net(1), _x(), files[exporter]["a"])
@@ -181,7 +181,7 @@ def test_converted_files_of_the_same_model_are_accepted(files, exporter, kind):
 @pytest.mark.parametrize("exporter", EXPORTERS)
 def test_files_from_two_seeds_are_refused(files, exporter):
     import layertap as lt
-    from layertap.bridge.compare.weights import DifferentWeightsError
+    from layertap.comparing.weights import DifferentWeightsError
 
     with pytest.raises(DifferentWeightsError, match=r"^the candidate's weights are not the reference's: \S+ differs "
                        r"\(rel [0-9.e+-]+\), and \d+ of \d+ matched parameters differ; make both files from one "

@@ -465,7 +465,7 @@ def test_signal_during_data_copy_cleans_up(tmp_path, sig):
 def test_signal_during_export_removes_work_folder(tmp_path, sig):
     spec = tiny_file(tmp_path) + ":make"
     out = tmp_path / "e.onnx"
-    r = _signalled(tmp_path, "layertap.bridge.export", "_finish_graph", sig,
+    r = _signalled(tmp_path, "layertap.exporting.export", "_finish_graph", sig,
                    ["export", spec, "--input", "2x4", "--exporter", "torchscript", "-o", str(out)])
     one_error(r.returncode, r.stderr, r.stdout, expect=sig, status=128 + getattr(signal, sig))
     assert not out.exists()

@@ -7,7 +7,7 @@ import inspect
 
 import torch
 
-from layertap.bridge import export as export_mod
+from layertap.exporting import export as export_mod
 
 
 def test_jit_onnx_log_is_what_quiet_mode_swaps():

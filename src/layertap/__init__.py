@@ -25,8 +25,8 @@ _EXPORTS = {
     "tap": ".pytorch.taps",
     "extract": ".pytorch.taps",
     "layers": ".pytorch.layers",
-    "export": ".bridge.export",
-    "compare": ".bridge.compare",
+    "export": ".exporting.export",
+    "compare": ".comparing",
     "onnx_layers": ".onnxfile.layers",
     "add_outputs": ".onnxfile.outputs",
     "run": ".onnxfile.runner",
@@ -36,8 +36,8 @@ _EXPORTS = {
     "TapResult": ".pytorch.taps",
     "LayersTable": ".pytorch.layers",
     "OnnxLayers": ".onnxfile.layers",
-    "ExportReport": ".bridge._verify",
-    "CompareReport": ".bridge.compare.report",
+    "ExportReport": ".exporting.verify",
+    "CompareReport": ".comparing.report",
     "LayertapError": ".errors",
 }
 

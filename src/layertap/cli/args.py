@@ -220,7 +220,7 @@ class ToleranceArgs(ArgGroup):
     """``--rtol`` / ``--atol``: the pass rule shared by export verification and compare."""
 
     def add(self, parser: argparse.ArgumentParser) -> None:
-        from ..bridge.tolerance import DEFAULT_ATOL, DEFAULT_RTOL
+        from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL
 
         g = parser.add_argument_group("tolerance")
         g.add_argument("--rtol", type=nonneg_float, default=DEFAULT_RTOL, metavar="R",

@@ -85,7 +85,7 @@ def status(message: str) -> Iterator[None]:
 class StepProgress:
     """Transient progress bars on stderr, one per step; silent unless enabled.
 
-    Implements :class:`layertap.bridge.compare.Progress` (``step``/``advance``).
+    Implements :class:`layertap.comparing.Progress` (``step``/``advance``).
 
     Example:
         >>> with StepProgress(enabled=False) as prog:

@@ -1,6 +1,6 @@
 """The parameters an ONNX file holds, by name, as float32 read through the file's own number format.
 
-What :mod:`layertap.bridge.compare`'s weight check reads. A parameter is
+What :mod:`layertap.comparing`'s weight check reads. A parameter is
 
 * a floating-point initializer of the main graph, under its own name (float16 and bfloat16
   converters keep the names; the value is widened to float32), or under the name of the

@@ -2,7 +2,7 @@
 
 The shared mechanism under ``lt.layers`` (one row per call) and
 ``lt.compare`` (every call's output kept for comparison). Imports no torch
-itself, so ``layertap.bridge.compare`` stays cheap to import.
+itself, so ``layertap.comparing`` stays cheap to import.
 """
 
 from __future__ import annotations

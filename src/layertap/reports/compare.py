@@ -34,7 +34,7 @@ def compare_fragment(report: Any) -> str:
     """The whole compare report as one HTML fragment.
 
     Example:
-        >>> from layertap.bridge.compare import CompareReport, CompareRow
+        >>> from layertap.comparing import CompareReport, CompareRow
         >>> r = CompareReport([CompareRow("a", "a", 0, "Conv2d", [1, 4], 1e-7, 1e-7, "pass", True),
         ...                    CompareRow("b", "b", 0, "ReLU", [1, 4], 0.1, 0.2, "FAIL", False)])
         >>> html = compare_fragment(r)
@@ -83,7 +83,7 @@ def explain(report: Any) -> str:
     """The first divergence in words: where, how big, what before and after, local vs carried error.
 
     Example:
-        >>> from layertap.bridge.compare import CompareReport, CompareRow
+        >>> from layertap.comparing import CompareReport, CompareRow
         >>> r = CompareReport([CompareRow("a", "a", 0, "Conv2d", [1, 4], 1e-7, 1e-7, "pass", True),
         ...                    CompareRow("b", "b", 0, "ReLU", [1, 4], 0.1, 0.2, "FAIL", False)])
         >>> "first part at b (ReLU, output 1x4)" in explain(r)
@@ -190,7 +190,7 @@ def fused_words(rows: Sequence[Any], first: Any) -> str:
     ``first``.
 
     Example:
-        >>> from layertap.bridge.compare import CompareRow
+        >>> from layertap.comparing import CompareRow
         >>> rows = [CompareRow("conv1", "conv1", 0, "Conv2d", [1], None, None, "absorbed", None, fused_into="bn1"),
         ...         CompareRow("bn1", "bn1", 0, "BatchNorm2d", [1], 0.5, 0.1, "FAIL", False)]
         >>> fused_words(rows, rows[1])

@@ -66,7 +66,7 @@ def node_data(report: Any, onnx_path: str | os.PathLike) -> dict[str, dict]:
         >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu_node")], "g",
         ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
         >>> path = os.path.join(tempfile.mkdtemp(), "m.onnx"); onnx.save(helper.make_model(g), path)
-        >>> from layertap.bridge.compare import CompareReport, CompareRow
+        >>> from layertap.comparing import CompareReport, CompareRow
         >>> r = CompareReport([CompareRow("act", "act", 0, "ReLU", [1], 0.5, 0.5, "FAIL", False, onnx=["y"])])
         >>> data = node_data(r, path)
         >>> data["error"]["results"], data["module"]["results"]["relu_node"]["value"]

@@ -86,7 +86,7 @@ class CompareTool(Tool):
         else:
             ref, args, kwargs, samples = _torch_inputs(ns, onnx_path)
 
-        from ...bridge.compare import compare
+        from ...comparing import compare
 
         with StepProgress(enabled=sys.stderr.isatty()) as progress:
             report = compare(ref, args, onnx_path, samples=samples, kwargs=kwargs, progress=progress, **options)
@@ -134,13 +134,13 @@ def _write_outputs(ns: argparse.Namespace, report: Any, outputs: dict[str, Path]
     if "plot" in outputs:
         report.plot(outputs["plot"])
     if "fp16" in outputs:
-        from ...bridge.compare.fp16 import write_block_list
+        from ...comparing.fp16 import write_block_list
 
         write_block_list(report, ns.model if ns.model.lower().endswith(".onnx") else None, ns.onnx, outputs["fp16"])
 
 
 def _options(ns: argparse.Namespace) -> dict[str, Any]:
-    from ...bridge.tolerance import DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB
+    from ...tolerance import DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB
 
     return dict(
         method=getattr(ns, "method", "forward"),
@@ -184,7 +184,7 @@ def _onnx_inputs(ns: argparse.Namespace, ref_path: Path) -> tuple[Any, dict, Any
     import numpy as np
 
     if ns.inputs is not None:
-        from ...bridge.compare.samples import load_samples
+        from ...comparing.samples import load_samples
 
         return None, {}, load_samples(ns.inputs, *_declared(ref_path))
     specs = InputArgs.specs(ns)
@@ -204,7 +204,7 @@ def _torch_inputs(ns: argparse.Namespace, cand: Path) -> tuple[Any, Any, dict, A
     if ns.inputs is not None:
         import torch
 
-        from ...bridge.compare.samples import load_samples
+        from ...comparing.samples import load_samples
 
         names, ranks = _declared(cand)
         loaded = load_samples(ns.inputs, names, ranks)

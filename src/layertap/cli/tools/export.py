@@ -45,7 +45,7 @@ class ExportTool(Tool):
         taps = TapArgs.taps(ns)
         model, info, args, kwargs = ModelArgs.load_with_inputs(ns)  # parses --input first
 
-        from ...bridge.export import export
+        from ...exporting.export import export
 
         if sys.stderr.isatty():  # progress only for a person watching
             self.say(f"exporting {ns.model} ({ns.exporter} exporter) to {out} ...")

@@ -2,7 +2,7 @@
 
 How it works:
 
-1. :class:`~layertap.bridge._wrapper.TapWrapper` runs the method with a
+1. :class:`~layertap.exporting._wrapper.TapWrapper` runs the method with a
    :class:`~layertap.pytorch.capture.Capture` attached and returns the
    method's own result flattened (``output``, ``output[0]``,
    ``output[logits]``...) followed by every tapped tensor, in the order the
@@ -23,7 +23,7 @@ How it works:
    to the model's ``metadata_props`` under ``layertap.taps``.
 4. ONNX Runtime runs the file on the example inputs and, with a dynamic
    batch, on a second batch size different from the exported one; every
-   output is compared with PyTorch (see :mod:`layertap.bridge._verify` for
+   output is compared with PyTorch (see :mod:`layertap.exporting.verify` for
    the error measures).
 5. The file appears only when all of that worked: it is built in a hidden
    folder beside the target and published with its data file as one unit
@@ -56,12 +56,12 @@ from ..onnxfile.metadata import TAPS_KEY
 from ..onnxfile.publish import external_locations, publish, publish_file
 from ..pytorch.values import tensor_to_numpy
 from ..selectors import Tap, parse_taps
+from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL
 from . import _onnxedit as edit
 from ._branches import branch_note, contrasting, traced_branches
-from ._verify import Check, ExportReport, ExportRow, check_output
 from ._wrapper import MODEL_ATTRIBUTES, TapWrapper
 from ._wrapper import input_names as signature_names
-from .tolerance import DEFAULT_ATOL, DEFAULT_RTOL
+from .verify import Check, ExportReport, ExportRow, check_output
 
 EXPORTERS = ("dynamo", "torchscript")
 #: weights above this size go to an external data file (protobuf's hard limit is 2 GiB)
@@ -104,7 +104,7 @@ def export(
         verify: run the file in ONNX Runtime and compare with PyTorch.
         exporter: ``"dynamo"`` (torch.export-based, default) or ``"torchscript"``.
         opset: ONNX opset version (exporter default when ``None``).
-        rtol, atol: verification tolerances (see :mod:`layertap.bridge.tolerance`).
+        rtol, atol: verification tolerances (see :mod:`layertap.tolerance`).
         input_names: names for the tensor inputs; default from the method's
             signature (``x``, ``pixel_values``, ``input_ids``...).
         kwargs: keyword arguments of the call.
@@ -114,7 +114,7 @@ def export(
             they exceed 1.9 GiB.
 
     Returns:
-        An :class:`~layertap.bridge._verify.ExportReport`: one row per graph
+        An :class:`~layertap.exporting.verify.ExportReport`: one row per graph
         output (model outputs first, then taps) with the declared shape, the
         batch sizes run, max abs/rel error and pass/fail; ``.ok`` is False
         when any output is out of tolerance or ONNX Runtime cannot run the

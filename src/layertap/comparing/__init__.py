@@ -11,7 +11,7 @@ The parts, each importing the others by their public names:
 * :mod:`.plot` - ``--plot`` PNG.
 
 Example:
-    >>> from layertap.bridge.compare import CompareRow, PASS
+    >>> from layertap.comparing import CompareRow, PASS
     >>> CompareRow("fc", "fc", 0, "Linear", [1, 10], 0.0, 0.0, PASS, True).status
     'pass'
 """

@@ -7,7 +7,7 @@ is exposed as an extra graph output of an in-memory copy of the graph (the
 file is never written) and fetched from ONNX Runtime. Both sides are aligned
 by ``(module path, call index)`` and compared in PyTorch execution order.
 
-Error statistic: :mod:`layertap.bridge.tolerance` (per module call, over
+Error statistic: :mod:`layertap.tolerance` (per module call, over
 every element compared: ``max|onnx - torch| <= atol + rtol * max|torch|``).
 
 Alignment rules:
@@ -46,7 +46,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from ...errors import InputSpecError, LayertapError, unknown_name
+from ..errors import InputSpecError, LayertapError, unknown_name
 from ..tolerance import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, Criterion
 from .align import Item, RowBuilder, blame_rewritten, call_counts, plan_items, split_batches
 from .nchwc import blocked_tensors
@@ -169,7 +169,7 @@ def compare(
         progress: receives the steps (``step``/``advance``); ``None``: silent.
         allow_different_weights: compare even when most parameters found on both sides by
             name differ (another checkpoint); the report says so. Without it that raises
-            :class:`~layertap.bridge.compare.weights.DifferentWeightsError`. A few differing
+            :class:`~layertap.comparing.weights.DifferentWeightsError`. A few differing
             parameters never stop the comparison: each is named on its module's row (``weights``).
 
     Returns:
@@ -193,7 +193,7 @@ def compare(
         raise LayertapError("compare needs a candidate ONNX file (the third argument)")
     criterion = _criterion(metric, rtol, atol, min_cosine, min_sqnr_db, check_finite)
     _check_options(rtol, atol, batch_outputs, memory_budget)
-    from ...onnxfile.ort import resolve_providers
+    from ..onnxfile.ort import resolve_providers
 
     onnx_ref = isinstance(ref, (str, os.PathLike))
     if providers is not None and not onnx_ref:
@@ -309,10 +309,10 @@ def _compare_torch(
     allow_different_weights: bool = False,
 ) -> CompareReport:
     """PyTorch reference: one hooked forward per sample, the candidate's tensors in ORT batches."""
-    from ...onnxfile.metadata import own_outputs
-    from ...onnxfile.modelfile import read_model
-    from ...onnxfile.scopes import ScopeMap
-    from ...pytorch.taps import bound_method
+    from ..onnxfile.metadata import own_outputs
+    from ..onnxfile.modelfile import read_model
+    from ..onnxfile.scopes import ScopeMap
+    from ..pytorch.taps import bound_method
 
     bound_method(model, method)  # a non-module or an unknown method fails before any work
     runs = _torch_samples(args, dict(kwargs or {}), samples, seed)

@@ -2,7 +2,7 @@
 tensors exposed as outputs, map the PyTorch arguments onto its inputs, and view
 its module scopes under the model's own module paths.
 
-Used by :mod:`layertap.bridge.compare`.
+Used by :mod:`layertap.comparing`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ...errors import InputSpecError, OnnxFileError
+from ..errors import InputSpecError, OnnxFileError
 from .torch_side import one_line, to_numpy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,7 +31,7 @@ class OrtRunner:
     """
 
     def __init__(self, proto: "onnx.ModelProto", folder: Path, optimize: bool, providers: Sequence[str] | None = None) -> None:
-        from ...onnxfile.ort import SessionSource
+        from ..onnxfile.ort import SessionSource
 
         self.source = SessionSource(proto, folder, move_weights=True)
         self.proto = self.source.model
@@ -116,7 +116,7 @@ def feed_from_args(inputs: list[tuple[str, str]], args: tuple, kwargs: dict) -> 
     """
     import torch
 
-    from ...pytorch.values import flatten
+    from ..pytorch.values import flatten
 
     names = [n for n, _ in inputs]
     dtypes = dict(inputs)

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...errors import InputSpecError
+from ..errors import InputSpecError
 from ..tolerance import Criterion
 from .report import CompareRow
 
@@ -103,7 +103,7 @@ def random_samples(n: int, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[A
         >>> len(s), s[0]["x"].shape, bool((s[0]["x"] != s[1]["x"]).any())
         (2, (1, 3), True)
     """
-    from ...inputs import random_array
+    from ..inputs import random_array
 
     out: list[Sample] = []
     for i in range(n):
@@ -133,7 +133,7 @@ def merge_samples(per_sample: Sequence[Sequence[CompareRow]], criterion: Criteri
     order of the first sample that has them.
 
     Example:
-        >>> from layertap.bridge.compare.report import PASS, FAIL
+        >>> from layertap.comparing.report import PASS, FAIL
         >>> a = [CompareRow("fc", "fc", 0, "Linear", [1], 0.0, 0.0, PASS, True)]
         >>> b = [CompareRow("fc", "fc", 0, "Linear", [1], 1.0, 0.5, FAIL, False)]
         >>> rows, counts = merge_samples([a, b], Criterion())

@@ -11,8 +11,8 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
-from ...errors import LayertapError
-from ...files import atomic_write_bytes, check_output_path
+from ..errors import LayertapError
+from ..files import atomic_write_bytes, check_output_path
 
 if TYPE_CHECKING:  # pragma: no cover
     from .report import CompareReport
@@ -28,7 +28,7 @@ def write_plot(report: "CompareReport", path: str | os.PathLike) -> None:
     HTML chart's, so they never overlap.
 
     Example:
-        >>> from layertap.bridge.compare import CompareReport, CompareRow
+        >>> from layertap.comparing import CompareReport, CompareRow
         >>> import tempfile, os
         >>> r = CompareReport([CompareRow("fc", "fc", 0, "Linear", [1], 1e-6, 1e-7, "pass", True)])
         >>> p = os.path.join(tempfile.mkdtemp(), "e.png")
@@ -51,8 +51,8 @@ def plot_figure(report: "CompareReport") -> Any:
     matplotlib.use("Agg", force=True)
     from matplotlib.figure import Figure
 
-    from ...reports.compare import chart_points, threshold_text
-    from ...reports.svg import tick_indices
+    from ..reports.compare import chart_points, threshold_text
+    from ..reports.svg import tick_indices
 
     metric = report.criterion.metric
     rows, points, threshold = chart_points(report, metric, with_local=False)

@@ -26,7 +26,7 @@ from .report import CompareRow, pair_tensors, same_shape
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
-    from ...onnxfile.ort import SessionSource
+    from ..onnxfile.ort import SessionSource
 
 _SEE_THROUGH = {"Cast", "QuantizeLinear", "DequantizeLinear", "Identity"}
 
@@ -37,9 +37,9 @@ class LocalGraph:
     """The candidate's nodes of several calls, each fed on its own (see module doc)."""
 
     def __init__(self, source: "SessionSource", optimize: bool, providers: Sequence[str]) -> None:
-        from ...onnxfile._graph import GraphFacts
-        from ...onnxfile.ort import inferred_types
-        from ...onnxfile.scopes import ScopeMap
+        from ..onnxfile._graph import GraphFacts
+        from ..onnxfile.ort import inferred_types
+        from ..onnxfile.scopes import ScopeMap
 
         self.sessions = source  # the candidate, its weights held once for every part run
         self.cand = cand = source.model
@@ -56,7 +56,7 @@ class LocalGraph:
         self.blocked = blocked_tensors(cand.graph)
         self.block = 0
         if self.blocked:
-            from ...onnxfile.ort import nchwc_block_size
+            from ..onnxfile.ort import nchwc_block_size
 
             self.block = nchwc_block_size() or 0
 

@@ -1,6 +1,6 @@
 """Numbers for export verification: per-output checks and the report (numpy only).
 
-Each output is judged with :func:`layertap.bridge.tolerance.error_stats`, the
+Each output is judged with :func:`layertap.tolerance.error_stats`, the
 statistic ``lt.compare`` uses too: pass when
 ``max|onnx - torch| <= atol + rtol * max|torch|``; ``rel_err`` is
 ``max|onnx - torch| / max|torch|``.
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..report import Column, fmt_float, fmt_ok, fmt_shape
-from .tolerance import ToleranceReport, error_stats
+from ..tolerance import ToleranceReport, error_stats
 
 
 def _has_special(a: np.ndarray) -> bool:

@@ -1,8 +1,8 @@
 """``lt.compare``'s alignment: pair each PyTorch module call with its ONNX
 tensors (the plan), split the plan into ORT runs (batches) and turn aligned
-values into :class:`~layertap.bridge.compare.CompareRow` rows.
+values into :class:`~layertap.comparing.CompareRow` rows.
 
-Used by :mod:`layertap.bridge.compare`.
+Used by :mod:`layertap.comparing`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
-from ...report import fmt_shape
+from ..report import fmt_shape
 from ..tolerance import Criterion, ErrorStats
 from .report import ABSORBED, FAIL, NO_COUNTERPART, PASS, CompareRow, merge_stats, pair_tensors, same_shape, stat_fields
 from .torch_side import ArrayStore, ModuleCall
@@ -187,7 +187,7 @@ def _as_ref_type(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
     batch's values are not held twice)."""
     if ref.dtype != got.dtype and np.issubdtype(ref.dtype, np.floating) and np.issubdtype(got.dtype, np.floating):
         if ref.dtype == np.float32 and got.dtype == np.float16:
-            from ...onnxfile.ort import as_float32
+            from ..onnxfile.ort import as_float32
 
             return as_float32(got)
         return got.astype(ref.dtype)

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from ...errors import LayertapError
-from ...report import fmt_float, fmt_shape
+from ..errors import LayertapError
+from ..report import fmt_float, fmt_shape
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...onnxfile.ort import SessionSource
-    from ...onnxfile.weights import FileParam, Reading
+    from ..onnxfile.ort import SessionSource
+    from ..onnxfile.weights import FileParam, Reading
     from .report import CompareRow
 
 #: a reference value recomputed here (a folded BatchNorm's scale) may land an ulp or two away
@@ -194,7 +194,7 @@ def _differs(name: str, ref: Reading, cand: Reading) -> Mismatch | str | None:
 # ---------------------------------------------------------------------------
 def check_file_weights(ref: "SessionSource", cand: "SessionSource") -> WeightCheck:
     """Two files' parameters (from the sessions' sources, which hold their weights), matched by name."""
-    from ...onnxfile.weights import file_params
+    from ..onnxfile.weights import file_params
 
     return check_files(file_params(ref), file_params(cand))
 
@@ -202,7 +202,7 @@ def check_file_weights(ref: "SessionSource", cand: "SessionSource") -> WeightChe
 def check_model_weights(model: Any, view: Any, cand: "SessionSource") -> WeightCheck:
     """A PyTorch model against the file ``cand`` holds; ``view``: the file's scopes under the model's paths
     (its wrapper prefix, the Conv modules a BatchNorm was folded into)."""
-    from ...onnxfile.weights import file_params
+    from ..onnxfile.weights import file_params
 
     absorbed = {cp.path: cp.absorbed_by for cp in view.counterparts() if cp.absorbed_by}
     return check_model(model, file_params(cand), view.prefix, absorbed)
@@ -271,7 +271,7 @@ class _UnmarkedFolds:
 
 def _torch_reader(model: Any, name: str, tensor: Any, param: FileParam, absorbed: dict[str, str]) -> Any:
     def read() -> Reading | None:
-        from ...onnxfile.weights import format_allowance
+        from ..onnxfile.weights import format_allowance
 
         value = tensor.detach().cpu().float().numpy()
         if param.folded is None:

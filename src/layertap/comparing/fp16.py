@@ -16,7 +16,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from ...files import atomic_write_bytes
+from ..files import atomic_write_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -38,7 +38,7 @@ def needs_float32(row: Any) -> bool:
 
 def block_list(report: Any, cand: "onnx.ModelProto") -> list[str]:
     """Node names of ``cand`` to keep in float32, in graph order (see module doc)."""
-    from ...onnxfile.scopes import ScopeMap
+    from ..onnxfile.scopes import ScopeMap
 
     rows = [r for r in report.rows if r.path and needs_float32(r)]
     first = report.first_divergence_row
@@ -61,7 +61,7 @@ def block_list(report: Any, cand: "onnx.ModelProto") -> list[str]:
 
 def write_block_list(report: Any, ref: str | os.PathLike | None, cand: str | os.PathLike, out: str | os.PathLike) -> list[str]:
     """Write :func:`block_list` of the candidate file as a JSON list, atomically; returns it."""
-    from ...onnxfile.modelfile import read_model
+    from ..onnxfile.modelfile import read_model
 
     names = block_list(report, read_model(cand).model)
     atomic_write_bytes(out, (json.dumps(names, indent=1) + "\n").encode())

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from ...errors import InputSpecError, LayertapError, OnnxFileError
-from ...onnxfile._graph import stand_ins
-from ...onnxfile.metadata import own_outputs
+from ..errors import InputSpecError, LayertapError, OnnxFileError
+from ..onnxfile._graph import stand_ins
+from ..onnxfile.metadata import own_outputs
 from ..tolerance import Criterion
 from .align import Item, RowBuilder, blame_rewritten, pack_batches
 from .nchwc import blocked_stand_ins, blocked_tensors, unblock
@@ -68,8 +68,8 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
     Returns the items (``ref_tensors`` set), calls per module path (for ``PATH#k`` names)
     and the alignment mode (``"scopes"`` or ``"names"``).
     """
-    from ...onnxfile.ort import inferred_types, nchwc_block_size
-    from ...onnxfile.scopes import ScopeMap
+    from ..onnxfile.ort import inferred_types, nchwc_block_size
+    from ..onnxfile.scopes import ScopeMap
 
     ref_map = ScopeMap.from_model(ref)
     ref_made, cand_made = _producers(ref.graph), _producers(cand.graph)
@@ -104,7 +104,7 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
         items = fused_first(items)
         mode = "scopes"
     else:
-        from ...onnxfile._graph import GraphFacts
+        from ..onnxfile._graph import GraphFacts
 
         weights = GraphFacts(ref.graph).weights
         types = inferred_types(ref)
@@ -267,8 +267,8 @@ def compare_onnx(
     progress: Any = None,
     allow_different_weights: bool = False,
 ) -> CompareReport:
-    """Both files in ORT, aligned by :func:`align_files`; see :func:`layertap.bridge.compare.compare`."""
-    from ...onnxfile.modelfile import read_model
+    """Both files in ORT, aligned by :func:`align_files`; see :func:`layertap.comparing.compare`."""
+    from ..onnxfile.modelfile import read_model
 
     if _same_run(ref_path, cand_path, providers, cand_providers, ref_optimize, cand_optimize):
         raise LayertapError(
@@ -356,7 +356,7 @@ def _unblocked(values: dict[str, np.ndarray], batch: list[Item], ref_values: dic
     """Candidate tensors in ORT's NCHWc layout, in place as NCHW shaped like the reference tensor they answer."""
     if not blocked:
         return
-    from ...onnxfile.ort import nchwc_block_size
+    from ..onnxfile.ort import nchwc_block_size
 
     block = nchwc_block_size() or 0
     done: set[str] = set()
@@ -407,7 +407,7 @@ def _check_variants(items: list[Item], ref_path: Path, cand_path: Path, mode: st
 
 def _sizes(model: "onnx.ModelProto", feed: dict[str, np.ndarray]) -> dict[str, int]:
     """Estimated bytes per tensor from shape inference; symbolic sizes take the feed's largest batch."""
-    from ...onnxfile.ort import inferred_types
+    from ..onnxfile.ort import inferred_types
 
     batch = max((a.shape[0] for a in feed.values() if a.ndim), default=1)
     out = {}

@@ -1,7 +1,7 @@
 """``lt.compare``'s PyTorch side: run the model once with hooks on every module
 and keep each call's output as numpy (spilling to disk beyond a memory budget).
 
-Used by :mod:`layertap.bridge.compare`.
+Used by :mod:`layertap.comparing`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
-from ...errors import InputSpecError, LayertapError
-from ...pytorch.callhooks import CallHooks
+from ..errors import InputSpecError, LayertapError
+from ..pytorch.callhooks import CallHooks
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -107,7 +107,7 @@ class ModuleCall:
 
 def to_numpy(t: "torch.Tensor") -> np.ndarray:
     """A copy: in-place modules (``ReLU(inplace=True)``) overwrite the tensor later."""
-    from ...pytorch.values import tensor_to_numpy
+    from ..pytorch.values import tensor_to_numpy
 
     return tensor_to_numpy(t, copy=True)
 
@@ -160,7 +160,7 @@ class _TorchRecorder(CallHooks):
             self._record(mc, output)
 
     def _record(self, mc: ModuleCall, output: Any) -> None:
-        from ...pytorch.values import flatten
+        from ..pytorch.values import flatten
 
         tensors = [t for _, t in flatten(output)]
         if not tensors:
@@ -209,8 +209,8 @@ def run_torch(
     """
     import torch
 
-    from ...pytorch.taps import bound_method
-    from ...pytorch.values import flatten, method_name
+    from ..pytorch.taps import bound_method
+    from ..pytorch.values import flatten, method_name
 
     fn = bound_method(model, method)
     what = f"{type(model).__name__}.{method}" if isinstance(method, str) else method_name(method)
