@@ -11,7 +11,7 @@ the work's own:
 
 Goal: compare <= 4x the baseline.
 
-With ``--fp16`` (issue 12) it also measures resnet50 float32 vs its float16
+With ``--fp16`` it also measures resnet50 float32 vs its float16
 conversion (onnxconverter-common, ``keep_io_types=True``), layer by layer:
 
 * fp16 baseline: one ORT run of each file (sessions built; best of ``--repeat``),

@@ -550,7 +550,7 @@ def test_completing_ancestor_resnet18(resnet18):
     assert callgraph.completing_ancestor(resnet18, "") == ""
 
 
-# -- review regressions: arguments by name, error hints, errors inside try ---------
+# -- arguments by name, error hints, errors inside try ---------
 class PositionalCaller(nn.Module):
     """Calls its block positionally, as HF models do (``layer(h, mask, ...)``)."""
 

@@ -334,7 +334,7 @@ def test_plot_is_written(clean_reports, perturbed, resnet18, resnet_input, tmp_p
         report.plot(tmp_path / "err.jpg")
 
 
-# -- review regressions ------------------------------------------------------------------
+# -- corner cases: aliases, repeated calls, options ------------------------------------------------------------------
 def _small_net(torch_mod, head: int = 4):
     """Conv+BN (folded on export), a module called twice, a ModuleList loop."""
     nn = torch_mod.nn

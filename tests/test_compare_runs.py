@@ -1,4 +1,4 @@
-"""Compare any two runs (issue 12): ONNX vs ONNX (float16, int8 QDQ, ORT-optimised, the other
+"""Compare any two runs: ONNX vs ONNX (float16, int8 QDQ, ORT-optimised, the other
 exporter, the same file run two ways), many samples, metrics, --local, --fp16-block-list,
 providers, bad inputs. Every conversion is made here with the real converters."""
 

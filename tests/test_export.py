@@ -339,7 +339,7 @@ def test_bad_arguments(tmp_path, torch_mod):
     assert os.listdir(tmp_path) == []
 
 
-# -- regressions found in acceptance review ---------------------------------------------
+# -- corner cases of export ---------------------------------------------
 class Attention(nn.Module):
     """nn.MultiheadAttention: under no_grad it takes a fused path TorchScript cannot export."""
 

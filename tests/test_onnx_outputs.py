@@ -563,8 +563,7 @@ def test_cli_add_outputs_and_run_without_torch(resnet_onnx_dynamo, tmp_path):
     assert "TORCH=False" in r.stderr and '"layer2.0.relu#1"' in r.stdout
     assert sorted(np.load(tmp_path / "a.npz").files) == ["layer2.0.relu#1", "layer3.1", "output", "relu"]
     r = cli_no_torch("layers", str(resnet_onnx_dynamo), "--json")
-    if "TODO" not in r.stderr:  # cli/tools/layers.py belongs to another issue
-        assert r.returncode == 0 and "TORCH=False" in r.stderr
+    assert r.returncode == 0 and "TORCH=False" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("args, message", [

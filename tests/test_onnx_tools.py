@@ -1,4 +1,4 @@
-"""ONNX files that other tools rewrote (issue 11): ORT-optimised, quantised, float16, onnxslim.
+"""ONNX files that other tools rewrote: ORT-optimised, quantised, float16, onnxslim.
 
 Every module tap on such a file either equals PyTorch's value (float tolerance;
 quantisation tolerance for int8) or is refused with a reason; none is answered

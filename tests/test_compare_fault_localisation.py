@@ -1,6 +1,6 @@
-"""Fixes to today's PyTorch vs ONNX comparison (issue 12, "today's comparison must be right").
-
-Each test reproduces one false alarm or miss of the fault-injection study at its mechanism.
+"""Fault localisation of the PyTorch vs ONNX comparison: each test reproduces, at its mechanism,
+one false alarm or one miss a fault-injection study found (a fault at the right module, and no
+alarm on a faithful export).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hostile inputs, part 2 (issue 9): data loss, exit codes, resources, security.
+"""Hostile inputs that threaten the user's data: data loss, exit codes, resources, security.
 
 Every case checks what ``test_hostile.py`` checks (exit status, exactly one
 ``layertap: error:`` line, no traceback, no partial or temporary file left,
