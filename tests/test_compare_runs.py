@@ -354,3 +354,57 @@ def test_not_variants_of_one_model(tmp_path):
     a, b = model(tmp_path / "a.onnx", "Relu", "r"), model(tmp_path / "b.onnx", "Sigmoid", "s")
     with pytest.raises(OnnxFileError, match="variants of one model"):
         lt.compare(a, None, b)
+
+
+# -- inputs generated from the reference file's declared shapes ------------------------------
+def _image_and_text_net(torch_mod):
+    nn = torch_mod.nn
+
+    class Gate(nn.Module):
+        def forward(self, e, mask):
+            return e * mask.unsqueeze(-1).to(e.dtype)
+
+    class ImageAndText(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+            self.emb = nn.Embedding(100, 8)
+            self.gate = Gate()
+
+        def forward(self, img, ids, attention_mask):
+            return self.conv(img).mean(), self.gate(self.emb(ids), attention_mask)
+
+    torch_mod.manual_seed(0)
+    return ImageAndText().eval()
+
+
+def test_onnx_reference_without_inputs_generates_them_as_run_does(torch_mod, tmp_path):
+    """No inputs given: images 224x224, masks all ones, every other symbolic size 1."""
+    import layertap as lt
+
+    net = _image_and_text_net(torch_mod)
+    args = (torch_mod.randn(1, 3, 32, 32), torch_mod.zeros(1, 5, dtype=torch_mod.long), torch_mod.ones(1, 5, dtype=torch_mod.long))
+    path = tmp_path / "dyn.onnx"
+    axes = {"img": {0: "batch", 2: "h", 3: "w"}, "ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+    torch_mod.onnx.export(net, args, str(path), dynamo=False, input_names=list(axes), dynamic_axes=axes)
+    report = lt.compare(path, None, path, ref_ort_optimizations=False, samples=2)
+    conv, emb, gate = (_row(report, n) for n in ("conv", "emb", "gate"))
+    assert list(conv.shape) == [1, 4, 112, 112] and list(emb.shape) == [1, 1, 8]
+    assert report.ok and gate.ref_max == emb.ref_max  # the mask passes every embedding value through
+
+
+def test_pytorch_reference_samples_drawn_like_the_example(torch_mod, tmp_path):
+    """Further samples: the example's shapes and dtypes, ids below its largest id + 1, masks kept."""
+    import layertap as lt
+    from layertap.pytorch.values import random_like
+
+    torch_mod.manual_seed(0)
+    net = torch_mod.nn.Sequential(torch_mod.nn.Embedding(10, 4), torch_mod.nn.Linear(4, 2)).eval()
+    ids, mask = torch_mod.tensor([[9, 0, 3]]), torch_mod.tensor([True, False])
+    path = tmp_path / "emb.onnx"
+    torch_mod.onnx.export(net, (ids,), str(path), dynamo=False)
+    report = lt.compare(net, ids, path, samples=4)
+    assert report.ok and report.samples == 4 and {r.worst_sample for r in report.rows} <= {0, 1, 2, 3}
+    drawn, kept = random_like((ids, mask), seed=1)
+    assert drawn.dtype == torch_mod.int64 and drawn.shape == ids.shape and int(drawn.max()) < 10 and kept is mask
+    assert torch_mod.equal(drawn, random_like((ids,), seed=1)[0]) and not torch_mod.equal(drawn, random_like((ids,), seed=2)[0])

@@ -1,6 +1,13 @@
-"""``--input`` specs: ``[NAME=]SHAPE[:DTYPE]`` or ``[NAME=]FILE.npy``.
+"""``--input`` specs (``[NAME=]SHAPE[:DTYPE]`` or ``[NAME=]FILE.npy``) and the one
+maker of random inputs every command uses.
 
-numpy only, so ONNX-only commands can use it without importing torch.
+Random values: floats standard normal, integers uniform below a bound (token
+ids must stay below the vocabulary size), bools random; each sample draws from
+its own seeded generator. Inputs generated from a model's declared shape follow
+one rule (:func:`input_shape`, :func:`random_input`).
+
+numpy only, so ONNX-only commands can use it without importing torch; the
+PyTorch side converts (``layertap.pytorch.values.random_tensor``).
 """
 
 from __future__ import annotations
@@ -9,6 +16,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -25,6 +33,11 @@ DTYPES = {
 }
 _SHAPE_RE = re.compile(r"^\d+(x\d+)*$|^$")
 DEFAULT_INT_HIGH = 100
+#: sizes a symbolic dimension takes in generated inputs (see :func:`input_shape`)
+IMAGE_SIZE = 224
+SYMBOLIC_SIZE = 16
+AUDIO_SAMPLES = 512
+_BATCH_NAMES = {"n", "b", "bs", "batch", "batch_size", "batchsize", "batch_dim", "nb"}
 
 
 @dataclass(frozen=True)
@@ -141,6 +154,102 @@ def random_array(shape, dtype, rng: np.random.Generator | None = None, int_high:
     if np.issubdtype(dt, np.integer):
         return rng.integers(0, max(int_high, 1), size=shape).astype(dt)
     return rng.standard_normal(size=shape).astype(dt)
+
+
+def spec_arrays(specs: Sequence[InputSpec], seed: int, int_high: int = DEFAULT_INT_HIGH) -> list[np.ndarray]:
+    """The data of each spec (:meth:`InputSpec.array`), the random ones drawn in order from
+    one generator seeded ``seed`` (sample ``i`` of many passes ``seed + i``).
+
+    Example:
+        >>> a, b = spec_arrays(parse_inputs(["2x3", "2x7:int64"]), seed=0, int_high=5)
+        >>> a.shape, b.dtype.name, bool(b.max() < 5)
+        ((2, 3), 'int64', True)
+    """
+    rng = np.random.default_rng(seed)
+    return [s.array(rng, int_high=int_high) for s in specs]
+
+
+def input_shape(dims: Sequence[Any], dtype: Any, symbolic: int = SYMBOLIC_SIZE) -> tuple[int, ...]:
+    """Concrete sizes for an input's declared dims, so generated data fits the model.
+
+    A fixed size stays; a symbolic dimension named by a number is that number;
+    the batch axis is 1; a 4-D float input is an image (3 channels, 224x224);
+    the samples axis of a 2-D float input (audio) is 512; any other symbolic
+    axis is ``symbolic``: ``layertap run`` keeps the default 16 (a short sequence),
+    ``compare`` of two ONNX files passes 1 (it runs both files with every
+    intermediate exposed, for every sample).
+
+    Example:
+        >>> input_shape(["batch", 3, "h", "w"], "float32"), input_shape(["N", "640"], "int64")
+        ((1, 3, 224, 224), (1, 640))
+        >>> input_shape(["batch", "samples"], "float32"), input_shape([2, "seq"], "int64")
+        ((1, 512), (2, 16))
+        >>> input_shape([2, "seq"], "int64", symbolic=1), input_shape([], "float32")
+        ((2, 1), ())
+    """
+    dt = np.dtype(dtype)
+    image = len(dims) == 4 and np.issubdtype(dt, np.floating)
+    out = []
+    for axis, d in enumerate(dims):
+        name = str(d).strip() if d is not None else ""
+        if isinstance(d, int) and d > 0:
+            out.append(d)
+        elif name.isdigit() and int(name) > 0:
+            out.append(int(name))
+        elif name.lower() in _BATCH_NAMES or "batch" in name.lower() or (axis == 0 and len(dims) >= 2):
+            out.append(1)
+        elif image:
+            out.append(3 if axis == 1 else IMAGE_SIZE)
+        elif len(dims) == 2 and np.issubdtype(dt, np.floating):
+            out.append(AUDIO_SAMPLES)
+        else:
+            out.append(symbolic)
+    return tuple(out)
+
+
+def random_input(name: str, dims: Sequence[Any], dtype: Any, rng: np.random.Generator, *,
+                 int_high: int | None = None, symbolic: int = SYMBOLIC_SIZE) -> tuple[np.ndarray, str]:
+    """Generated data for one input a model declares, and how it was made (one phrase).
+
+    The shape follows :func:`input_shape`; an input named ``*mask*`` is all ones;
+    integers are below ``int_high`` (the size of the table they index; default
+    100); otherwise :func:`random_array` draws from ``rng``.
+
+    Example:
+        >>> rng = np.random.default_rng(0)
+        >>> random_input("ids", ["batch", "seq"], "int64", rng, int_high=7)[1]
+        'ids=1x16 int64 in [0, 7)'
+        >>> random_input("attention_mask", ["batch", "seq"], "int64", rng)[1]
+        'attention_mask=1x16 int64 (ones)'
+    """
+    dt = np.dtype(dtype)
+    shape = input_shape(dims, dt, symbolic)
+    shown = f"{name}={'x'.join(str(d) for d in shape) or 'scalar'}"
+    if "mask" in name.lower() and (np.issubdtype(dt, np.integer) or dt == np.bool_ or np.issubdtype(dt, np.floating)):
+        return np.ones(shape, dt), f"{shown} {dt.name} (ones)"
+    if np.issubdtype(dt, np.integer):
+        top = int_high or DEFAULT_INT_HIGH
+        return random_array(shape, dt, rng, top), f"{shown} {dt.name} in [0, {top})"
+    if dt == np.bool_:
+        return random_array(shape, dt, rng), f"{shown} bool (random)"
+    return random_array(shape, dt, rng), f"{shown} {dt.name} (normal)"
+
+
+def random_samples(n: int, inputs: Sequence[tuple[str, Sequence[Any], Any]], seed: int, *,
+                   symbolic: int = SYMBOLIC_SIZE) -> list[dict[str, np.ndarray]]:
+    """``n`` samples of generated inputs for ``(name, declared dims, dtype)`` triples
+    (see :func:`random_input`); sample ``i`` draws from seed ``seed + i``.
+
+    Example:
+        >>> s = random_samples(2, [("x", [1, 3], "float32")], seed=0)
+        >>> len(s), s[0]["x"].shape, bool((s[0]["x"] != s[1]["x"]).any())
+        (2, (1, 3), True)
+    """
+    out = []
+    for i in range(n):
+        rng = np.random.default_rng(seed + i)
+        out.append({name: random_input(name, dims, dt, rng, symbolic=symbolic)[0] for name, dims, dt in inputs})
+    return out
 
 
 def parse_inputs(texts: list[str] | None) -> list[InputSpec]:

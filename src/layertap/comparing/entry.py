@@ -250,17 +250,16 @@ def _onnx_samples(args: Any, samples: Any) -> tuple[list[Any], int]:
 
 
 def _random_from_file(seed: int) -> Callable[[list[tuple[str, str]], dict[str, tuple], int], list[Any]]:
-    """Draws random samples from the reference file's inputs (symbolic sizes 1), seeds after ``seed``."""
+    """Draws random samples from the reference file's inputs (other symbolic sizes 1), seeds after ``seed``."""
 
     def draw(inputs: list[tuple[str, str]], shapes: dict[str, tuple], n: int) -> list[Any]:
-        from .samples import random_samples
+        from ..inputs import random_samples
 
         names = [name for name, _ in inputs]
         missing = [name for name in names if name not in shapes]
         if missing:
             raise InputSpecError(f"input {missing[0]!r} has no declared shape; pass the inputs (--input SHAPE)")
-        dims = [tuple(d if isinstance(d, int) and d > 0 else 1 for d in shapes[name]) for name in names]
-        return random_samples(n, dims, [dt or "float32" for _, dt in inputs], names, seed + 1)
+        return random_samples(n, [(name, shapes[name], dt or "float32") for name, dt in inputs], seed + 1, symbolic=1)
 
     return draw
 
@@ -273,7 +272,9 @@ def _torch_samples(args: Any, kwargs: dict, samples: Any, seed: int) -> list[tup
     if isinstance(samples, int) and not isinstance(samples, bool):
         if samples < 1:
             raise LayertapError(f"samples must be a positive number, got {samples!r}")
-        return [(first, kwargs)] + [(_like(first, seed + i), kwargs) for i in range(1, samples)]
+        from ..pytorch.values import random_like
+
+        return [(first, kwargs)] + [(random_like(first, seed + i), kwargs) for i in range(1, samples)]
     out = []
     for s in samples:
         if isinstance(s, dict):
@@ -283,23 +284,6 @@ def _torch_samples(args: Any, kwargs: dict, samples: Any, seed: int) -> list[tup
     if not out:
         raise LayertapError("samples is empty: give at least one sample")
     return out
-
-
-def _like(args: tuple, seed: int) -> tuple:
-    """Random tensors shaped and typed like ``args`` (integers within the range ``args`` uses)."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for a in args:
-        if isinstance(a, torch.Tensor) and a.is_floating_point():
-            out.append(torch.randn(a.shape, generator=g, dtype=a.dtype))
-        elif isinstance(a, torch.Tensor) and a.dtype != torch.bool:
-            high = int(a.max()) + 1 if a.numel() else 1
-            out.append(torch.randint(0, max(high, 1), a.shape, generator=g, dtype=a.dtype))
-        else:
-            out.append(a)
-    return tuple(out)
 
 
 def _compare_torch(

@@ -1,4 +1,4 @@
-"""Many inputs for ``lt.compare``: reading ``--inputs``, drawing ``--samples N``, and
+"""Many inputs for ``lt.compare``: reading ``--inputs`` and
 merging per-sample rows into one row per module call (worst sample kept).
 
 numpy only: an ONNX-vs-ONNX comparison never imports torch.
@@ -92,24 +92,6 @@ def _named(arrays: dict[str, np.ndarray], input_names: Sequence[str], path: Path
 
 def _one_file(path: Path, input_names: Sequence[str]) -> Sample:
     return _named(_read(path), input_names, path)
-
-
-def random_samples(n: int, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[Any], names: Sequence[str], seed: int,
-                   int_high: int = 100) -> list[Sample]:
-    """``n`` seeded random samples (sample ``i`` uses seed ``seed + i``).
-
-    Example:
-        >>> s = random_samples(2, [(1, 3)], ["float32"], ["x"], seed=0)
-        >>> len(s), s[0]["x"].shape, bool((s[0]["x"] != s[1]["x"]).any())
-        (2, (1, 3), True)
-    """
-    from ..inputs import random_array
-
-    out: list[Sample] = []
-    for i in range(n):
-        rng = np.random.default_rng(seed + i)
-        out.append({name: random_array(shape, dt, rng, int_high) for name, shape, dt in zip(names, shapes, dtypes)})
-    return out
 
 
 # ---------------------------------------------------------------------------

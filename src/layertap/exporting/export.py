@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 import torch
@@ -54,7 +55,7 @@ from ..errors import InputSpecError, LayertapError
 from ..files import check_output_path
 from ..onnxfile.metadata import TAPS_KEY
 from ..onnxfile.publish import external_locations, publish, publish_file
-from ..pytorch.values import tensor_to_numpy
+from ..pytorch.values import random_tensor, tensor_to_numpy
 from ..selectors import Tap, parse_taps
 from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL
 from . import _onnxedit as edit
@@ -247,7 +248,7 @@ def _other_batch(example: tuple, exported: tuple, seed: int = 1) -> tuple:
     the example shifted along the last dimension for integers (so token ids
     stay in the vocabulary and masks stay masks).
     """
-    g = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
     out = []
     for t, e in zip(example, exported):
         if t.dim() == 0:
@@ -258,7 +259,7 @@ def _other_batch(example: tuple, exported: tuple, seed: int = 1) -> tuple:
         extra = t[torch.arange(n - b, device=t.device) % max(b, 1)] if b else t.new_zeros((n,) + t.shape[1:])
         if t.is_floating_point():
             std = float(t.float().std()) if t.numel() > 1 else 1.0
-            noise = torch.randn(extra.shape, generator=g).to(device=t.device, dtype=t.dtype)
+            noise = random_tensor(extra.shape, torch.float32, rng).to(device=t.device, dtype=t.dtype)
             extra = float(t.float().mean()) + noise * (std or 1.0)
         elif extra.dim() > 1:
             extra = extra.roll(1, dims=-1)

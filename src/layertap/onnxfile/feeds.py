@@ -1,11 +1,12 @@
 """Inputs for running an ONNX file: the ones given, checked, and generated ones a model accepts.
 
-Generated inputs follow the model: fixed dimensions as declared; a symbolic
+Generated inputs follow the model by the package's one rule
+(:func:`layertap.inputs.random_input`): fixed dimensions as declared; a symbolic
 dimension named by a number is that number; the batch axis is 1; a 4-D float
 input is an image (3 channels, 224x224); other symbolic axes are 16 (512 for
-the samples axis of a 2-D float input such as audio). Integers feeding a
-``Gather`` (an embedding table) stay below that table's size; inputs named
-``*mask*`` are all ones. Every generated input is described in one line
+the samples axis of a 2-D float input such as audio); inputs named ``*mask*``
+are all ones. Integers feeding a ``Gather`` (an embedding table) stay below
+that table's size. Every generated input is described in one line
 (:meth:`Feeds.note`), and an ONNX Runtime refusal on generated inputs says so.
 
 A 0-d input can be given as its value: ``--input sr=16000:int64`` reads
@@ -21,16 +22,12 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import InputSpecError, unknown_name
-from ..inputs import DEFAULT_INT_HIGH, InputSpec, random_array
+from ..inputs import DEFAULT_INT_HIGH, InputSpec, random_input
 from .ort import ORT_NUMPY
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
-IMAGE_SIZE = 224
-_SEQUENCE = 16
-_SAMPLES = 512
-_BATCH_NAMES = {"n", "b", "bs", "batch", "batch_size", "batchsize", "batch_dim", "nb"}
 _PASS_THROUGH = {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand", "Clip"}
 _HOW_TO_PASS = "pass them with --input NAME=SHAPE[:DTYPE] or NAME=FILE.npy (lt.run(..., inputs={NAME: array}))"
 
@@ -100,7 +97,7 @@ def make_feeds(sess: Any, graph: "onnx.GraphProto", inputs: Any, seed: int = 0) 
         if dtype is None:
             raise InputSpecError(f"cannot make random data for input {spec.name!r} of type {spec.type}; pass it "
                                  "with --input NAME=FILE.npy")
-        arr, text = _generate(spec, dtype, rng, bounds.high(spec.name))
+        arr, text = random_input(spec.name, spec.shape or [], dtype, rng, int_high=bounds.high(spec.name))
         feeds.arrays[spec.name] = arr
         feeds.generated.append(text)
     return feeds
@@ -144,48 +141,6 @@ def _from_specs(specs: Sequence[Any], given: dict[str, Any], bounds: "_GatherBou
         _check_input(spec, *value.header(), ORT_NUMPY.get(spec.type))
         out[name] = value.array(rng, int_high=bounds.high(name) or DEFAULT_INT_HIGH)
     return out
-
-
-def _generate(spec: Any, dtype: Any, rng: np.random.Generator, high: int | None) -> tuple[np.ndarray, str]:
-    dt = np.dtype(dtype)
-    shape = _shape(spec.shape or [], dt)
-    shown = "x".join(str(d) for d in shape) or "scalar"
-    if "mask" in spec.name.lower() and (np.issubdtype(dt, np.integer) or dt == np.bool_ or np.issubdtype(dt, np.floating)):
-        return np.ones(shape, dt), f"{spec.name}={shown} {dt.name} (ones)"
-    if np.issubdtype(dt, np.integer):
-        top = high or DEFAULT_INT_HIGH
-        return random_array(shape, dt, rng, top), f"{spec.name}={shown} {dt.name} in [0, {top})"
-    if dt == np.bool_:
-        return random_array(shape, dt, rng), f"{spec.name}={shown} bool (random)"
-    return random_array(shape, dt, rng), f"{spec.name}={shown} {dt.name} (normal)"
-
-
-def _shape(dims: Sequence[Any], dt: np.dtype) -> tuple[int, ...]:
-    """Concrete sizes for declared dims (see module doc).
-
-    Example:
-        >>> _shape(["batch", 3, "h", "w"], np.dtype("float32")), _shape(["N", "640"], np.dtype("int64"))
-        ((1, 3, 224, 224), (1, 640))
-        >>> _shape(["batch", "samples"], np.dtype("float32")), _shape([2, "seq"], np.dtype("int64"))
-        ((1, 512), (2, 16))
-    """
-    out = []
-    image = len(dims) == 4 and np.issubdtype(dt, np.floating)
-    for axis, d in enumerate(dims):
-        name = str(d).strip() if d is not None else ""
-        if isinstance(d, int) and d > 0:
-            out.append(d)
-        elif name.isdigit() and int(name) > 0:
-            out.append(int(name))
-        elif name.lower() in _BATCH_NAMES or "batch" in name.lower() or (axis == 0 and len(dims) >= 2):
-            out.append(1)
-        elif image:
-            out.append(3 if axis == 1 else IMAGE_SIZE)
-        elif len(dims) == 2 and np.issubdtype(dt, np.floating):
-            out.append(_SAMPLES)
-        else:
-            out.append(_SEQUENCE)
-    return tuple(out)
 
 
 class _GatherBounds:

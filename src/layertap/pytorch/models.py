@@ -33,7 +33,7 @@ from torch import nn
 
 from ..errors import LayertapError, ModelSpecError, unknown_name
 from ..files import note_input
-from ..inputs import DEFAULT_INT_HIGH, InputSpec
+from ..inputs import DEFAULT_INT_HIGH, InputSpec, spec_arrays
 from ..specs import add_cwd_to_path, check_model_args, check_weights_path, module_not_found
 from .capture import eager
 
@@ -641,12 +641,11 @@ def make_inputs(
             if s.name is not None and s.name not in allowed:
                 takes = f"{method}() takes: {', '.join(accepted[:12]) or 'no named inputs'}"
                 raise LayertapError(unknown_name(f"input name for {method}()", s.name, accepted, hint=takes))
-    rng = np.random.default_rng(seed)
     args: list[torch.Tensor] = []
     kwargs: dict[str, torch.Tensor] = {}
-    for s in specs:
+    for s, array in zip(specs, spec_arrays(specs, seed, info.int_high)):
         # copy: .npy files load read-only, and torch wants writable memory
-        tensor = torch.from_numpy(np.array(s.array(rng, int_high=info.int_high), copy=True))
+        tensor = torch.from_numpy(array if array.flags.writeable else np.array(array, copy=True))
         if s.name is None:
             args.append(tensor)
         else:

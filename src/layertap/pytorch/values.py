@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..errors import LayertapError, SelectorError
+from ..inputs import DEFAULT_INT_HIGH, random_array
 from ..selectors import Index, index_text
 
 #: what ``method=`` takes: a method name (``"encode_image"``) or a callable ``fn(model, *args, **kwargs)``
@@ -81,6 +82,44 @@ def tensor_to_numpy(t: torch.Tensor, *, copy: bool = False) -> np.ndarray:
     if t.dtype == torch.bfloat16 or (t.is_floating_point() and t.element_size() < 2):
         t = t.float()
     return t.to("cpu", copy=copy).numpy()
+
+
+def random_tensor(shape: Sequence[int], dtype: torch.dtype, rng: np.random.Generator,
+                  int_high: int = DEFAULT_INT_HIGH) -> torch.Tensor:
+    """Seeded random data (:func:`layertap.inputs.random_array`) as a CPU tensor of ``dtype``.
+
+    Dtypes numpy lacks (bfloat16, float8) are drawn as float32 and converted.
+
+    Example:
+        >>> t = random_tensor((2, 3), torch.bfloat16, np.random.default_rng(0))
+        >>> t.shape, t.dtype
+        (torch.Size([2, 3]), torch.bfloat16)
+    """
+    kind = np.bool_ if dtype == torch.bool else np.int64 if not dtype.is_floating_point else (
+        np.float64 if dtype == torch.float64 else np.float32)
+    return torch.from_numpy(random_array(tuple(shape), kind, rng, int_high)).to(dtype)
+
+
+def random_like(args: Sequence[Any], seed: int) -> tuple:
+    """Seeded random tensors shaped and typed like ``args``, drawn from one generator seeded ``seed``.
+
+    Integers stay in the range ``args`` uses (below its largest value plus one);
+    bool tensors (masks) and non-tensors are kept as given.
+
+    Example:
+        >>> x, ids, mask = random_like((torch.zeros(2, 3), torch.tensor([4, 1]), torch.ones(2, dtype=torch.bool)), 0)
+        >>> x.shape, bool(ids.max() < 5), mask.tolist()
+        (torch.Size([2, 3]), True, [True, True])
+    """
+    rng = np.random.default_rng(seed)
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.dtype != torch.bool:
+            high = 1 if a.is_floating_point() or not a.numel() else int(a.max()) + 1
+            out.append(random_tensor(a.shape, a.dtype, rng, high))
+        else:
+            out.append(a)
+    return tuple(out)
 
 
 def method_name(method: Method) -> str:

@@ -181,7 +181,7 @@ def _declared(path: Path) -> tuple[list[str], list[int | None]]:
 
 def _onnx_inputs(ns: argparse.Namespace, ref_path: Path) -> tuple[Any, dict, Any]:
     """``(args, kwargs, samples)`` for an ONNX reference: --inputs, --input specs, or random from its shapes."""
-    import numpy as np
+    from ...inputs import spec_arrays
 
     if ns.inputs is not None:
         from ...comparing.samples import load_samples
@@ -192,8 +192,7 @@ def _onnx_inputs(ns: argparse.Namespace, ref_path: Path) -> tuple[Any, dict, Any
         return None, {}, ns.samples
     draws = []
     for i in range(ns.samples or 1):
-        rng = np.random.default_rng(ns.seed + i)
-        arrays = [s.array(rng) for s in specs]
+        arrays = spec_arrays(specs, ns.seed + i)
         draws.append({s.name: a for s, a in zip(specs, arrays)} if specs[0].name is not None else arrays)
     return None, {}, draws
 
