@@ -1,4 +1,6 @@
-"""``lt.compare``: PyTorch vs ONNX Runtime, module by module.
+"""``lt.compare``: a reference (a PyTorch model or an ONNX file) vs an ONNX candidate in ONNX
+Runtime, module by module. This module checks the options and builds the two sides; both kinds
+of reference run through the one driver (:mod:`.driver`; ONNX reference: :mod:`.onnx_ref`).
 
 The PyTorch model runs once with hooks on every module; each module call's
 output is moved to numpy as soon as the call returns. The ONNX file's
