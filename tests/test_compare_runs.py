@@ -408,3 +408,29 @@ def test_pytorch_reference_samples_drawn_like_the_example(torch_mod, tmp_path):
     drawn, kept = random_like((ids, mask), seed=1)
     assert drawn.dtype == torch_mod.int64 and drawn.shape == ids.shape and int(drawn.max()) < 10 and kept is mask
     assert torch_mod.equal(drawn, random_like((ids,), seed=1)[0]) and not torch_mod.equal(drawn, random_like((ids,), seed=2)[0])
+
+
+def test_both_references_run_through_one_driver_with_the_same_batches_and_notes(torch_mod, tmp_path):
+    """A PyTorch reference and an ONNX reference, in batches over several samples: the same
+    batch plan and run order (one session per batch for all samples), the same notes on batches
+    and sessions, and the rows of one big batch."""
+    import layertap as lt
+    from _tiny import small_cnn
+
+    model, x = small_cnn(), torch_mod.randn(1, 3, 16, 16, generator=torch_mod.Generator().manual_seed(0))
+    path = tmp_path / "cnn.onnx"
+    torch_mod.onnx.export(model, (x,), str(path), dynamo=False)
+    xs = [x, x * 0.5, -x]
+    torch_ref = dict(ref=model, args=x, samples=xs)
+    onnx_ref = dict(ref=str(path), args=None, samples=[{"input.1": a.numpy()} for a in xs], ref_ort_optimizations=False)
+    for sides, kw in ((1, torch_ref), (2, onnx_ref)):  # an ONNX reference runs in ORT too
+        whole = lt.compare(cand=path, **kw)
+        parts = lt.compare(cand=path, batch_outputs=1, **kw)
+        n_batches = parts.ort_runs // (3 * sides)
+        assert n_batches > 2 and parts.ort_runs == 3 * sides * n_batches, parts.ort_runs
+        assert any(f"ONNX Runtime ran {3 * n_batches} times" in n and "in batches" in n for n in parts.notes), parts.notes
+        said = [n for n in parts.notes if n.startswith("3 samples") and n.endswith("ORT session(s) for all of them")]
+        sessions = int(said[0].split("; ")[-1].split()[0]) if said else 0
+        assert sides * 2 < sessions <= sides * n_batches, parts.notes  # a session per batch, not per run
+        assert [(r.name, r.status) for r in parts.rows] == [(r.name, r.status) for r in whole.rows]
+        assert whole.ok and parts.ok and len(whole.rows) > 5

@@ -1,8 +1,10 @@
-"""``lt.compare``: PyTorch vs ONNX Runtime, module by module (see :mod:`.entry`).
+"""``lt.compare``: PyTorch vs ONNX Runtime, module by module (see :mod:`.api`).
 
 The parts, each importing the others by their public names:
 
-* :mod:`.entry` - ``compare`` itself: the steps, notes and options;
+* :mod:`.api` - ``compare`` itself: options, samples, the two sides;
+* :mod:`.driver` - the one driver: samples in batches, rows, local errors, notes;
+* :mod:`.torch_ref`, :mod:`.onnx_ref` - the two references (a hooked model; an ONNX file in ORT);
 * :mod:`.report` - :class:`CompareRow`, :class:`CompareReport`, row statuses, :func:`pair_tensors`;
 * :mod:`.torch_side` - the hooked PyTorch run and the value store that spills to disk;
 * :mod:`.onnx_side` - ONNX Runtime runs in batches, feeds, the file's scopes under the model's paths;
@@ -19,7 +21,7 @@ Example:
 from __future__ import annotations
 
 from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL, ErrorStats, error_stats
-from .entry import DEFAULT_MEMORY_BUDGET, FUSION_NOTE, Progress, compare
+from .api import DEFAULT_MEMORY_BUDGET, FUSION_NOTE, Progress, compare
 from .report import ABSORBED, FAIL, NO_COUNTERPART, PASS, STATISTIC, CompareReport, CompareRow, pair_tensors
 from .weights import DifferentWeightsError, WeightCheck
 

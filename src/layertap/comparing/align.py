@@ -142,20 +142,6 @@ def _next_norm(calls: list[ModuleCall], conv: str, torch_calls: dict[str, int], 
     return norm if torch_calls.get(norm) == torch_calls.get(conv) else None
 
 
-def split_batches(items: list[Item], store: ArrayStore, max_tensors: int | None, budget: int) -> list[list[Item]]:
-    """Split the plan into contiguous batches, each one ORT run.
-
-    A batch holds at most ``max_tensors`` ONNX tensors and (estimated from the
-    PyTorch sizes) ``budget`` bytes; a single call over the budget gets a run
-    of its own.
-    """
-    def cost(item: Item) -> tuple[int, int]:
-        k = len(item.tensors)
-        return k, store.nbytes(item.mc.key) if k else 0
-
-    return pack_batches(items, cost, max_tensors, budget)
-
-
 def pack_batches(items: Sequence[T], cost: Callable[[T], tuple[int, int]], max_tensors: int | None,
                  budget: int) -> list[list[T]]:
     """Contiguous batches of ``items`` by ``cost(item) -> (tensors, bytes)``.

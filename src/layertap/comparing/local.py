@@ -264,70 +264,74 @@ def ref_pairs(item: Item, ref_values: dict[str, np.ndarray], cand_shapes: dict[s
     return [(refs[i], cands[j]) for i, j in pair_tensors(shapes_r, shapes_c)]
 
 
-class LocalRunner:
-    """``local=True`` for an ONNX reference: one local graph run per batch and sample."""
-
-    def __init__(self, source: "SessionSource", optimize: bool, providers: Sequence[str],
-                 items: list[Item], criterion: Any) -> None:
-        self.graph = LocalGraph(source, optimize, providers)
-        self.items = items
-        self.criterion = criterion
-        self.ref_inputs: list[str] = []
-
-    def needs(self, batch: list[Item], ref_names: set[str]) -> list[str]:
-        """Reference tensors (beyond the batch's own) that feed the batch's calls: same names first."""
-        extra: list[str] = []
-        for it in batch:
-            if it.status is not None or not it.mc.path:
-                continue
-            _, entering = self.graph.part(it.mc.path, it.mc.call, it.tensors)
-            for t in entering:
-                for s in self.graph.source(t):
-                    if s in ref_names and s not in extra:
-                        extra.append(s)
-                        break
-        return extra
-
-    def fill(self, batch: list[Item], rows: list[CompareRow], ref_values: dict[str, np.ndarray],
-             cand_values: dict[str, np.ndarray], ref_feed: dict[str, np.ndarray], cand_feed: dict[str, np.ndarray]) -> None:
-        by_cand: dict[str, str] = {}
-        cand_shapes = {k: tuple(v.shape) for k, v in cand_values.items()}
-        for it in batch:
-            if it.status is None:
-                by_cand.update({c: r for r, c in ref_pairs(it, ref_values, cand_shapes)})
-        ref_in = list(ref_feed)
-
-        def ref_of(t: str) -> np.ndarray | None:
-            if t in cand_feed:
-                names = list(cand_feed)
-                return ref_feed.get(t) if t in ref_feed else ref_feed[ref_in[names.index(t)]]
-            r = by_cand.get(t, t)
-            return ref_values.get(r)
-
-        jobs, pairs = [], {}
-        for k, (it, row) in enumerate(zip(batch, rows)):
-            if row.ok is None or not it.mc.path:
-                continue
-            nodes, entering = self.graph.part(it.mc.path, it.mc.call, it.tensors)
-            pr = ref_pairs(it, ref_values, cand_shapes)
-            pairs[k] = [(ref_values[r], c) for r, c in pr if r in ref_values]
-            jobs.append((k, nodes, entering, [c for _, c in pr]))
-        _finish(self.graph, self.graph.run(jobs, ref_of), pairs, rows, self.criterion)
+def ref_needs(graph: LocalGraph, batch: list[Item], ref_names: set[str]) -> list[str]:
+    """Reference tensors (beyond the batch's own) that feed the batch's calls: same names first."""
+    extra: list[str] = []
+    for it in batch:
+        if it.status is not None or not it.mc.path:
+            continue
+        _, entering = graph.part(it.mc.path, it.mc.call, it.tensors)
+        for t in entering:
+            for s in graph.source(t):
+                if s in ref_names and s not in extra:
+                    extra.append(s)
+                    break
+    return extra
 
 
-def _finish(graph: LocalGraph, results: dict[int, Any], pairs: dict[int, list[tuple[np.ndarray, str]]],
-            rows: list[CompareRow], criterion: Any) -> None:
-    for k, got in results.items():
+PairsOf = Callable[[Item, CompareRow], "list[tuple[np.ndarray, str]]"]  # a row's (reference value, candidate tensor)
+
+
+def local_errors(graph: LocalGraph, batch: list[Item], rows: list[CompareRow], pairs_of: PairsOf, ref_of: RefLookup,
+                 tensors_of: Callable[[Item, CompareRow], Sequence[str]], criterion: Any) -> None:
+    """Set ``local_rel`` on the compared rows of a batch: each call's part of the candidate
+    (its nodes, found through ``tensors_of``) fed the reference's values (``ref_of``), its
+    outputs judged against the reference values ``pairs_of`` pairs them with."""
+    jobs, pairs = [], {}
+    for k, (it, row) in enumerate(zip(batch, rows)):
+        if row.ok is None or not it.mc.path:
+            continue
+        nodes, entering = graph.part(it.mc.path, it.mc.call, tensors_of(it, row))
+        if not nodes:
+            continue
+        pairs[k] = pairs_of(it, row)
+        jobs.append((k, nodes, entering, [name for _, name in pairs[k]]))
+    if not jobs:
+        return
+    for k, got in graph.run(jobs, ref_of).items():
         if isinstance(got, str):
             annotate(rows[k], None, got)
         else:
             annotate(rows[k], local_rel(got, pairs.get(k, []), criterion, graph), None)
 
 
-def local_errors_torch(graph: LocalGraph, items: list[Item], rows: list[CompareRow], builder: Any,
-                       feed: dict[str, np.ndarray]) -> None:
-    """``local=True`` for a PyTorch reference: the candidate's part of each call fed with
-    the PyTorch values that the other rows paired with its input tensors."""
+def onnx_ref_inputs(batch: list[Item], ref_values: dict[str, np.ndarray], cand_values: dict[str, np.ndarray],
+                    ref_feed: dict[str, np.ndarray], cand_feed: dict[str, np.ndarray]) -> tuple[PairsOf, RefLookup]:
+    """An ONNX reference's values for :func:`local_errors`: a row's (reference value, candidate
+    tensor) pairs, and a candidate tensor's reference value (the reference tensor paired with
+    it, or the reference's input at the same position)."""
+    cand_shapes = {k: tuple(v.shape) for k, v in cand_values.items()}
+    by_cand: dict[str, str] = {}
+    for it in batch:
+        if it.status is None:
+            by_cand.update({c: r for r, c in ref_pairs(it, ref_values, cand_shapes)})
+    ref_in, cand_in = list(ref_feed), list(cand_feed)
+
+    def pairs_of(it: Item, row: CompareRow) -> list[tuple[np.ndarray, str]]:
+        return [(ref_values[r], c) for r, c in ref_pairs(it, ref_values, cand_shapes) if r in ref_values]
+
+    def ref_of(t: str) -> np.ndarray | None:
+        if t in cand_feed:
+            return ref_feed.get(t) if t in ref_feed else ref_feed[ref_in[cand_in.index(t)]]
+        return ref_values.get(by_cand.get(t, t))
+
+    return pairs_of, ref_of
+
+
+def torch_ref_inputs(builder: Any, feed: dict[str, np.ndarray]) -> tuple[PairsOf, RefLookup]:
+    """A PyTorch reference's values for :func:`local_errors`, from the value store: a row's
+    (PyTorch value, ONNX tensor it was compared with), and an ONNX tensor's PyTorch value
+    (the one another row paired with it, or the graph input)."""
     where = {name: key for key, name in builder.onnx_of.items()}
 
     def ref_of(t: str) -> np.ndarray | None:
@@ -339,17 +343,8 @@ def local_errors_torch(graph: LocalGraph, items: list[Item], rows: list[CompareR
         arrays = builder.store.get(key[0])
         return np.asarray(arrays[key[1]]) if key[1] < len(arrays) else None
 
-    jobs, pairs = [], {}
-    for k, (it, row) in enumerate(zip(items, rows)):
-        if row.ok is None or not it.mc.path:
-            continue
-        nodes, entering = graph.part(it.mc.path, it.mc.call, row.onnx)
-        if not nodes:
-            continue
+    def pairs_of(it: Item, row: CompareRow) -> list[tuple[np.ndarray, str]]:
         ref = builder.store.get(it.mc.key)
-        pairs[k] = [(np.asarray(ref[i]), name) for (key, i), name in builder.onnx_of.items() if key == it.mc.key and i < len(ref)]
-        jobs.append((k, nodes, entering, [n for _, n in pairs[k]]))
-    if not jobs:
-        return
-    _finish(graph, graph.run(jobs, ref_of), pairs, rows, builder.criterion)
+        return [(np.asarray(ref[i]), name) for (key, i), name in builder.onnx_of.items() if key == it.mc.key and i < len(ref)]
 
+    return pairs_of, ref_of

@@ -22,7 +22,6 @@ Alignment (:func:`align_files`), per row of the reference:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -32,11 +31,13 @@ from ..errors import InputSpecError, LayertapError, OnnxFileError
 from ..onnxfile._graph import stand_ins
 from ..onnxfile.metadata import own_outputs
 from ..tolerance import Criterion
-from .align import Item, RowBuilder, blame_rewritten, pack_batches
-from .nchwc import blocked_stand_ins, blocked_tensors, unblock
-from .onnx_side import OrtRunner, check_feed_shapes
-from .report import ABSORBED, NO_COUNTERPART, CompareReport, CompareRow
-from .samples import Sample, merge_samples
+from .align import Item, RowBuilder
+from .driver import Sample, module_filter, plan_batches
+from .local import PairsOf, RefLookup, onnx_ref_inputs, ref_needs
+from .nchwc import blocked_stand_ins
+from .onnx_side import OrtSide, check_feed_shapes
+from .report import ABSORBED, NO_COUNTERPART, CompareRow
+from .samples import Sample as Given
 from .torch_side import ArrayStore, ModuleCall
 from .weights import WeightCheck, check_file_weights
 
@@ -44,18 +45,6 @@ if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
 _FLOAT_TYPES = {1, 10, 11, 16}  # float, float16, double, bfloat16
-
-
-@dataclass
-class Side:
-    """One ONNX run: the file, how ORT runs it, its input names and declared shapes."""
-
-    path: Path
-    runner: OrtRunner
-
-    @property
-    def inputs(self) -> list[tuple[str, str]]:
-        return self.runner.input_names()
 
 
 def _producers(graph: "onnx.GraphProto") -> dict[str, Any]:
@@ -205,7 +194,7 @@ def _is_float(vi: Any) -> bool:
 # ---------------------------------------------------------------------------
 # inputs
 # ---------------------------------------------------------------------------
-def feed_for(side: Side, sample: Sample) -> dict[str, np.ndarray]:
+def feed_for(side: OrtSide, sample: Given) -> dict[str, np.ndarray]:
     """A sample (dict by name, or arrays in input order) as the feed of ``side``."""
     inputs = side.inputs
     names = [n for n, _ in inputs]
@@ -229,7 +218,7 @@ def feed_for(side: Side, sample: Sample) -> dict[str, np.ndarray]:
     return feed
 
 
-def cand_feed(ref: Side, cand: Side, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def cand_feed(ref: OrtSide, cand: OrtSide, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The reference's feed for the candidate: by name, else by position (another exporter's names)."""
     ref_names, cand_names = [n for n, _ in ref.inputs], [n for n, _ in cand.inputs]
     if set(ref_names) == set(cand_names):
@@ -246,128 +235,64 @@ def cand_feed(ref: Side, cand: Side, feed: dict[str, np.ndarray]) -> dict[str, n
 
 
 # ---------------------------------------------------------------------------
-# running
+# the reference side
 # ---------------------------------------------------------------------------
-def compare_onnx(
-    ref_path: Path,
-    cand_path: Path,
-    samples: Sequence[Sample],
-    n_random: int,
-    *,
-    criterion: Criterion,
-    providers: Sequence[str],
-    cand_providers: Sequence[str],
-    ref_optimize: bool,
-    cand_optimize: bool,
-    modules: Sequence[str] | None,
-    batch_outputs: int | None,
-    memory_budget: int,
-    random: Callable[[list[tuple[str, str]], dict[str, tuple], int], list[Sample]],
-    local: bool = False,
-    progress: Any = None,
-    allow_different_weights: bool = False,
-) -> CompareReport:
-    """Both files in ORT, aligned by :func:`align_files`; see :func:`layertap.comparing.compare`."""
-    from ..onnxfile.modelfile import read_model
+class OnnxReference:
+    """An ONNX file in ORT as the reference of :mod:`.driver`: rows aligned once by
+    :func:`align_files`, its tensors computed per batch and sample."""
 
-    if _same_run(ref_path, cand_path, providers, cand_providers, ref_optimize, cand_optimize):
-        raise LayertapError(
-            f"REF and CAND are the same file '{ref_path}' run the same way; compare two runs by giving "
-            "--cand-providers / --providers, or --no-ort-opt / --ref-no-ort-opt"
-        )
-    ref_file, cand_file = read_model(ref_path), read_model(cand_path)
-    ref = Side(ref_path, OrtRunner(ref_file.model, ref_file.folder, ref_optimize, providers))
-    cand = Side(cand_path, OrtRunner(cand_file.model, cand_file.folder, cand_optimize, cand_providers))
-    del ref_file, cand_file  # the runners hold the graphs and the weights once; the loaded protos go
-    ref_model, cand_model = ref.runner.proto, cand.runner.proto
-    weights = _weights(ref, cand).enforce(allow_different_weights)
-    if n_random:
-        samples = [*samples, *random(ref.inputs, ref.runner.input_shapes(), n_random)]
-    feeds = [feed_for(ref, s) for s in samples]
-    cand_feeds = [cand_feed(ref, cand, f) for f in feeds]
-    wanted = _wanted(modules)
-    items, counts, mode = align_files(ref_model, cand_model, wanted)
-    _check_variants(items, ref_path, cand_path, mode)
-    sizes = _sizes(ref_model, feeds[0])
-    batches = _batches(items, sizes, batch_outputs, memory_budget)
-    per_sample: list[list[CompareRow]] = [[] for _ in feeds]
-    store = ArrayStore(memory_budget)
-    builder = RowBuilder(items, store, criterion, counts, find_fusions=False)
-    locals_: Any = None
-    if local:
-        from .local import LocalRunner
+    holds_values = False
 
-        locals_ = LocalRunner(cand.runner.source, cand_optimize, cand_providers, items, criterion)
-    ref_known = set(_producers(ref_model.graph))
-    blocked = blocked_tensors(cand_model.graph)
-    try:
-        if progress is not None:
-            progress.step("ONNX Runtime and compare", total=len(items) * len(feeds))
-        for batch in batches:
-            ref_names = list(dict.fromkeys(t for it in batch for t in it.ref_tensors))
-            if locals_ is not None:
-                ref_names += [t for t in locals_.needs(batch, ref_known) if t not in ref_names]
-            cand_names = list(dict.fromkeys(t for it in batch for t in it.tensors))
-            for s, (feed, cfeed) in enumerate(zip(feeds, cand_feeds)):
-                ref_values = ref.runner.run(ref_names, feed) if ref_names else {}
-                cand_values = cand.runner.run(cand_names, cfeed) if cand_names else {}
-                _unblocked(cand_values, batch, ref_values, blocked)
-                rows = _batch_rows(batch, builder, store, ref_values, cand_values)
-                if locals_ is not None:
-                    locals_.fill(batch, rows, ref_values, cand_values, feed, cfeed)
-                per_sample[s].extend(rows)
-                if progress is not None:
-                    progress.advance(len(batch))
-                del ref_values, cand_values
-    finally:
-        store.close()
-        ref.runner.close()
-        cand.runner.close()
-    rows, firsts = merge_samples([blame_rewritten(r) for r in per_sample], criterion)
-    weights.annotate(rows)
-    return CompareReport(
-        rows,
-        weights.notes() + _notes(ref, cand, mode, len(feeds)),
-        criterion=criterion,
-        onnx_path=str(cand_path),
-        ort_optimizations=cand_optimize,
-        ort_runs=ref.runner.runs + cand.runner.runs,
-        reference=str(ref_path),
-        samples=len(feeds),
-        first_divergence_counts=firsts,
-        local=local,
-        weights=weights,
-    )
+    def __init__(self, ref: OrtSide, cand: OrtSide, samples: Sequence[Given], n_random: int, *,
+                 random: Callable[[list[tuple[str, str]], dict[str, tuple], int], list[Given]], criterion: Criterion,
+                 modules: Sequence[str] | None, batch_outputs: int | None, memory_budget: int,
+                 allow_different_weights: bool) -> None:
+        self.side, self.cand, self.own_runs = ref, cand, (ref,)
+        self.weights = _weights(ref, cand).enforce(allow_different_weights)
+        if n_random:
+            samples = [*samples, *random(ref.inputs, ref.runner.input_shapes(), n_random)]
+        self.feeds = [feed_for(ref, s) for s in samples]
+        self.cand_feeds = [cand_feed(ref, cand, f) for f in self.feeds]
+        self.n_samples = len(self.feeds)
+        wanted, _ = module_filter(modules or None)
+        self.items, counts, self.mode = align_files(ref.proto, cand.proto, wanted)
+        _check_variants(self.items, ref.path, cand.path, self.mode)
+        sizes = _sizes(ref.proto, self.feeds[0])
+
+        def cost(it: Item) -> tuple[int, int]:  # both sides' values of a batch are held at once
+            return len(it.ref_tensors), 2 * sum(sizes.get(t, 1 << 20) for t in it.ref_tensors)
+
+        self.batches = plan_batches(self.items, cost, batch_outputs, memory_budget)
+        self.store = ArrayStore(memory_budget)
+        self.builder = RowBuilder(self.items, self.store, criterion, counts, find_fusions=False)
+        self.known = set(_producers(ref.proto.graph))
+
+    def sample(self, index: int, budget: int) -> Sample:
+        """Sample ``index``: the one plan, with its feeds (nothing runs until :meth:`values`)."""
+        return Sample(self.items, self.builder, self.batches, self.cand_feeds[index], self.feeds[index])
+
+    def values(self, sample: Sample, batch: list[Item], parts: Any) -> dict[str, np.ndarray]:
+        """The reference's tensors of a batch (and those feeding its calls' parts, for local errors)."""
+        names = list(dict.fromkeys(t for it in batch for t in it.ref_tensors))
+        if parts is not None:
+            names += [t for t in ref_needs(parts, batch, self.known) if t not in names]
+        return self.side.run(names, sample.ref_feed or {}) if names else {}
+
+    def local_inputs(self, sample: Sample, batch: list[Item], ref_values: dict[str, np.ndarray],
+                     cand_values: dict[str, np.ndarray]) -> tuple[PairsOf, RefLookup, Callable[[Item, CompareRow], Sequence[str]]]:
+        pairs_of, ref_of = onnx_ref_inputs(batch, ref_values, cand_values, sample.ref_feed or {}, sample.feed)
+        return pairs_of, ref_of, lambda it, row: it.tensors
+
+    def notes(self, candidate: Any, rounding: bool) -> list[str]:
+        notes = ["the reference carries no module scopes: rows are its tensors, matched by name"] if self.mode == "names" else []
+        return notes + self.side.notes("reference", rounding) + candidate.notes("candidate", rounding)
+
+    def close(self) -> None:
+        self.store.close()
+        self.side.close()
 
 
-def _batch_rows(batch: list[Item], builder: RowBuilder, store: ArrayStore, ref_values: dict[str, np.ndarray],
-                cand_values: dict[str, np.ndarray]) -> list[CompareRow]:
-    rows = []
-    for it in batch:
-        if it.status is None:
-            store.put(it.mc.key, [ref_values[t] for t in it.ref_tensors])
-        rows.append(builder.row(it, cand_values))
-        store.drop(it.mc.key)
-    return rows
-
-
-def _unblocked(values: dict[str, np.ndarray], batch: list[Item], ref_values: dict[str, np.ndarray],
-               blocked: set[str]) -> None:
-    """Candidate tensors in ORT's NCHWc layout, in place as NCHW shaped like the reference tensor they answer."""
-    if not blocked:
-        return
-    from ..onnxfile.ort import nchwc_block_size
-
-    block = nchwc_block_size() or 0
-    done: set[str] = set()
-    for it in batch:
-        for r, c in zip(it.ref_tensors, it.tensors):
-            if c in blocked and c not in done and c in values and r in ref_values:
-                values[c] = unblock(values[c], ref_values[r].shape, block)
-                done.add(c)
-
-
-def _weights(ref: Side, cand: Side) -> WeightCheck:
+def _weights(ref: OrtSide, cand: OrtSide) -> WeightCheck:
     """The weight check of two files; one file run two ways holds one set of weights."""
     try:
         if os.path.samefile(ref.path, cand.path):
@@ -377,19 +302,17 @@ def _weights(ref: Side, cand: Side) -> WeightCheck:
     return check_file_weights(ref.runner.source, cand.runner.source)
 
 
-def _same_run(a: Path, b: Path, pa: Sequence[str], pb: Sequence[str], oa: bool, ob: bool) -> bool:
+def refuse_same_run(a: Path, b: Path, pa: Sequence[str], pb: Sequence[str], oa: bool, ob: bool) -> None:
+    """REF and CAND must differ: two files, or one file run two ways (providers, optimisations)."""
     try:
         same = os.path.samefile(a, b)
     except OSError:
         same = False
-    return same and list(pa) == list(pb) and oa == ob
-
-
-def _wanted(modules: Sequence[str] | None) -> Callable[[str], bool]:
-    if not modules:
-        return lambda p: True
-    prefixes = [modules] if isinstance(modules, str) else list(modules)
-    return lambda p: any(p == m or p.startswith(m + ".") for m in prefixes)
+    if same and list(pa) == list(pb) and oa == ob:
+        raise LayertapError(
+            f"REF and CAND are the same file '{a}' run the same way; compare two runs by giving "
+            "--cand-providers / --providers, or --no-ort-opt / --ref-no-ort-opt"
+        )
 
 
 def _check_variants(items: list[Item], ref_path: Path, cand_path: Path, mode: str) -> None:
@@ -422,21 +345,3 @@ def _sizes(model: "onnx.ModelProto", feed: dict[str, np.ndarray]) -> dict[str, i
     return out
 
 
-def _batches(items: list[Item], sizes: dict[str, int], max_tensors: int | None, budget: int) -> list[list[Item]]:
-    """Contiguous batches of at most ``max_tensors`` tensors per side and ``budget`` bytes (both sides)."""
-    def cost(it: Item) -> tuple[int, int]:
-        return len(it.ref_tensors), 2 * sum(sizes.get(t, 1 << 20) for t in it.ref_tensors)
-
-    return pack_batches(items, cost, max_tensors, budget)
-
-
-def _notes(ref: Side, cand: Side, mode: str, n_samples: int) -> list[str]:
-    notes = []
-    if mode == "names":
-        notes.append("the reference carries no module scopes: rows are its tensors, matched by name")
-    for label, side in (("reference", ref), ("candidate", cand)):
-        opt = "with graph optimisations" if side.runner.optimize else "with graph optimisations disabled (ORT_DISABLE_ALL)"
-        notes.append(f"{label}: {side.path} on {', '.join(side.runner.providers)} {opt}")
-    if n_samples > 1:
-        notes.append(f"{n_samples} samples; each row shows its worst sample (worst_sample), one ORT session per side and batch")
-    return notes

@@ -20,6 +20,13 @@ from .torch_side import one_line, to_numpy
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
+FUSION_NOTE = (
+    "exposing intermediate tensors as ONNX Runtime outputs can stop ORT from fusing the nodes that "
+    "produce them, so this run may differ slightly from a plain run of the file; compare with "
+    "ort_optimizations=False (--no-ort-opt) to rule ORT's graph optimisations out"
+)
+
+
 class OrtRunner:
     """Sessions over an in-memory copy of the graph with chosen tensors as outputs.
 
@@ -103,6 +110,68 @@ class OrtRunner:
 
     def close(self) -> None:
         self._session = None
+
+
+class OrtSide:
+    """An ONNX file run by ONNX Runtime: a compare side (the candidate, or an ONNX reference's runs)."""
+
+    def __init__(self, path: str | os.PathLike, optimize: bool, providers: Sequence[str] | None) -> None:
+        from ..onnxfile.modelfile import read_model
+        from .nchwc import blocked_tensors
+
+        # The shared loader: graph only (weights stay on disk for ORT) and the
+        # external-data safety checks every ONNX command applies.
+        loaded = read_model(path)
+        self.path = Path(path)
+        self.runner = OrtRunner(loaded.model, loaded.folder, optimize, providers)
+        del loaded  # the runner holds the graph and the weights once; the loaded proto goes
+        self.blocked = blocked_tensors(self.runner.proto.graph)
+
+    @property
+    def proto(self) -> "onnx.ModelProto":
+        return self.runner.proto
+
+    @property
+    def inputs(self) -> list[tuple[str, str]]:
+        return self.runner.input_names()
+
+    @property
+    def runs(self) -> int:
+        return self.runner.runs
+
+    @property
+    def sessions(self) -> int:
+        return self.runner.sessions
+
+    def run(self, names: list[str], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One run exposing ``names`` (see :meth:`OrtRunner.run`)."""
+        return self.runner.run(names, feed)
+
+    def local_graph(self) -> Any:
+        """The file's part graphs for local errors (:class:`~layertap.comparing.local.LocalGraph`)."""
+        from .local import LocalGraph
+
+        return LocalGraph(self.runner.source, self.runner.optimize, self.runner.providers)
+
+    def notes(self, label: str | None, rounding: bool) -> list[str]:
+        """How ORT ran the file: ``label: PATH on PROVIDERS ...`` next to another ONNX run, else
+        only what departs from a plain CPU run (and the fusion caveat when the first divergence
+        ``rounding`` could be ORT's)."""
+        r = self.runner
+        if label is not None:
+            opt = "with graph optimisations" if r.optimize else "with graph optimisations disabled (ORT_DISABLE_ALL)"
+            return [f"{label}: {self.path} on {', '.join(r.providers)} {opt}"]
+        notes = []
+        if not r.optimize:
+            notes.append("ONNX Runtime ran with graph optimisations disabled (ORT_DISABLE_ALL)")
+        elif rounding:
+            notes.append(FUSION_NOTE)
+        if r.providers != ["CPUExecutionProvider"]:
+            notes.append(f"ONNX Runtime ran on {', '.join(r.providers)}")
+        return notes
+
+    def close(self) -> None:
+        self.runner.close()
 
 
 def feed_from_args(inputs: list[tuple[str, str]], args: tuple, kwargs: dict) -> dict[str, np.ndarray]:

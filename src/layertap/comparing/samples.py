@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import InputSpecError
+from ..errors import InputSpecError, LayertapError
 from ..tolerance import Criterion
 from .report import CompareRow
 
@@ -92,6 +92,28 @@ def _named(arrays: dict[str, np.ndarray], input_names: Sequence[str], path: Path
 
 def _one_file(path: Path, input_names: Sequence[str]) -> Sample:
     return _named(_read(path), input_names, path)
+
+
+def given_samples(args: Any, samples: Any) -> tuple[list[Any], int]:
+    """``compare``'s ``args`` and ``samples`` as the samples given and how many more to draw at
+    random: ``samples=N`` adds ``N - 1`` to ``args`` (``N`` without ``args``), a list replaces
+    ``args``. Raises :class:`~layertap.errors.LayertapError` for ``N < 1`` or an empty list.
+
+    Example:
+        >>> given_samples("x", 3), given_samples(None, None), given_samples("x", ["a", "b"])
+        ((['x'], 2), ([], 1), (['a', 'b'], 0))
+    """
+    given = [] if args is None else [args]
+    if isinstance(samples, int) and not isinstance(samples, bool):
+        if samples < 1:
+            raise LayertapError(f"samples must be a positive number, got {samples!r}")
+        return given, samples - len(given)
+    if samples is not None:
+        given = list(samples)
+        if not given:
+            raise LayertapError("samples is empty: give at least one sample")
+        return given, 0
+    return given, 0 if given else 1
 
 
 # ---------------------------------------------------------------------------

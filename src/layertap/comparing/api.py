@@ -1,0 +1,251 @@
+"""``lt.compare``: a reference (a PyTorch model or an ONNX file) vs an ONNX candidate in ONNX
+Runtime, module by module. This module checks the options and builds the two sides; both kinds
+of reference run through the one driver (:mod:`.driver`; ONNX reference: :mod:`.onnx_ref`).
+
+The PyTorch model runs once with hooks on every module; each module call's
+output is moved to numpy as soon as the call returns. The ONNX file's
+counterpart of each call (from :class:`~layertap.onnxfile.scopes.ScopeMap`)
+is exposed as an extra graph output of an in-memory copy of the graph (the
+file is never written) and fetched from ONNX Runtime. Both sides are aligned
+by ``(module path, call index)`` and compared in PyTorch execution order.
+
+Error statistic: :mod:`layertap.tolerance` (per module call, over
+every element compared: ``max|onnx - torch| <= atol + rtol * max|torch|``).
+
+Alignment rules:
+
+* Rows come in the order PyTorch module calls *return* (children before their
+  parent), so the first failing row is the deepest, earliest module whose
+  output differs: that is ``first_divergence``.
+* A call aligns with the ONNX call of the same index. When the two sides
+  count a different number of calls for a module, its calls are listed as
+  ``no counterpart`` rather than guessed.
+* A module whose output is a tuple/list/dict is flattened; its ONNX tensors
+  pair with the PyTorch tensors by position when count and shapes agree,
+  otherwise each ONNX tensor pairs with the first unused PyTorch tensor of the
+  same shape. Shapes that only differ by size-1 dimensions are compared after
+  reshaping.
+* A module folded into another (a Conv whose BatchNorm the exporter fused
+  into it) is ``absorbed``: it is never a failure. The fused ONNX value is
+  compared where PyTorch computes the same value, the BatchNorm's output.
+  When the file's scopes do not say so, a failing call whose ONNX value
+  matches the output of one of the next sibling modules is recognised as such
+  a fusion too.
+* The model's own result is the last row, named ``output``.
+
+Memory stays bounded: PyTorch values beyond ``memory_budget`` bytes spill to
+a temporary folder, and ONNX Runtime runs in batches, each session exposing
+only the tensors that fit the budget (ORT keeps every exposed output of a run
+alive, fetched or not), so each batch's arrays are compared and dropped before
+the next run.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Sequence
+
+from ..errors import InputSpecError, LayertapError
+from ..tolerance import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, Criterion
+from .driver import Progress, compare_sides
+from .onnx_side import FUSION_NOTE, OrtSide
+from .report import CompareReport
+from .samples import given_samples
+
+DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of intermediates held at once, per side
+
+__all__ = ["compare", "Progress", "FUSION_NOTE", "DEFAULT_MEMORY_BUDGET"]
+
+
+# ---------------------------------------------------------------------------
+# public entry
+# ---------------------------------------------------------------------------
+def compare(
+    ref: Any,
+    args: Any = None,
+    cand: str | os.PathLike | None = None,
+    *,
+    samples: int | Sequence[Any] | None = None,
+    providers: Sequence[str] | str | None = None,
+    cand_providers: Sequence[str] | str | None = None,
+    metric: str = "rel",
+    local: bool = False,
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
+    min_cosine: float = DEFAULT_MIN_COSINE,
+    min_sqnr_db: float = DEFAULT_MIN_SQNR_DB,
+    check_finite: bool = False,
+    modules: Sequence[str] | None = None,
+    kwargs: dict | None = None,
+    method: str | Callable[..., Any] = "forward",
+    ort_optimizations: bool = True,
+    ref_ort_optimizations: bool | None = None,
+    batch_outputs: int | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    seed: int = 0,
+    progress: Progress | None = None,
+    onnx_path: str | os.PathLike | None = None,
+    allow_different_weights: bool = False,
+) -> CompareReport:
+    """Compare a reference with an ONNX candidate layer by layer in ONNX Runtime.
+
+    Args:
+        ref: the ``nn.Module`` the candidate was exported from (eval mode), or
+            the path of a reference ONNX file (then torch is never imported).
+        args: one sample: the positional arguments (a tensor/array or a tuple
+            of them; a dict of named inputs for an ONNX reference). ``None``
+            with an ONNX reference: random data from its input shapes.
+        cand: the candidate ONNX file (a float16/int8 conversion, an optimised
+            copy, another exporter's file, or ``ref`` itself run another way);
+            read only, never modified. ``onnx_path`` is its former name.
+        samples: several samples: a list/iterable of samples like ``args``, or
+            ``N`` for N seeded random samples shaped like ``args`` (or like the
+            reference file's inputs). Rows then hold each call's worst sample.
+        providers, cand_providers: ORT execution providers of the reference
+            (an ONNX file; refused with a PyTorch reference) and of the candidate,
+            e.g. ``["CUDA"]``; default CPU.
+        metric: what decides pass/fail: ``rel`` (``max_abs <= atol + rtol *
+            max|ref|``), ``cosine`` (``>= min_cosine``) or ``sqnr`` (``>= min_sqnr_db``).
+        local: also run each compared call's candidate nodes on the reference's
+            own inputs; ``local_rel`` is the error the call makes by itself.
+        check_finite: a candidate value that is NaN/inf fails its row (the
+            report's ``first_nonfinite`` names the first one either way).
+        modules: compare only these modules and their submodules.
+        kwargs: keyword arguments for the PyTorch method.
+        method: the PyTorch method the file was exported from: a name or a
+            callable ``fn(model, *args, **kwargs)``, as for ``lt.export``.
+        ort_optimizations: ORT graph optimisations for the candidate;
+            ``ref_ort_optimizations`` for an ONNX reference (default: the same).
+        batch_outputs: at most this many ONNX tensors per ORT run.
+        memory_budget: bytes of intermediates held at once on each side.
+        seed: seed of random samples.
+        progress: receives the steps (``step``/``advance``); ``None``: silent.
+        allow_different_weights: compare even when most parameters found on both sides by
+            name differ (another checkpoint); the report says so. Without it that raises
+            :class:`~layertap.comparing.weights.DifferentWeightsError`. A few differing
+            parameters never stop the comparison: each is named on its module's row (``weights``).
+
+    Returns:
+        A :class:`CompareReport`: ``.ok``, ``.rows`` (one per module call, in
+        execution order), ``.first_divergence``, ``.first_divergence_counts``.
+
+    Example:
+        >>> import torch, layertap as lt
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+        >>> x = torch.randn(2, 4)
+        >>> import tempfile, os; path = os.path.join(tempfile.mkdtemp(), "m.onnx")
+        >>> torch.onnx.export(model, (x,), path, dynamo=False)
+        >>> report = lt.compare(model, x, path, samples=3)
+        >>> report.ok, report.first_divergence, report.samples
+        (True, None, 3)
+        >>> lt.compare(path, None, path, ref_ort_optimizations=False).ok
+        True
+    """
+    cand = cand if cand is not None else onnx_path
+    if cand is None:
+        raise LayertapError("compare needs a candidate ONNX file (the third argument)")
+    criterion = _criterion(metric, rtol, atol, min_cosine, min_sqnr_db, check_finite)
+    _check_options(rtol, atol, batch_outputs, memory_budget)
+    from ..onnxfile.ort import resolve_providers
+
+    onnx_ref = isinstance(ref, (str, os.PathLike))
+    if providers is not None and not onnx_ref:
+        raise LayertapError(
+            "--providers (providers=) picks the execution providers of an ONNX reference, and REF here is a PyTorch "
+            "model; give the candidate's providers with --cand-providers (cand_providers=)"
+        )
+    ref_providers, c_providers = resolve_providers(providers), resolve_providers(cand_providers)
+    given, n_random = given_samples(args if onnx_ref else _as_args(args), samples)
+    options = dict(criterion=criterion, modules=modules, batch_outputs=batch_outputs, memory_budget=memory_budget,
+                   allow_different_weights=allow_different_weights)
+    if onnx_ref:
+        return _compare_files(ref, cand, given, n_random, ref_providers, c_providers, options, seed=seed, local=local,
+                              ref_optimize=ort_optimizations if ref_ort_optimizations is None else ref_ort_optimizations,
+                              cand_optimize=ort_optimizations, progress=progress)
+    return _compare_torch(
+        ref, cand, given, n_random, c_providers, options, kwargs=dict(kwargs or {}), method=method,
+        ort_optimizations=ort_optimizations, seed=seed, local=local, progress=progress,
+    )
+
+
+def _compare_files(ref: str | os.PathLike, cand: str | os.PathLike, given: list[Any], n_random: int, providers: list[str],
+                   cand_providers: list[str], options: dict[str, Any], *, seed: int, local: bool, ref_optimize: bool,
+                   cand_optimize: bool, progress: Progress | None) -> CompareReport:
+    """An ONNX reference: both files in ORT, aligned by :func:`.onnx_ref.align_files`. Never imports torch."""
+    from pathlib import Path
+
+    from .onnx_ref import OnnxReference, refuse_same_run
+
+    refuse_same_run(Path(ref), Path(cand), providers, cand_providers, ref_optimize, cand_optimize)
+    ref_side = OrtSide(ref, ref_optimize, providers)
+    cand_side = OrtSide(cand, cand_optimize, cand_providers)
+    given = [s if isinstance(s, (dict, list, tuple)) else [s] for s in given]
+    reference = OnnxReference(ref_side, cand_side, given, n_random, random=_random_from_file(seed), **options)
+    return compare_sides(reference, cand_side, criterion=options["criterion"], weights=reference.weights, local=local,
+                         memory_budget=options["memory_budget"], progress=progress, onnx_path=str(cand),
+                         ort_optimizations=cand_optimize, reference=str(ref))
+
+
+def _criterion(metric: Any, rtol: Any, atol: Any, min_cosine: Any, min_sqnr_db: Any, check_finite: bool) -> Criterion:
+    if metric not in METRICS:
+        raise LayertapError(f"unknown metric {metric!r}; use one of {', '.join(METRICS)}")
+    if not isinstance(min_cosine, (int, float)) or not -1 <= min_cosine <= 1:
+        raise LayertapError(f"min_cosine must be a number in [-1, 1], got {min_cosine!r}")
+    if not isinstance(min_sqnr_db, (int, float)):
+        raise LayertapError(f"min_sqnr_db must be a number of dB, got {min_sqnr_db!r}")
+    return Criterion(metric, float(rtol), float(atol), float(min_cosine), float(min_sqnr_db), bool(check_finite))
+
+
+def _random_from_file(seed: int) -> Callable[[list[tuple[str, str]], dict[str, tuple], int], list[Any]]:
+    """Draws random samples from the reference file's inputs (other symbolic sizes 1), seeds after ``seed``."""
+
+    def draw(inputs: list[tuple[str, str]], shapes: dict[str, tuple], n: int) -> list[Any]:
+        from ..inputs import random_samples
+
+        names = [name for name, _ in inputs]
+        missing = [name for name in names if name not in shapes]
+        if missing:
+            raise InputSpecError(f"input {missing[0]!r} has no declared shape; pass the inputs (--input SHAPE)")
+        return random_samples(n, [(name, shapes[name], dt or "float32") for name, dt in inputs], seed + 1, symbolic=1)
+
+    return draw
+
+
+def _as_args(args: Any) -> tuple:
+    """A PyTorch sample's positional arguments as a tuple."""
+    return tuple(args) if isinstance(args, (tuple, list)) else (args,)
+
+
+def _torch_samples(given: list[Any], n_random: int, kwargs: dict, seed: int) -> list[tuple[tuple, dict]]:
+    """``(args, kwargs)`` per sample for a PyTorch reference: a dict sample is keyword arguments;
+    random ones are shaped like the first."""
+    out = [((), {**kwargs, **s}) if isinstance(s, dict) else (_as_args(s), kwargs) for s in given]
+    from ..pytorch.values import random_like
+
+    return out + [(random_like(out[0][0], seed + i), kwargs) for i in range(len(given), len(given) + n_random)]
+
+
+def _compare_torch(model: Any, cand: str | os.PathLike, given: list[Any], n_random: int, providers: list[str],
+                   options: dict[str, Any], *, kwargs: dict, method: str | Callable[..., Any], ort_optimizations: bool,
+                   seed: int, local: bool, progress: Progress | None) -> CompareReport:
+    """PyTorch reference: one hooked forward per sample, the candidate's tensors in ORT batches."""
+    from ..pytorch.taps import bound_method
+    from .torch_ref import TorchReference
+
+    bound_method(model, method)  # a non-module or an unknown method fails before any work
+    runs = _torch_samples(given, n_random, kwargs, seed)
+    cand_side = OrtSide(cand, ort_optimizations, providers)
+    reference = TorchReference(model, runs, cand_side, method=method, progress=progress, **options)
+    return compare_sides(reference, cand_side, criterion=options["criterion"], weights=reference.weights, local=local,
+                         memory_budget=options["memory_budget"], progress=progress, onnx_path=str(cand),
+                         ort_optimizations=ort_optimizations)
+
+
+def _check_options(rtol: Any, atol: Any, batch_outputs: Any, memory_budget: Any) -> None:
+    """User errors in the numeric options, as one-line messages."""
+    if not (isinstance(rtol, (int, float)) and rtol >= 0 and isinstance(atol, (int, float)) and atol >= 0):
+        raise LayertapError(f"tolerances must be numbers >= 0, got rtol={rtol!r}, atol={atol!r}")
+    if batch_outputs is not None and (not isinstance(batch_outputs, int) or batch_outputs < 1):
+        raise LayertapError(f"batch_outputs must be a positive integer, got {batch_outputs!r}")
+    if not isinstance(memory_budget, int) or memory_budget < 1:
+        raise LayertapError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")

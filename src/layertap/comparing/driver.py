@@ -1,0 +1,307 @@
+"""The one compare driver: a reference side and a candidate side, sample by sample, in batches.
+
+A *reference* (:class:`Reference`: a hooked PyTorch model, :mod:`.torch_ref`; an ONNX file
+in ONNX Runtime, :mod:`.onnx_ref`) plans each sample: the module calls to compare, the
+candidate tensors answering them (:class:`~.align.Item`), and contiguous batches of them
+(:func:`plan_batches`), each one run of the candidate within the memory budget. The
+*candidate* (:class:`Candidate`: :class:`~.onnx_side.OrtSide`) runs a batch's tensors on a
+sample's feed. The driver pairs them into rows (:class:`~.align.RowBuilder`), adds each
+call's local error (:mod:`.local`), merges the samples (:func:`~.samples.merge_samples`) and
+writes the notes (:func:`run_notes`). Another runtime is another side; the driver stays.
+
+Order of runs: a sample whose tensors fit one batch runs at once and its reference values
+go; otherwise (or when the reference computes its values per batch) batch ``b`` of every
+sample runs before batch ``b + 1``, so each batch's session is built once for all samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from ..errors import LayertapError, unknown_name
+from ..tolerance import Criterion
+from .align import Item, RowBuilder, blame_rewritten, pack_batches
+from .local import PairsOf, RefLookup, local_errors
+from .report import CompareReport, CompareRow
+from .samples import merge_samples
+from .torch_side import ArrayStore
+from .weights import WeightCheck
+
+#: a first divergence at most this many times over the rule may be ORT's rounding (see :func:`could_be_rounding`)
+ROUNDING_EXCESS = 10.0
+
+
+
+class Progress(Protocol):
+    """What ``compare`` reports its steps to (the CLI passes a terminal progress bar)."""
+
+    def step(self, description: str, total: int = 1) -> None: ...
+
+    def advance(self, n: int = 1) -> None: ...
+
+
+class Silent:
+    """A :class:`Progress` that shows nothing."""
+
+    def step(self, description: str, total: int = 1) -> None:
+        pass
+
+    def advance(self, n: int = 1) -> None:
+        pass
+
+
+@dataclass
+class Sample:
+    """One sample's plan: items, their row builder (reference values in ``builder.store``),
+    batches, the candidate's feed, and the rows made so far (one list per batch)."""
+
+    items: list[Item]
+    builder: RowBuilder
+    batches: list[list[Item]]
+    feed: dict[str, np.ndarray]
+    ref_feed: dict[str, np.ndarray] | None = None
+    rows: list[list[CompareRow]] = field(default_factory=list)
+
+
+class Candidate(Protocol):
+    """A side that runs a sample exposing chosen tensors (:class:`~.onnx_side.OrtSide`)."""
+
+    blocked: set[str]  # tensors held in a layout of the runtime's own (read back by the reference's shape)
+
+    @property
+    def runs(self) -> int: ...
+
+    @property
+    def sessions(self) -> int: ...
+
+    def run(self, names: list[str], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One run on ``feed`` handing out the tensors ``names``."""
+
+    def local_graph(self) -> Any:
+        """Its nodes run call by call on the reference's values (:class:`~.local.LocalGraph`)."""
+
+    def notes(self, label: str | None, rounding: bool) -> list[str]:
+        """How it ran, for the report (``label``: next to another run of the same kind)."""
+
+    def close(self) -> None: ...
+
+
+class Reference(Protocol):
+    """A side whose module calls are the rows: plans samples, hands out its values per batch."""
+
+    n_samples: int
+    #: True: a sample's values are computed once and held (in its store) until its batches ran;
+    #: False: :meth:`values` computes them per batch
+    holds_values: bool
+
+    @property
+    def own_runs(self) -> Sequence[Candidate]:
+        """The runtime sides the reference runs on itself (their runs and sessions count with the candidate's)."""
+
+    def sample(self, index: int, budget: int) -> Sample:
+        """Plan sample ``index`` (a reference that holds its values computes them now, in a
+        store of ``budget`` bytes)."""
+
+    def values(self, sample: Sample, batch: list[Item], parts: Any) -> dict[str, np.ndarray]:
+        """The reference's tensors of ``batch`` by name (none when they wait in the sample's store);
+        ``parts`` (the candidate's local graph, or None) asks also for those feeding its calls."""
+
+    def local_inputs(self, sample: Sample, batch: list[Item], ref_values: dict[str, np.ndarray],
+                     cand_values: dict[str, np.ndarray]) -> tuple[PairsOf, RefLookup, Callable[[Item, CompareRow], Sequence[str]]]:
+        """For ``local=True``: a row's (reference value, candidate tensor) pairs, a candidate
+        tensor's reference value, and the candidate tensors whose nodes make a row's call."""
+
+    def notes(self, candidate: Candidate, rounding: bool) -> list[str]: ...
+
+    def close(self) -> None: ...
+
+
+def module_filter(modules: Sequence[str] | str | None, known: Sequence[str] | None = None) -> tuple[Callable[[str], bool], bool]:
+    """Which module paths to compare: each of ``modules`` selects a module and everything under it.
+
+    Returns the filter and whether the root (``""``) was asked for. ``known`` (the model's
+    module paths) turns an unknown name into a :class:`LayertapError` naming close matches.
+
+    Example:
+        >>> wanted, root = module_filter(["layer1"])
+        >>> wanted("layer1.0.conv1"), wanted("layer10"), root
+        (True, False, False)
+    """
+    if modules is None:
+        return (lambda p: True), True
+    prefixes = [modules] if isinstance(modules, str) else list(modules)
+    if known is not None:
+        known_set = set(known)
+        for m in prefixes:
+            if m not in known_set:
+                raise LayertapError(unknown_name("module", m, [k for k in known if k], hint="run 'layertap layers MODEL' to list them"))
+    include_root = "" in prefixes
+
+    def wanted(path: str) -> bool:
+        return include_root or any(path == p or path.startswith(p + ".") for p in prefixes)
+
+    return wanted, include_root
+
+
+def plan_batches(items: list[Item], cost: Callable[[Item], tuple[int, int]], max_tensors: int | None,
+                 budget: int) -> list[list[Item]]:
+    """Contiguous batches of ``items``, each one candidate run: at most ``max_tensors`` tensors and
+    ``budget`` bytes by ``cost(item) -> (tensors, bytes)`` (the reference's estimate); a single call
+    over the budget gets a run of its own (:func:`~.align.pack_batches`)."""
+    return pack_batches(items, cost, max_tensors, budget)
+
+
+class Driver:
+    """Runs the candidate for every sample of a reference (see the module doc for the order)."""
+
+    def __init__(self, reference: Reference, candidate: Candidate, local: bool, progress: Progress | None) -> None:
+        self.ref, self.cand, self.local = reference, candidate, local
+        self.prog = progress if progress is not None else Silent()
+        self.samples: list[Sample] = []
+        self.stores: list[ArrayStore] = []
+        self.spilled = 0
+        self._parts: Any = None  # the candidate's part graphs for local errors, one for all batches
+
+    def run(self, memory_budget: int) -> list[list[CompareRow]]:
+        """Every sample's rows (each in the reference's call order, rewritten calls blamed)."""
+        try:
+            for index in range(self.ref.n_samples):
+                sample = self.ref.sample(index, max(0, memory_budget - sum(st.held for st in self.stores)))
+                self.stores.append(sample.builder.store)
+                self._add(sample)
+            self._finish()
+        finally:
+            self.close()
+        return [blame_rewritten([r for batch in s.rows for r in batch]) for s in self.samples]
+
+    def _add(self, sample: Sample) -> None:
+        self.samples.append(sample)
+        if self.ref.holds_values and len(sample.batches) <= 1:
+            self.prog.step("ONNX Runtime and compare", total=len(sample.items))
+            for batch in sample.batches:
+                self._run(sample, batch)
+            self._release(sample)
+
+    def _finish(self) -> None:
+        pending = [s for s in self.samples if not self.ref.holds_values or len(s.batches) > 1]
+        if pending:
+            self.prog.step("ONNX Runtime and compare", total=sum(len(s.items) for s in pending))
+        for b in range(max((len(s.batches) for s in pending), default=0)):
+            for sample in pending:
+                if b < len(sample.batches):
+                    self._run(sample, sample.batches[b])
+        for sample in pending:
+            self._release(sample)
+
+    def _run(self, sample: Sample, batch: list[Item]) -> None:
+        """One candidate run for one batch of one sample; local errors for the same batch."""
+        if self.local and self._parts is None:
+            self._parts = self.cand.local_graph()
+        ref_values = self.ref.values(sample, batch, self._parts)
+        names = list(dict.fromkeys(n for it in batch for n in it.tensors))
+        values = self.cand.run(names, sample.feed) if names else {}
+        if self.cand.blocked and ref_values:
+            unblock_values(values, batch, ref_values, self.cand.blocked)
+        rows = self._rows(sample, batch, ref_values, values)
+        if self.local:
+            pairs_of, ref_of, tensors_of = self.ref.local_inputs(sample, batch, ref_values, values)
+            local_errors(self._parts, batch, rows, pairs_of, ref_of, tensors_of, sample.builder.criterion)
+        sample.rows.append(rows)
+
+    def _rows(self, sample: Sample, batch: list[Item], ref_values: dict[str, np.ndarray],
+              values: dict[str, np.ndarray]) -> list[CompareRow]:
+        """Rows of a batch; reference values computed for it stay in the store only for their own row."""
+        store, streamed = sample.builder.store, not self.ref.holds_values
+        rows = []
+        for it in batch:
+            if streamed and it.status is None:
+                store.put(it.mc.key, [ref_values[t] for t in it.ref_tensors])
+            rows.append(sample.builder.row(it, values))
+            if streamed:
+                store.drop(it.mc.key)
+            self.prog.advance()
+        return rows
+
+    def _release(self, sample: Sample) -> None:
+        store = sample.builder.store
+        self.spilled = max(self.spilled, store.spilled)
+        store.close()
+        if store in self.stores:
+            self.stores.remove(store)
+
+    def close(self) -> None:
+        for store in self.stores:
+            self.spilled = max(self.spilled, store.spilled)
+            store.close()
+        self.stores.clear()
+        self.ref.close()
+        self.cand.close()
+
+
+def unblock_values(values: dict[str, np.ndarray], batch: list[Item], ref_values: dict[str, np.ndarray],
+                   blocked: set[str]) -> None:
+    """Candidate tensors in ORT's NCHWc layout, in place as NCHW shaped like the reference tensor they answer."""
+    from ..onnxfile.ort import nchwc_block_size
+    from .nchwc import unblock
+
+    block = nchwc_block_size() or 0
+    done: set[str] = set()
+    for it in batch:
+        for r, c in zip(it.ref_tensors, it.tensors):
+            if c in blocked and c not in done and c in values and r in ref_values:
+                values[c] = unblock(values[c], ref_values[r].shape, block)
+                done.add(c)
+
+
+def compare_sides(ref: Reference, cand: Candidate, *, criterion: Criterion, weights: WeightCheck,
+                  local: bool, memory_budget: int, progress: Progress | None, **fields: Any) -> CompareReport:
+    """Run the two sides (:class:`Driver`) and make the report; ``fields`` go to :class:`CompareReport`."""
+    driver = Driver(ref, cand, local, progress)
+    rows, firsts = merge_samples(driver.run(memory_budget), criterion)
+    first = next((r for r in rows if r.ok is False), None)
+    weights.annotate(rows)
+    notes = run_notes(ref, cand, driver.spilled, rounding=could_be_rounding(first, criterion))
+    return CompareReport(
+        rows, weights.notes() + notes, criterion=criterion, ort_runs=sum(side.runs for side in (cand, *ref.own_runs)),
+        samples=ref.n_samples, first_divergence_counts=firsts, local=local, weights=weights, **fields,
+    )
+
+
+def run_notes(reference: Reference, candidate: Candidate, spilled: int, *, rounding: bool) -> list[str]:
+    """What the reader needs to know to trust (or doubt) the rows: each side's own notes, then
+    how the runs went (batches, values on disk, samples).
+
+    The ORT fusion caveat only matters to explain a failing row whose error could be rounding.
+    """
+    n = reference.n_samples
+    notes = reference.notes(candidate, rounding)
+    if candidate.runs > n:
+        notes.append(f"ONNX Runtime ran {candidate.runs} times, exposing the intermediates in batches to bound memory")
+    if spilled:
+        notes.append(f"{spilled / 2**20:.0f} MiB of reference values were held on disk (memory_budget)")
+    if n > 1:
+        notes.append(f"{n} samples; each row shows its worst sample (worst_sample); "
+                     f"{sum(side.sessions for side in (candidate, *reference.own_runs))} ORT session(s) for all of them")
+    return notes
+
+
+def could_be_rounding(first: CompareRow | None, criterion: Criterion) -> bool:
+    """Whether the first divergence is small enough to be ORT's rounding: its error at most
+    :data:`ROUNDING_EXCESS` (10) times what the rule allows (:meth:`Criterion.excess`), with
+    finite candidate values. A fused kernel or an unfused pair of float32 nodes differ by a few
+    float32 roundings, which an accumulated chain can lift past a tight tolerance by a small
+    factor, never by orders of magnitude; a larger error is a real difference in the file.
+
+    Example:
+        >>> row = CompareRow("fc", "fc", 0, "Linear", [1], 0.002, 0.002, "FAIL", False, ref_max=1.0)
+        >>> could_be_rounding(row, Criterion()), could_be_rounding(None, Criterion())
+        (True, False)
+        >>> could_be_rounding(CompareRow("fc", "fc", 0, "Linear", [1], 0.1, 0.1, "FAIL", False, ref_max=1.0), Criterion())
+        False
+    """
+    if first is None or first.finite is False:
+        return False
+    return criterion.excess(first.max_abs, first.ref_max, first.cosine, first.sqnr_db) <= ROUNDING_EXCESS

@@ -1,0 +1,102 @@
+"""A PyTorch model as the reference of :mod:`.driver`: one hooked forward per sample, its
+module calls planned against the candidate file's scopes (:func:`~.align.plan_items`).
+
+The forward's values wait in the sample's :class:`~.torch_side.ArrayStore` (spilling to disk
+beyond the budget) until the candidate's batches of that sample ran.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..tolerance import Criterion
+from .align import Item, RowBuilder, call_counts, plan_items
+from .driver import Sample, Silent, module_filter, plan_batches
+from .local import PairsOf, RefLookup, torch_ref_inputs
+from .onnx_side import OrtSide, ScopeView, check_feed_shapes, check_same_model, feed_from_args
+from .report import NO_COUNTERPART, CompareRow
+from .torch_side import ArrayStore, run_torch
+from .weights import check_model_weights
+
+#: said when a PyTorch reference meets a file with ORT's NCHWc kernels
+NCHWC_NOTE = ("the file holds ONNX Runtime's NCHWc kernels (saved at ORT_ENABLE_ALL), whose tensors are in a blocked "
+              "layout: compare it with the file it was optimised from as the reference (compare SRC.onnx THIS.onnx), "
+              "or save it at ORT_ENABLE_EXTENDED")
+
+
+class TorchReference:
+    """The model and its samples (``(args, kwargs)`` each) against the candidate ``cand``."""
+
+    holds_values = True
+    own_runs: tuple[OrtSide, ...] = ()  # the forward runs in PyTorch
+
+    def __init__(self, model: Any, runs: list[tuple[tuple, dict]], cand: OrtSide, *, method: str | Callable[..., Any],
+                 criterion: Criterion, modules: Sequence[str] | None, batch_outputs: int | None, memory_budget: int,
+                 allow_different_weights: bool, progress: Any) -> None:
+        from ..onnxfile.metadata import own_outputs
+        from ..onnxfile.scopes import ScopeMap
+
+        self.model, self.method, self.runs_args, self.prog = model, method, runs, progress
+        self.n_samples, self.criterion = len(runs), criterion
+        self.cand, self.batch_outputs, self.budget = cand, batch_outputs, memory_budget
+        self.view = ScopeView(ScopeMap.from_model(cand.proto), {p for p, _ in model.named_modules() if p})
+        check_same_model(self.view, model, cand.path)
+        self.wanted, self.include_root = module_filter(modules, [p for p, _ in model.named_modules()])
+        self.outputs = own_outputs(cand.proto)
+        self.weights = check_model_weights(model, self.view, cand.runner.source).enforce(allow_different_weights)
+        # Inputs first: a wrong number or shape of arguments should not cost a forward.
+        self.feeds = [feed_from_args(cand.inputs, a, k) for a, k in runs]
+        for feed in self.feeds:
+            check_feed_shapes(feed, cand.runner.input_shapes())
+
+    def sample(self, index: int, budget: int) -> Sample:
+        """Run the forward of sample ``index`` into a store of ``budget`` bytes; plan its batches."""
+        store = ArrayStore(budget)
+        prog = self.prog if self.prog is not None else Silent()
+        prog.step("PyTorch forward")
+        a, k = self.runs_args[index]
+        calls, root = run_torch(self.model, a, k, self.method, store, self.wanted)
+        prog.advance()
+        items = [self._refuse_blocked(it) for it in plan_items(calls, root, self.view, self.outputs, self.include_root)
+                 if self.wanted(it.mc.path) or it.mc is root]
+        builder = RowBuilder(items, store, self.criterion, call_counts(calls))
+
+        def cost(item: Item) -> tuple[int, int]:  # estimated from the PyTorch sizes
+            n = len(item.tensors)
+            return n, store.nbytes(item.mc.key) if n else 0
+
+        return Sample(items, builder, plan_batches(items, cost, self.batch_outputs, self.budget), self.feeds[index])
+
+    def values(self, sample: Sample, batch: list[Item], parts: Any) -> dict[str, np.ndarray]:
+        return {}  # the forward's values are in the sample's store
+
+    def local_inputs(self, sample: Sample, batch: list[Item], ref_values: dict[str, np.ndarray],
+                     cand_values: dict[str, np.ndarray]) -> tuple[PairsOf, RefLookup, Callable[[Item, CompareRow], Sequence[str]]]:
+        pairs_of, ref_of = torch_ref_inputs(sample.builder, sample.feed)
+        return pairs_of, ref_of, lambda it, row: row.onnx
+
+    def notes(self, candidate: Any, rounding: bool) -> list[str]:
+        notes = candidate.notes(None, rounding)
+        if getattr(self.model, "training", False):
+            notes.append("the model is in training mode (dropout, batch statistics): call model.eval() before comparing")
+        if self.view.source == "none":
+            notes.append(
+                "the ONNX file carries no module scopes (not from torch.onnx.export), so only the model output is compared"
+            )
+        if self.view.prefix:
+            notes.append(f"the file's module scopes carry the prefix '{self.view.prefix}.' (exported through a wrapper); stripped")
+        if self.cand.blocked:
+            notes.append(NCHWC_NOTE)
+        return notes
+
+    def close(self) -> None:
+        pass
+
+    def _refuse_blocked(self, item: Item) -> Item:
+        """A call answered by a tensor in ORT's NCHWc layout is not compared with PyTorch's NCHW value."""
+        if item.status is None and self.cand.blocked.intersection(item.tensors):
+            item.status, item.tensors, item.unverified = NO_COUNTERPART, (), None
+            item.note = "its ONNX tensor is in ONNX Runtime's blocked NCHWc layout (a file saved at ORT_ENABLE_ALL)"
+        return item
