@@ -47,6 +47,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from ..errors import InputSpecError, LayertapError, unknown_name
+from ..onnxfile.modelfile import ModelFile, model_file
 from ..tolerance import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, Criterion
 from .align import Item, RowBuilder, blame_rewritten, call_counts, plan_items, split_batches
 from .nchwc import blocked_tensors
@@ -110,7 +111,7 @@ def _module_filter(model: Any, modules: Sequence[str] | str | None) -> tuple[Cal
 def compare(
     ref: Any,
     args: Any = None,
-    cand: str | os.PathLike | None = None,
+    cand: str | os.PathLike | ModelFile | None = None,
     *,
     samples: int | Sequence[Any] | None = None,
     providers: Sequence[str] | str | None = None,
@@ -144,7 +145,10 @@ def compare(
             with an ONNX reference: random data from its input shapes.
         cand: the candidate ONNX file (a float16/int8 conversion, an optimised
             copy, another exporter's file, or ``ref`` itself run another way);
-            read only, never modified. ``onnx_path`` is its former name.
+            read only, never modified. ``onnx_path`` is its former name. An ONNX
+            ``ref`` or ``cand`` may also be the file already read
+            (:func:`~layertap.onnxfile.modelfile.read_model`): it is not read again,
+            and is left holding its graph without the inline weights.
         samples: several samples: a list/iterable of samples like ``args``, or
             ``N`` for N seeded random samples shaped like ``args`` (or like the
             reference file's inputs). Rows then hold each call's worst sample.
@@ -195,7 +199,7 @@ def compare(
     _check_options(rtol, atol, batch_outputs, memory_budget)
     from ..onnxfile.ort import resolve_providers
 
-    onnx_ref = isinstance(ref, (str, os.PathLike))
+    onnx_ref = isinstance(ref, (str, os.PathLike, ModelFile))
     if providers is not None and not onnx_ref:
         raise LayertapError(
             "--providers (providers=) picks the execution providers of an ONNX reference, and REF here is a PyTorch "
@@ -203,13 +207,11 @@ def compare(
         )
     ref_providers, c_providers = resolve_providers(providers), resolve_providers(cand_providers)
     if onnx_ref:
-        from pathlib import Path
-
         from .onnx_ref import compare_onnx
 
         given, n_random = _onnx_samples(args, samples)
         return compare_onnx(
-            Path(ref), Path(cand), given, n_random, criterion=criterion, providers=ref_providers,
+            _path_or_file(ref), _path_or_file(cand), given, n_random, criterion=criterion, providers=ref_providers,
             cand_providers=c_providers,
             ref_optimize=ort_optimizations if ref_ort_optimizations is None else ref_ort_optimizations,
             cand_optimize=ort_optimizations, modules=modules, batch_outputs=batch_outputs,
@@ -222,6 +224,13 @@ def compare(
         batch_outputs=batch_outputs, memory_budget=memory_budget, seed=seed, progress=progress,
         allow_different_weights=allow_different_weights,
     )
+
+
+def _path_or_file(source: Any) -> Any:
+    """A file already read (:class:`ModelFile`) as it is, else its path."""
+    from pathlib import Path
+
+    return source if isinstance(source, ModelFile) else Path(source)
 
 
 def _criterion(metric: Any, rtol: Any, atol: Any, min_cosine: Any, min_sqnr_db: Any, check_finite: bool) -> Criterion:
@@ -303,14 +312,13 @@ def _like(args: tuple, seed: int) -> tuple:
 
 
 def _compare_torch(
-    model: Any, args: Any, onnx_path: str | os.PathLike, *, samples: Any, criterion: Criterion, providers: list[str],
+    model: Any, args: Any, onnx_path: str | os.PathLike | ModelFile, *, samples: Any, criterion: Criterion, providers: list[str],
     local: bool, modules: Sequence[str] | None, kwargs: dict | None, method: str | Callable[..., Any], ort_optimizations: bool,
     batch_outputs: int | None, memory_budget: int, seed: int, progress: Progress | None,
     allow_different_weights: bool = False,
 ) -> CompareReport:
     """PyTorch reference: one hooked forward per sample, the candidate's tensors in ORT batches."""
     from ..onnxfile.metadata import own_outputs
-    from ..onnxfile.modelfile import read_model
     from ..onnxfile.scopes import ScopeMap
     from ..pytorch.taps import bound_method
 
@@ -318,13 +326,14 @@ def _compare_torch(
     runs = _torch_samples(args, dict(kwargs or {}), samples, seed)
     # The shared loader: graph only (weights stay on disk for ORT) and the
     # external-data safety checks every ONNX command applies.
-    onnx_file = read_model(onnx_path)
+    onnx_file = model_file(onnx_path)
+    onnx_path = onnx_file.path if isinstance(onnx_path, ModelFile) else onnx_path
     view = ScopeView(ScopeMap.from_model(onnx_file.model), {p for p, _ in model.named_modules() if p})
     check_same_model(view, model, onnx_path)
     wanted, include_root = _module_filter(model, modules)
     runner = OrtRunner(onnx_file.model, onnx_file.folder, ort_optimizations, providers)
-    proto = runner.proto  # the graph with the weights held once by the runner; the loaded proto goes
-    del onnx_file
+    proto = onnx_file.model = runner.proto  # the weights held once by the runner; the loaded proto goes
+    del onnx_file  # (a caller that passed the file read keeps the graph alone)
     weights = check_model_weights(model, view, runner.source).enforce(allow_different_weights)
     # Inputs first: a wrong number or shape of arguments should not cost a forward.
     feeds = [feed_from_args(runner.input_names(), a, k) for a, k in runs]

@@ -43,6 +43,8 @@ from .weights import WeightCheck, check_file_weights
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
+    from ..onnxfile.modelfile import ModelFile
+
 _FLOAT_TYPES = {1, 10, 11, 16}  # float, float16, double, bfloat16
 
 
@@ -249,8 +251,8 @@ def cand_feed(ref: Side, cand: Side, feed: dict[str, np.ndarray]) -> dict[str, n
 # running
 # ---------------------------------------------------------------------------
 def compare_onnx(
-    ref_path: Path,
-    cand_path: Path,
+    ref_source: Path | ModelFile,
+    cand_source: Path | ModelFile,
     samples: Sequence[Sample],
     n_random: int,
     *,
@@ -268,17 +270,21 @@ def compare_onnx(
     allow_different_weights: bool = False,
 ) -> CompareReport:
     """Both files in ORT, aligned by :func:`align_files`; see :func:`layertap.comparing.compare`."""
-    from ..onnxfile.modelfile import read_model
+    from ..onnxfile.modelfile import ModelFile, model_file
 
+    # each source is a path, or the file already read (a ModelFile: not read again)
+    ref_path = ref_source.path if isinstance(ref_source, ModelFile) else ref_source
+    cand_path = cand_source.path if isinstance(cand_source, ModelFile) else cand_source
     if _same_run(ref_path, cand_path, providers, cand_providers, ref_optimize, cand_optimize):
         raise LayertapError(
             f"REF and CAND are the same file '{ref_path}' run the same way; compare two runs by giving "
             "--cand-providers / --providers, or --no-ort-opt / --ref-no-ort-opt"
         )
-    ref_file, cand_file = read_model(ref_path), read_model(cand_path)
+    ref_file, cand_file = model_file(ref_source), model_file(cand_source)
     ref = Side(ref_path, OrtRunner(ref_file.model, ref_file.folder, ref_optimize, providers))
     cand = Side(cand_path, OrtRunner(cand_file.model, cand_file.folder, cand_optimize, cand_providers))
-    del ref_file, cand_file  # the runners hold the graphs and the weights once; the loaded protos go
+    ref_file.model, cand_file.model = ref.runner.proto, cand.runner.proto  # a caller's file keeps the graph alone
+    del ref_file, cand_file, ref_source, cand_source  # the runners hold the graphs and the weights once; the loaded protos go
     ref_model, cand_model = ref.runner.proto, cand.runner.proto
     weights = _weights(ref, cand).enforce(allow_different_weights)
     if n_random:
