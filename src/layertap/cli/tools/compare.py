@@ -17,11 +17,10 @@ from .base import Tool
 
 @dataclass
 class CompareOptions:
-    """``compare``'s own options, checked: the candidate, whether REF is an ONNX file (decided
-    here, once), the samples, the extra outputs, and the library's keyword options."""
+    """``compare``'s own options, checked: the candidate, the samples, the extra outputs, and the
+    library's keyword options (whether REF is an ONNX file is ``args.model.is_onnx``)."""
 
     cand: str
-    ref_onnx: bool
     inputs: str | None  # --inputs: a samples folder or .npz
     samples: int | None
     outputs: dict[str, Path]  # "plot", "fp16": checked paths
@@ -94,12 +93,12 @@ class CompareTool(Tool):
             raise LayertapError("give --inputs or --samples, not both")
         args.reads = (ns.onnx, ns.model) if ref_onnx else (ns.onnx,)
         outputs = _check_outputs(ns, args.reads)
-        return CompareOptions(ns.onnx, ref_onnx, ns.inputs, ns.samples, outputs, ns.node_data, _options(ns))
+        return CompareOptions(ns.onnx, ns.inputs, ns.samples, outputs, ns.node_data, _options(ns))
 
     def run(self, args: Args) -> int:
         opts: CompareOptions = args.own
         cand = _Candidate(opts.cand)
-        if opts.ref_onnx:
+        if args.model.is_onnx:
             ref: Any = _read(args.model.text)
             sample_args, kwargs, samples = _onnx_inputs(args, opts, ref)
         else:
@@ -136,7 +135,7 @@ class CompareTool(Tool):
 
 
 class _Candidate:
-    """The candidate file, read once, when first needed (after the model loaded, as before)."""
+    """The candidate file, read once, when first needed (after the model loaded: a model error comes first)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -176,7 +175,7 @@ def _write_outputs(args: Args, report: Any, cand: Any) -> None:
     if "fp16" in opts.outputs:
         from ...comparing.fp16 import write_block_list
 
-        write_block_list(report, args.model.text if opts.ref_onnx else None, cand, opts.outputs["fp16"])
+        write_block_list(report, args.model.text if args.model.is_onnx else None, cand, opts.outputs["fp16"])
 
 
 def _options(ns: argparse.Namespace) -> dict[str, Any]:
