@@ -1,28 +1,112 @@
-"""Argument groups shared by the tools (Polygraphy-style).
+"""Argument groups shared by the tools (Polygraphy's ArgGroup pattern).
 
-A tool lists the groups it needs; each group adds its options to the parser
-and turns the parsed namespace into the objects the Python API takes. Heavy
-imports (torch) happen only inside the ``load`` methods of groups that need
-them.
+A tool lists the groups it needs. Each group adds its options to the parser
+(:meth:`ArgGroup.add`); once argparse is done, :meth:`Tool.parse
+<layertap.cli.tools.base.Tool.parse>` calls every group's :meth:`ArgGroup.parse`
+exactly once, which checks its options and turns them into a typed object on
+:class:`Args` (parsed ``InputSpec``s, parsed ``Tap``s, a checked model spec,
+checked output paths). The tool then reads those attributes, never the
+``argparse.Namespace`` again, and hands the library the parsed values.
+
+Parsing imports no torch: heavy imports happen only in :meth:`ModelChoice.load`.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import LayertapError
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..inputs import InputSpec
+    from ..selectors import Tap
+    from ..specs import ModelSpec
+
+
+@dataclass
+class Args:
+    """The parsed command line of one tool: one attribute per argument group.
+
+    ``own`` holds the tool's own options (whatever its ``parse_own`` returns);
+    ``reads`` the files it names that an output must never overwrite. ``model``
+    and ``tolerance`` exist only on tools that have those groups.
+    """
+
+    argv: list[str] = field(default_factory=list)
+    own: Any = None
+    reads: tuple[str, ...] = ()
+    model: ModelChoice = field(init=False, repr=False)
+    inputs: InputChoice = field(default_factory=lambda: InputChoice([], 0))
+    taps: list[Tap] = field(default_factory=list)
+    tap_texts: list[str] = field(default_factory=list)
+    output: str | None = None  # as given (checked): messages name it as the user wrote it
+    tolerance: Tolerance = field(init=False, repr=False)
+    json: bool = False
+    report: str | None = None  # as given (checked)
+    dataset: Any = None
+
 
 class ArgGroup:
-    """One reusable set of options."""
+    """One reusable set of options: ``add`` them to a parser, then ``parse`` them once.
+
+    ``order`` sets when a group is parsed: cheap checks of paths come first, the
+    model spec last, so that a typo in a path is reported before the model is looked at.
+    """
+
+    order = 0
 
     def add(self, parser: argparse.ArgumentParser) -> None:
         raise NotImplementedError
 
+    def parse(self, ns: argparse.Namespace, args: Args) -> None:
+        """Check the group's options and store their typed value on ``args``."""
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """MODEL as parsed: an ONNX file, or a checked PyTorch model spec and its files."""
+
+    text: str
+    is_onnx: bool
+    spec: ModelSpec | None  # checked (syntax, package, files); None for an ONNX file
+    weights: str | None
+    config: str | None
+    unsafe_pickle: bool
+    method: str
+
+    def load(self, device: str = "cpu", max_bytes: int | None = None) -> Any:
+        """Build the model; returns ``(model, info)`` (see pytorch.models)."""
+        from ..pytorch.models import load_model
+
+        return load_model(self.spec if self.spec is not None else self.text, weights=self.weights, config=self.config,
+                          unsafe_pickle=self.unsafe_pickle, device=device, max_bytes=max_bytes)
+
+    def load_with_inputs(self, inputs: InputChoice, *, need_inputs: bool = True, device: str = "cpu",
+                         max_bytes: int | None = None) -> tuple[Any, Any, Any, dict]:
+        """``(model, info, args, kwargs)`` for this model and the parsed ``--input`` specs.
+
+        With ``need_inputs=False`` a model without known inputs gets ``args=None``.
+        With ``device="meta"`` the model and its inputs hold no data (shapes only).
+        """
+        from ..pytorch.models import make_inputs
+        from .console import status
+
+        with status(f"loading {self.text}"):
+            model, info = self.load(device, max_bytes)
+        if not inputs.specs and not info.inputs and not need_inputs:
+            return model, info, None, {}
+        args, kwargs = make_inputs(info, inputs.specs, model=model, method=self.method, seed=inputs.seed)
+        if device != "cpu":
+            args, kwargs = tuple(a.to(device) for a in args), {k: v.to(device) for k, v in kwargs.items()}
+        return model, info, args, kwargs
+
 
 class ModelArgs(ArgGroup):
     """``MODEL`` plus ``--weights``, ``--config``, ``--unsafe-load-pickle``, ``--method``."""
+
+    order = 2  # after the inputs: a typo in --input fails before the model spec is looked at
 
     def __init__(self, *, method: bool = True, onnx_ok: bool = False) -> None:
         self.method = method
@@ -46,54 +130,34 @@ class ModelArgs(ArgGroup):
         if self.method:
             g.add_argument("--method", default="forward", metavar="NAME", help="method to run instead of forward (e.g. encode_image)")
 
-    @staticmethod
-    def load(ns: argparse.Namespace, device: str = "cpu", max_bytes: int | None = None):
-        """Build the model; returns ``(model, info)`` (see pytorch.models)."""
-        from ..pytorch.models import load_model
-
-        return load_model(
-            ns.model,
-            weights=ns.weights,
-            config=ns.config,
-            unsafe_pickle=ns.unsafe_load_pickle,
-            device=device,
-            max_bytes=max_bytes,
-        )
-
-    @staticmethod
-    def check(ns: argparse.Namespace) -> None:
-        """What can be checked before torch is imported: MODEL syntax, --weights/--config files."""
+    def parse(self, ns: argparse.Namespace, args: Args) -> None:
+        """Decide once whether MODEL is an ONNX file; otherwise check what needs no torch
+        (spec syntax, package, ``--weights``/``--config`` files)."""
         from ..specs import check_model_args
 
-        check_model_args(ns.model, weights=ns.weights, config=ns.config)
+        is_onnx = self.onnx_ok and is_onnx_path(ns.model)
+        spec = None if is_onnx else check_model_args(ns.model, weights=ns.weights, config=ns.config)
+        args.model = ModelChoice(ns.model, is_onnx, spec, ns.weights, ns.config, ns.unsafe_load_pickle,
+                                 getattr(ns, "method", "forward"))
 
-    @classmethod
-    def load_with_inputs(cls, ns: argparse.Namespace, *, need_inputs: bool = True, device: str = "cpu",
-                         max_bytes: int | None = None):
-        """``(model, info, args, kwargs)`` for a MODEL and its ``--input`` specs.
 
-        ``--input`` is parsed before the model is built, so a typo fails fast.
-        With ``need_inputs=False`` a model without known inputs gets ``args=None``.
-        With ``device="meta"`` the model and its inputs hold no data (shapes only).
-        """
-        specs = InputArgs.specs(ns)  # before torch is imported
-        cls.check(ns)
+def is_onnx_path(text: str) -> bool:
+    """Whether a MODEL/REF argument names an ONNX file (by its suffix)."""
+    return text.lower().endswith(".onnx")
 
-        from ..pytorch.models import make_inputs
-        from .console import status
 
-        with status(f"loading {ns.model}"):
-            model, info = cls.load(ns, device, max_bytes)
-        if not specs and not info.inputs and not need_inputs:
-            return model, info, None, {}
-        args, kwargs = make_inputs(info, specs, model=model, method=ns.method, seed=ns.seed)
-        if device != "cpu":
-            args, kwargs = tuple(a.to(device) for a in args), {k: v.to(device) for k, v in kwargs.items()}
-        return model, info, args, kwargs
+@dataclass(frozen=True)
+class InputChoice:
+    """The parsed ``--input`` specs (names all given or all omitted) and ``--seed``."""
+
+    specs: list[InputSpec]
+    seed: int
 
 
 class InputArgs(ArgGroup):
     """``--input SPEC`` (repeatable) and ``--seed``."""
+
+    order = 1
 
     def add(self, parser: argparse.ArgumentParser) -> None:
         g = parser.add_argument_group("inputs")
@@ -106,18 +170,22 @@ class InputArgs(ArgGroup):
         )
         g.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
 
-    @staticmethod
-    def specs(ns: argparse.Namespace):
+    def parse(self, ns: argparse.Namespace, args: Args) -> None:
         from ..inputs import parse_inputs
 
-        return parse_inputs(ns.input)
+        args.inputs = InputChoice(parse_inputs(ns.input), ns.seed)
 
 
 class TapArgs(ArgGroup):
-    """``--tap TAP`` (repeatable)."""
+    """``--tap TAP`` (repeatable), parsed into ``Tap`` objects once.
 
-    def __init__(self, required: bool = False) -> None:
+    With ``selectors=False`` (an ONNX file's taps, which may be tensor names) the
+    texts are kept as given, for the library to resolve against the file.
+    """
+
+    def __init__(self, required: bool = False, selectors: bool | Callable[[argparse.Namespace], bool] = True) -> None:
         self.required = required
+        self.selectors = selectors  # or a rule on the command line (extract over a dataset keeps texts)
 
     def add(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
@@ -129,33 +197,37 @@ class TapArgs(ArgGroup):
             help="[ALIAS=]PATH[#CALL][:input|:output][INDEX]..., e.g. layer2.1.relu#1, fc:input, enc.layers.3[0]",
         )
 
-    @staticmethod
-    def taps(ns: argparse.Namespace):
+    def parse(self, ns: argparse.Namespace, args: Args) -> None:
         from ..selectors import parse_taps
 
-        return parse_taps(ns.tap)
+        args.tap_texts = list(ns.tap)
+        if self.selectors is True or (callable(self.selectors) and self.selectors(ns)):
+            args.taps = parse_taps(ns.tap)
 
 
 class OutputArgs(ArgGroup):
-    """``-o/--output FILE``."""
+    """``-o/--output FILE``, checked before any work (folder exists, not a file the command reads)."""
 
-    def __init__(self, required: bool, suffixes: tuple[str, ...], help: str) -> None:  # noqa: A002 - argparse's own name
+    def __init__(self, required: bool, suffixes: tuple[str, ...], help: str,  # noqa: A002 - argparse's own name
+                 when: Callable[[argparse.Namespace], bool] = lambda ns: True) -> None:
         self.required = required
         self.suffixes = suffixes
         self.help = help
+        self.when = when  # False: -o means something else this time (a folder); the tool checks it
 
     def add(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("-o", "--output", required=self.required, metavar="FILE", help=self.help)
 
-    def check(self, ns: argparse.Namespace, inputs: tuple = ()):
-        """Validate the output path before any work (folder exists, not a file the command reads)."""
+    def parse(self, ns: argparse.Namespace, args: Args) -> None:
         from ..files import check_output_path, note_input
 
+        if not self.when(ns):
+            return
         for path, what in read_paths(ns):
             note_input(path, what)
-        if ns.output is None:
-            return None
-        return check_output_path(ns.output, inputs=inputs, suffixes=self.suffixes)
+        if ns.output is not None:
+            check_output_path(ns.output, inputs=args.reads, suffixes=self.suffixes)
+            args.output = ns.output
 
 
 #: namespace attribute -> what that file is, for every option naming a file a command reads
@@ -216,6 +288,14 @@ def _int_at_least(text: str, low: int, what: str) -> int:
     return value
 
 
+@dataclass(frozen=True)
+class Tolerance:
+    """The pass rule shared by export verification and compare."""
+
+    rtol: float
+    atol: float
+
+
 class ToleranceArgs(ArgGroup):
     """``--rtol`` / ``--atol``: the pass rule shared by export verification and compare."""
 
@@ -228,12 +308,18 @@ class ToleranceArgs(ArgGroup):
         g.add_argument("--atol", type=nonneg_float, default=DEFAULT_ATOL, metavar="A",
                        help=f"absolute tolerance (default {DEFAULT_ATOL:g})")
 
+    def parse(self, ns: argparse.Namespace, args: Args) -> None:
+        args.tolerance = Tolerance(ns.rtol, ns.atol)
+
 
 class JsonArgs(ArgGroup):
     """``--json``: machine-readable output on stdout."""
 
     def add(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+
+    def parse(self, ns: argparse.Namespace, args: Args) -> None:
+        args.json = bool(ns.json)
 
 
 def need(value: Any, message: str) -> Any:
@@ -250,24 +336,25 @@ class ReportArgs(ArgGroup):
         parser.add_argument("--report", metavar="FILE.html",
                             help="also write a self-contained HTML report (opens offline; tables, charts, thumbnails)")
 
-    @staticmethod
-    def check(ns: argparse.Namespace, inputs: tuple = ()):
-        """Refuse an unwritable or clashing report path before anything is loaded."""
+    def parse(self, ns: argparse.Namespace, args: Args) -> None:
+        """Refuse an unwritable path, or one that clashes with what the command reads or writes."""
         if ns.report is None:
-            return None
+            return
         from ..reports import check_report_path
 
-        return check_report_path(ns.report, inputs=inputs)
+        clashes = args.reads + ((args.output,) if args.output is not None else ())
+        check_report_path(ns.report, inputs=clashes)
+        args.report = ns.report
 
     @staticmethod
-    def write(ns: argparse.Namespace, document: str) -> None:
+    def write(args: Args, document: str) -> None:
         """Write the report atomically and say so on stderr."""
         import sys
 
         from ..reports import write_report
 
-        write_report(ns.report, document)
-        sys.stderr.write(f"wrote report {ns.report}\n")
+        write_report(need(args.report, "no --report path"), document)
+        sys.stderr.write(f"wrote report {args.report}\n")
 
     @staticmethod
     def inputs_text(args: Any, kwargs: dict | None = None) -> str:

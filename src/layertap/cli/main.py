@@ -98,7 +98,7 @@ def _run_tool(tool, ns: argparse.Namespace) -> int:
     # argparse's --help/--version exit while parsing, before this point: a
     # SystemExit from here on comes from code the command ran (the user's model).
     try:
-        return int(tool.run(ns) or 0)
+        return int(tool.run(tool.parse(ns)) or 0)
     except SystemExit as e:
         raise LayertapError(
             f"the model code called sys.exit({e.code!r}) while 'layertap {ns.command}' was running it; "

@@ -43,9 +43,11 @@ the next run.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import InputSpecError, LayertapError
+from ..onnxfile.modelfile import ModelFile
 from ..tolerance import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, Criterion
 from .driver import Progress, compare_sides
 from .onnx_side import FUSION_NOTE, OrtSide
@@ -63,7 +65,7 @@ __all__ = ["compare", "Progress", "FUSION_NOTE", "DEFAULT_MEMORY_BUDGET"]
 def compare(
     ref: Any,
     args: Any = None,
-    cand: str | os.PathLike | None = None,
+    cand: str | os.PathLike | ModelFile | None = None,
     *,
     samples: int | Sequence[Any] | None = None,
     providers: Sequence[str] | str | None = None,
@@ -97,7 +99,10 @@ def compare(
             with an ONNX reference: random data from its input shapes.
         cand: the candidate ONNX file (a float16/int8 conversion, an optimised
             copy, another exporter's file, or ``ref`` itself run another way);
-            read only, never modified. ``onnx_path`` is its former name.
+            read only, never modified. ``onnx_path`` is its former name. An ONNX
+            ``ref`` or ``cand`` may also be the file already read
+            (:func:`~layertap.onnxfile.modelfile.read_model`): it is not read again,
+            and is left holding its graph without the inline weights.
         samples: several samples: a list/iterable of samples like ``args``, or
             ``N`` for N seeded random samples shaped like ``args`` (or like the
             reference file's inputs). Rows then hold each call's worst sample.
@@ -148,7 +153,7 @@ def compare(
     _check_options(rtol, atol, batch_outputs, memory_budget)
     from ..onnxfile.ort import resolve_providers
 
-    onnx_ref = isinstance(ref, (str, os.PathLike))
+    onnx_ref = isinstance(ref, (str, os.PathLike, ModelFile))
     if providers is not None and not onnx_ref:
         raise LayertapError(
             "--providers (providers=) picks the execution providers of an ONNX reference, and REF here is a PyTorch "
@@ -168,22 +173,20 @@ def compare(
     )
 
 
-def _compare_files(ref: str | os.PathLike, cand: str | os.PathLike, given: list[Any], n_random: int, providers: list[str],
+def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike | ModelFile, given: list[Any], n_random: int, providers: list[str],
                    cand_providers: list[str], options: dict[str, Any], *, seed: int, local: bool, ref_optimize: bool,
                    cand_optimize: bool, progress: Progress | None) -> CompareReport:
     """An ONNX reference: both files in ORT, aligned by :func:`.onnx_ref.align_files`. Never imports torch."""
-    from pathlib import Path
-
     from .onnx_ref import OnnxReference, refuse_same_run
 
-    refuse_same_run(Path(ref), Path(cand), providers, cand_providers, ref_optimize, cand_optimize)
+    refuse_same_run(_path(ref), _path(cand), providers, cand_providers, ref_optimize, cand_optimize)
     ref_side = OrtSide(ref, ref_optimize, providers)
     cand_side = OrtSide(cand, cand_optimize, cand_providers)
     given = [s if isinstance(s, (dict, list, tuple)) else [s] for s in given]
     reference = OnnxReference(ref_side, cand_side, given, n_random, random=_random_from_file(seed), **options)
     return compare_sides(reference, cand_side, criterion=options["criterion"], weights=reference.weights, local=local,
-                         memory_budget=options["memory_budget"], progress=progress, onnx_path=str(cand),
-                         ort_optimizations=cand_optimize, reference=str(ref))
+                         memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
+                         ort_optimizations=cand_optimize, reference=_shown(ref))
 
 
 def _criterion(metric: Any, rtol: Any, atol: Any, min_cosine: Any, min_sqnr_db: Any, check_finite: bool) -> Criterion:
@@ -225,7 +228,7 @@ def _torch_samples(given: list[Any], n_random: int, kwargs: dict, seed: int) -> 
     return out + [(random_like(out[0][0], seed + i), kwargs) for i in range(len(given), len(given) + n_random)]
 
 
-def _compare_torch(model: Any, cand: str | os.PathLike, given: list[Any], n_random: int, providers: list[str],
+def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[Any], n_random: int, providers: list[str],
                    options: dict[str, Any], *, kwargs: dict, method: str | Callable[..., Any], ort_optimizations: bool,
                    seed: int, local: bool, progress: Progress | None) -> CompareReport:
     """PyTorch reference: one hooked forward per sample, the candidate's tensors in ORT batches."""
@@ -237,8 +240,18 @@ def _compare_torch(model: Any, cand: str | os.PathLike, given: list[Any], n_rand
     cand_side = OrtSide(cand, ort_optimizations, providers)
     reference = TorchReference(model, runs, cand_side, method=method, progress=progress, **options)
     return compare_sides(reference, cand_side, criterion=options["criterion"], weights=reference.weights, local=local,
-                         memory_budget=options["memory_budget"], progress=progress, onnx_path=str(cand),
+                         memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
                          ort_optimizations=ort_optimizations)
+
+
+def _path(source: str | os.PathLike | ModelFile) -> Path:
+    """Where an ONNX source lives: its path, or the path of the file already read."""
+    return source.path if isinstance(source, ModelFile) else Path(source)
+
+
+def _shown(source: str | os.PathLike | ModelFile) -> str:
+    """An ONNX source as the report names it: the path as given."""
+    return str(source.path if isinstance(source, ModelFile) else source)
 
 
 def _check_options(rtol: Any, atol: Any, batch_outputs: Any, memory_budget: Any) -> None:

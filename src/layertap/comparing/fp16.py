@@ -21,6 +21,8 @@ from ..files import atomic_write_bytes
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
+    from ..onnxfile.modelfile import ModelFile
+
 FP16_MAX = 65504.0
 _CONVERTER_OPS = {"Cast"}  # nodes the float16 converter adds; they are not in the float32 file
 
@@ -59,10 +61,12 @@ def block_list(report: Any, cand: "onnx.ModelProto") -> list[str]:
     return [graph.node[i].name for i in sorted(picked) if graph.node[i].name]
 
 
-def write_block_list(report: Any, ref: str | os.PathLike | None, cand: str | os.PathLike, out: str | os.PathLike) -> list[str]:
-    """Write :func:`block_list` of the candidate file as a JSON list, atomically; returns it."""
-    from ..onnxfile.modelfile import read_model
+def write_block_list(report: Any, ref: str | os.PathLike | None, cand: str | os.PathLike | ModelFile,
+                     out: str | os.PathLike) -> list[str]:
+    """Write :func:`block_list` of the candidate file (a path, or the file already read) as a JSON list,
+    atomically; returns it."""
+    from ..onnxfile.modelfile import model_file
 
-    names = block_list(report, read_model(cand).model)
+    names = block_list(report, model_file(cand).model)
     atomic_write_bytes(out, (json.dumps(names, indent=1) + "\n").encode())
     return names

@@ -20,6 +20,8 @@ from .torch_side import one_line, to_numpy
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
+    from ..onnxfile.modelfile import ModelFile
+
 FUSION_NOTE = (
     "exposing intermediate tensors as ONNX Runtime outputs can stop ORT from fusing the nodes that "
     "produce them, so this run may differ slightly from a plain run of the file; compare with "
@@ -115,16 +117,18 @@ class OrtRunner:
 class OrtSide:
     """An ONNX file run by ONNX Runtime: a compare side (the candidate, or an ONNX reference's runs)."""
 
-    def __init__(self, path: str | os.PathLike, optimize: bool, providers: Sequence[str] | None) -> None:
-        from ..onnxfile.modelfile import read_model
+    def __init__(self, source: "str | os.PathLike | ModelFile", optimize: bool, providers: Sequence[str] | None) -> None:
+        from ..onnxfile.modelfile import ModelFile, model_file
         from .nchwc import blocked_tensors
 
-        # The shared loader: graph only (weights stay on disk for ORT) and the
-        # external-data safety checks every ONNX command applies.
-        loaded = read_model(path)
-        self.path = Path(path)
+        # The shared loader: graph only (weights stay on disk for ORT) and the external-data
+        # safety checks every ONNX command applies; a file the caller already read is not read again.
+        loaded = model_file(source)
+        self.path = loaded.path if isinstance(source, ModelFile) else Path(source)
         self.runner = OrtRunner(loaded.model, loaded.folder, optimize, providers)
-        del loaded  # the runner holds the graph and the weights once; the loaded proto goes
+        # the runner holds the graph and the weights once: a caller's file keeps the graph alone
+        loaded.model = self.runner.proto
+        del loaded
         self.blocked = blocked_tensors(self.runner.proto.graph)
 
     @property

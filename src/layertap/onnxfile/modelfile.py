@@ -99,6 +99,11 @@ def read_model(path: str | os.PathLike) -> ModelFile:
     return ModelFile(path=p, model=model, external=refs)
 
 
+def model_file(source: "str | os.PathLike | ModelFile") -> ModelFile:
+    """``source`` itself when it was already read (a command reads each file once), else :func:`read_model`."""
+    return source if isinstance(source, ModelFile) else read_model(source)
+
+
 def _check_unique_names(path: Path, model: "onnx.ModelProto") -> None:
     """Refuse graphs that break ONNX's single-assignment rule (ORT misbehaves on them)."""
     import collections

@@ -34,7 +34,7 @@ from torch import nn
 from ..errors import LayertapError, ModelSpecError, unknown_name
 from ..files import note_input
 from ..inputs import DEFAULT_INT_HIGH, InputSpec, spec_arrays
-from ..specs import add_cwd_to_path, check_model_args, check_weights_path, module_not_found
+from ..specs import ModelSpec, add_cwd_to_path, check_model_args, check_weights_path, module_not_found
 from .capture import eager
 
 DEFAULT_SEQ_LEN = 16
@@ -68,7 +68,7 @@ class ModelInfo:
 
 
 def load_model(
-    spec: str,
+    spec: str | ModelSpec,
     *,
     weights: str | os.PathLike | None = None,
     config: str | os.PathLike | None = None,
@@ -84,7 +84,9 @@ def load_model(
     refused with :class:`ModelTooLargeError` before any weight is allocated.
 
     Args:
-        spec: MODEL text (see module docstring).
+        spec: MODEL text (see module docstring), or the :class:`~layertap.specs.ModelSpec`
+            that :func:`~layertap.specs.check_model_args` returned for it and these files
+            (already checked: not checked again).
         weights: optional state dict file (.pt/.pth/.bin/.ckpt or .safetensors).
         config: JSON config for ``transformers:CLASS``.
         unsafe_pickle: allow ``weights`` to be a pickled whole module
@@ -102,7 +104,7 @@ def load_model(
         >>> type(model).__name__, info.inputs[0].shape, model.training
         ('ResNet', (1, 3, 224, 224), False)
     """
-    parsed = check_model_args(spec, weights=weights, config=config)  # the checks that need no torch
+    parsed = spec if isinstance(spec, ModelSpec) else check_model_args(spec, weights=weights, config=config)
     spec, head, name = parsed.text, parsed.head, parsed.name
     if device == "meta" and weights is not None:
         raise ModelSpecError(f"--weights cannot be loaded into a model on the meta device ({spec})")

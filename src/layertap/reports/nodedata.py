@@ -17,9 +17,12 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .html import field
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..onnxfile.modelfile import ModelFile
 
 STATUS_COLORS = {"pass": "#b9e4c5", "FAIL": "#f2a7a7", "first": "#c0262d", "absorbed": "#e3e5ea",
                  "no counterpart": "#f4f5f7"}
@@ -49,7 +52,7 @@ def check_node_data_path(path: str | os.PathLike, *, inputs: tuple = ()) -> dict
     return paths
 
 
-def node_data(report: Any, onnx_path: str | os.PathLike) -> dict[str, dict]:
+def node_data(report: Any, onnx_path: str | os.PathLike | ModelFile) -> dict[str, dict]:
     """The three ``GraphNodeData`` overlays (``error``, ``status``, ``module``) as dicts.
 
     Each node gets the row of the tensor it produces when that tensor was
@@ -116,12 +119,12 @@ def _result(value: Any, color: str | None, white_text: bool = False) -> dict:
     return out
 
 
-def _node_rows(report: Any, onnx_path: str | os.PathLike) -> dict[str, Any]:
+def _node_rows(report: Any, onnx_path: str | os.PathLike | ModelFile) -> dict[str, Any]:
     """ONNX node name -> the compare row that describes it (``None``: in no module call's scope)."""
     from ..onnxfile._graph import GraphFacts
-    from ..onnxfile.modelfile import read_model
+    from ..onnxfile.modelfile import model_file
 
-    model = read_model(onnx_path).model
+    model = model_file(onnx_path).model
     graph = model.graph
     by_tensor: dict[str, Any] = {}
     for r in report.rows:  # a tensor several module calls share (a block's last ReLU) goes to the innermost
@@ -172,11 +175,11 @@ def _enclosing_row(owner: tuple[str, int], by_call: dict, single: dict) -> Any:
     return row
 
 
-def write_node_data(report: Any, onnx_path: str | os.PathLike, path: str | os.PathLike) -> list[Path]:
-    """Write the three overlays atomically; returns the paths written."""
+def write_node_data(report: Any, onnx_path: str | os.PathLike | ModelFile, path: str | os.PathLike) -> list[Path]:
+    """Write the three overlays atomically (``onnx_path`` may be the file already read); returns the paths written."""
     from ..files import atomic_write_bytes
 
-    paths = check_node_data_path(path, inputs=(onnx_path,))
+    paths = check_node_data_path(path, inputs=(getattr(onnx_path, "path", onnx_path),))
     data = node_data(report, onnx_path)
     for kind, p in paths.items():
         atomic_write_bytes(p, (json.dumps(data[kind], indent=1) + "\n").encode("utf-8"))

@@ -5,10 +5,21 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from dataclasses import dataclass
 
 from ...errors import LayertapError, printable
-from ..args import OutputArgs
+from ..args import Args, OutputArgs
 from .base import Tool
+
+
+@dataclass(frozen=True)
+class AddOutputsOptions:
+    """What to expose: tensor names, module taps, or every tensor."""
+
+    src: str
+    tensors: list[str]
+    modules: list[str]
+    all: bool
 
 
 class AddOutputsTool(Tool):
@@ -24,17 +35,21 @@ class AddOutputsTool(Tool):
                             help="PyTorch module tap, e.g. layer3.1 or layer2.0.relu#1 (repeatable)")
         parser.add_argument("--all", action="store_true", help="mark every tensor (blocks ORT fusions)")
 
-    def run(self, ns: argparse.Namespace) -> int:
-        from ...onnxfile.outputs import add_outputs
-
+    def parse_own(self, ns: argparse.Namespace, args: Args) -> AddOutputsOptions:
         if not (ns.tensor or ns.module or ns.all):
             raise LayertapError("nothing to add: give --tensor NAME, --module PATH or --all")
-        self.output.check(ns, inputs=(ns.src,))
+        args.reads = (ns.src,)
+        return AddOutputsOptions(ns.src, ns.tensor, ns.module, ns.all)
+
+    def run(self, args: Args) -> int:
+        from ...onnxfile.outputs import add_outputs
+
+        opts: AddOutputsOptions = args.own
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            added = add_outputs(ns.src, ns.output, tensors=ns.tensor, modules=ns.module, all=ns.all)
+            added = add_outputs(opts.src, args.output or "", tensors=opts.tensors, modules=opts.modules, all=opts.all)
         for w in caught:
             sys.stderr.write(printable(f"layertap: warning: {w.message}") + "\n")
         shown = f"{', '.join(added[:20])}{' ...' if len(added) > 20 else ''}"
-        sys.stderr.write(printable(f"wrote {ns.output} with {len(added)} new output(s): {shown}") + "\n")
+        sys.stderr.write(printable(f"wrote {args.output} with {len(added)} new output(s): {shown}") + "\n")
         return 0

@@ -8,7 +8,7 @@ import sys
 from typing import Any, Iterator, Sequence
 
 from ...errors import printable
-from ..args import ArgGroup
+from ..args import ArgGroup, Args
 from ..console import say, status, stdout_console
 
 #: where ``--json`` output goes while stdout is redirected to stderr (set by cli.main)
@@ -22,11 +22,10 @@ class Tool:
     which returns the exit status (0 ok, 1 numbers disagree). User errors are
     raised as :class:`~layertap.errors.LayertapError` (exit 2).
 
-    Argument groups are reached one way: a group built with settings
-    (``OutputArgs(...)``) is a class attribute of the tool, listed in
-    ``groups`` and used as ``self.output``; a group without settings is used
-    through its class (``ModelArgs.load_with_inputs(ns)``). ``--json`` always
-    comes from :class:`~layertap.cli.args.JsonArgs`.
+    The command line is parsed once (:meth:`parse`): the tool's own options
+    first (:meth:`parse_own`, which also names the files the command reads),
+    then every group in its ``order``. ``run`` gets the resulting
+    :class:`~layertap.cli.args.Args` and reads its attributes only.
     """
 
     name: str = ""
@@ -41,7 +40,19 @@ class Tool:
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Options only this tool has."""
 
-    def run(self, ns: argparse.Namespace) -> int:
+    def parse(self, ns: argparse.Namespace) -> Args:
+        """Turn the namespace into typed values, checking each option once, before any work."""
+        args = Args(argv=list(getattr(ns, "argv", None) or []))
+        args.own = self.parse_own(ns, args)
+        for group in sorted(self.groups, key=lambda g: g.order):
+            group.parse(ns, args)
+        return args
+
+    def parse_own(self, ns: argparse.Namespace, args: Args) -> Any:
+        """The tool's own options as a typed object; may set ``args.reads``. Runs before the groups."""
+        return None
+
+    def run(self, args: Args) -> int:
         raise NotImplementedError
 
     # -- output helpers ----------------------------------------------------

@@ -5,13 +5,27 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...errors import LayertapError, OnnxFileError
-from ..args import InputArgs, JsonArgs, ModelArgs, ReportArgs, ToleranceArgs, positive_int
+from ..args import Args, InputArgs, JsonArgs, ModelArgs, ReportArgs, ToleranceArgs, is_onnx_path, positive_int
 from ..console import StepProgress
 from .base import Tool
+
+
+@dataclass
+class CompareOptions:
+    """``compare``'s own options, checked: the candidate, the samples, the extra outputs, and the
+    library's keyword options (whether REF is an ONNX file is ``args.model.is_onnx``)."""
+
+    cand: str
+    inputs: str | None  # --inputs: a samples folder or .npz
+    samples: int | None
+    outputs: dict[str, Path]  # "plot", "fp16": checked paths
+    node_data: str | None
+    library: dict[str, Any]  # compare()'s keyword options
 
 
 class CompareTool(Tool):
@@ -67,57 +81,81 @@ class CompareTool(Tool):
                        help="write Model Explorer node data keyed by the ONNX file's node names: the error in FILE.json, "
                             "status in FILE.status.json, module path in FILE.module.json")
 
-    def run(self, ns: argparse.Namespace) -> int:
+    def parse_own(self, ns: argparse.Namespace, args: Args) -> CompareOptions:
         # Cheap checks first: a typo in a path should not cost a model load.
-        _check_order(ns.model, ns.onnx)
-        onnx_path = Path(ns.onnx)
-        if not onnx_path.is_file():
-            raise OnnxFileError(f"ONNX file '{onnx_path}' does not exist")
-        onnx_ref = ns.model.lower().endswith(".onnx")
-        if onnx_ref and not Path(ns.model).is_file():
+        ref_onnx = is_onnx_path(ns.model)
+        _check_order(ns.model, ns.onnx, ref_onnx)
+        if not Path(ns.onnx).is_file():
+            raise OnnxFileError(f"ONNX file '{ns.onnx}' does not exist")
+        if ref_onnx and not Path(ns.model).is_file():
             raise OnnxFileError(f"ONNX file '{ns.model}' does not exist")
         if ns.inputs is not None and ns.samples is not None:
             raise LayertapError("give --inputs or --samples, not both")
-        outputs = _check_outputs(ns, onnx_path)
-        options = _options(ns)
-        if onnx_ref:
-            ref: Any = ns.model
-            args, kwargs, samples = _onnx_inputs(ns, Path(ns.model))
+        args.reads = (ns.onnx, ns.model) if ref_onnx else (ns.onnx,)
+        outputs = _check_outputs(ns, args.reads)
+        return CompareOptions(ns.onnx, ns.inputs, ns.samples, outputs, ns.node_data, _options(ns))
+
+    def run(self, args: Args) -> int:
+        opts: CompareOptions = args.own
+        cand = _Candidate(opts.cand)
+        if args.model.is_onnx:
+            ref: Any = _read(args.model.text)
+            sample_args, kwargs, samples = _onnx_inputs(args, opts, ref)
         else:
-            ref, args, kwargs, samples = _torch_inputs(ns, onnx_path)
+            ref, sample_args, kwargs, samples = _torch_inputs(args, opts, cand)
 
         from ...comparing import compare
 
         with StepProgress(enabled=sys.stderr.isatty()) as progress:
-            report = compare(ref, args, onnx_path, samples=samples, kwargs=kwargs, progress=progress, **options)
-        _write_outputs(ns, report, outputs)
-        self.print_table(report, as_json=ns.json)
-        if not ns.json:
-            for path in outputs.values():
+            report = compare(ref, sample_args, cand.file(), samples=samples, kwargs=kwargs, progress=progress,
+                             method=args.model.method, rtol=args.tolerance.rtol, atol=args.tolerance.atol,
+                             seed=args.inputs.seed, **opts.library)
+        _write_outputs(args, report, cand.file())
+        self.print_table(report, as_json=args.json)
+        if not args.json:
+            for path in opts.outputs.values():
                 self.say(f"wrote {path}")
-        self.write_visuals(ns, report)
+        self.write_visuals(args, report, cand.file())
         return 0 if report.ok else 1
 
     @staticmethod
-    def write_visuals(ns: argparse.Namespace, report: Any) -> None:
-        """``--report`` and ``--node-data``, once the numbers are in."""
-        if ns.report:
+    def write_visuals(args: Args, report: Any, cand: Any) -> None:
+        """``--report`` and ``--node-data``, once the numbers are in (``cand``: the candidate file read)."""
+        opts: CompareOptions = args.own
+        if args.report:
             from ...reports import report_page
 
-            summary = [("reference", ns.model), ("candidate", ns.onnx)]
-            ReportArgs.write(ns, report_page(report, f"compare {ns.model} vs {Path(ns.onnx).name}", summary=summary))
-        if ns.node_data:
+            summary = [("reference", args.model.text), ("candidate", opts.cand)]
+            ReportArgs.write(args, report_page(report, f"compare {args.model.text} vs {Path(opts.cand).name}", summary=summary))
+        if opts.node_data:
             from ...reports.nodedata import write_node_data
 
-            written = write_node_data(report, ns.onnx, ns.node_data)
+            written = write_node_data(report, cand, opts.node_data)
             sys.stderr.write(f"wrote Model Explorer node data {', '.join(map(str, written))}\n")
 
 
-def _check_outputs(ns: argparse.Namespace, onnx_path: Path) -> dict[str, Path]:
+class _Candidate:
+    """The candidate file, read once, when first needed (after the model loaded: a model error comes first)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file: Any = None
+
+    def file(self) -> Any:
+        if self._file is None:
+            self._file = _read(self.path)
+        return self._file
+
+
+def _read(path: str) -> Any:
+    from ...onnxfile.modelfile import read_model
+
+    return read_model(path)
+
+
+def _check_outputs(ns: argparse.Namespace, inputs: tuple[str, ...]) -> dict[str, Path]:
     from ...files import check_output_path
 
-    inputs = (ns.onnx, ns.model) if ns.model.lower().endswith(".onnx") else (ns.onnx,)
-    ReportArgs.check(ns, inputs=inputs)
     if ns.node_data is not None:
         from ...reports.nodedata import check_node_data_path
 
@@ -130,22 +168,20 @@ def _check_outputs(ns: argparse.Namespace, onnx_path: Path) -> dict[str, Path]:
     return out
 
 
-def _write_outputs(ns: argparse.Namespace, report: Any, outputs: dict[str, Path]) -> None:
-    if "plot" in outputs:
-        report.plot(outputs["plot"])
-    if "fp16" in outputs:
+def _write_outputs(args: Args, report: Any, cand: Any) -> None:
+    opts: CompareOptions = args.own
+    if "plot" in opts.outputs:
+        report.plot(opts.outputs["plot"])
+    if "fp16" in opts.outputs:
         from ...comparing.fp16 import write_block_list
 
-        write_block_list(report, ns.model if ns.model.lower().endswith(".onnx") else None, ns.onnx, outputs["fp16"])
+        write_block_list(report, args.model.text if args.model.is_onnx else None, cand, opts.outputs["fp16"])
 
 
 def _options(ns: argparse.Namespace) -> dict[str, Any]:
     from ...tolerance import DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB
 
     return dict(
-        method=getattr(ns, "method", "forward"),
-        rtol=ns.rtol,
-        atol=ns.atol,
         metric=ns.metric,
         min_cosine=DEFAULT_MIN_COSINE if ns.min_cosine is None else ns.min_cosine,
         min_sqnr_db=DEFAULT_MIN_SQNR_DB if ns.min_sqnr is None else ns.min_sqnr,
@@ -158,16 +194,13 @@ def _options(ns: argparse.Namespace) -> dict[str, Any]:
         ref_ort_optimizations=not ns.ref_no_ort_opt,
         batch_outputs=ns.batch_outputs,
         memory_budget=ns.memory_budget << 20,
-        seed=ns.seed,
         allow_different_weights=ns.allow_different_weights,
     )
 
 
-def _declared(path: Path) -> tuple[list[str], list[int | None]]:
-    """Input names and ranks of an ONNX file (graph only)."""
-    from ...onnxfile.modelfile import read_model
-
-    model = read_model(path).model
+def _declared(mf: Any) -> tuple[list[str], list[int | None]]:
+    """Input names and ranks of an ONNX file already read (graph only)."""
+    model = mf.model
     inits = {i.name for i in model.graph.initializer}
     names, ranks = [], []
     for i in model.graph.input:
@@ -179,44 +212,44 @@ def _declared(path: Path) -> tuple[list[str], list[int | None]]:
     return names, ranks
 
 
-def _onnx_inputs(ns: argparse.Namespace, ref_path: Path) -> tuple[Any, dict, Any]:
+def _onnx_inputs(args: Args, opts: CompareOptions, ref: Any) -> tuple[Any, dict, Any]:
     """``(args, kwargs, samples)`` for an ONNX reference: --inputs, --input specs, or random from its shapes."""
     from ...inputs import spec_arrays
 
-    if ns.inputs is not None:
+    if opts.inputs is not None:
         from ...comparing.samples import load_samples
 
-        return None, {}, load_samples(ns.inputs, *_declared(ref_path))
-    specs = InputArgs.specs(ns)
+        return None, {}, load_samples(opts.inputs, *_declared(ref))
+    specs = args.inputs.specs
     if not specs:
-        return None, {}, ns.samples
+        return None, {}, opts.samples
     draws = []
-    for i in range(ns.samples or 1):
-        arrays = spec_arrays(specs, ns.seed + i)
+    for i in range(opts.samples or 1):
+        arrays = spec_arrays(specs, args.inputs.seed + i)
         draws.append({s.name: a for s, a in zip(specs, arrays)} if specs[0].name is not None else arrays)
     return None, {}, draws
 
 
-def _torch_inputs(ns: argparse.Namespace, cand: Path) -> tuple[Any, Any, dict, Any]:
+def _torch_inputs(args: Args, opts: CompareOptions, cand: _Candidate) -> tuple[Any, Any, dict, Any]:
     """``(model, args, kwargs, samples)`` for a PyTorch reference."""
-    model, info, args, kwargs = ModelArgs.load_with_inputs(ns)  # parses --input first
-    if ns.inputs is not None:
+    model, info, first, kwargs = args.model.load_with_inputs(args.inputs)
+    if opts.inputs is not None:
         import torch
 
         from ...comparing.samples import load_samples
 
-        names, ranks = _declared(cand)
-        loaded = load_samples(ns.inputs, names, ranks)
+        names, ranks = _declared(cand.file())
+        loaded = load_samples(opts.inputs, names, ranks)
         tensors = [tuple(torch.from_numpy(np_array(s, n)) for n in names) for s in loaded]
         return model, None, {}, tensors
-    if ns.samples is not None and ns.samples > 1:
+    if opts.samples is not None and opts.samples > 1:
         from ...pytorch.models import make_inputs
 
-        specs = InputArgs.specs(ns)
-        drawn: list[tuple[Any, Any]] = [(args, kwargs)]
-        drawn += [make_inputs(info, specs, model=model, method=ns.method, seed=ns.seed + i) for i in range(1, ns.samples)]
+        seed, method = args.inputs.seed, args.model.method
+        drawn: list[tuple[Any, Any]] = [(first, kwargs)]
+        drawn += [make_inputs(info, args.inputs.specs, model=model, method=method, seed=seed + i) for i in range(1, opts.samples)]
         return model, None, {}, [_as_sample(a, k) for a, k in drawn]
-    return model, args, kwargs, None
+    return model, first, kwargs, None
 
 
 def np_array(sample: Any, name: str) -> Any:
@@ -234,9 +267,9 @@ def _as_sample(args: tuple, kwargs: dict) -> Any:
     return tuple(args)
 
 
-def _check_order(ref: str, cand: str) -> None:
+def _check_order(ref: str, cand: str, ref_onnx: bool) -> None:
     """``compare r18.onnx torchvision:resnet18``: the candidate must be the ONNX file, second."""
-    if ref.lower().endswith(".onnx") and not cand.lower().endswith(".onnx"):
+    if ref_onnx and not is_onnx_path(cand):
         raise LayertapError(
             f"the arguments look swapped: CAND {cand!r} is not an ONNX file but REF {ref!r} is; "
             f"the reference comes first, the candidate .onnx second: layertap compare {cand} {ref}"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from ...errors import LayertapError
+from ..args import Args
 from ..console import rule, stdout_console
 from .base import Tool
 
@@ -253,8 +254,13 @@ class DemoTool(Tool):
                                                          "default: a temporary folder, removed at the end)")
         parser.add_argument("--keep", action="store_true", help="keep the temporary folder (without --out)")
 
-    def run(self, ns: argparse.Namespace) -> int:
-        workdir = _workdir(ns.out)
+    def parse_own(self, ns: argparse.Namespace, args: Args) -> tuple[str | None, bool]:
+        """``(--out, whether to remove the work folder at the end)``."""
+        return ns.out, ns.out is None and not ns.keep
+
+    def run(self, args: Args) -> int:
+        out, remove = args.own
+        workdir = _workdir(out)
         ctx = DemoContext(console=stdout_console(), workdir=workdir)
         here = Path.cwd()
         try:
@@ -263,10 +269,10 @@ class DemoTool(Tool):
                 step(ctx)
         finally:
             os.chdir(here)
-            if ns.out is None and not ns.keep:
+            if remove:
                 shutil.rmtree(workdir, ignore_errors=True)
         rule(ctx.console, "[bold]done")
-        if ns.out is None and not ns.keep:
+        if remove:
             ctx.show(f"removed the temporary folder {workdir} (--keep or --out DIR keeps the files)")
         else:
             ctx.show(f"files written to {workdir}: " + ", ".join(p.name for p in ctx.written))

@@ -4,9 +4,22 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
-from ..args import InputArgs, JsonArgs, ModelArgs, OutputArgs, TapArgs, ToleranceArgs
+from ..args import Args, InputArgs, JsonArgs, ModelArgs, OutputArgs, TapArgs, ToleranceArgs
 from .base import Tool, running
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """``export``'s own options."""
+
+    static: bool
+    exporter: str
+    fallback: bool
+    verify: bool
+    opset: int | None
 
 
 class ExportTool(Tool):
@@ -39,31 +52,35 @@ class ExportTool(Tool):
         g = parser.add_argument_group("advanced")
         g.add_argument("--opset", type=int, default=None, metavar="N", help="ONNX opset version (exporter default)")
 
-    def run(self, ns: argparse.Namespace) -> int:
-        # Cheap checks first: a bad path or tap fails before torch is imported.
-        out = self.output.check(ns)
-        taps = TapArgs.taps(ns)
-        model, info, args, kwargs = ModelArgs.load_with_inputs(ns)  # parses --input first
+    def parse_own(self, ns: argparse.Namespace, args: Args) -> ExportOptions:
+        return ExportOptions(ns.static, ns.exporter, ns.fallback, not ns.no_verify, ns.opset)
+
+    def run(self, args: Args) -> int:
+        # every option was checked by parse() before torch is imported
+        opts: ExportOptions = args.own
+        out = Path(args.output or "")
+        model, info, sample_args, kwargs = args.model.load_with_inputs(args.inputs)
+        method = args.model.method
 
         from ...exporting.export import export
 
         if sys.stderr.isatty():  # progress only for a person watching
-            self.say(f"exporting {ns.model} ({ns.exporter} exporter) to {out} ...")
-        with running(info, ns.method, args, kwargs, spinner=False):  # export runs the model first: its errors, one line
+            self.say(f"exporting {args.model.text} ({opts.exporter} exporter) to {out} ...")
+        with running(info, method, sample_args, kwargs, spinner=False):  # export runs the model first: its errors, one line
             report = export(
                 model,
-                args,
+                sample_args,
                 out,
-                taps,
-                method=ns.method,
+                args.taps,
+                method=method,
                 kwargs=kwargs,
-                dynamic_batch=not ns.static,
-                verify=not ns.no_verify,
-                exporter=ns.exporter,
-                fallback=ns.fallback,
-                opset=ns.opset,
-                rtol=ns.rtol,
-                atol=ns.atol,
+                dynamic_batch=not opts.static,
+                verify=opts.verify,
+                exporter=opts.exporter,
+                fallback=opts.fallback,
+                opset=opts.opset,
+                rtol=args.tolerance.rtol,
+                atol=args.tolerance.atol,
             )
-        self.print_table(report, as_json=ns.json)
+        self.print_table(report, as_json=args.json)
         return 0 if report.ok else 1

@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
+from ...errors import LayertapError
 from ...report import Column, Table, fmt_shape
-from ..args import InputArgs, ModelArgs, OutputArgs, ReportArgs, TapArgs
+from ..args import Args, InputArgs, ModelArgs, OutputArgs, ReportArgs, TapArgs
 from ..console import status
 from .base import Tool, running
 from .extract_dataset import DatasetArgs, run_dataset
@@ -34,37 +36,45 @@ class ExtractTool(Tool):
     help = "run a model once (or over a dataset with --data) and save the tapped tensors"
     output = OutputArgs(
         required=True, suffixes=(".npz", ".safetensors"), help="FILE.npz or FILE.safetensors"
-        " (keys are the tap names); with --data: OUT_DIR",
+        " (keys are the tap names); with --data: OUT_DIR", when=lambda ns: ns.data is None,
     )
-    groups = (ModelArgs(onnx_ok=True), TapArgs(required=True), InputArgs(), output, ReportArgs(), DatasetArgs())
+    # over a dataset the library checks taps and OUT_DIR itself (an ONNX file's taps may be tensor names)
+    groups = (ModelArgs(onnx_ok=True), TapArgs(required=True, selectors=lambda ns: ns.data is None), InputArgs(), output,
+              ReportArgs(), DatasetArgs())
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--stop-early", action="store_true", help="stop the forward once every tap is captured (no 'output' then)")
 
-    def run(self, ns: argparse.Namespace) -> int:
+    def parse_own(self, ns: argparse.Namespace, args: Args) -> bool:
+        """``--stop-early``; with ``--data``, -o must name OUT_DIR."""
         if ns.data is not None:
-            return run_dataset(ns)
-        taps = TapArgs.taps(ns)  # cheap checks first: nothing is built for a typo
-        out = self.output.check(ns)
-        ReportArgs.check(ns, inputs=(out,))
+            args.reads = (ns.data,)
+            if not ns.output:
+                raise LayertapError("--data needs -o OUT_DIR (a new or empty folder, or one to --resume)")
+        return bool(ns.stop_early)
+
+    def run(self, args: Args) -> int:
+        if args.dataset is not None:
+            return run_dataset(args)
         from ...files import save_arrays
         from ...pytorch.taps import extract
 
-        model, info, args, kwargs = ModelArgs.load_with_inputs(ns)
-        with running(info, ns.method, args, kwargs):
-            values = extract(model, *args, taps=taps, method=ns.method, stop_early=ns.stop_early, **kwargs)
+        out, method = Path(args.output or ""), args.model.method
+        model, info, sample_args, kwargs = args.model.load_with_inputs(args.inputs)
+        with running(info, method, sample_args, kwargs):
+            values = extract(model, *sample_args, taps=args.taps, method=method, stop_early=args.own, **kwargs)
         arrays, notes = to_numpy(values)
         with status(f"writing {out}"):
             save_arrays(out, arrays, notify=notes.append)
         self.print_saved(arrays, notes)
         # plain write: rich would wrap a long path when stderr is a pipe
         sys.stderr.write(f"wrote {len(arrays)} array(s) to {out}\n")
-        if ns.report:
+        if args.report:
             from ...reports import tensors_page
 
-            summary = [("model", ns.model), ("inputs", ReportArgs.inputs_text(args, kwargs)), ("tapped tensors", len(arrays)),
-                       ("saved to", str(out))]
-            ReportArgs.write(ns, tensors_page(f"extract from {ns.model}", arrays, summary=summary, notes=notes))
+            summary = [("model", args.model.text), ("inputs", ReportArgs.inputs_text(sample_args, kwargs)),
+                       ("tapped tensors", len(arrays)), ("saved to", str(out))]
+            ReportArgs.write(args, tensors_page(f"extract from {args.model.text}", arrays, summary=summary, notes=notes))
         return 0
 
     def print_saved(self, arrays: dict, notes: list[str]) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 
-from ..args import ArgGroup, ReportArgs, nonneg_int, positive_int
+from ..args import ArgGroup, Args, ReportArgs, nonneg_int, positive_int
 
 
 def _floats(text: str) -> list[float]:
@@ -13,6 +14,28 @@ def _floats(text: str) -> list[float]:
         return [float(v) for v in text.replace(",", " ").split()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected numbers like 0.485,0.456,0.406, got {text!r}") from None
+
+
+@dataclass(frozen=True)
+class DatasetOptions:
+    """The options of extraction over ``--data`` (``data`` is None without it)."""
+
+    data: str
+    out: str  # -o OUT_DIR
+    batch_size: int
+    workers: int
+    format: str
+    dtype: str
+    pool: str
+    shard_size: int
+    resume: bool
+    limit: int | None
+    device: str
+    skip_bad: bool
+    image_size: str | None
+    mean: list[float] | None
+    std: list[float] | None
+    ray: str | None
 
 
 class DatasetArgs(ArgGroup):
@@ -40,37 +63,40 @@ class DatasetArgs(ArgGroup):
         g.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                        help="run on Ray Data: a local Ray without ADDRESS, else join the cluster at ADDRESS (e.g. auto, ray://head:10001)")
 
+    def parse(self, ns: argparse.Namespace, args: Args) -> None:
+        if ns.data is not None:
+            args.dataset = DatasetOptions(ns.data, ns.output, ns.batch_size, ns.workers, ns.format, ns.dtype, ns.pool, ns.shard_size,
+                                          ns.resume, ns.limit, ns.device, ns.skip_bad, ns.image_size, ns.mean, ns.std, ns.ray)
 
-def run_dataset(ns: argparse.Namespace) -> int:
-    """Extract over ``--data`` into OUT_DIR; print what was written."""
+
+def run_dataset(args: Args) -> int:
+    """Extract over ``--data`` into OUT_DIR; print what was written (every path was checked by parse)."""
     from ...dataset.api import extract_dataset
-    from ...errors import LayertapError
     from ..main import Terminated
 
-    if not ns.output:
-        raise LayertapError("--data needs -o OUT_DIR (a new or empty folder, or one to --resume)")
-    ReportArgs.check(ns, inputs=(ns.data,))  # before any work, like every output
+    d: DatasetOptions = args.dataset
+    m = args.model
     try:
         feats = extract_dataset(
-            ns.model, ns.data, ns.tap, ns.output, batch_size=ns.batch_size, shard_size=ns.shard_size, format=ns.format,
-            dtype=ns.dtype, pool=ns.pool, resume=ns.resume, limit=ns.limit, workers=ns.workers, device=ns.device,
-            method=ns.method, stop_early=ns.stop_early, skip_bad=ns.skip_bad, image_size=ns.image_size, mean=ns.mean,
-            std=ns.std, weights=ns.weights, config=ns.config, unsafe_pickle=ns.unsafe_load_pickle,
-            engine="ray" if ns.ray is not None else "local", ray_address=ns.ray or None,
+            m.text, d.data, args.tap_texts, d.out, batch_size=d.batch_size, shard_size=d.shard_size, format=d.format,
+            dtype=d.dtype, pool=d.pool, resume=d.resume, limit=d.limit, workers=d.workers, device=d.device,
+            method=m.method, stop_early=args.own, skip_bad=d.skip_bad, image_size=d.image_size, mean=d.mean,
+            std=d.std, weights=m.weights, config=m.config, unsafe_pickle=m.unsafe_pickle,
+            engine="ray" if d.ray is not None else "local", ray_address=d.ray or None,
         )
     except (KeyboardInterrupt, Terminated) as stop:
-        stop.kept = _kept_note(ns)  # type: ignore[union-attr]  # main's exit line says it
+        stop.kept = _kept_note(args)  # type: ignore[union-attr]  # main's exit line says it
         raise
     _print_summary(feats)
-    if ns.report:
+    if args.report:
         from ...reports import report_page
 
-        summary = [("model", ns.model), ("data", ns.data), ("written to", str(feats.path))]
-        ReportArgs.write(ns, report_page(feats, f"extract from {ns.model} over {ns.data}", summary=summary))
+        summary = [("model", m.text), ("data", d.data), ("written to", str(feats.path))]
+        ReportArgs.write(args, report_page(feats, f"extract from {m.text} over {d.data}", summary=summary))
     return 0
 
 
-def _kept_note(ns: argparse.Namespace) -> str:
+def _kept_note(args: Args) -> str:
     """After Ctrl-C (or SIGTERM): how many complete shards OUT_DIR keeps, and the command that goes on."""
     import shlex
     from pathlib import Path
@@ -78,7 +104,7 @@ def _kept_note(ns: argparse.Namespace) -> str:
     from ...dataset.manifest import NAME, Manifest
     from ...errors import LayertapError
 
-    out = Path(ns.output)
+    out = Path(args.dataset.out)
     try:
         shards = Manifest.read(out).shards if (out / NAME).is_file() else {}
     except LayertapError:
@@ -86,7 +112,7 @@ def _kept_note(ns: argparse.Namespace) -> str:
     if not shards:
         return f"no shard was complete, so '{out}' keeps nothing; run the same command to start again"
     samples = sum(len(r["ids"]) for r in shards.values())
-    argv = list(getattr(ns, "argv", None) or sys.argv[1:])
+    argv = list(args.argv or sys.argv[1:])
     command = shlex.join(["layertap", *argv, *([] if "--resume" in argv else ["--resume"])])
     return f"{len(shards)} complete shard(s) ({samples} samples) are kept in '{out}'; to go on, run: {command}"
 

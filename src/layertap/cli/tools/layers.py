@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ...errors import LayertapError
-from ..args import InputArgs, JsonArgs, ModelArgs, ReportArgs
+from ..args import Args, InputArgs, JsonArgs, ModelArgs, ReportArgs, is_onnx_path
 from .base import Tool
 
 # ``layers`` without --input builds a model with more weights than this on the meta device.
@@ -17,61 +17,63 @@ class LayersTool(Tool):
     help = "list the modules of a model (with shapes when inputs are known), or the tensors of an ONNX file"
     groups = (ModelArgs(onnx_ok=True), InputArgs(), JsonArgs(), ReportArgs())
 
-    def run(self, ns: argparse.Namespace) -> int:
-        if ns.model.lower().endswith(".onnx"):
-            return self.run_onnx(ns)
-        ReportArgs.check(ns)
-        InputArgs.specs(ns)
-        ModelArgs.check(ns)  # before torch is imported
+    def parse_own(self, ns: argparse.Namespace, args: Args) -> None:
+        if is_onnx_path(ns.model):  # an HTML report never replaces the file listed
+            args.reads = (ns.model,)
+
+    def run(self, args: Args) -> int:
+        m = args.model
+        if m.is_onnx:
+            return self.run_onnx(args)
 
         from ...pytorch.layers import layers
         from ...pytorch.models import ModelTooLargeError
         from .base import running
 
         # Shapes need no weights: without --input/--weights a big model is listed from the meta device.
-        shapes_only = not (ns.input or ns.weights)
+        shapes_only = not (args.inputs.specs or m.weights)
         on_meta = None
         try:
-            model, info, args, kwargs = ModelArgs.load_with_inputs(
-                ns, need_inputs=False, max_bytes=META_ABOVE if shapes_only else None)
+            model, info, sample_args, kwargs = m.load_with_inputs(
+                args.inputs, need_inputs=False, max_bytes=META_ABOVE if shapes_only else None)
         except ModelTooLargeError as e:
             if not shapes_only:  # the user asked for real values: say what to change
                 raise
-            model, info, args, kwargs = ModelArgs.load_with_inputs(ns, need_inputs=False, device="meta")
+            model, info, sample_args, kwargs = m.load_with_inputs(args.inputs, need_inputs=False, device="meta")
             on_meta = f"{e.need / 2**30:.1f} GiB of weights"
-        if args is None:
+        if sample_args is None:
             table = layers(model, run=False)
         elif on_meta is not None:
-            table = _meta_layers(model, args, kwargs, ns.method, on_meta)
+            table = _meta_layers(model, sample_args, kwargs, m.method, on_meta)
         else:
-            with running(info, ns.method, args, kwargs):
-                table = layers(model, *args, method=ns.method, **kwargs)
-        self.print_table(table, ns.json)
-        if ns.report:
-            self.write_report(ns, table, [("model", ns.model), ("method", ns.method),
-                                          ("inputs", ReportArgs.inputs_text(args, kwargs) if args is not None else "not run")])
+            with running(info, m.method, sample_args, kwargs):
+                table = layers(model, *sample_args, method=m.method, **kwargs)
+        self.print_table(table, args.json)
+        if args.report:
+            inputs = ReportArgs.inputs_text(sample_args, kwargs) if sample_args is not None else "not run"
+            self.write_report(args, table, [("model", m.text), ("method", m.method), ("inputs", inputs)])
         return 0
 
     @staticmethod
-    def write_report(ns: argparse.Namespace, table, summary: list) -> None:
+    def write_report(args: Args, table, summary: list) -> None:
         from ...reports import report_page
 
-        ReportArgs.write(ns, report_page(table, f"layers of {ns.model}", summary=summary))
+        ReportArgs.write(args, report_page(table, f"layers of {args.model.text}", summary=summary))
 
-    def run_onnx(self, ns: argparse.Namespace) -> int:
+    def run_onnx(self, args: Args) -> int:
         """List an ONNX file's tensors; never imports torch."""
-        for flag, value in (("--weights", ns.weights), ("--config", ns.config), ("--input", ns.input)):
+        m = args.model
+        for flag, value in (("--weights", m.weights), ("--config", m.config), ("--input", args.inputs.specs)):
             if value:
-                raise LayertapError(f"{flag} does not apply to an ONNX file ({ns.model}); its tensors are listed without running it")
-        if ns.method != "forward":
-            raise LayertapError(f"--method does not apply to an ONNX file ({ns.model})")
-        ReportArgs.check(ns, inputs=(ns.model,))
+                raise LayertapError(f"{flag} does not apply to an ONNX file ({m.text}); its tensors are listed without running it")
+        if m.method != "forward":
+            raise LayertapError(f"--method does not apply to an ONNX file ({m.text})")
         from ...onnxfile.layers import onnx_layers
 
-        table = onnx_layers(ns.model)
-        self.print_table(table, ns.json)
-        if ns.report:
-            self.write_report(ns, table, [("file", ns.model)])
+        table = onnx_layers(m.text)
+        self.print_table(table, args.json)
+        if args.report:
+            self.write_report(args, table, [("file", m.text)])
         return 0
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...report import Column, Table, fmt_float, fmt_shape
-from ..args import InputArgs, JsonArgs, OutputArgs, TapArgs
+from ..args import Args, InputArgs, JsonArgs, OutputArgs, TapArgs
 from .base import Tool
 
 
@@ -37,26 +37,29 @@ class RunTool(Tool):
     name = "run"
     help = "run an ONNX file in ONNX Runtime, exposing tensors or module taps in memory"
     output = OutputArgs(required=False, suffixes=(".npz", ".safetensors"), help="FILE.npz")
-    groups = (InputArgs(), TapArgs(), output, JsonArgs())
+    groups = (InputArgs(), TapArgs(selectors=False), output, JsonArgs())
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("onnx", metavar="FILE.onnx", help="the ONNX file to run (never modified)")
 
-    def run(self, ns: argparse.Namespace) -> int:
+    def parse_own(self, ns: argparse.Namespace, args: Args) -> str:
+        args.reads = (ns.onnx,)
+        return ns.onnx
+
+    def run(self, args: Args) -> int:
         from ...files import save_arrays
         from ...onnxfile.runner import run
 
-        self.output.check(ns, inputs=(ns.onnx,))
-        inputs = _inputs(InputArgs.specs(ns))
+        inputs = _inputs(args.inputs.specs)
         notes: list[str] = []  # said once the run succeeded: an error names generated inputs itself
-        values = run(ns.onnx, inputs, taps=ns.tap, seed=ns.seed, notify=notes.append)
-        if ns.output:
-            save_arrays(ns.output, values, notify=notes.append)
+        values = run(args.own, inputs, taps=args.tap_texts, seed=args.inputs.seed, notify=notes.append)
+        if args.output:
+            save_arrays(args.output, values, notify=notes.append)
         for note in notes:
             self.say(note)
-        self.print_table(RunTable([_row(k, v) for k, v in values.items()]), as_json=ns.json)
-        if ns.output and not ns.json:
-            self.say(f"wrote {ns.output}")
+        self.print_table(RunTable([_row(k, v) for k, v in values.items()]), as_json=args.json)
+        if args.output and not args.json:
+            self.say(f"wrote {args.output}")
         return 0
 
 
