@@ -173,9 +173,9 @@ def compare(
     )
 
 
-def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike | ModelFile, given: list[Any], n_random: int, providers: list[str],
-                   cand_providers: list[str], options: dict[str, Any], *, seed: int, local: bool, ref_optimize: bool,
-                   cand_optimize: bool, progress: Progress | None) -> CompareReport:
+def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike | ModelFile, given: list[Any],
+                   n_random: int, providers: list[str], cand_providers: list[str], options: dict[str, Any], *, seed: int,
+                   local: bool, ref_optimize: bool, cand_optimize: bool, progress: Progress | None) -> CompareReport:
     """An ONNX reference: both files in ORT, aligned by :func:`.onnx_ref.align_files`. Never imports torch."""
     from .onnx_ref import OnnxReference, refuse_same_run
 
