@@ -149,7 +149,7 @@ class OutputArgs(ArgGroup):
 
     def check(self, ns: argparse.Namespace, inputs: tuple = ()):
         """Validate the output path before any work (folder exists, not a file the command reads)."""
-        from ..files import check_output_path, note_input
+        from ..files.writes import check_output_path, note_input
 
         for path, what in read_paths(ns):
             note_input(path, what)
@@ -220,7 +220,7 @@ class ToleranceArgs(ArgGroup):
     """``--rtol`` / ``--atol``: the pass rule shared by export verification and compare."""
 
     def add(self, parser: argparse.ArgumentParser) -> None:
-        from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL
+        from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
 
         g = parser.add_argument_group("tolerance")
         g.add_argument("--rtol", type=nonneg_float, default=DEFAULT_RTOL, metavar="R",

@@ -7,7 +7,7 @@ is exposed as an extra graph output of an in-memory copy of the graph (the
 file is never written) and fetched from ONNX Runtime. Both sides are aligned
 by ``(module path, call index)`` and compared in PyTorch execution order.
 
-Error statistic: :mod:`layertap.tolerance` (per module call, over
+Error statistic: :mod:`layertap.metrics` (per module call, over
 every element compared: ``max|onnx - torch| <= atol + rtol * max|torch|``).
 
 Alignment rules:
@@ -47,11 +47,11 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from ..errors import InputSpecError, LayertapError, unknown_name
-from ..tolerance import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, Criterion
+from ..metrics import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, Criterion
 from .align import Item, RowBuilder, blame_rewritten, call_counts, plan_items, split_batches
 from .nchwc import blocked_tensors
 from .onnx_side import OrtRunner, ScopeView, check_feed_shapes, check_same_model, feed_from_args
-from .report import NO_COUNTERPART, CompareReport, CompareRow
+from .rows import NO_COUNTERPART, CompareReport, CompareRow
 from .samples import merge_samples
 from .torch_side import ArrayStore, run_torch
 from .weights import check_model_weights

@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from ..errors import InputSpecError, LayertapError, OnnxFileError
-from ..onnxfile._graph import stand_ins
+from ..metrics import Criterion
+from ..onnxfile.graph_facts import stand_ins
 from ..onnxfile.metadata import own_outputs
-from ..tolerance import Criterion
 from .align import Item, RowBuilder, blame_rewritten, pack_batches
 from .nchwc import blocked_stand_ins, blocked_tensors, unblock
 from .onnx_side import OrtRunner, check_feed_shapes
-from .report import ABSORBED, NO_COUNTERPART, CompareReport, CompareRow
+from .rows import ABSORBED, NO_COUNTERPART, CompareReport, CompareRow
 from .samples import Sample, merge_samples
 from .torch_side import ArrayStore, ModuleCall
 from .weights import WeightCheck, check_file_weights
@@ -104,7 +104,7 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
         items = fused_first(items)
         mode = "scopes"
     else:
-        from ..onnxfile._graph import GraphFacts
+        from ..onnxfile.graph_facts import GraphFacts
 
         weights = GraphFacts(ref.graph).weights
         types = inferred_types(ref)

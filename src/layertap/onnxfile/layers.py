@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..report import Column, Table, fmt_shape
+from ..tables import Column, Table, fmt_shape
 from .modelfile import read_model
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..report import Column, Table, fmt_shape
+from ..tables import Column, Table, fmt_shape
 from .callgraph import is_plain_container
 from .callhooks import CallHooks, module_key
 from .capture import eager

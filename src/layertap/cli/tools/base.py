@@ -47,7 +47,7 @@ class Tool:
     # -- output helpers ----------------------------------------------------
     @staticmethod
     def print_table(table: Any, as_json: bool = False) -> None:
-        """Print a :class:`~layertap.report.Table` as rich text or JSON."""
+        """Print a :class:`~layertap.tables.Table` as rich text or JSON."""
         if as_json:
             (JSON_OUT or sys.stdout).write(table.to_json() + "\n")
             return

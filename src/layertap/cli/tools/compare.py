@@ -114,7 +114,7 @@ class CompareTool(Tool):
 
 
 def _check_outputs(ns: argparse.Namespace, onnx_path: Path) -> dict[str, Path]:
-    from ...files import check_output_path
+    from ...files.writes import check_output_path
 
     inputs = (ns.onnx, ns.model) if ns.model.lower().endswith(".onnx") else (ns.onnx,)
     ReportArgs.check(ns, inputs=inputs)
@@ -140,7 +140,7 @@ def _write_outputs(ns: argparse.Namespace, report: Any, outputs: dict[str, Path]
 
 
 def _options(ns: argparse.Namespace) -> dict[str, Any]:
-    from ...tolerance import DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB
+    from ...metrics import DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB
 
     return dict(
         method=getattr(ns, "method", "forward"),

@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from ...report import Column, Table, fmt_float, fmt_shape
+from ...tables import Column, Table, fmt_float, fmt_shape
 from ..args import InputArgs, JsonArgs, OutputArgs, TapArgs
 from .base import Tool
 
@@ -43,7 +43,7 @@ class RunTool(Tool):
         parser.add_argument("onnx", metavar="FILE.onnx", help="the ONNX file to run (never modified)")
 
     def run(self, ns: argparse.Namespace) -> int:
-        from ...files import save_arrays
+        from ...files.writes import save_arrays
         from ...onnxfile.runner import run
 
         self.output.check(ns, inputs=(ns.onnx,))

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .report import Report
+from .tables import Report
 
 DEFAULT_RTOL = 1e-3
 DEFAULT_ATOL = 1e-5

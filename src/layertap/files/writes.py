@@ -23,7 +23,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import LayertapError
+from ..errors import LayertapError
 
 #: temporary names keep at most this much of the target's name (NAME_MAX is 255 bytes)
 _TMP_NAME_KEEP = 120
