@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputSpecError
-from .files.writes import note_input
+from .files.reads import note_input
 
 DTYPES = {
     "float32": np.float32, "float": np.float32, "f32": np.float32,

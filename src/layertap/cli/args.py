@@ -149,7 +149,8 @@ class OutputArgs(ArgGroup):
 
     def check(self, ns: argparse.Namespace, inputs: tuple = ()):
         """Validate the output path before any work (folder exists, not a file the command reads)."""
-        from ..files.writes import check_output_path, note_input
+        from ..files.reads import note_input
+        from ..files.writes import check_output_path
 
         for path, what in read_paths(ns):
             note_input(path, what)

@@ -10,8 +10,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
-from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, Criterion, ErrorStats, ToleranceReport
-from ..tables import Column, fmt_db, fmt_float, fmt_shape
+from ..formats import fmt_db, fmt_float, fmt_shape
+from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, Criterion, ErrorStats
+from ..tables import Column, ToleranceReport
 
 PASS, FAIL, NO_COUNTERPART, ABSORBED = "pass", "FAIL", "no counterpart", "absorbed"
 STATISTIC = "rel_err = max|onnx - torch| / max|torch|; pass when max_abs <= atol + rtol * max|torch|"

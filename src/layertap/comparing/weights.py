@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 import numpy as np
 
 from ..errors import LayertapError
-from ..tables import fmt_float, fmt_shape
+from ..formats import fmt_float, fmt_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..onnxfile.ort import SessionSource

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from ..metrics import ToleranceReport, error_stats
-from ..tables import Column, fmt_float, fmt_ok, fmt_shape
+from ..formats import fmt_float, fmt_ok, fmt_shape
+from ..metrics import error_stats
+from ..tables import Column, ToleranceReport
 
 
 def _has_special(a: np.ndarray) -> bool:

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from ..errors import LayertapWarning, OnnxFileError, unknown_name
-from ..files.writes import check_output_path, operation, refuse_inputs, temp_path
+from ..files.reads import operation, refuse_inputs
+from ..files.writes import check_output_path, temp_path
 from ..selectors import Tap
 from .modelfile import ModelFile, read_model
 from .ort import SessionSource, tensor_types

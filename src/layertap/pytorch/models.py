@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..errors import LayertapError, ModelSpecError, unknown_name
-from ..files.writes import note_input
+from ..files.reads import note_input
 from ..inputs import DEFAULT_INT_HIGH, InputSpec
 from ..specs import add_cwd_to_path, check_model_args, check_weights_path, module_not_found
 from .capture import eager

@@ -8,7 +8,8 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from ...tables import Column, Table, fmt_shape
+from ...formats import fmt_shape
+from ...tables import Column, Table
 from ..args import InputArgs, ModelArgs, OutputArgs, ReportArgs, TapArgs
 from ..console import status
 from .base import Tool, running
@@ -47,7 +48,7 @@ class ExtractTool(Tool):
         taps = TapArgs.taps(ns)  # cheap checks first: nothing is built for a typo
         out = self.output.check(ns)
         ReportArgs.check(ns, inputs=(out,))
-        from ...files.writes import save_arrays
+        from ...files.arrays import save_arrays
         from ...pytorch.taps import extract
 
         model, info, args, kwargs = ModelArgs.load_with_inputs(ns)

@@ -6,7 +6,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from ...tables import Column, Table, fmt_float, fmt_shape
+from ...formats import fmt_float, fmt_shape
+from ...tables import Column, Table
 from ..args import InputArgs, JsonArgs, OutputArgs, TapArgs
 from .base import Tool
 
@@ -43,7 +44,7 @@ class RunTool(Tool):
         parser.add_argument("onnx", metavar="FILE.onnx", help="the ONNX file to run (never modified)")
 
     def run(self, ns: argparse.Namespace) -> int:
-        from ...files.writes import save_arrays
+        from ...files.arrays import save_arrays
         from ...onnxfile.runner import run
 
         self.output.check(ns, inputs=(ns.onnx,))
