@@ -119,3 +119,9 @@ def unique_names(*groups: Iterable[tuple[str, Any]], what: str = "outputs", hint
                 raise LayertapError(f"two {what} are both named {name!r}; {hint}")
             out[name] = value
     return out
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's first line, whitespace collapsed (the error text a user sees)."""
+    text = str(e).strip()
+    return " ".join(text.splitlines()[0].split()) if text else type(e).__name__

@@ -79,7 +79,7 @@ class ModelArgs(ArgGroup):
         specs = InputArgs.specs(ns)  # before torch is imported
         cls.check(ns)
 
-        from ..pytorch.models import make_inputs
+        from ..pytorch.example_inputs import make_inputs
         from .console import status
 
         with status(f"loading {ns.model}"):

@@ -211,7 +211,7 @@ def _torch_inputs(ns: argparse.Namespace, cand: Path) -> tuple[Any, Any, dict, A
         tensors = [tuple(torch.from_numpy(np_array(s, n)) for n in names) for s in loaded]
         return model, None, {}, tensors
     if ns.samples is not None and ns.samples > 1:
-        from ...pytorch.models import make_inputs
+        from ...pytorch.example_inputs import make_inputs
 
         specs = InputArgs.specs(ns)
         drawn: list[tuple[Any, Any]] = [(args, kwargs)]

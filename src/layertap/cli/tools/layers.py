@@ -25,7 +25,7 @@ class LayersTool(Tool):
         ModelArgs.check(ns)  # before torch is imported
 
         from ...pytorch.layers import layers
-        from ...pytorch.models import ModelTooLargeError
+        from ...pytorch.memory import ModelTooLargeError
         from .base import running
 
         # Shapes need no weights: without --input/--weights a big model is listed from the meta device.
