@@ -39,7 +39,7 @@ def fragment_html(obj: Any) -> str:
 
         return onnx_layers_fragment(obj)
     if kind == "features":
-        from .features import features_fragment
+        from .features_page import features_fragment
 
         return features_fragment(obj)
     return table_fragment(obj)
