@@ -190,3 +190,20 @@ def test_the_length_check_counts_code_lines_only(tmp_path):
     long.write_text(f"def f():\n{body}    return x0\n")
     assert _long_functions(ok, "ok") == []
     assert _long_functions(long, "long") == ["long.f (62 lines)"]
+
+
+def test_module_names_say_what_they_hold():
+    # one file name per part, and public classes only in public modules
+    seen: dict[tuple[str, str], str] = {}
+    bad = []
+    for module, path in MODULES.items():
+        if path.name == "__init__.py":
+            continue
+        key = (_part(module), path.name)
+        if key in seen:
+            bad.append(f"{seen[key]} and {module} share the file name {path.name}")
+        seen[key] = module
+        if path.name.startswith("_"):
+            classes = [n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and not n.name.startswith("_")]
+            bad.extend(f"{module}.{c} (a public class in a private module)" for c in classes)
+    assert not bad, "; ".join(bad)
