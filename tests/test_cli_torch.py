@@ -118,7 +118,8 @@ def test_extract_root_tap_is_the_model_result_saved_once(net_file, tmp_path, cap
 def test_extract_resnet18_safetensors_stop_early(resnet18, tmp_path):
     from safetensors.numpy import load_file
 
-    from layertap.pytorch.models import load_model, make_inputs
+    from layertap.pytorch.example_inputs import make_inputs
+    from layertap.pytorch.models import load_model
 
     out = tmp_path / "acts.safetensors"
     proc = run_cli("extract", "torchvision:resnet18", "--tap", "layer4.0.conv1", "--tap", "layer2.0.relu#1",

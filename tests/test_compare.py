@@ -238,7 +238,7 @@ def test_tuple_output_module_pairs_by_position(torch_mod, tmp_path):
 
 # -- statistics and pairing ----------------------------------------------------------
 def test_error_stats_near_zero_values_do_not_explode():
-    from layertap.tolerance import error_stats
+    from layertap.metrics import error_stats
 
     ref = np.array([0.0, 1e-9, 3.0], dtype=np.float32)
     got = np.array([1e-6, -1e-9, 3.0 + 1e-6], dtype=np.float32)
@@ -249,8 +249,8 @@ def test_error_stats_near_zero_values_do_not_explode():
 def test_fast_paths_give_the_exact_paths_values():
     """The one-pass float32 statistics and ORT's float16 cast agree with the plain numpy ones,
     special values included (those leave the fast path)."""
+    from layertap.metrics import Criterion, error_stats, similarity
     from layertap.onnxfile.ort import as_float32
-    from layertap.tolerance import Criterion, error_stats, similarity
 
     rng = np.random.default_rng(3)
     ref = rng.standard_normal(10_000).astype(np.float32)
@@ -268,7 +268,7 @@ def test_fast_paths_give_the_exact_paths_values():
 
 
 def test_error_stats_fails_and_handles_nan():
-    from layertap.tolerance import error_stats
+    from layertap.metrics import error_stats
 
     s = error_stats(np.array([1.0, 2.0]), np.array([1.0, 2.5]))
     assert not s.ok and s.max_abs == pytest.approx(0.5) and s.rel_err == pytest.approx(0.25)

@@ -76,7 +76,7 @@ def _names(report):
 
 
 def _explanation(report) -> str:
-    from layertap.reports.compare import explain
+    from layertap.reports.compare_page import explain
 
     return re.sub(r"<[^>]+>", " ", explain(report))
 
@@ -131,7 +131,7 @@ def test_int8_explanation_names_the_conv_fused_into_the_diverging_bn(files):
     ("sqnr", "SQNR dB", "SQNR threshold 45 dB"), ("cosine", "cosine", "cosine threshold 0.99999")])
 def test_page_shows_the_deciding_metric_and_labels_its_threshold(files, metric, column, threshold):
     import layertap as lt
-    from layertap.reports.compare import compare_fragment
+    from layertap.reports.compare_page import compare_fragment
 
     _, x, d = files
     report = lt.compare(d / "ts.onnx", {"x": x.numpy()}, d / "int8.onnx", metric=metric, min_sqnr_db=45,
@@ -171,7 +171,7 @@ def test_plot_labels_do_not_overlap_and_name_the_threshold():
 
     from layertap.comparing import CompareReport, CompareRow
     from layertap.comparing.plot import plot_figure
-    from layertap.tolerance import Criterion
+    from layertap.metrics import Criterion
 
     rows = [CompareRow(f"encoder.layers.{i // 4}.block{i % 4}", "m", i, "Linear", [1], 1e-6, 1e-6 * (1 + i % 3),
                        "pass", True, sqnr_db=60.0) for i in range(300)]

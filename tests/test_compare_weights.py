@@ -157,7 +157,7 @@ def test_edited_weight_is_named_on_its_module_row(files, tmp_path, exporter, par
     assert f"weights that differ at or before it, the likely cause: {param} differs" in footer, footer
     assert any(n.startswith(f"1 of {report.weights.matched} matched parameters differ from the model's: {param}")
                for n in report.notes), report.notes
-    from layertap.reports.compare import explain
+    from layertap.reports.compare_page import explain
 
     assert f"Weights differ at or before it, the likely cause: {param} differs" in explain(report)
 

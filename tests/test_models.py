@@ -12,7 +12,9 @@ from torch import nn  # noqa: E402
 
 from layertap.errors import LayertapError, ModelSpecError  # noqa: E402
 from layertap.inputs import InputSpec  # noqa: E402
-from layertap.pytorch.models import ModelInfo, load_model, load_weights, make_inputs  # noqa: E402
+from layertap.pytorch.checkpoints import load_weights  # noqa: E402
+from layertap.pytorch.example_inputs import make_inputs  # noqa: E402
+from layertap.pytorch.models import ModelInfo, load_model  # noqa: E402
 
 
 def test_torchvision_random_weights_are_seeded():
@@ -28,7 +30,7 @@ def test_torchvision_random_weights_are_seeded():
 def test_torchvision_input_size_from_weights_metadata():
     import torchvision
 
-    from layertap.pytorch.models import _torchvision_inputs
+    from layertap.pytorch.zoos import _torchvision_inputs
 
     assert _torchvision_inputs(torchvision, "inception_v3")[0].shape == (1, 3, 299, 299)
     assert _torchvision_inputs(torchvision, "r3d_18")[0].shape == (1, 3, 16, 112, 112)

@@ -108,7 +108,7 @@ def test_tree_nests_calls_listed_as_they_start_or_as_they_finish():
 def test_compare_fragment_reads_rows_of_either_compare_form():
     """Rows with the extended fields (local_rel, cosine, worst_sample) and a report with
     first_divergence_counts render: local markers beside accumulated ones, words for both."""
-    from layertap.reports.compare import compare_fragment
+    from layertap.reports.compare_page import compare_fragment
 
     def row(name, rel, local, ok):
         return SimpleNamespace(name=name, path=name, call=0, type="Conv", shape=[1, 4], max_abs=rel, rel_err=rel,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from layertap.report import Column, Table
+from layertap.tables import Column, Table
 
 LONG = "encoder_stage_one.0.conv_projection_layer"
 

@@ -37,7 +37,7 @@ _EXPORTS = {
     "LayersTable": ".pytorch.layers",
     "OnnxLayers": ".onnxfile.layers",
     "ExportReport": ".exporting.verify",
-    "CompareReport": ".comparing.report",
+    "CompareReport": ".comparing.rows",
     "LayertapError": ".errors",
 }
 

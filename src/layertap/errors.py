@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Iterable
+from typing import Any, Iterable
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -92,3 +92,36 @@ def unknown_name(kind: str, name: str, candidates: Iterable[str], hint: str = ""
     if hint:
         msg += f" ({hint})"
     return msg
+
+
+_ALIAS_HINT = "give the tap an alias (NAME=selector) that no other output uses"
+
+
+def unique_names(*groups: Iterable[tuple[str, Any]], what: str = "outputs", hint: str = _ALIAS_HINT) -> dict[str, Any]:
+    """Join ``(name, value)`` pairs into one dict; refuse a name given twice.
+
+    Every command that names its results (taps, flattened model outputs,
+    ONNX outputs) builds the dict here, so a collision is an error, never a
+    silently dropped value.
+
+    Example:
+        >>> unique_names([("output", 1)], [("body.0", 2)])
+        {'output': 1, 'body.0': 2}
+        >>> unique_names([("output", 1)], [("output", 2)])
+        Traceback (most recent call last):
+        ...
+        layertap.errors.LayertapError: two outputs are both named 'output'; give the tap an alias (NAME=selector) that no other output uses
+    """
+    out: dict[str, Any] = {}
+    for group in groups:
+        for name, value in group:
+            if name in out:
+                raise LayertapError(f"two {what} are both named {name!r}; {hint}")
+            out[name] = value
+    return out
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's first line, whitespace collapsed (the error text a user sees)."""
+    text = str(e).strip()
+    return " ".join(text.splitlines()[0].split()) if text else type(e).__name__

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import InputSpecError
-from .files import note_input
+from .files.reads import note_input
 
 DTYPES = {
     "float32": np.float32, "float": np.float32, "f32": np.float32,

@@ -90,7 +90,7 @@ class ModelChoice:
         With ``need_inputs=False`` a model without known inputs gets ``args=None``.
         With ``device="meta"`` the model and its inputs hold no data (shapes only).
         """
-        from ..pytorch.models import make_inputs
+        from ..pytorch.example_inputs import make_inputs
         from .console import status
 
         with status(f"loading {self.text}"):
@@ -219,7 +219,8 @@ class OutputArgs(ArgGroup):
         parser.add_argument("-o", "--output", required=self.required, metavar="FILE", help=self.help)
 
     def parse(self, ns: argparse.Namespace, args: Args) -> None:
-        from ..files import check_output_path, note_input
+        from ..files.reads import note_input
+        from ..files.writes import check_output_path
 
         if not self.when(ns):
             return
@@ -300,7 +301,7 @@ class ToleranceArgs(ArgGroup):
     """``--rtol`` / ``--atol``: the pass rule shared by export verification and compare."""
 
     def add(self, parser: argparse.ArgumentParser) -> None:
-        from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL
+        from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
 
         g = parser.add_argument_group("tolerance")
         g.add_argument("--rtol", type=nonneg_float, default=DEFAULT_RTOL, metavar="R",

@@ -20,7 +20,7 @@ RULE_WIDTH = 80  # section rules (the demo's) when the console is wider or unbou
 def stdout_console() -> Any:
     """A rich console for stdout: the terminal's width (or ``COLUMNS``), unbounded when piped.
 
-    On a terminal, tables fit the window (see :class:`layertap.report.Table`).
+    On a terminal, tables fit the window (see :class:`layertap.tables.Table`).
     Piped output (a file, ``less``, CI logs) would otherwise get rich's
     80-column default; there every line is as long as its content, so module
     paths are never cut or wrapped.

@@ -164,7 +164,7 @@ def _warnings_one_line() -> Iterator[None]:
 
 
 def _operation():
-    from ..files import operation
+    from ..files.reads import operation
 
     return operation()
 

@@ -20,9 +20,9 @@ Example:
 
 from __future__ import annotations
 
-from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL, ErrorStats, error_stats
+from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, ErrorStats, error_stats
 from .api import DEFAULT_MEMORY_BUDGET, FUSION_NOTE, Progress, compare
-from .report import ABSORBED, FAIL, NO_COUNTERPART, PASS, STATISTIC, CompareReport, CompareRow, pair_tensors
+from .rows import ABSORBED, FAIL, NO_COUNTERPART, PASS, STATISTIC, CompareReport, CompareRow, pair_tensors
 from .weights import DifferentWeightsError, WeightCheck
 
 __all__ = [

@@ -12,9 +12,9 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
-from ..report import fmt_shape
-from ..tolerance import Criterion, ErrorStats
-from .report import ABSORBED, FAIL, NO_COUNTERPART, PASS, CompareRow, merge_stats, pair_tensors, same_shape, stat_fields
+from ..formats import fmt_shape
+from ..metrics import Criterion, ErrorStats
+from .rows import ABSORBED, FAIL, NO_COUNTERPART, PASS, CompareRow, merge_stats, pair_tensors, same_shape, stat_fields
 from .torch_side import ArrayStore, ModuleCall
 
 T = TypeVar("T")
@@ -200,7 +200,7 @@ def blame_rewritten(rows: Sequence[CompareRow]) -> list[CompareRow]:
     says both.
 
     Example:
-        >>> from .report import PASS
+        >>> from .rows import PASS
         >>> rows = [CompareRow("attn", "attn", 0, "Attention", [1], 0.5, 0.5, FAIL, False, note=REWRITE_DIFFERS),
         ...         CompareRow("norm2", "norm2", 0, "LayerNorm", [1], 1.0, 1.0, FAIL, False)]
         >>> [(r.name, r.status, "starts here" in (r.note or "")) for r in blame_rewritten(rows)]

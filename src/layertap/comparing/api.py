@@ -9,7 +9,7 @@ is exposed as an extra graph output of an in-memory copy of the graph (the
 file is never written) and fetched from ONNX Runtime. Both sides are aligned
 by ``(module path, call index)`` and compared in PyTorch execution order.
 
-Error statistic: :mod:`layertap.tolerance` (per module call, over
+Error statistic: :mod:`layertap.metrics` (per module call, over
 every element compared: ``max|onnx - torch| <= atol + rtol * max|torch|``).
 
 Alignment rules:
@@ -47,11 +47,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import InputSpecError, LayertapError
+from ..metrics import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, Criterion
 from ..onnxfile.modelfile import ModelFile
-from ..tolerance import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, Criterion
 from .driver import Progress, compare_sides
 from .onnx_side import FUSION_NOTE, OrtSide
-from .report import CompareReport
+from .rows import CompareReport
 from .samples import given_samples
 
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of intermediates held at once, per side

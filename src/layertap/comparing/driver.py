@@ -22,10 +22,10 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from ..errors import LayertapError, unknown_name
-from ..tolerance import Criterion
+from ..metrics import Criterion
 from .align import Item, RowBuilder, blame_rewritten, pack_batches
 from .local import PairsOf, RefLookup, local_errors
-from .report import CompareReport, CompareRow
+from .rows import CompareReport, CompareRow
 from .samples import merge_samples
 from .torch_side import ArrayStore
 from .weights import WeightCheck

@@ -16,7 +16,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from ..files import atomic_write_bytes
+from ..files.writes import atomic_write_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx

@@ -21,7 +21,7 @@ import numpy as np
 
 from .align import Item
 from .nchwc import block, blocked_tensors, unblock
-from .report import CompareRow, pair_tensors, same_shape
+from .rows import CompareRow, pair_tensors, same_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -37,7 +37,7 @@ class LocalGraph:
     """The candidate's nodes of several calls, each fed on its own (see module doc)."""
 
     def __init__(self, source: "SessionSource", optimize: bool, providers: Sequence[str]) -> None:
-        from ..onnxfile._graph import GraphFacts
+        from ..onnxfile.graph_facts import GraphFacts
         from ..onnxfile.ort import inferred_types
         from ..onnxfile.scopes import ScopeMap
 

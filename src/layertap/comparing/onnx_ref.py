@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from ..errors import InputSpecError, LayertapError, OnnxFileError
-from ..onnxfile._graph import stand_ins
+from ..metrics import Criterion
+from ..onnxfile.graph_facts import stand_ins
 from ..onnxfile.metadata import own_outputs
-from ..tolerance import Criterion
 from .align import Item, RowBuilder
 from .driver import Sample, module_filter, plan_batches
 from .local import PairsOf, RefLookup, onnx_ref_inputs, ref_needs
 from .nchwc import blocked_stand_ins
 from .onnx_side import OrtSide, check_feed_shapes
-from .report import ABSORBED, NO_COUNTERPART, CompareRow
+from .rows import ABSORBED, NO_COUNTERPART, CompareRow
 from .samples import Sample as Given
 from .torch_side import ArrayStore, ModuleCall
 from .weights import WeightCheck, check_file_weights
@@ -93,7 +93,7 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
         items = fused_first(items)
         mode = "scopes"
     else:
-        from ..onnxfile._graph import GraphFacts
+        from ..onnxfile.graph_facts import GraphFacts
 
         weights = GraphFacts(ref.graph).weights
         types = inferred_types(ref)

@@ -12,10 +12,10 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LayertapError
-from ..files import atomic_write_bytes, check_output_path
+from ..files.writes import atomic_write_bytes, check_output_path
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .report import CompareReport
+    from .rows import CompareReport
 
 # Errors of exactly 0 cannot sit on a log axis; they are drawn at this floor.
 _FLOOR = 1e-12
@@ -51,7 +51,7 @@ def plot_figure(report: "CompareReport") -> Any:
     matplotlib.use("Agg", force=True)
     from matplotlib.figure import Figure
 
-    from ..reports.compare import chart_points, threshold_text
+    from ..reports.compare_page import chart_points, threshold_text
     from ..reports.svg import tick_indices
 
     metric = report.criterion.metric

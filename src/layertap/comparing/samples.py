@@ -15,8 +15,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import InputSpecError, LayertapError
-from ..tolerance import Criterion
-from .report import CompareRow
+from ..metrics import Criterion
+from .rows import CompareRow
 
 Sample = dict[str, np.ndarray] | list[np.ndarray]
 
@@ -137,7 +137,7 @@ def merge_samples(per_sample: Sequence[Sequence[CompareRow]], criterion: Criteri
     order of the first sample that has them.
 
     Example:
-        >>> from layertap.comparing.report import PASS, FAIL
+        >>> from layertap.comparing.rows import PASS, FAIL
         >>> a = [CompareRow("fc", "fc", 0, "Linear", [1], 0.0, 0.0, PASS, True)]
         >>> b = [CompareRow("fc", "fc", 0, "Linear", [1], 1.0, 0.5, FAIL, False)]
         >>> rows, counts = merge_samples([a, b], Criterion())

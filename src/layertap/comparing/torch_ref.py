@@ -11,12 +11,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..tolerance import Criterion
+from ..metrics import Criterion
 from .align import Item, RowBuilder, call_counts, plan_items
 from .driver import Sample, Silent, module_filter, plan_batches
 from .local import PairsOf, RefLookup, torch_ref_inputs
 from .onnx_side import OrtSide, ScopeView, check_feed_shapes, check_same_model, feed_from_args
-from .report import NO_COUNTERPART, CompareRow
+from .rows import NO_COUNTERPART, CompareRow
 from .torch_side import ArrayStore, run_torch
 from .weights import check_model_weights
 

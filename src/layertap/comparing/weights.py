@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 import numpy as np
 
 from ..errors import LayertapError
-from ..report import fmt_float, fmt_shape
+from ..formats import fmt_float, fmt_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..onnxfile.ort import SessionSource
     from ..onnxfile.weights import FileParam, Reading
-    from .report import CompareRow
+    from .rows import CompareRow
 
 #: a reference value recomputed here (a folded BatchNorm's scale) may land an ulp or two away
 _RECOMPUTED = 1e-5

@@ -13,7 +13,7 @@ from .features import Features, load_features
 from .images import Preprocess, from_options, from_timm, from_torchvision
 from .job import Job, Options, check_resumed_ids, discard_empty, prepare_out
 from .shards import FORMATS
-from .sources import Bad, MapSource, open_source, reference
+from .sources import Bad, IterSource, MapSource, open_source, reference
 
 ENGINES = ("local", "ray")
 
@@ -94,11 +94,7 @@ def extract_dataset(
             recipe.append(_preprocess(spec, image_size, mean, std))
         return recipe[0]
 
-    data_dir = Path(data).resolve() if isinstance(data, (str, os.PathLike)) else None
-    out_dir = Path(out).resolve()
-    if data_dir is not None and (out_dir == data_dir or data_dir in out_dir.parents):
-        raise LayertapError(f"OUT_DIR '{out}' is inside the data folder '{data}'; its shards would be read as samples, write elsewhere")
-    source = open_source(data_dir or data, preprocess)
+    source, out_dir = _open_data(data, out, preprocess)
     count = None
     if isinstance(source, MapSource):
         count = len(source) if limit is None else min(limit, len(source))
@@ -112,17 +108,31 @@ def extract_dataset(
     job = Job(out_dir, source, spec, opts, ref, count, manifest)
     kept = len(manifest.shards)
     if manifest.status != "complete":
-        check_resumed_ids(job)
-        try:
-            total = _run(job, engine, ray_address, progress)
-        except BaseException:
-            if not manifest.shards:
-                discard_empty(out_dir, created)  # nothing done: leave no half-made OUT_DIR behind
-            raise
-        manifest.finish(total)
+        _finish(job, created, engine, ray_address, progress)
     feats = load_features(out)
     feats.kept, feats.written = kept, len(manifest.shards) - kept
     return feats
+
+
+def _open_data(data: Any, out: str | os.PathLike, preprocess: Callable[[], Preprocess | None]) -> tuple[MapSource | IterSource, Path]:
+    """The sample source and OUT_DIR resolved; an OUT_DIR inside the data folder is refused."""
+    data_dir = Path(data).resolve() if isinstance(data, (str, os.PathLike)) else None
+    out_dir = Path(out).resolve()
+    if data_dir is not None and (out_dir == data_dir or data_dir in out_dir.parents):
+        raise LayertapError(f"OUT_DIR '{out}' is inside the data folder '{data}'; its shards would be read as samples, write elsewhere")
+    return open_source(data_dir or data, preprocess), out_dir
+
+
+def _finish(job: Job, created: bool, engine: str, ray_address: str | None, progress: bool | None) -> None:
+    """Write the shards still to do and mark the manifest complete."""
+    check_resumed_ids(job)
+    try:
+        total = _run(job, engine, ray_address, progress)
+    except BaseException:
+        if not job.manifest.shards:
+            discard_empty(job.out, created)  # nothing done: leave no half-made OUT_DIR behind
+        raise
+    job.manifest.finish(total)
 
 
 def _run(job: Job, engine: str, ray_address: str | None, progress: bool | None) -> int:

@@ -16,8 +16,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import LayertapError
-from .sources import first_line
+from ..errors import LayertapError, first_line
 
 
 @dataclass

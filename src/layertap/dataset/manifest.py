@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LayertapError
-from ..files import atomic_write_bytes
+from ..files.writes import atomic_write_bytes
 
 FORMAT_VERSION = 1
 NAME = "manifest.json"

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import LayertapError
+from ..errors import LayertapError, first_line
 from .images import IMAGE_SUFFIXES, Preprocess
 
 ARRAY_SUFFIXES = (".npy", ".npz")
@@ -264,12 +264,6 @@ def check_sample(sample: Any, ref: Reference, index: int, sample_id: Any, any_sh
 
 def _shape(shape: Sequence[int]) -> str:
     return "x".join(str(d) for d in shape) or "scalar"
-
-
-def first_line(e: BaseException) -> str:
-    """An exception's first line, whitespace collapsed (the error text a user sees)."""
-    text = str(e).strip()
-    return " ".join(text.splitlines()[0].split()) if text else type(e).__name__
 
 
 # -- opening ------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 How it works:
 
-1. :class:`~layertap.exporting._wrapper.TapWrapper` runs the method with a
+1. :class:`~layertap.exporting.wrapper.TapWrapper` runs the method with a
    :class:`~layertap.pytorch.capture.Capture` attached and returns the
    method's own result flattened (``output``, ``output[0]``,
    ``output[logits]``...) followed by every tapped tensor, in the order the
@@ -52,17 +52,17 @@ import torch
 from torch import nn
 
 from ..errors import InputSpecError, LayertapError
-from ..files import check_output_path
+from ..files.writes import check_output_path
+from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
 from ..onnxfile.metadata import TAPS_KEY
 from ..onnxfile.publish import external_locations, publish, publish_file
 from ..pytorch.values import random_tensor, tensor_to_numpy
 from ..selectors import Tap, parse_taps
-from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL
 from . import _onnxedit as edit
 from ._branches import branch_note, contrasting, traced_branches
-from ._wrapper import MODEL_ATTRIBUTES, TapWrapper
-from ._wrapper import input_names as signature_names
 from .verify import Check, ExportReport, ExportRow, check_output
+from .wrapper import MODEL_ATTRIBUTES, TapWrapper
+from .wrapper import input_names as signature_names
 
 EXPORTERS = ("dynamo", "torchscript")
 #: weights above this size go to an external data file (protobuf's hard limit is 2 GiB)
@@ -105,7 +105,7 @@ def export(
         verify: run the file in ONNX Runtime and compare with PyTorch.
         exporter: ``"dynamo"`` (torch.export-based, default) or ``"torchscript"``.
         opset: ONNX opset version (exporter default when ``None``).
-        rtol, atol: verification tolerances (see :mod:`layertap.tolerance`).
+        rtol, atol: verification tolerances (see :mod:`layertap.metrics`).
         input_names: names for the tensor inputs; default from the method's
             signature (``x``, ``pixel_values``, ``input_ids``...).
         kwargs: keyword arguments of the call.

@@ -1,6 +1,6 @@
 """Numbers for export verification: per-output checks and the report (numpy only).
 
-Each output is judged with :func:`layertap.tolerance.error_stats`, the
+Each output is judged with :func:`layertap.metrics.error_stats`, the
 statistic ``lt.compare`` uses too: pass when
 ``max|onnx - torch| <= atol + rtol * max|torch|``; ``rel_err`` is
 ``max|onnx - torch| / max|torch|``.
@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from ..report import Column, fmt_float, fmt_ok, fmt_shape
-from ..tolerance import ToleranceReport, error_stats
+from ..formats import fmt_float, fmt_ok, fmt_shape
+from ..metrics import error_stats
+from ..tables import Column, ToleranceReport
 
 
 def _has_special(a: np.ndarray) -> bool:

@@ -6,7 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..report import Column, Table, fmt_shape
+from ..formats import fmt_shape
+from ..tables import Column, Table
 from .modelfile import read_model
 
 

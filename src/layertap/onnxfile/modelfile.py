@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from ..errors import OnnxFileError
-from ..files import note_input
+from ..files.reads import note_input
 from .metadata import read_taps
 from .walk import all_tensors
 

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from ..errors import LayertapWarning, OnnxFileError, unknown_name
-from ..files import check_output_path, operation, refuse_inputs, temp_path
+from ..files.reads import operation, refuse_inputs
+from ..files.writes import check_output_path, temp_path
 from ..selectors import Tap
 from .modelfile import ModelFile, read_model
 from .ort import SessionSource, tensor_types
@@ -147,7 +148,7 @@ class OutputAdder:
         (and what a module tap answers), so the note names that tensor.
         """
         if self._stand_ins is None:
-            from ._graph import stand_ins
+            from .graph_facts import stand_ins
 
             self._stand_ins = stand_ins(self.graph)
         used = self._stand_ins.get(name)

@@ -18,7 +18,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping
 
-from ..files import atomic_write_bytes, is_input, refuse_inputs, replace_keeping_mode
+from ..files.reads import is_input, refuse_inputs
+from ..files.writes import atomic_write_bytes, replace_keeping_mode
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx

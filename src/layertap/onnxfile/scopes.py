@@ -1,6 +1,6 @@
 """ONNX tensor <-> PyTorch module path, for files from either torch exporter.
 
-Where the module of a node comes from (:mod:`._reading`):
+Where the module of a node comes from (:mod:`.node_scopes`):
 
 * torch.export-based exporter (``dynamo=True``): node ``metadata_props``
   ``pkg.torch.onnx.name_scopes``, a Python-literal list of cumulative module
@@ -14,7 +14,7 @@ Where the module of a node comes from (:mod:`._reading`):
   the unsuffixed sibling (``relu``) also owns nodes.
 * anything else: no module information (:attr:`ScopeMap.source` is ``"none"``).
 
-Calls (:mod:`._calls`). The TorchScript ``_k`` suffix gives call indices
+Calls (:mod:`.calls`). The TorchScript ``_k`` suffix gives call indices
 directly. Under dynamo a call is a maximal run of consecutive nodes (graph
 order) inside the module's scope; nodes without scope information (constants)
 do not break a run. Back-to-back calls (``act(act(x))``, a loop over one
@@ -27,7 +27,7 @@ weights and values computed only from weights excluded. ONNX does not record
 which element of a tuple a tensor is, so a call with several output (or input)
 tensors is refused with their names, to be selected by tensor name.
 
-Folds and rewrites (:mod:`._folds`): eval-mode BatchNorm folded into its Conv
+Folds and rewrites (:mod:`.folds`): eval-mode BatchNorm folded into its Conv
 makes the Conv's own value vanish; the Conv's :class:`Counterpart` names the
 BatchNorm in ``absorbed_by`` (``None`` under TorchScript when the BatchNorm's
 name cannot be guessed). Other optimizer rewrites that may span modules make
@@ -52,8 +52,8 @@ from typing import TYPE_CHECKING
 
 from ..errors import OnnxFileError, unknown_name
 from ..selectors import Tap
-from ._calls import Call, build_calls, refuse_merged_calls
-from ._folds import (
+from .calls import Call, build_calls, refuse_merged_calls
+from .folds import (
     distrust_bypassed_edges,
     distrust_rewrites,
     distrust_suspects,
@@ -61,10 +61,10 @@ from ._folds import (
     fold_fusions,
     fold_torchscript,
 )
-from ._graph import RULE_KEY, GraphFacts, is_fusion
-from ._placing import place_floating
-from ._reading import read_nodes
+from .graph_facts import RULE_KEY, GraphFacts, is_fusion
 from .metadata import NAME_SCOPES_KEY
+from .node_scopes import read_nodes
+from .placing import place_floating
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx

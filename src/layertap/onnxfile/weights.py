@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
-from ._folds import BN_FOLD_RULES
-from ._graph import rules
+from .folds import BN_FOLD_RULES
+from .graph_facts import rules
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx

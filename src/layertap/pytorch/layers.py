@@ -7,14 +7,14 @@ from this table straight into ``--tap``.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..report import Column, Table, fmt_shape
+from ..formats import compact_structure, fmt_shape
+from ..tables import Column, Table
 from .callgraph import is_plain_container
 from .callhooks import CallHooks, module_key
 from .capture import eager
@@ -55,22 +55,6 @@ class LayerRow:
 def _fmt_name(row: LayerRow) -> str:
     # Indent by nesting so the table reads as a tree.
     return "  " * max(row.depth - 1, 0) + (row.name or "(root)")
-
-
-_TENSOR_RE = re.compile(r"Tensor\[([^\]]*)\]")
-_CLASS_RE = re.compile(r"\b[A-Za-z_]\w*\(")
-
-
-def compact_structure(structure: str) -> str:
-    """The table's short form of a ``describe`` text: shapes as ``1x16x32`` and no
-    class names, keeping the keys that ``[index]`` selectors use.
-
-    Example:
-        >>> compact_structure("BaseModelOutput(last_hidden_state=Tensor[1,16,32], pooler_output=Tensor[1,32]:float16)")
-        '(last_hidden_state=1x16x32, pooler_output=1x32:float16)'
-    """
-    text = _TENSOR_RE.sub(lambda m: m.group(1).replace(",", "x") or "scalar", structure)
-    return _CLASS_RE.sub("(", text)
 
 
 def _fmt_output(row: LayerRow) -> str:

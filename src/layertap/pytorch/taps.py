@@ -9,8 +9,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..errors import LayertapError, SelectorError, unknown_name
-from ..files import unique_names
+from ..errors import LayertapError, SelectorError, unique_names, unknown_name
 from ..selectors import Tap, index_text, parse_taps
 from .capture import Capture, StopForward, _input_value, eager
 from .values import Method, check_method, describe, flatten, not_a_tensor, param_names, pick

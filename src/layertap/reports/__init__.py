@@ -27,19 +27,19 @@ def fragment_html(obj: Any) -> str:
     """The body HTML of a report object (what ``_repr_html_`` wraps), by its ``report_kind``."""
     kind = getattr(obj, "report_kind", "table")
     if kind == "compare":
-        from .compare import compare_fragment
+        from .compare_page import compare_fragment
 
         return compare_fragment(obj)
     if kind == "layers":
-        from .layers import layers_fragment
+        from .layers_page import layers_fragment
 
         return layers_fragment(obj)
     if kind == "onnx_layers":
-        from .layers import onnx_layers_fragment
+        from .layers_page import onnx_layers_fragment
 
         return onnx_layers_fragment(obj)
     if kind == "features":
-        from .features import features_fragment
+        from .features_page import features_fragment
 
         return features_fragment(obj)
     return table_fragment(obj)
@@ -49,7 +49,7 @@ def repr_html(obj: Any) -> str:
     """Notebook HTML for a report object: its fragment with the scoped stylesheet.
 
     Example:
-        >>> from layertap.report import Column, Table
+        >>> from layertap.tables import Column, Table
         >>> class T(Table):
         ...     columns = [Column("name", "Name")]
         >>> repr_html(T([{"name": "a"}])).startswith('<div class="lt">')
@@ -90,14 +90,14 @@ def check_report_path(path: str | os.PathLike, *, inputs: tuple = ()) -> Path:
         ...
         layertap.errors.LayertapError: output folder '/nonexistent-dir' does not exist; create it first
     """
-    from ..files import check_output_path
+    from ..files.writes import check_output_path
 
     return check_output_path(path, inputs=inputs, suffixes=SUFFIXES)
 
 
 def write_report(path: str | os.PathLike, document: str) -> Path:
     """Write an HTML document atomically (a failure leaves any previous file as it was)."""
-    from ..files import atomic_write_bytes
+    from ..files.writes import atomic_write_bytes
 
     out = check_report_path(path)
     atomic_write_bytes(out, document.encode("utf-8"))

@@ -175,10 +175,10 @@ def grid_table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, numeric
 
 
 def table_fragment(table: Any, limit: int = 2000) -> str:
-    """Any :class:`~layertap.report.Table` as an HTML table from its columns (notes and footer under it).
+    """Any :class:`~layertap.tables.Table` as an HTML table from its columns (notes and footer under it).
 
     Example:
-        >>> from layertap.report import Column, Table
+        >>> from layertap.tables import Column, Table
         >>> class T(Table):
         ...     columns = [Column("name", "Name")]
         >>> "<td>a&lt;b</td>" in table_fragment(T([{"name": "a<b"}]))

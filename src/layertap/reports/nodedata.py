@@ -44,7 +44,7 @@ def sibling_paths(path: str | os.PathLike) -> dict[str, Path]:
 
 def check_node_data_path(path: str | os.PathLike, *, inputs: tuple = ()) -> dict[str, Path]:
     """Refuse unwritable or clashing node-data paths before any work."""
-    from ..files import check_output_path
+    from ..files.writes import check_output_path
 
     paths = sibling_paths(path)
     for p in paths.values():
@@ -121,7 +121,7 @@ def _result(value: Any, color: str | None, white_text: bool = False) -> dict:
 
 def _node_rows(report: Any, onnx_path: str | os.PathLike | ModelFile) -> dict[str, Any]:
     """ONNX node name -> the compare row that describes it (``None``: in no module call's scope)."""
-    from ..onnxfile._graph import GraphFacts
+    from ..onnxfile.graph_facts import GraphFacts
     from ..onnxfile.modelfile import model_file
 
     model = model_file(onnx_path).model
@@ -177,7 +177,7 @@ def _enclosing_row(owner: tuple[str, int], by_call: dict, single: dict) -> Any:
 
 def write_node_data(report: Any, onnx_path: str | os.PathLike | ModelFile, path: str | os.PathLike) -> list[Path]:
     """Write the three overlays atomically (``onnx_path`` may be the file already read); returns the paths written."""
-    from ..files import atomic_write_bytes
+    from ..files.writes import atomic_write_bytes
 
     paths = check_node_data_path(path, inputs=(getattr(onnx_path, "path", onnx_path),))
     data = node_data(report, onnx_path)

@@ -58,7 +58,7 @@ class Tool:
     # -- output helpers ----------------------------------------------------
     @staticmethod
     def print_table(table: Any, as_json: bool = False) -> None:
-        """Print a :class:`~layertap.report.Table` as rich text or JSON."""
+        """Print a :class:`~layertap.tables.Table` as rich text or JSON."""
         if as_json:
             (JSON_OUT or sys.stdout).write(table.to_json() + "\n")
             return
@@ -76,7 +76,7 @@ def running(info: Any, method: str, args: tuple, kwargs: dict, *, spinner: bool 
     """Turn an error raised by the user's model into a one-line user error (layertap's
     own errors pass unchanged); ``spinner=False`` when the block reports its own progress."""
     from ...errors import LayertapError
-    from ...pytorch.models import run_failed
+    from ...pytorch.example_inputs import run_failed
 
     with status(f"running {info.spec}.{method}") if spinner else contextlib.nullcontext():
         try:

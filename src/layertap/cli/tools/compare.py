@@ -154,7 +154,7 @@ def _read(path: str) -> Any:
 
 
 def _check_outputs(ns: argparse.Namespace, inputs: tuple[str, ...]) -> dict[str, Path]:
-    from ...files import check_output_path
+    from ...files.writes import check_output_path
 
     if ns.node_data is not None:
         from ...reports.nodedata import check_node_data_path
@@ -179,7 +179,7 @@ def _write_outputs(args: Args, report: Any, cand: Any) -> None:
 
 
 def _options(ns: argparse.Namespace) -> dict[str, Any]:
-    from ...tolerance import DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB
+    from ...metrics import DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB
 
     return dict(
         metric=ns.metric,
@@ -243,7 +243,7 @@ def _torch_inputs(args: Args, opts: CompareOptions, cand: _Candidate) -> tuple[A
         tensors = [tuple(torch.from_numpy(np_array(s, n)) for n in names) for s in loaded]
         return model, None, {}, tensors
     if opts.samples is not None and opts.samples > 1:
-        from ...pytorch.models import make_inputs
+        from ...pytorch.example_inputs import make_inputs
 
         seed, method = args.inputs.seed, args.model.method
         drawn: list[tuple[Any, Any]] = [(first, kwargs)]

@@ -102,7 +102,8 @@ def _quote(arg: str) -> str:
 
 def step_build(ctx: DemoContext) -> None:
     """Build resnet18 with seeded random weights (the same ones ``torchvision:resnet18`` gives every command)."""
-    from ...pytorch.models import describe_inputs, load_model, make_inputs
+    from ...pytorch.example_inputs import describe_inputs, make_inputs
+    from ...pytorch.models import load_model
 
     ctx.heading(f"model: {MODEL}")
     ctx.model, ctx.info = load_model(MODEL, seed=SEED)

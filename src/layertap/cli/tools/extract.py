@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import LayertapError
-from ...report import Column, Table, fmt_shape
+from ...formats import fmt_shape
+from ...tables import Column, Table
 from ..args import Args, InputArgs, ModelArgs, OutputArgs, ReportArgs, TapArgs
 from ..console import status
 from .base import Tool, running
@@ -56,7 +57,7 @@ class ExtractTool(Tool):
     def run(self, args: Args) -> int:
         if args.dataset is not None:
             return run_dataset(args)
-        from ...files import save_arrays
+        from ...files.arrays import save_arrays
         from ...pytorch.taps import extract
 
         out, method = Path(args.output or ""), args.model.method

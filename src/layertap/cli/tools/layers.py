@@ -27,7 +27,7 @@ class LayersTool(Tool):
             return self.run_onnx(args)
 
         from ...pytorch.layers import layers
-        from ...pytorch.models import ModelTooLargeError
+        from ...pytorch.memory import ModelTooLargeError
         from .base import running
 
         # Shapes need no weights: without --input/--weights a big model is listed from the meta device.

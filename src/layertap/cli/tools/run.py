@@ -6,7 +6,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from ...report import Column, Table, fmt_float, fmt_shape
+from ...formats import fmt_float, fmt_shape
+from ...tables import Column, Table
 from ..args import Args, InputArgs, JsonArgs, OutputArgs, TapArgs
 from .base import Tool
 
@@ -47,7 +48,7 @@ class RunTool(Tool):
         return ns.onnx
 
     def run(self, args: Args) -> int:
-        from ...files import save_arrays
+        from ...files.arrays import save_arrays
         from ...onnxfile.runner import run
 
         inputs = _inputs(args.inputs.specs)

@@ -37,8 +37,8 @@ group of such nodes (an *island*) is placed from its neighbours:
 
 Example:
     >>> from onnx import helper, TensorProto
-    >>> from ._graph import GraphFacts, is_fusion
-    >>> from ._reading import read_nodes
+    >>> from .graph_facts import GraphFacts, is_fusion
+    >>> from .node_scopes import read_nodes
     >>> n = [helper.make_node("Relu", ["x"], ["r"], name="/act/Relu"),
     ...      helper.make_node("Neg", ["r"], ["q"], name="tool_1"),
     ...      helper.make_node("Abs", ["q"], ["y"], name="/out/Abs")]
@@ -54,8 +54,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._graph import GraphFacts, activation, connected_groups, is_quantizer
-from ._reading import Chain, NodeScopes
+from .graph_facts import GraphFacts, activation, connected_groups, is_quantizer
+from .node_scopes import Chain, NodeScopes
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ..report import fmt_shape
+from ..formats import compact_structure, fmt_shape
 from .html import cards, esc, field, notes_list, section
 from .tree import Node, nest, render_tree
 
@@ -24,8 +24,6 @@ def torch_output_text(row: Any) -> str:
     """A layers row's output: shape, or the compact structure of a tuple/dict result."""
     structure = field(row, "structure")
     if structure:
-        from ..pytorch.layers import compact_structure  # only reached for PyTorch tables: torch is loaded
-
         return compact_structure(structure)
     shapes = field(row, "shapes")
     return fmt_shape(shapes[0]) if shapes else "-"

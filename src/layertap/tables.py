@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal, Sequence
 
 from .errors import printable
+from .metrics import DEFAULT_ATOL, DEFAULT_RTOL
 
 
 @dataclass(frozen=True)
@@ -35,46 +36,6 @@ class Column:
     no_wrap: bool = False  # short values (shapes, numbers) that read badly when wrapped
     name: bool = False
     drop: int = 0
-
-
-def fmt_float(x: Any) -> str:
-    """Short float text: ``1.2e-05``, ``0.031``, ``-`` for missing.
-
-    Example:
-        >>> fmt_float(1.23456e-5), fmt_float(None), fmt_float(float("nan"))
-        ('1.23e-05', '-', 'nan')
-    """
-    if x is None:
-        return "-"
-    if isinstance(x, float) and math.isnan(x):
-        return "nan"
-    return f"{x:.3g}"
-
-
-def fmt_db(x: Any) -> str:
-    """Decibels to two decimals, so a value just under a threshold never reads as the threshold.
-
-    Example:
-        >>> fmt_db(29.956), fmt_db(None), fmt_db(float("inf"))
-        ('29.96', '-', 'inf')
-    """
-    return "-" if x is None else f"{x:.2f}"
-
-
-def fmt_shape(shape: Any) -> str:
-    """``[1, 3, 'batch']`` -> ``1x3xbatch``; ``None`` -> ``-``."""
-    if shape is None:
-        return "-"
-    if isinstance(shape, str):
-        return shape
-    return "x".join(str(d) for d in shape) if len(shape) else "scalar"
-
-
-def fmt_ok(ok: Any) -> str:
-    """Status cell: pass / FAIL / '-' (not compared)."""
-    if ok is None:
-        return "-"
-    return "pass" if ok else "FAIL"
 
 
 class Table:
@@ -272,3 +233,25 @@ def _json_safe(obj: Any) -> Any:
     if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
         return _json_safe(obj.item())
     return obj
+
+
+class ToleranceReport(Report):
+    """A report whose rows were judged by :mod:`layertap.metrics`: holds ``rtol`` and ``atol``.
+
+    The base of ``lt.export``'s and ``lt.compare``'s reports; ``summary()``
+    (the JSON head) carries both tolerances.
+
+    Example:
+        >>> ToleranceReport([], rtol=1e-3, atol=1e-5).summary()["rtol"]
+        0.001
+    """
+
+    def __init__(self, rows: Any = (), notes: Any = (), *, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL) -> None:
+        super().__init__(rows, notes)
+        self.rtol = rtol
+        self.atol = atol
+
+    def summary(self) -> dict[str, Any]:
+        out = super().summary()
+        out.update(rtol=self.rtol, atol=self.atol)
+        return out

@@ -10,8 +10,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
-from ..report import Column, fmt_db, fmt_float, fmt_shape
-from ..tolerance import DEFAULT_ATOL, DEFAULT_RTOL, Criterion, ErrorStats, ToleranceReport
+from ..formats import fmt_db, fmt_float, fmt_shape
+from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, Criterion, ErrorStats
+from ..tables import Column, ToleranceReport
 
 PASS, FAIL, NO_COUNTERPART, ABSORBED = "pass", "FAIL", "no counterpart", "absorbed"
 STATISTIC = "rel_err = max|onnx - torch| / max|torch|; pass when max_abs <= atol + rtol * max|torch|"
@@ -219,7 +220,7 @@ class CompareReport(ToleranceReport):
         errors = f"max abs err {fmt_float(row.max_abs)}, rel err {fmt_float(row.rel_err)}"
         if self.criterion.metric == "rel":
             return errors
-        from ..reports.compare import metric_text, threshold_text
+        from ..reports.compare_page import metric_text, threshold_text
 
         value = row.cosine if self.criterion.metric == "cosine" else row.sqnr_db
         return f"{metric_text(value, self.criterion.metric)} ({threshold_text(self)}), {errors}"
@@ -237,7 +238,7 @@ class CompareReport(ToleranceReport):
 
         A divergence found at ``row`` may have started in any of them.
         """
-        from ..reports.compare import uncompared_before
+        from ..reports.compare_page import uncompared_before
 
         return uncompared_before(self.rows, row)
 
@@ -253,7 +254,7 @@ class CompareReport(ToleranceReport):
 
     def _before_divergence(self, row: CompareRow) -> str:
         """What the HTML explanation says of the calls just before ``row``, in the same words."""
-        from ..reports.compare import fused_words, gap_words
+        from ..reports.compare_page import fused_words, gap_words
 
         gap, fused = gap_words(self.rows, row), fused_words(self.rows, row)
         words = f"every compared module before it agrees, but {gap}" if gap else "every module before it agrees"

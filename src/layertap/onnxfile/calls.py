@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
-from ._graph import GraphFacts, connected_groups
-from ._reading import Chain
+from .graph_facts import GraphFacts, connected_groups
+from .node_scopes import Chain
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx

@@ -28,11 +28,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
-
-from .report import Report
 
 DEFAULT_RTOL = 1e-3
 DEFAULT_ATOL = 1e-5
@@ -255,23 +252,3 @@ class Criterion:
         if self.metric == "sqnr":
             return f"pass when SQNR >= {self.min_sqnr_db:g} dB"
         return f"pass when max_abs <= atol + rtol * max|ref| (rtol {self.rtol:g}, atol {self.atol:g})"
-class ToleranceReport(Report):
-    """A report whose rows were judged by the rule above: holds ``rtol`` and ``atol``.
-
-    The base of ``lt.export``'s and ``lt.compare``'s reports; ``summary()``
-    (the JSON head) carries both tolerances.
-
-    Example:
-        >>> ToleranceReport([], rtol=1e-3, atol=1e-5).summary()["rtol"]
-        0.001
-    """
-
-    def __init__(self, rows: Any = (), notes: Any = (), *, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL) -> None:
-        super().__init__(rows, notes)
-        self.rtol = rtol
-        self.atol = atol
-
-    def summary(self) -> dict[str, Any]:
-        out = super().summary()
-        out.update(rtol=self.rtol, atol=self.atol)
-        return out

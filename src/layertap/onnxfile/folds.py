@@ -28,14 +28,14 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Sequence
 
-from ._calls import Call, innermost
-from ._graph import FIRST_NODE_FUSIONS, GraphFacts, activation, is_fusion, rules
-from ._reading import NodeScopes, join, tensor_op
+from .calls import Call, innermost
+from .graph_facts import FIRST_NODE_FUSIONS, GraphFacts, activation, is_fusion, rules
+from .node_scopes import NodeScopes, join, tensor_op
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
-    from ._placing import Suspect
+    from .placing import Suspect
 
 FX_NODE_KEY = "pkg.torch.onnx.fx_node"
 _FX_NAME_RE = re.compile(r"%([A-Za-z_]\w*)")
@@ -155,7 +155,7 @@ def fold_fusions(graph: "onnx.GraphProto", calls: list[Call], ns: NodeScopes, fa
     """Nodes whose op fused several ops (ONNX Runtime): the last module wins, the others are absorbed.
 
     Under TorchScript names the fused node's name is its first op's and its
-    output tensor's name its last op's (:mod:`._reading`); the node computes
+    output tensor's name its last op's (:mod:`.node_scopes`); the node computes
     the last module's value, and the modules named only by the node (conv1, and
     bn1 folded into it earlier) are refused with ``absorbed_by`` = the last.
     Without that tensor name nothing says which modules the ops came from, so
@@ -263,7 +263,7 @@ def distrust_rewrites(graph: "onnx.GraphProto", calls: list[Call], facts: GraphF
 
 
 def distrust_suspects(calls: list[Call], suspects: "Sequence[Suspect]", facts: GraphFacts) -> None:
-    """Refuse the output (input) of calls at a tensor where a placed island meets them (:mod:`._placing`).
+    """Refuse the output (input) of calls at a tensor where a placed island meets them (:mod:`.placing`).
 
     A refused output is still a candidate (``rewritten``) when the suspect says so: the
     tensor is there, only whether the island ends this module is unknown, so a caller

@@ -58,7 +58,7 @@ class NodeScopes:
     inputs may come from elsewhere), ``"renamed"`` (a tool replaced an
     exporter-named node and named the new ones after it, ``/fc/Gemm_MatMul_quant``:
     they compute part of that module) or ``None`` (no scope: a node another tool
-    inserted; :mod:`._placing` places it by data flow). ``"unscoped"``: a
+    inserted; :mod:`.placing` places it by data flow). ``"unscoped"``: a
     TorchScript exporter node made outside any module (``Unsqueeze_161``).
     """
 

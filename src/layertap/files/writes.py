@@ -1,0 +1,124 @@
+"""Output paths checked before any work, and atomic writes.
+
+Outputs are written to a temporary file in the target folder and renamed into
+place, so a failure at any point leaves no partial or empty file behind and
+never touches an existing file of the same name until the new one is complete.
+An output may never be a file the running operation reads (:mod:`.reads`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import LayertapError
+from .reads import refuse_inputs
+
+#: temporary names keep at most this much of the target's name (NAME_MAX is 255 bytes)
+_TMP_NAME_KEEP = 120
+
+
+def check_output_path(path: str | os.PathLike, *, inputs: tuple = (), suffixes: tuple[str, ...] = ()) -> Path:
+    """Validate an output path before any work is done.
+
+    Refuses a missing folder, a folder given as the file, an output equal to
+    one of ``inputs`` or to any file the :func:`operation` reads, and (when
+    given) a suffix outside ``suffixes``.
+
+    Example:
+        >>> check_output_path("/nonexistent-dir/out.onnx")
+        Traceback (most recent call last):
+        ...
+        layertap.errors.LayertapError: output folder '/nonexistent-dir' does not exist; create it first
+    """
+    out = Path(path)
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        if parent.exists():
+            raise LayertapError(f"output folder '{parent}' is a file, not a folder")
+        raise LayertapError(f"output folder '{parent}' does not exist; create it first")
+    if out.is_dir():
+        raise LayertapError(f"output '{out}' is a folder; give a file name")
+    _check_writable(parent)
+    refuse_inputs(out, inputs)
+    if suffixes and out.suffix.lower() not in suffixes:
+        raise LayertapError(f"output '{out}' must end in one of: {', '.join(suffixes)}")
+    return out
+
+
+def _check_writable(folder: Path) -> None:
+    # os.access() says yes to root everywhere (even /proc); only creating a
+    # file tells the truth, and it costs one empty temporary file.
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise LayertapError(f"cannot write in output folder '{folder}': {e.strerror or e}") from None
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it onto ``path`` on success.
+
+    On any exception the temporary file is removed and ``path`` is untouched.
+
+    Example:
+        >>> import tempfile, os
+        >>> d = tempfile.mkdtemp()
+        >>> with atomic_path(os.path.join(d, "a.txt")) as tmp:
+        ...     _ = tmp.write_text("hi")
+        >>> open(os.path.join(d, "a.txt")).read()
+        'hi'
+    """
+    target = Path(path)
+    refuse_inputs(target)
+    tmp = temp_path(target)
+    try:
+        yield tmp
+        if not tmp.exists() or tmp.stat().st_size == 0:
+            raise LayertapError(f"nothing was written for '{target}'")
+        refuse_inputs(target)  # the operation may have read more files since it started
+        replace_keeping_mode(tmp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def temp_path(target: Path, suffix: str = ".tmp") -> Path:
+    """A new empty hidden file beside ``target`` (its name fits NAME_MAX for any target name)."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{target.name[:_TMP_NAME_KEEP]}.", suffix=suffix, dir=target.parent or ".")
+    except OSError as e:
+        raise LayertapError(f"cannot write in output folder '{target.parent}': {e.strerror or e}") from None
+    os.close(fd)
+    return Path(name)
+
+
+def replace_keeping_mode(tmp: Path, target: Path, like: Path | None = None) -> None:
+    """Rename ``tmp`` onto ``target``; the result keeps the permission bits of ``like``
+    (default ``target``) when it exists, else gets the mode a plain ``open()`` would
+    (mkstemp makes 0600)."""
+    try:
+        mode = stat.S_IMODE((like or target).stat().st_mode)
+    except OSError:
+        mode = 0o666 & ~_umask()
+    tmp.chmod(mode)
+    os.replace(tmp, target)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+

@@ -1,0 +1,119 @@
+"""Example inputs for a model run: tensors from ``--input`` specs or the spec's
+defaults, their one-line description, and the error for a run that failed on them."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import LayertapError, first_line, unknown_name
+from ..inputs import InputSpec, spec_arrays
+from .models import ModelInfo
+
+
+def make_inputs(
+    info: ModelInfo,
+    specs: Sequence[InputSpec] = (),
+    *,
+    model: nn.Module | None = None,
+    method: str = "forward",
+    seed: int = 0,
+) -> tuple[tuple, dict]:
+    """Tensors for ``model.<method>(*args, **kwargs)`` from ``--input`` specs.
+
+    Named specs become keyword arguments, unnamed ones positional. With no
+    specs, the spec's defaults are used (for another method, only those it
+    accepts). Integers are drawn below ``info.int_high`` (the vocabulary).
+
+    Example:
+        >>> info = ModelInfo("x", "module", [InputSpec.parse("2x3")])
+        >>> args, kwargs = make_inputs(info)
+        >>> args[0].shape, kwargs
+        (torch.Size([2, 3]), {})
+    """
+    specs = list(specs)
+    accepted = _accepted_names(model, method)
+    if not specs:
+        specs = [s for s in info.inputs if s.name is None or accepted is None or s.name in accepted]
+    if not specs:
+        raise LayertapError(
+            f"no example inputs known for {info.spec}"
+            + (f".{method}" if method != "forward" else "")
+            + "; pass --input SHAPE[:DTYPE] (e.g. --input 1x3x224x224) or --input NAME=FILE.npy"
+        )
+    if accepted is not None:
+        allowed = set(accepted)  # a set: thousands of --input stay linear
+        for s in specs:
+            if s.name is not None and s.name not in allowed:
+                takes = f"{method}() takes: {', '.join(accepted[:12]) or 'no named inputs'}"
+                raise LayertapError(unknown_name(f"input name for {method}()", s.name, accepted, hint=takes))
+    args: list[torch.Tensor] = []
+    kwargs: dict[str, torch.Tensor] = {}
+    for s, array in zip(specs, spec_arrays(specs, seed, info.int_high)):
+        # copy: .npy files load read-only, and torch wants writable memory
+        tensor = torch.from_numpy(array if array.flags.writeable else np.array(array, copy=True))
+        if s.name is None:
+            args.append(tensor)
+        else:
+            kwargs[s.name] = tensor
+    return tuple(args), kwargs
+
+
+def _accepted_names(model: nn.Module | None, method: str) -> list[str] | None:
+    """Keyword names ``model.<method>`` takes, in signature order; None when unknown
+    or it takes only ``**kwargs`` (then every name is passed through)."""
+    fn = getattr(model, method, None) if model is not None else None
+    if fn is None:
+        return None
+    if method == "forward" and isinstance(model, nn.Module):
+        fn = model.forward
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if any(p.kind is p.VAR_KEYWORD for p in params) and not names:
+        return None
+    return names
+
+
+def describe_inputs(args: tuple, kwargs: dict) -> str:
+    """``1x3x224x224 float32, input_ids=1x16 int64``."""
+
+    def one(t: Any) -> str:
+        if isinstance(t, torch.Tensor):
+            return _shape_text(t.shape) + " " + str(t.dtype).replace("torch.", "")
+        return type(t).__name__
+
+    return ", ".join([one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()])
+
+
+def run_failed(error: Exception, info: ModelInfo, method: str, args: tuple, kwargs: dict) -> LayertapError:
+    """A one-line user error for a model that raised on the given inputs; when the
+    spec knows its default inputs and these differ, it leads with the inputs expected.
+
+    Example:
+        >>> str(run_failed(RuntimeError("bad shape"), ModelInfo("m:M", "module"), "forward", (torch.zeros(2),), {}))
+        'm:M.forward(2 float32) failed: RuntimeError: bad shape (check --input)'
+        >>> info = ModelInfo("m:M", "module", [InputSpec.parse("1x3x8x8")])
+        >>> print(run_failed(RuntimeError("bad shape"), info, "forward", (torch.zeros(1, 3, 8),), {}))
+        m:M expects an input like 1x3x8x8 float32 (its default), got 1x3x8 float32: forward() failed with ...; pass --input 1x3x8x8, ...
+    """
+    msg = first_line(error)
+    given = describe_inputs(args, kwargs)
+    defaults = [s for s in info.inputs if s.shape is not None] if method == "forward" else []
+    wanted = ", ".join(f"{s.name + '=' if s.name else ''}{_shape_text(s.shape)} {s.dtype}" for s in defaults)
+    if not defaults or len(defaults) != len(info.inputs) or wanted == given:
+        return LayertapError(f"{info.spec}.{method}({given}) failed: {type(error).__name__}: {msg} (check --input)")
+    options = " ".join(f"--input {s.name + '=' if s.name else ''}{_shape_text(s.shape)}"
+                       f"{'' if s.dtype == 'float32' else ':' + s.dtype}" for s in defaults)
+    return LayertapError(f"{info.spec} expects an input like {wanted} (its default), got {given}: {method}() failed with "
+                         f"{type(error).__name__}: {msg}; pass {options}, or no --input for the default")
+
+
+def _shape_text(shape: Sequence[int] | None) -> str:
+    return "x".join(str(d) for d in shape or ())
