@@ -434,3 +434,18 @@ def test_both_references_run_through_one_driver_with_the_same_batches_and_notes(
         assert sides * 2 < sessions <= sides * n_batches, parts.notes  # a session per batch, not per run
         assert [(r.name, r.status) for r in parts.rows] == [(r.name, r.status) for r in whole.rows]
         assert whole.ok and parts.ok and len(whole.rows) > 5
+
+
+def test_onnx_reference_draws_token_ids_below_the_embedding_table(torch_mod, tmp_path):
+    """No inputs given, a vocabulary of 10: random ids stay below 10 (as ``run`` draws them), so
+    ONNX Runtime accepts every sample instead of refusing an out-of-range Gather index."""
+    import layertap as lt
+
+    torch_mod.manual_seed(0)
+    net = torch_mod.nn.Sequential(torch_mod.nn.Embedding(10, 4), torch_mod.nn.Linear(4, 2)).eval()
+    path = tmp_path / "emb.onnx"
+    torch_mod.onnx.export(net, (torch_mod.tensor([[1, 2, 3]]),), str(path), dynamo=False, input_names=["ids"],
+                          dynamic_axes={"ids": {0: "batch", 1: "seq"}})
+    report = lt.compare(path, None, path, ref_ort_optimizations=False, samples=3)
+    assert report.ok and report.samples == 3, str(report)
+    assert [r.shape for r in report.rows][0] == [1, 1, 4]

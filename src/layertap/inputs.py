@@ -16,7 +16,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -236,9 +236,11 @@ def random_input(name: str, dims: Sequence[Any], dtype: Any, rng: np.random.Gene
 
 
 def random_samples(n: int, inputs: Sequence[tuple[str, Sequence[Any], Any]], seed: int, *,
-                   symbolic: int = SYMBOLIC_SIZE) -> list[dict[str, np.ndarray]]:
+                   symbolic: int = SYMBOLIC_SIZE, int_high: Mapping[str, int | None] | None = None,
+                   ) -> list[dict[str, np.ndarray]]:
     """``n`` samples of generated inputs for ``(name, declared dims, dtype)`` triples
-    (see :func:`random_input`); sample ``i`` draws from seed ``seed + i``.
+    (see :func:`random_input`); sample ``i`` draws from seed ``seed + i``. ``int_high`` bounds
+    an integer input by name (the embedding table it indexes); others stay below the default.
 
     Example:
         >>> s = random_samples(2, [("x", [1, 3], "float32")], seed=0)
@@ -248,7 +250,8 @@ def random_samples(n: int, inputs: Sequence[tuple[str, Sequence[Any], Any]], see
     out = []
     for i in range(n):
         rng = np.random.default_rng(seed + i)
-        out.append({name: random_input(name, dims, dt, rng, symbolic=symbolic)[0] for name, dims, dt in inputs})
+        out.append({name: random_input(name, dims, dt, rng, symbolic=symbolic, int_high=(int_high or {}).get(name))[0]
+                    for name, dims, dt in inputs})
     return out
 
 

@@ -199,17 +199,19 @@ def _criterion(metric: Any, rtol: Any, atol: Any, min_cosine: Any, min_sqnr_db: 
     return Criterion(metric, float(rtol), float(atol), float(min_cosine), float(min_sqnr_db), bool(check_finite))
 
 
-def _random_from_file(seed: int) -> Callable[[list[tuple[str, str]], dict[str, tuple], int], list[Any]]:
-    """Draws random samples from the reference file's inputs (other symbolic sizes 1), seeds after ``seed``."""
+def _random_from_file(seed: int) -> Callable[[list[tuple[str, str]], dict[str, tuple], dict[str, int | None], int], list[Any]]:
+    """Draws random samples from the reference file's inputs (other symbolic sizes 1; integers below
+    the table they index, as ``run`` draws them), seeds after ``seed``."""
 
-    def draw(inputs: list[tuple[str, str]], shapes: dict[str, tuple], n: int) -> list[Any]:
+    def draw(inputs: list[tuple[str, str]], shapes: dict[str, tuple], bounds: dict[str, int | None], n: int) -> list[Any]:
         from ..inputs import random_samples
 
         names = [name for name, _ in inputs]
         missing = [name for name in names if name not in shapes]
         if missing:
             raise InputSpecError(f"input {missing[0]!r} has no declared shape; pass the inputs (--input SHAPE)")
-        return random_samples(n, [(name, shapes[name], dt or "float32") for name, dt in inputs], seed + 1, symbolic=1)
+        return random_samples(n, [(name, shapes[name], dt or "float32") for name, dt in inputs], seed + 1, symbolic=1,
+                              int_high=bounds)
 
     return draw
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import InputSpecError, LayertapError, OnnxFileError
 from ..metrics import Criterion
+from ..onnxfile.feeds import integer_bounds
 from ..onnxfile.graph_facts import stand_ins
 from ..onnxfile.metadata import own_outputs
 from .align import Item, RowBuilder
@@ -244,13 +245,15 @@ class OnnxReference:
     holds_values = False
 
     def __init__(self, ref: OrtSide, cand: OrtSide, samples: Sequence[Given], n_random: int, *,
-                 random: Callable[[list[tuple[str, str]], dict[str, tuple], int], list[Given]], criterion: Criterion,
+                 random: Callable[[list[tuple[str, str]], dict[str, tuple], dict[str, int | None], int], list[Given]],
+                 criterion: Criterion,
                  modules: Sequence[str] | None, batch_outputs: int | None, memory_budget: int,
                  allow_different_weights: bool) -> None:
         self.side, self.cand, self.own_runs = ref, cand, (ref,)
         self.weights = _weights(ref, cand).enforce(allow_different_weights)
         if n_random:
-            samples = [*samples, *random(ref.inputs, ref.runner.input_shapes(), n_random)]
+            bounds = integer_bounds(ref.proto.graph, [name for name, _ in ref.inputs])  # ids below each table's size
+            samples = [*samples, *random(ref.inputs, ref.runner.input_shapes(), bounds, n_random)]
         self.feeds = [feed_for(ref, s) for s in samples]
         self.cand_feeds = [cand_feed(ref, cand, f) for f in self.feeds]
         self.n_samples = len(self.feeds)

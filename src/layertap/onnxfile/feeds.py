@@ -143,6 +143,22 @@ def _from_specs(specs: Sequence[Any], given: dict[str, Any], bounds: "_GatherBou
     return out
 
 
+def integer_bounds(graph: "onnx.GraphProto", names: Sequence[str]) -> dict[str, int | None]:
+    """For each input name, the size of the embedding table a ``Gather`` indexes with it (random
+    integers must stay below it), or ``None`` when it feeds no table.
+
+    Example:
+        >>> import onnx.helper as h, onnx.numpy_helper as nh
+        >>> g = h.make_graph([h.make_node("Gather", ["table", "ids"], ["y"])], "g",
+        ...     [h.make_tensor_value_info("ids", 7, [1, 3])], [h.make_tensor_value_info("y", 1, None)],
+        ...     [nh.from_array(np.zeros((10, 4), np.float32), "table")])
+        >>> integer_bounds(g, ["ids", "other"])
+        {'ids': 10, 'other': None}
+    """
+    bounds = _GatherBounds(graph)
+    return {name: bounds.high(name) for name in names}
+
+
 class _GatherBounds:
     """Upper bounds for integer inputs: the size of the table a ``Gather`` indexes with them."""
 
