@@ -60,7 +60,7 @@ def fold_dynamo(graph: "onnx.GraphProto", calls: list[Call]) -> None:
         owner = innermost(calls, i)
         if owner is None:
             continue
-        conv = param_module(_plain_weight(node.input[1]) if len(node.input) > 1 else "")
+        conv = param_module(plain_weight_name(node.input[1]) if len(node.input) > 1 else "")
         if conv and conv != owner.path:
             added.append(Call(
                 conv, _next_call(calls + added, conv), [i],
@@ -122,7 +122,7 @@ def _call_after(calls: list[Call], path: str, index: int) -> Call | None:
 _QUANT_WEIGHT_SUFFIXES = ("_DequantizeLinear_Output", "_quantized")
 
 
-def _plain_weight(name: str) -> str:
+def plain_weight_name(name: str) -> str:
     """A weight's name without the quantizer's suffixes: ``conv1.weight_DequantizeLinear_Output`` -> ``conv1.weight``."""
     for suffix in _QUANT_WEIGHT_SUFFIXES:
         name = name.removesuffix(suffix)
@@ -138,7 +138,7 @@ def _folded_conv(graph: "onnx.GraphProto", c: Call, calls: list[Call], facts: Gr
     if len(own) == 1 and graph.node[own[0]].op_type in _CONV_OPS and not is_fusion(graph.node[own[0]]) \
             and innermost([c2 for c2 in calls if c2.note is None], own[0]) is c:
         node = graph.node[own[0]]
-        weight = _plain_weight(node.input[1] if len(node.input) > 1 else "")
+        weight = plain_weight_name(node.input[1] if len(node.input) > 1 else "")
         folded = weight != c.path + ".weight" and node.input[1] in facts.weights
         return node if folded else None
     if own:

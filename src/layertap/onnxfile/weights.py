@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
-from .folds import BN_FOLD_RULES
+from .folds import BN_FOLD_RULES, plain_weight_name
 from .graph_facts import rules
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,7 +42,6 @@ if TYPE_CHECKING:  # pragma: no cover
 _UNIT = {"float16": 2.0**-11, "bfloat16": 2.0**-7, "float32": 2.0**-24, "float64": 0.0}
 #: onnxconverter-common raises float16 values closer to zero than 1e-7 to 1e-7 (``min_positive_val``)
 _FLOOR = {"float16": 1.2e-7}
-_DQ_SUFFIX = "_DequantizeLinear_Output"
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 # names the exporters make up for tensors that have none: they say nothing about which parameter it is
 _ANONYMOUS = re.compile(r"^(?:.*::.*|_?val_\d+|\d+|Constant_\d+.*)$")
@@ -177,7 +176,7 @@ def _dequantized(node: "onnx.NodeProto", inits: Mapping[str, Any], array: Callab
     axis = attrs["axis"].i if "axis" in attrs else 1
     q = inits[node.input[0]]
     out = node.output[0]
-    name = out[: -len(_DQ_SUFFIX)] if out.endswith(_DQ_SUFFIX) else out
+    name = plain_weight_name(out)
     qtype = _q_type_name(q.data_type)
 
     def read() -> Reading:
