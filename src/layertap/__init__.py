@@ -27,6 +27,7 @@ _EXPORTS = {
     "layers": ".pytorch.layers",
     "export": ".exporting.export",
     "compare": ".comparing",
+    "repro": ".repair.repro",
     "onnx_layers": ".onnxfile.layers",
     "add_outputs": ".onnxfile.outputs",
     "run": ".onnxfile.runner",
@@ -38,6 +39,7 @@ _EXPORTS = {
     "OnnxLayers": ".onnxfile.layers",
     "ExportReport": ".exporting.verify",
     "CompareReport": ".comparing.rows",
+    "ReproReport": ".repair.repro",
     "LayertapError": ".errors",
 }
 

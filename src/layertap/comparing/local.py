@@ -14,8 +14,11 @@ Never imports torch (the PyTorch reference's values come as numpy from the value
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -39,6 +42,7 @@ class LocalGraph:
     def __init__(self, source: "SessionSource", optimize: bool, providers: Sequence[str]) -> None:
         from ..onnxfile.graph_facts import GraphFacts
         from ..onnxfile.ort import inferred_types
+        from ..onnxfile.parts import PartCutter
         from ..onnxfile.scopes import ScopeMap
 
         self.sessions = source  # the candidate, its weights held once for every part run
@@ -47,9 +51,10 @@ class LocalGraph:
         self.providers = list(providers)
         self.smap = ScopeMap.from_model(cand)
         self.facts = GraphFacts(cand.graph)
+        self.cutter = PartCutter(cand, self.facts)
         self.types = inferred_types(cand)
-        self.producer = {t: i for i, n in enumerate(cand.graph.node) for t in n.output if t}
-        self.inits = {i.name: i for i in cand.graph.initializer}
+        self.producer = self.cutter.producer
+        self.inits = self.cutter.inits
         self.graph_inputs = [i.name for i in cand.graph.input if i.name not in self.inits]
         self._last: tuple[bytes, Any] | None = None
         # tensors in ORT's NCHWc layout (an ORT_ENABLE_ALL file): fed blocked, read back as NCHW
@@ -83,64 +88,50 @@ class LocalGraph:
             ) -> dict[int, dict[str, np.ndarray] | str]:
         """``jobs``: ``(job id, nodes, entering, outputs)``. Returns per job the candidate's outputs
         computed from the reference's inputs, or why that cannot be done."""
-        import onnx
-
         results: dict[int, dict[str, np.ndarray] | str] = {}
-        nodes_out: list[Any] = []
-        inputs: list[Any] = []
-        outputs: list[Any] = []
+        pieces: list[Any] = []
         feed: dict[str, np.ndarray] = {}
         wanted: dict[int, dict[str, str]] = {}
-        shared: set[int] = set()
         for job, nodes, entering, outs in jobs:
-            feeding = self._feed(entering, ref_of)
+            feeding = self.feeding(entering, nodes, ref_of)
             if isinstance(feeding, str):
                 results[job] = feeding
                 continue
-            fed, converting = feeding
-            nodes = sorted({*nodes, *converting})
-            if any(_has_subgraph(self.cand.graph.node[i]) for i in nodes):
-                results[job] = "the call holds control flow (subgraphs); its part cannot be run alone"
-                continue
-            rename = {t: f"lt_local{job}/{t}" for t in fed}
-            for i in nodes:
-                for t in self.cand.graph.node[i].output:
-                    if t:
-                        rename[t] = f"lt_local{job}/{t}"
-            for t, value in fed.items():
-                inputs.append(onnx.helper.make_tensor_value_info(rename[t], _elem(value), list(value.shape)))
-                feed[rename[t]] = value
-            for i in nodes:
-                node = onnx.NodeProto()
-                node.CopyFrom(self.cand.graph.node[i])
-                node.name = f"lt_local{job}/{node.name}" if node.name else ""
-                node.input[:] = [rename.get(t, t) for t in node.input]
-                node.output[:] = [rename.get(t, t) for t in node.output]
-                nodes_out.append(node)
-            shared |= self._weight_nodes(nodes)
-            wanted[job] = {t: rename[t] for t in outs if t in rename}
-            for t in wanted[job].values():
-                outputs.append(onnx.helper.make_empty_tensor_value_info(t))
-        if not outputs:
+            fed, nodes = feeding
+            fed = {s: self._typed(s, v) for s, v in fed.items()}
+            fed = {s: block(v, self.block) if s in self.blocked else v for s, v in fed.items()}
+            piece = self.cutter.piece(nodes, {t: (_elem(v), v.shape) for t, v in fed.items()}, outs, prefix=f"lt_local{job}/")
+            feed.update({piece.names[t]: v for t, v in fed.items()})
+            pieces.append(piece)
+            wanted[job] = {t: piece.names[t] for t in outs if t in piece.names and t not in fed}
+        if not any(p.outputs for p in pieces):
             return results
-        weight_nodes = [self.cand.graph.node[i] for i in sorted(shared)]
-        graph = onnx.helper.make_graph(
-            [*weight_nodes, *nodes_out], "layertap_local", inputs, outputs, self._initializers(nodes_out + weight_nodes)
-        )
-        model = onnx.helper.make_model(graph, opset_imports=list(self.cand.opset_import))
-        model.ir_version = self.cand.ir_version
-        model.functions.extend(self.cand.functions)
+        model = self.cutter.model(pieces, "layertap_local")
+        names = [o.name for p in pieces for o in p.outputs]
         try:
             sess = self._session(model)
-            got = dict(zip([o.name for o in outputs], sess.run([o.name for o in outputs], feed)))
+            got = dict(zip(names, sess.run(names, feed)))
         except Exception as e:  # noqa: BLE001 - ORT's own message
             why = f"ONNX Runtime cannot run the candidate's part alone: {' '.join(str(e).split())[:160]}"
             for job in wanted:
                 results[job] = why
             return results
-        for job, names in wanted.items():
-            results[job] = {t: got[r] for t, r in names.items()}
+        for job, renamed in wanted.items():
+            results[job] = {t: got[r] for t, r in renamed.items()}
         return results
+
+    def feeding(self, entering: Sequence[str], nodes: Sequence[int], ref_of: RefLookup,
+                ) -> tuple[dict[str, np.ndarray], list[int]] | str:
+        """The reference's values for a call's part (as the reference holds them) and the
+        part's nodes, the conversion nodes it must run included; or why there is none."""
+        feeding = self._feed(entering, ref_of)
+        if isinstance(feeding, str):
+            return feeding
+        fed, converting = feeding
+        nodes = sorted({*nodes, *converting})
+        if any(_has_subgraph(self.cand.graph.node[i]) for i in nodes):
+            return "the call holds control flow (subgraphs); its part cannot be run alone"
+        return fed, nodes
 
     def _session(self, model: "onnx.ModelProto") -> Any:
         """A session on the part graph; the last one is reused while the graph is the same
@@ -167,8 +158,7 @@ class LocalGraph:
                 return f"its input {t} has no reference value (the boundary cannot be matched)"
             s = chain[k]
             converting.update(self.producer[c] for c in chain[:k])
-            typed = self._typed(s, value)
-            fed[s] = block(typed, self.block) if s in self.blocked else typed
+            fed[s] = value
         return fed, converting
 
     def as_reference(self, name: str, value: np.ndarray, shape: Sequence[int]) -> np.ndarray:
@@ -177,13 +167,22 @@ class LocalGraph:
 
     def _typed(self, t: str, value: np.ndarray) -> np.ndarray:
         """The reference's value in the candidate's type and declared shape (float16 for a float16 file)."""
+        a, dtype = self.declared(t, value)
+        if dtype is not None:
+            a = a.astype(dtype, copy=False)
+        return np.ascontiguousarray(a)
+
+    def declared(self, t: str, value: np.ndarray) -> tuple[np.ndarray, Any]:
+        """The reference's value in the declared shape of candidate tensor ``t``, and the numpy type
+        the candidate holds it in (``None`` when unknown)."""
         import onnx
 
         vi = self.types.get(t)
         a = np.asarray(value)
+        dtype = None
         if vi is not None and vi.type.tensor_type.elem_type:
             try:
-                a = a.astype(onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type), copy=False)
+                dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
             except (KeyError, TypeError, ValueError):
                 pass
             tt = vi.type.tensor_type
@@ -191,25 +190,7 @@ class LocalGraph:
                 dims = [d.dim_value for d in tt.shape.dim]
                 if all(dims) and math.prod(dims) == a.size and tuple(dims) != a.shape:
                     a = a.reshape(dims)
-        return np.ascontiguousarray(a)
-
-    def _weight_nodes(self, nodes: Sequence[int]) -> set[int]:
-        """Nodes outside the call that compute weight-derived tensors it reads (shared weights, constants)."""
-        inside = set(nodes)
-        out: set[int] = set()
-        todo = [t for i in nodes for t in self.cand.graph.node[i].input if t in self.facts.weights and t not in self.inits]
-        while todo:
-            t = todo.pop()
-            i = self.producer.get(t)
-            if i is None or i in inside or i in out:
-                continue
-            out.add(i)
-            todo.extend(x for x in self.cand.graph.node[i].input if x and x not in self.inits)
-        return out
-
-    def _initializers(self, nodes: Sequence[Any]) -> list[Any]:
-        reads = {t for n in nodes for t in n.input}
-        return [self.inits[t] for t in reads if t in self.inits]
+        return a, dtype
 
 
 def _has_subgraph(node: Any) -> bool:
@@ -296,6 +277,9 @@ def local_errors(graph: LocalGraph, batch: list[Item], rows: list[CompareRow], p
             continue
         pairs[k] = pairs_of(it, row)
         jobs.append((k, nodes, entering, [name for _, name in pairs[k]]))
+        keeper = _KEEPER.get()
+        if keeper is not None and keeper.wants(it, row):
+            keeper.keep(graph, it, nodes, entering, pairs[k], ref_of)
     if not jobs:
         return
     for k, got in graph.run(jobs, ref_of).items():
@@ -315,17 +299,30 @@ def onnx_ref_inputs(batch: list[Item], ref_values: dict[str, np.ndarray], cand_v
     for it in batch:
         if it.status is None:
             by_cand.update({c: r for r, c in ref_pairs(it, ref_values, cand_shapes)})
-    ref_in, cand_in = list(ref_feed), list(cand_feed)
-
     def pairs_of(it: Item, row: CompareRow) -> list[tuple[np.ndarray, str]]:
         return [(ref_values[r], c) for r, c in ref_pairs(it, ref_values, cand_shapes) if r in ref_values]
 
-    def ref_of(t: str) -> np.ndarray | None:
-        if t in cand_feed:
-            return ref_feed.get(t) if t in ref_feed else ref_feed[ref_in[cand_in.index(t)]]
-        return ref_values.get(by_cand.get(t, t))
+    return pairs_of, FileLookup(by_cand, ref_values, ref_feed, cand_feed)
 
-    return pairs_of, ref_of
+
+class FileLookup:
+    """An ONNX reference's value of a candidate tensor (:data:`RefLookup`): the reference tensor
+    paired with it, or the reference's input at the same position; :meth:`ref_name` names it."""
+
+    def __init__(self, by_cand: dict[str, str], ref_values: dict[str, np.ndarray], ref_feed: dict[str, np.ndarray],
+                 cand_feed: dict[str, np.ndarray]) -> None:
+        self.by_cand, self.ref_values, self.ref_feed, self.cand_feed = by_cand, ref_values, ref_feed, cand_feed
+
+    def ref_name(self, t: str) -> str:
+        """The reference tensor that holds candidate tensor ``t``'s value."""
+        if t in self.cand_feed and t not in self.ref_feed:
+            return list(self.ref_feed)[list(self.cand_feed).index(t)]
+        return t if t in self.cand_feed else self.by_cand.get(t, t)
+
+    def __call__(self, t: str) -> np.ndarray | None:
+        if t in self.cand_feed:
+            return self.ref_feed[self.ref_name(t)]
+        return self.ref_values.get(self.ref_name(t))
 
 
 def torch_ref_inputs(builder: Any, feed: dict[str, np.ndarray]) -> tuple[PairsOf, RefLookup]:
@@ -348,3 +345,88 @@ def torch_ref_inputs(builder: Any, feed: dict[str, np.ndarray]) -> tuple[PairsOf
         return [(np.asarray(ref[i]), name) for (key, i), name in builder.onnx_of.items() if key == it.mc.key and i < len(ref)]
 
     return pairs_of, ref_of
+
+
+# ---------------------------------------------------------------------------
+# one call's part kept for a repro package
+# ---------------------------------------------------------------------------
+@dataclass
+class KeptPart:
+    """A call's part as ``local=True`` ran it, with the values it was fed (what ``repro`` packages).
+
+    Attributes:
+        path, call: the module call.
+        nodes: the candidate's node indices of the part (conversion nodes it runs included).
+        inputs: candidate tensor -> the reference's value fed there, in the reference's own type.
+        casts: inputs the candidate holds in another type -> that ONNX element type.
+        expected: candidate output tensor -> the reference's value of it.
+        ref_names: candidate tensor -> the ONNX reference's tensor holding that value (an ONNX reference).
+    """
+
+    path: str
+    call: int
+    nodes: list[int]
+    inputs: dict[str, np.ndarray]
+    casts: dict[str, int]
+    expected: dict[str, np.ndarray]
+    ref_names: dict[str, str] = field(default_factory=dict)
+
+
+class PartKeeper:
+    """Keeps the part of one call while a ``local=True`` comparison runs (see :func:`keep_part`)."""
+
+    def __init__(self, path: str | None, call: int = 0) -> None:
+        self.path, self.call = path, call
+        self.part: KeptPart | None = None
+        self.why: str | None = None  # why the wanted call's part cannot be kept
+
+    def wants(self, it: Item, row: CompareRow) -> bool:
+        """The asked-for call, else the first failing one."""
+        if self.path is None:
+            return self.part is None and self.why is None and row.ok is False
+        return it.mc.path == self.path and it.mc.call == self.call
+
+    def keep(self, graph: LocalGraph, it: Item, nodes: list[int], entering: Sequence[str],
+             pairs: Sequence[tuple[np.ndarray, str]], ref_of: RefLookup) -> None:
+        import onnx
+
+        feeding = graph.feeding(entering, nodes, ref_of)
+        if isinstance(feeding, str):
+            self.why = feeding
+            return
+        fed, nodes = feeding
+        if graph.blocked & {*fed, *(name for _, name in pairs)}:
+            self.why = "its tensors are in ONNX Runtime's NCHWc layout (a file saved at ORT_ENABLE_ALL)"
+            return
+        inputs, casts = {}, {}
+        for t, v in fed.items():
+            a, dtype = graph.declared(t, v)
+            inputs[t] = np.array(a, order="C")
+            if dtype is not None and dtype != a.dtype:
+                casts[t] = int(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
+        expected = {name: np.array(ref, order="C") for ref, name in pairs}
+        name_of = getattr(ref_of, "ref_name", None)
+        ref_names = {t: name_of(t) for t in [*inputs, *expected]} if name_of is not None else {}
+        self.part = KeptPart(it.mc.path, it.mc.call, nodes, inputs, casts, expected, ref_names)
+
+
+_KEEPER: ContextVar[PartKeeper | None] = ContextVar("layertap_part_keeper", default=None)
+
+
+@contextlib.contextmanager
+def keep_part(path: str | None, call: int = 0) -> Iterator[PartKeeper]:
+    """While the block runs, a ``local=True`` comparison keeps the part of call ``path#call``
+    (``path=None``: the first failing call) in the keeper it yields.
+
+    Example:
+        >>> with keep_part("fc", 0) as keeper:
+        ...     pass
+        >>> keeper.part is None
+        True
+    """
+    keeper = PartKeeper(path, call)
+    token = _KEEPER.set(keeper)
+    try:
+        yield keeper
+    finally:
+        _KEEPER.reset(token)

@@ -1,0 +1,228 @@
+"""``lt.repro``: a minimal package that reproduces one module call's mismatch.
+
+One ``local=True`` comparison keeps the part of the call (the asked-for one, else the first
+failing one) with the reference's values fed to it (:func:`layertap.comparing.local.keep_part`):
+the candidate's nodes of that call, cut by the same :class:`~layertap.onnxfile.parts.PartCutter`
+``compare --local`` runs. The package is written to a temporary folder next to DIR, checked
+(``repro.py`` run in a fresh interpreter must exit 1; the reference's part must agree with
+``expected.npz``) and renamed to DIR at the end. A DIR that already exists is replaced only
+when it is a previous repro package (it holds ``repro.json``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import LayertapError, printable, unknown_name
+from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
+from ..onnxfile.modelfile import ModelFile
+from .repro_files import MARKER, check_package, finish_package, write_package
+
+
+@dataclass
+class ReproReport:
+    """What :func:`repro` packaged.
+
+    Attributes:
+        module: the module call (``PATH`` or ``PATH#k``).
+        error: the rel error of the candidate's part on the package's inputs (``repro.py``'s figure).
+        reproduced: ``repro.py`` exits 1 in a fresh interpreter (and the reference's part, when
+            packaged, agrees with ``expected.npz``).
+        files: the package's files, relative to ``out``.
+        out: the package folder.
+        ref_error: the reference's part against ``expected.npz`` (``None`` without ``ref.onnx``).
+        notes: what the package lacks, or why it does not reproduce.
+    """
+
+    module: str
+    error: float | None
+    reproduced: bool
+    files: list[str]
+    out: Path
+    ref_error: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """The package reproduces the mismatch."""
+        return self.reproduced
+
+    def lines(self) -> list[str]:
+        """The report in a few lines, as the CLI prints it."""
+        err = "n/a" if self.error is None else f"{self.error:.3g}"
+        head = (f"wrote {self.out}: {printable(self.module)} alone, fed the reference's inputs, has rel error {err}"
+                if self.reproduced else
+                f"{printable(self.module)} alone does not reproduce the mismatch (rel error {err}); package kept in "
+                f"{self.out}, marked in README.md")
+        return [head, f"files: {', '.join(self.files)}", *self.notes]
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None = None, *, out: str | os.PathLike = "repro",
+          module: str | None = None, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL, kwargs: dict | None = None,
+          method: str = "forward", ort_optimizations: bool = True, allow_different_weights: bool = False,
+          command: str | None = None, progress: Any = None) -> ReproReport:
+    """Write a minimal package that reproduces one module call's mismatch between ``ref`` and ``cand``.
+
+    Args:
+        ref: the ``nn.Module`` the candidate was exported from, or the reference ONNX file.
+        args: one sample, as for :func:`layertap.compare`.
+        cand: the candidate ONNX file (never modified).
+        out: the package folder (created; a previous repro package there is replaced).
+        module: ``PATH`` or ``PATH#CALL``; default the first divergence.
+        rtol, atol: the tolerance ``repro.py`` holds the part to.
+        command: the command line the README names (default: this call).
+
+    Returns:
+        A :class:`ReproReport` (``.module``, ``.error``, ``.files``, ``.reproduced``).
+
+    Example:
+        >>> import os, tempfile, torch, layertap as lt
+        >>> from onnxconverter_common import float16
+        >>> import onnx
+        >>> torch.manual_seed(0) and None
+        >>> model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.LayerNorm(32)).eval()
+        >>> with torch.no_grad():
+        ...     _ = model[0].weight.mul_(3e5)
+        >>> d = tempfile.mkdtemp(); f32, f16 = os.path.join(d, "m.onnx"), os.path.join(d, "m16.onnx")
+        >>> torch.onnx.export(model, (torch.randn(2, 32),), f32, dynamo=False)
+        >>> onnx.save(float16.convert_float_to_float16(onnx.load(f32), keep_io_types=True), f16)
+        >>> r = lt.repro(model, torch.randn(2, 32), f16, out=os.path.join(d, "pkg"))
+        >>> r.module, r.reproduced, sorted(r.files)[:3]
+        ('0', True, ['README.md', 'cand.onnx', 'expected.npz'])
+    """
+    from ..comparing.api import compare
+
+    if cand is None:
+        raise LayertapError("repro needs a candidate ONNX file (the third argument)")
+    path, call = _parse_module(module)
+    target = _check_out(out, [p for p in (_source_path(ref), _source_path(cand)) if p is not None])
+    options = dict(rtol=rtol, atol=atol, kwargs=kwargs, method=method, ort_optimizations=ort_optimizations,
+                   allow_different_weights=allow_different_weights, progress=progress)
+    report, part = _kept(compare, ref, args, cand, path, call, options)
+    if part is None or (path is None and (part.path, part.call) != _call_of(report.first_divergence_row)):
+        first = report.first_divergence_row
+        if first is None:
+            raise LayertapError(_agree_message(report, module))
+        report, part = _kept(compare, ref, args, cand, first.path, first.call, options)
+    if part is None:
+        raise LayertapError(_no_part_message(report, path, call, module))
+    row = next(r for r in report.rows if (r.path, r.call) == (part.path, part.call))
+    return _package(ref, cand, part, row, target, rtol, atol, command or _call_text(ref, cand, module))
+
+
+def _kept(compare: Any, ref: Any, args: Any, cand: Any, path: str | None, call: int, options: dict) -> tuple[Any, Any]:
+    """One ``local=True`` comparison keeping the part of ``path#call`` (``None``: the first failing call)."""
+    from ..comparing.local import keep_part
+
+    with keep_part(path, call) as keeper:
+        report = compare(ref, args, cand, local=True, **options)
+    if keeper.part is None and keeper.why is not None:
+        name = path if path is not None else "the first diverging module"
+        raise LayertapError(f"cannot cut the candidate's part of {printable(name)}: {keeper.why}")
+    return report, keeper.part
+
+
+def _package(ref: Any, cand: Any, part: Any, row: Any, target: Path, rtol: float, atol: float, command: str) -> ReproReport:
+    """Write the package in a temporary folder next to ``target``, check it, then move it into place."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        notes = write_package(tmp, cand, ref, part, row, rtol=rtol, atol=atol)
+        check = check_package(tmp, rtol=rtol, atol=atol)
+        notes += check.notes
+        finish_package(tmp, part, row, check, notes, command)
+        files = sorted(p.name for p in tmp.iterdir() if p.name != MARKER)
+        _move_into_place(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return ReproReport(row.name, check.error, check.reproduced, files, target, check.ref_error, notes)
+
+
+def _move_into_place(tmp: Path, target: Path) -> None:
+    """Rename ``tmp`` to ``target``; a previous package there is moved aside first, then removed."""
+    old = None
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+        os.rename(target, old / "pkg")
+    try:
+        os.rename(tmp, target)
+    except BaseException:
+        if old is not None:
+            os.rename(old / "pkg", target)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _parse_module(module: str | None) -> tuple[str | None, int]:
+    """``PATH[#CALL]`` -> (path, call)."""
+    if module is None:
+        return None, 0
+    path, sep, k = str(module).partition("#")
+    if not path or (sep and not k.isdigit()):
+        raise LayertapError(f"--module {module!r} is not PATH or PATH#CALL (CALL a number from 0), e.g. layer1.0#0")
+    return path, int(k) if sep else 0
+
+
+def _check_out(out: str | os.PathLike, inputs: Sequence[Path]) -> Path:
+    """DIR may be new, empty, or a previous repro package that holds none of the inputs."""
+    target = Path(out).absolute()
+    if target.exists() and not target.is_dir():
+        raise LayertapError(f"-o {out}: it is a file; give a folder for the repro package")
+    if target.is_dir() and any(target.iterdir()) and not (target / MARKER).is_file():
+        raise LayertapError(f"-o {out}: the folder exists and is not a repro package (no {MARKER}); "
+                            "give a new folder, or remove it first")
+    for p in inputs:
+        if target == p.resolve().parent or target in p.resolve().parents:
+            raise LayertapError(f"-o {out}: the input {p} lies inside it; give another folder for the package")
+    if not target.parent.is_dir():
+        raise LayertapError(f"-o {out}: its folder {target.parent} does not exist")
+    return target
+
+
+def _source_path(source: Any) -> Path | None:
+    if isinstance(source, ModelFile):
+        return source.path
+    return Path(source) if isinstance(source, (str, os.PathLike)) else None
+
+
+def _call_of(row: Any) -> tuple[str, int] | None:
+    return None if row is None else (row.path, row.call)
+
+
+def _agree_message(report: Any, module: str | None) -> str:
+    worst = max((r.rel_err for r in report.rows if r.rel_err is not None), default=None)
+    figure = f" (worst rel error {worst:.3g})" if worst is not None else ""
+    return (f"the reference and the candidate agree at every module{figure}: there is no mismatch to reproduce; "
+            "pass --module PATH to package one module anyway")
+
+
+def _no_part_message(report: Any, path: str | None, call: int, module: str | None) -> str:
+    """Why ``--module`` has no part: unknown, a call it never made, absorbed, or no counterpart."""
+    rows = [r for r in report.rows if r.path == path]
+    if not rows:
+        return unknown_name("module", str(path), [r.path for r in report.rows if r.path],
+                            "a PyTorch module path; `layertap layers` lists them")
+    row = next((r for r in rows if r.call == call), None)
+    if row is None:
+        return f"module {printable(str(path))} ran {len(rows)} time(s); give a call from 0 to {len(rows) - 1} (PATH#CALL)"
+    if row.fused_into:
+        return (f"module {printable(row.name)} has no nodes of its own in the candidate: absorbed into "
+                f"{printable(row.fused_into)}; give --module {printable(row.fused_into)}")
+    return (f"module {printable(row.name)} has no nodes of its own in the candidate ({row.status}"
+            f"{': ' + row.note if row.note else ''}); give a module that has, or its parent")
+
+
+def _call_text(ref: Any, cand: Any, module: str | None) -> str:
+    """The Python call that made the package, as the README names it."""
+    ref_text = str(_source_path(ref) or type(ref).__name__)
+    mod = f", module={module!r}" if module else ""
+    return f"lt.repro({ref_text!r}, args, {str(_source_path(cand))!r}{mod})"
