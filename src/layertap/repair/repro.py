@@ -107,11 +107,13 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
     options = dict(rtol=rtol, atol=atol, kwargs=kwargs, method=method, ort_optimizations=ort_optimizations,
                    allow_different_weights=allow_different_weights, progress=progress)
     report, part = _kept(compare, ref, args, cand, path, call, options)
-    if part is None or (path is None and (part.path, part.call) != _call_of(report.first_divergence_row)):
-        first = report.first_divergence_row
+    first = report.first_divergence_row
+    if path is None and (part is None or (part.path, part.call) != _call_of(first)):
         if first is None:
-            raise LayertapError(_agree_message(report, module))
-        report, part = _kept(compare, ref, args, cand, first.path, first.call, options)
+            raise LayertapError(_agree_message(report))
+        # a file compare read holds no inline weights after it: the second run reads it again
+        again = [_source_path(x) if isinstance(x, ModelFile) else x for x in (ref, cand)]
+        report, part = _kept(compare, again[0], args, again[1], first.path, first.call, options)
     if part is None:
         raise LayertapError(_no_part_message(report, path, call, module))
     row = next(r for r in report.rows if (r.path, r.call) == (part.path, part.call))
@@ -198,7 +200,7 @@ def _call_of(row: Any) -> tuple[str, int] | None:
     return None if row is None else (row.path, row.call)
 
 
-def _agree_message(report: Any, module: str | None) -> str:
+def _agree_message(report: Any) -> str:
     worst = max((r.rel_err for r in report.rows if r.rel_err is not None), default=None)
     figure = f" (worst rel error {worst:.3g})" if worst is not None else ""
     return (f"the reference and the candidate agree at every module{figure}: there is no mismatch to reproduce; "
@@ -213,7 +215,8 @@ def _no_part_message(report: Any, path: str | None, call: int, module: str | Non
                             "a PyTorch module path; `layertap layers` lists them")
     row = next((r for r in rows if r.call == call), None)
     if row is None:
-        return f"module {printable(str(path))} ran {len(rows)} time(s); give a call from 0 to {len(rows) - 1} (PATH#CALL)"
+        return (f"module {printable(str(path))} ran {len(rows)} time(s) here; give a call from 0 to {len(rows) - 1}"
+                f" (PATH#CALL)")
     if row.fused_into:
         return (f"module {printable(row.name)} has no nodes of its own in the candidate: absorbed into "
                 f"{printable(row.fused_into)}; give --module {printable(row.fused_into)}")

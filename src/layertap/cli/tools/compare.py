@@ -97,25 +97,20 @@ class CompareTool(Tool):
 
     def run(self, args: Args) -> int:
         opts: CompareOptions = args.own
-        cand = _Candidate(opts.cand)
-        if args.model.is_onnx:
-            ref: Any = _read(args.model.text)
-            sample_args, kwargs, samples = _onnx_inputs(args, opts, ref)
-        else:
-            ref, sample_args, kwargs, samples = _torch_inputs(args, opts, cand)
+        cand, ref, sample_args, kwargs, samples = sides(args, opts)
 
         from ...comparing import compare
 
         with StepProgress(enabled=sys.stderr.isatty()) as progress:
-            report = compare(ref, sample_args, cand.file(), samples=samples, kwargs=kwargs, progress=progress,
+            report = compare(ref, sample_args, cand, samples=samples, kwargs=kwargs, progress=progress,
                              method=args.model.method, rtol=args.tolerance.rtol, atol=args.tolerance.atol,
                              seed=args.inputs.seed, **opts.library)
-        _write_outputs(args, report, cand.file())
+        _write_outputs(args, report, cand)
         self.print_table(report, as_json=args.json)
         if not args.json:
             for path in opts.outputs.values():
                 self.say(f"wrote {path}")
-        self.write_visuals(args, report, cand.file())
+        self.write_visuals(args, report, cand)
         return 0 if report.ok else 1
 
     @staticmethod
@@ -132,6 +127,18 @@ class CompareTool(Tool):
 
             written = write_node_data(report, cand, opts.node_data)
             sys.stderr.write(f"wrote Model Explorer node data {', '.join(map(str, written))}\n")
+
+
+def sides(args: Args, opts: CompareOptions) -> tuple[Any, Any, Any, dict, Any]:
+    """``(candidate file, reference, args, kwargs, samples)`` for ``compare`` (and ``repro``): each ONNX
+    file read once, a PyTorch REF loaded first, the samples from ``--inputs``, ``--input`` or ``--samples``."""
+    cand = _Candidate(opts.cand)
+    if args.model.is_onnx:
+        ref: Any = _read(args.model.text)
+        sample_args, kwargs, samples = _onnx_inputs(args, opts, ref)
+    else:
+        ref, sample_args, kwargs, samples = _torch_inputs(args, opts, cand)
+    return cand.file(), ref, sample_args, kwargs, samples
 
 
 class _Candidate:

@@ -1,0 +1,70 @@
+"""``layertap repro REF CAND -o DIR``: a minimal package that reproduces one module's mismatch.
+With an ONNX reference nothing imports torch."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from ...errors import LayertapError, OnnxFileError
+from ..args import Args, InputArgs, ModelArgs, ToleranceArgs, is_onnx_path
+from ..console import StepProgress
+from .base import Tool
+from .compare import CompareOptions, sides
+
+
+class ReproTool(Tool):
+    """Exit 0 when the package reproduces the mismatch, 1 when it does not (kept, marked), 2 on bad input."""
+
+    name = "repro"
+    help = ("write a minimal package (the module's nodes of each file, its inputs, the expected output, repro.py) "
+            "that reproduces the first diverging module, or --module")
+    groups = (ModelArgs(onnx_ok=True), InputArgs(), ToleranceArgs())
+
+    def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("onnx", metavar="CAND.onnx", help="the candidate file (never modified)")
+        g = parser.add_argument_group("repro")
+        g.add_argument("-o", "--out", required=True, metavar="DIR",
+                       help="the package folder: new, empty, or a previous repro package (replaced)")
+        g.add_argument("--module", default=None, metavar="PATH[#CALL]",
+                       help="the module call to package (default: the first divergence)")
+        g.add_argument("--inputs", metavar="PATH",
+                       help="the sample: a folder of .npy/.npz files or one .npz (its first sample is used)")
+
+    def parse_own(self, ns: argparse.Namespace, args: Args) -> CompareOptions:
+        ref_onnx = is_onnx_path(ns.model)
+        for path, onnx_file in ((ns.onnx, True), (ns.model, ref_onnx)):
+            if onnx_file and not Path(path).is_file():
+                raise OnnxFileError(f"ONNX file '{path}' does not exist")
+        args.reads = (ns.onnx, ns.model) if ref_onnx else (ns.onnx,)
+        return CompareOptions(ns.onnx, ns.inputs, None, {"out": Path(ns.out)}, None, {"module": ns.module})
+
+    def run(self, args: Args) -> int:
+        opts: CompareOptions = args.own
+        cand, ref, sample_args, kwargs, samples = sides(args, opts)
+        if samples is not None:
+            sample_args = _first(samples)
+        from ...repair.repro import repro
+
+        with StepProgress(enabled=sys.stderr.isatty()) as progress:
+            report = repro(ref, sample_args, cand, out=opts.outputs["out"], module=opts.library["module"],
+                           kwargs=kwargs, method=args.model.method, rtol=args.tolerance.rtol, atol=args.tolerance.atol,
+                           command=_command(args), progress=progress)
+        for line in report.lines():
+            print(line)
+        return 0 if report.reproduced else 1
+
+
+def _first(samples: Any) -> Any:
+    """The one sample a package holds: the first of those given."""
+    if isinstance(samples, int):
+        raise LayertapError("repro packages one sample; pass it with --input or --inputs")
+    return list(samples)[0]
+
+
+def _command(args: Args) -> str:
+    """The command line as the README shows it."""
+    return shlex.join(["layertap", *args.argv]) if args.argv else "layertap repro"
