@@ -77,6 +77,13 @@ def _fresh_run(folder: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-I", "repro.py"], cwd=folder, capture_output=True, text=True, timeout=300)
 
 
+def _cli_no_torch(*args: str) -> subprocess.CompletedProcess:
+    """The CLI in a subprocess that reports whether torch was imported."""
+    code = ("import sys; from layertap.cli.main import main; rc = main(sys.argv[1:]); "
+            "sys.stderr.write('TORCH=%s\\n' % ('torch' in sys.modules)); sys.exit(rc)")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+
+
 def _imports(script: Path) -> set[str]:
     tree = ast.parse(script.read_text())
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
@@ -145,8 +152,9 @@ def test_repro_cli_replaces_only_a_previous_package(files, tmp_path):
     f = files[0]["torchscript"]
     pkg = tmp_path / "pkg"
     args = ["repro", str(f["net"]), str(f["q"]), "-o", str(pkg)]
-    first = run_cli(*args)
+    first = _cli_no_torch(*args)  # an ONNX reference: torch is never imported
     assert first.returncode == 0 and "wrote" in first.stdout and "bn alone" in first.stdout, first.stdout + first.stderr
+    assert "TORCH=False" in first.stderr
     again = run_cli(*args, "--module", "fc")
     assert again.returncode == 0 and json.loads((pkg / "repro.json").read_text())["module"] == "fc"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left

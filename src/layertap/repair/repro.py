@@ -95,8 +95,8 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
         >>> torch.onnx.export(model, (torch.randn(2, 32),), f32, dynamo=False)
         >>> onnx.save(float16.convert_float_to_float16(onnx.load(f32), keep_io_types=True), f16)
         >>> r = lt.repro(model, torch.randn(2, 32), f16, out=os.path.join(d, "pkg"))
-        >>> r.module, r.reproduced, sorted(r.files)[:3]
-        ('0', True, ['README.md', 'cand.onnx', 'expected.npz'])
+        >>> r.module, r.reproduced, r.files
+        ('0', True, ['README.md', 'cand.onnx', 'cand.onnx.data', 'expected.npz', 'inputs.npz', 'repro.py'])
     """
     from ..comparing.api import compare
 
