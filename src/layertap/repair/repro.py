@@ -103,6 +103,8 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
     if cand is None:
         raise LayertapError("repro needs a candidate ONNX file (the third argument)")
     path, call = _parse_module(module)
+    if path is not None:
+        _check_known(ref, path)
     target = _check_out(out, [p for p in (_source_path(ref), _source_path(cand)) if p is not None])
     options = dict(rtol=rtol, atol=atol, kwargs=kwargs, method=method, ort_optimizations=ort_optimizations,
                    allow_different_weights=allow_different_weights, progress=progress)
@@ -172,6 +174,24 @@ def _parse_module(module: str | None) -> tuple[str | None, int]:
     if not path or (sep and not k.isdigit()):
         raise LayertapError(f"--module {module!r} is not PATH or PATH#CALL (CALL a number from 0), e.g. layer1.0#0")
     return path, int(k) if sep else 0
+
+
+def _check_known(ref: Any, path: str) -> None:
+    """An unknown ``--module`` fails before any run, where the reference's modules are at hand
+    (a PyTorch model, or a file already read); otherwise the comparison's rows decide."""
+    if hasattr(ref, "named_modules"):
+        known = [name for name, _ in ref.named_modules() if name]
+    elif isinstance(ref, ModelFile):
+        from ..onnxfile.scopes import ScopeMap
+
+        smap = ScopeMap.from_model(ref.model)
+        if smap.source == "none":
+            return
+        known = smap.modules()
+    else:
+        return
+    if path not in known and not any(k.startswith(path + ".") for k in known):
+        raise LayertapError(unknown_name("module", path, known, "a PyTorch module path; `layertap layers` lists them"))
 
 
 def _check_out(out: str | os.PathLike, inputs: Sequence[Path]) -> Path:
