@@ -121,7 +121,9 @@ def test_repro_file_vs_qdq_packages_both_parts(files, exporter, tmp_path):
     import onnxruntime as ort
 
     f, _, _, _, x = files
+    before = [p.read_bytes() for p in (f[exporter]["net"], f[exporter]["q"])]
     report = lt.repro(f[exporter]["net"], {"x": x}, f[exporter]["q"], out=tmp_path / "pkg", module="act#1")
+    assert [p.read_bytes() for p in (f[exporter]["net"], f[exporter]["q"])] == before  # inputs never modified
     pkg = tmp_path / "pkg"
     assert report.module == "act#1" and report.reproduced and report.ref_error < 1e-6, report
     assert {"cand.onnx", "ref.onnx", "inputs.npz", "expected.npz"} <= set(report.files)

@@ -137,6 +137,9 @@ def _kept(compare: Any, ref: Any, args: Any, cand: Any, path: str | None, call: 
 def _package(ref: Any, cand: Any, part: Any, row: Any, target: Path, rtol: float, atol: float, command: str) -> ReproReport:
     """Write the package in a temporary folder next to ``target``, check it, then move it into place."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # the package folder as a plain mkdir makes it (mkdtemp's is private)
     try:
         notes = write_package(tmp, cand, ref, part, row, rtol=rtol, atol=atol)
         check = check_package(tmp, rtol=rtol, atol=atol)
@@ -203,7 +206,7 @@ def _check_out(out: str | os.PathLike, inputs: Sequence[Path]) -> Path:
         raise LayertapError(f"-o {out}: the folder exists and is not a repro package (no {MARKER}); "
                             "give a new folder, or remove it first")
     for p in inputs:
-        if target == p.resolve().parent or target in p.resolve().parents:
+        if target.resolve() in p.resolve().parents:
             raise LayertapError(f"-o {out}: the input {p} lies inside it; give another folder for the package")
     if not target.parent.is_dir():
         raise LayertapError(f"-o {out}: its folder {target.parent} does not exist")
