@@ -5,8 +5,8 @@ tensors they read from outside and whose outputs are the tensors asked for; the 
 they read (initializers, and the nodes that compute weight-derived tensors such as a
 shared weight's ``Identity``) come along by name. ``compare --local`` runs many such
 pieces in one graph (each renamed under a prefix); ``repro`` writes one to a file with
-:func:`save_part`, where a big weight stays external data next to the part, copied
-byte for byte from the source file (never the whole model loaded, never inlined).
+:func:`save_part` (onnx-ir), where a big weight stays external data next to the part, read
+from the source file's data (never the whole model loaded, never inlined).
 
 Reads only the graph structure; never imports torch.
 """
@@ -128,9 +128,9 @@ class PartCutter:
 
 def save_part(part: "onnx.ModelProto", out: str | os.PathLike, source_folder: str | os.PathLike,
               threshold: int = EXTERNAL_THRESHOLD) -> list[Path]:
-    """Write ``part`` to ``out``; an initializer of ``threshold`` bytes or more goes to
-    ``OUT.data`` next to it (copied from the source's external data, read at its offset
-    only, or from the inline tensor). Returns the files written. ``part`` is edited in place.
+    """Write ``part`` to ``out`` with onnx-ir: an initializer of ``threshold`` bytes or more goes to
+    ``OUT.data`` next to it (an external one read from the source's data in ``source_folder``, memory
+    mapped, only its own bytes). Returns the files written; ``part`` is not changed.
 
     Example:
         >>> import os, tempfile, numpy as np, onnx, onnx.helper as h, onnx.numpy_helper as nh
@@ -143,63 +143,13 @@ def save_part(part: "onnx.ModelProto", out: str | os.PathLike, source_folder: st
         >>> float(onnx.numpy_helper.to_array(onnx.load(os.path.join(d, "part.onnx")).graph.initializer[0]).sum())
         4096.0
     """
-    import onnx
+    import onnx_ir as ir
 
     out = Path(out)
-    data_path = out.with_name(out.name + ".data")
-    written = [out]
-    offset = 0
-    with open(data_path, "wb") as data:
-        for t in part.graph.initializer:
-            blob = _external_bytes(t, Path(source_folder)) if t.data_location == onnx.TensorProto.EXTERNAL else None
-            if blob is None:
-                if t.ByteSize() < threshold:
-                    continue
-                blob = _inline_bytes(t)
-                if blob is None:
-                    continue
-            pad = -offset % 64  # aligned, as onnx writes external data
-            data.write(b"\0" * pad + blob)
-            offset += pad
-            _point_to(t, data_path.name, offset, len(blob))
-            offset += len(blob)
-    if offset:
-        written.append(data_path)
-    else:
-        data_path.unlink()
-    out.write_bytes(part.SerializeToString())
-    return written
-
-
-def _external_bytes(t: "onnx.TensorProto", folder: Path) -> bytes:
-    """An external tensor's bytes, read from its file at its offset."""
-    info = {e.key: e.value for e in t.external_data}
-    with open(folder / info["location"], "rb") as f:
-        f.seek(int(info.get("offset", 0)))
-        length = info.get("length")
-        return f.read(int(length)) if length is not None else f.read()
-
-
-def _inline_bytes(t: "onnx.TensorProto") -> bytes | None:
-    """An inline tensor's bytes as external data holds them (``None``: strings stay inline)."""
-    import onnx
-    from onnx import numpy_helper
-
-    if t.data_type == onnx.TensorProto.STRING:
-        return None
-    if t.HasField("raw_data"):
-        return bytes(t.raw_data)
-    return numpy_helper.to_array(t).tobytes()
-
-
-def _point_to(t: "onnx.TensorProto", location: str, offset: int, length: int) -> None:
-    """Make ``t`` an external tensor at ``location``, its inline data cleared."""
-    import onnx
-
-    for name in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
-        t.ClearField(name)
-    del t.external_data[:]
-    t.data_location = onnx.TensorProto.EXTERNAL
-    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
-        entry = t.external_data.add()
-        entry.key, entry.value = key, value
+    data = out.with_name(out.name + ".data")
+    model = ir.serde.deserialize_model(part)
+    ir.external_data.set_base_dir(model.graph, Path(source_folder))
+    ir.save(model, out, external_data=data.name, size_threshold_bytes=threshold)
+    if data.is_file() and data.stat().st_size == 0:
+        data.unlink()
+    return [p for p in (out, data) if p.is_file()]
