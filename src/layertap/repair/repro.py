@@ -37,6 +37,11 @@ class ReproReport:
         out: the package folder.
         ref_error: the reference's part against ``expected.npz`` (``None`` without ``ref.onnx``).
         notes: what the package lacks, or why it does not reproduce.
+
+    Example:
+        >>> r = ReproReport("layer3.1", 4.9e-4, True, ["cand.onnx", "repro.py"], Path("pkg"))
+        >>> r.ok, r.lines()[0]
+        (True, "wrote pkg: layer3.1 alone, fed the reference's inputs, has rel error 0.00049")
     """
 
     module: str

@@ -177,8 +177,11 @@ def _readme(row: Any, part: Any, check: Check, notes: list[str], command: str, v
         "expected.npz": "the reference's output of the call",
         "repro.py": "runs cand.onnx on inputs.npz and compares with expected.npz (numpy, onnx, onnxruntime only)",
     }
-    lines = [f"# Repro: module `{row.name}` ({row.type})", "", verdict, "", "Made by:", "", "```", command, "```", "",
+    lines = [f"# Repro: module `{row.name}`", "", verdict, "", "Made by:", "", "```", command, "```", "",
              "The error seen:", "", "```", check.output, "```", ""]
+    if check.ref_error is not None:
+        lines += [f"`ref.onnx` on `inputs.npz` against `expected.npz`: rel error {check.ref_error:.3g} "
+                  f"({'agrees' if check.ref_agrees else 'DISAGREES'}).", ""]
     lines += ["Files:", ""] + [f"- `{f}`: {described[f]}" for f in files if f in described] + [""]
     lines += ["Versions:", ""] + [f"- {k} {v}" for k, v in versions.items()] + [""]
     return "\n".join(lines + [f"Note: {n}" for n in notes]) + "\n"
