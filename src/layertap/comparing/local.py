@@ -379,6 +379,7 @@ class PartKeeper:
         self.path, self.call = path, call
         self.part: KeptPart | None = None
         self.why: str | None = None  # why the wanted call's part cannot be kept
+        self.where = path or ""  # the call it was, PATH#k
 
     def wants(self, it: Item, row: CompareRow) -> bool:
         """The asked-for call, else the first failing one."""
@@ -388,8 +389,10 @@ class PartKeeper:
 
     def keep(self, graph: LocalGraph, it: Item, nodes: list[int], entering: Sequence[str],
              pairs: Sequence[tuple[np.ndarray, str]], ref_of: RefLookup) -> None:
+        """Keep the part of ``it`` with the reference's values for its inputs and outputs (or say why not)."""
         import onnx
 
+        self.where = f"{it.mc.path}#{it.mc.call}"
         feeding = graph.feeding(entering, nodes, ref_of)
         if isinstance(feeding, str):
             self.why = feeding

@@ -120,9 +120,10 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
             raise LayertapError(_agree_message(report))
         # a file compare read holds no inline weights after it: the second run reads it again
         again = [_source_path(x) if isinstance(x, ModelFile) else x for x in (ref, cand)]
-        report, part = _kept(compare, again[0], args, again[1], first.path, first.call, options)
+        path, call = first.path, first.call
+        report, part = _kept(compare, again[0], args, again[1], path, call, options)
     if part is None:
-        raise LayertapError(_no_part_message(report, path, call, module))
+        raise LayertapError(_no_part_message(report, path, call))
     row = next(r for r in report.rows if (r.path, r.call) == (part.path, part.call))
     return _package(ref, cand, part, row, target, rtol, atol, command or _call_text(ref, cand, module))
 
@@ -134,8 +135,7 @@ def _kept(compare: Any, ref: Any, args: Any, cand: Any, path: str | None, call: 
     with keep_part(path, call) as keeper:
         report = compare(ref, args, cand, local=True, **options)
     if keeper.part is None and keeper.why is not None:
-        name = path if path is not None else "the first diverging module"
-        raise LayertapError(f"cannot cut the candidate's part of {printable(name)}: {keeper.why}")
+        raise LayertapError(f"cannot cut the candidate's part of {printable(keeper.where)}: {keeper.why}")
     return report, keeper.part
 
 
@@ -235,7 +235,7 @@ def _agree_message(report: Any) -> str:
             "pass --module PATH to package one module anyway")
 
 
-def _no_part_message(report: Any, path: str | None, call: int, module: str | None) -> str:
+def _no_part_message(report: Any, path: str | None, call: int) -> str:
     """Why ``--module`` has no part: unknown, a call it never made, absorbed, or no counterpart."""
     rows = [r for r in report.rows if r.path == path]
     if not rows:

@@ -41,6 +41,7 @@ class Check:
 
     @property
     def reproduced(self) -> bool:
+        """``repro.py`` showed the mismatch (exit 1) and the reference's part, if any, agrees."""
         return self.exit_status == 1 and "mismatch:" in self.output and self.ref_agrees is not False
 
 
