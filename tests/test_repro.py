@@ -112,6 +112,9 @@ def test_repro_pytorch_vs_float16_reproduces_the_overflow(files, exporter, torch
     readme = (pkg / "README.md").read_text()
     assert "lt.repro(" in readme and "onnxruntime " in readme and "torch " in readme and "mismatch:" in readme
     assert json.loads((pkg / "repro.json").read_text())["reproduced"] is True
+    files_only = lt.repro(f[exporter]["f32"], {"x": x.numpy()}, f[exporter]["f16"], out=tmp_path / "pkg")
+    assert files_only.module == "0" and files_only.reproduced and files_only.ref_error < 1e-6, files_only
+    assert "ref.onnx" in files_only.files and "Sequential" not in (pkg / "README.md").read_text()  # replaced
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)
