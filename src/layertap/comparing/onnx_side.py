@@ -215,8 +215,8 @@ def absorb_unexposable(items: Sequence[Any], side: OrtSide, *, reference: bool =
             continue
         whose = "the reference's" if reference else "the candidate's"
         it.status, it.tensors, it.unverified = ABSORBED, (), None
-        it.note = (f"{side.describe().runtime} folded {whose} tensor {gone[0]} into a neighbouring node, so it "
-                   "cannot be exposed; the next compared module holds its effect")
+        it.note = (f"{side.describe().runtime} folds {whose} tensor {gone[0]} into a neighbouring kernel (a fusion, "
+                   "or a quantised one), so its value cannot be read there; the next compared module holds its effect")
 
 
 def feed_from_args(inputs: list[tuple[str, str]], args: tuple, kwargs: dict) -> dict[str, np.ndarray]:

@@ -55,7 +55,7 @@ class OpenVinoEngine:
         self._inputs = inputs
         self.request = compiled.create_infer_request()
 
-    def inputs(self) -> list[InputInfo]:
+    def get_inputs(self) -> list[InputInfo]:
         return list(self._inputs)
 
     def run(self, names: Sequence[str] | None, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -158,7 +158,8 @@ class OpenVinoRuntime:
 
     def exposable(self, model: "SessionSource | Path") -> set[str] | None:
         base = self.read(model)
-        return {n for op in base.get_ops() for out in op.outputs() for n in out.get_names()}
+        names = {n for op in base.get_ops() for out in op.outputs() for n in out.get_names()}
+        return names if isinstance(model, Path) else names - quantized_away(model.model.graph)
 
     def describe(self) -> RuntimeInfo:
         return RuntimeInfo("OpenVINO", self.ov.__version__.split("-")[0], self.device, self.precision)
@@ -188,6 +189,27 @@ def _inputs(m: Any) -> list[InputInfo]:
         dims = None if shape.rank.is_dynamic else [d.get_length() if d.is_static else None for d in shape]
         out.append(InputInfo(p.get_any_name(), kind, dims))
     return out
+
+
+def quantized_away(graph: "onnx.GraphProto") -> set[str]:
+    """Float tensors that only a ``QuantizeLinear`` reads: OpenVINO's low-precision transformations
+    fold them into the quantised kernel, and an exposed copy is not the value the graph goes on with
+    (the ``DequantizeLinear`` after it is).
+
+    Example:
+        >>> import onnx.helper as h
+        >>> g = h.make_graph([h.make_node("Conv", ["x", "w"], ["c"]), h.make_node("QuantizeLinear", ["c", "s"], ["q"]),
+        ...                   h.make_node("DequantizeLinear", ["q", "s"], ["d"])], "g", [], [])
+        >>> sorted(quantized_away(g))
+        ['c']
+    """
+    readers: dict[str, set[str]] = {}
+    for node in graph.node:
+        for t in node.input:
+            if t:
+                readers.setdefault(t, set()).add(node.op_type)
+    outputs = {o.name for o in graph.output}
+    return {t for t, ops in readers.items() if ops == {"QuantizeLinear"} and t not in outputs}
 
 
 def inline_weights(model: "onnx.ModelProto", source: "SessionSource") -> "onnx.ModelProto":
