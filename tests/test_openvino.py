@@ -201,3 +201,24 @@ def test_runtime_options_that_do_not_fit_are_refused():
         open_runtime("openvino", providers="CUDA")
     with pytest.raises(LayertapError, match="add --runtime openvino"):
         open_runtime("ort", ov_precision="f32")
+
+
+def test_an_openvino_ir_pair_compares_with_its_onnx_source_by_tensor_name(files, tmp_path):
+    import openvino as ov
+
+    import layertap as lt
+
+    xml = tmp_path / "ts.xml"
+    ov.save_model(ov.convert_model(str(files["ts"])), str(xml))  # weights compressed to float16 by default
+    before = xml.read_bytes(), xml.with_suffix(".bin").read_bytes()
+    report = lt.compare(files["ts"], None, xml, cand_runtime="openvino", ov_precision="f32")
+    statuses = {r.name: r.status for r in report.rows}
+    assert report.ok and statuses["stem.1"] == statuses["block.2"] == statuses["output"] == "pass"
+    assert 0 < report.rows[-1].rel_err < 1e-2  # float16 weights: a small, real difference
+    back = lt.compare(xml, None, files["ts"], runtime="openvino", cand_runtime="ort", ov_precision="f32")
+    assert back.ok and back.runtimes["reference"]["runtime"] == "OpenVINO"
+    r = _cli("compare", str(files["ts"]), str(xml))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "only OpenVINO runs" in r.stderr, r.stderr
+    r = _cli("compare", str(files["ts"]), str(xml), "--cand-runtime", "openvino", "--local")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "OpenVINO IR" in r.stderr, r.stderr
+    assert (xml.read_bytes(), xml.with_suffix(".bin").read_bytes()) == before

@@ -229,3 +229,41 @@ def inline_weights(model: "onnx.ModelProto", source: "SessionSource") -> "onnx.M
             arr = numpy_helper.to_array(t, base_dir=str(source.folder))
         t.CopyFrom(numpy_helper.from_array(arr, t.name))
     return out
+
+
+def ir_graph(runtime: "OpenVinoRuntime | Any", path: Path) -> "onnx.ModelProto":
+    """An OpenVINO IR's tensors as an ONNX graph of name-only nodes (domain ``org.openvino``, no
+    weights): enough to align its tensors by name with an ONNX file and to pair its outputs; it
+    is never run (the IR file is). An unnamed tensor gets the name ``ov:NODE:K``."""
+    import onnx.helper as h
+
+    if getattr(runtime, "name", None) != "openvino":
+        raise LayertapError(f"'{path}' is an OpenVINO IR, which only OpenVINO runs: add --runtime openvino "
+                            "(--cand-runtime openvino for the candidate)")
+    m = runtime.read(path)
+
+    def name(out: Any) -> str:
+        names = sorted(out.get_names())
+        return names[0] if names else f"ov:{out.get_node().get_friendly_name()}:{out.get_index()}"
+
+    nodes = []
+    for op in m.get_ordered_ops():
+        if op.get_type_name() in ("Parameter", "Result", "Constant"):
+            continue
+        ins = [name(i.get_source_output()) for i in op.inputs()]
+        nodes.append(h.make_node(op.get_type_name(), ins, [name(o) for o in op.outputs()], name=op.get_friendly_name(),
+                                 domain="org.openvino"))
+    inputs = [h.make_tensor_value_info(i.name, _elem(i.type), i.shape) for i in _inputs(m)]
+    outputs = [h.make_empty_tensor_value_info(name(o)) for o in m.outputs]
+    graph = h.make_graph(nodes, path.stem, inputs, outputs)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("org.openvino", 1)])
+
+
+def _elem(kind: str) -> int:
+    """ONNX's element type of an ORT type text (``tensor(float)`` -> 1; 0 when unknown)."""
+    import onnx.helper as h
+
+    from ..onnxfile.ort import ORT_NUMPY
+
+    dtype = ORT_NUMPY.get(kind)
+    return int(h.np_dtype_to_tensor_dtype(np.dtype(dtype))) if dtype is not None else 0
