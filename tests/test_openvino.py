@@ -221,4 +221,10 @@ def test_an_openvino_ir_pair_compares_with_its_onnx_source_by_tensor_name(files,
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "only OpenVINO runs" in r.stderr, r.stderr
     r = _cli("compare", str(files["ts"]), str(xml), "--cand-runtime", "openvino", "--local")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "OpenVINO IR" in r.stderr, r.stderr
+    x = np.random.default_rng(5).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    ir = lt.run(xml, {"x": x}, taps=["stem", "/block/block.2/Relu_output_0"], runtime="openvino", ov_precision="f32")
+    onnx_values = lt.run(files["ts"], {"x": x}, taps=["stem", "/block/block.2/Relu_output_0"])
+    assert list(ir) == list(onnx_values) == ["output", "stem", "/block/block.2/Relu_output_0"]
+    for k in ir:
+        np.testing.assert_allclose(ir[k], onnx_values[k], rtol=1e-2, atol=1e-2)
     assert (xml.read_bytes(), xml.with_suffix(".bin").read_bytes()) == before

@@ -8,13 +8,14 @@ outputs in memory, and the runtime (ONNX Runtime, OpenVINO: a
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import LayertapError, OnnxFileError, SelectorError, unknown_name
 from .feeds import make_feeds
-from .modelfile import read_model
+from .modelfile import ModelFile, model_file
 from .ort import SessionSource, one_line
 from .outputs import OutputAdder, dedupe
 
@@ -39,10 +40,11 @@ class TappedSession:
         (['r'], array([[0., 2.]], dtype=float32))
     """
 
-    def __init__(self, path: str | os.PathLike, runtime: Any, taps: Sequence[str] = ()) -> None:
-        self.path = path
+    def __init__(self, path: "str | os.PathLike | ModelFile", runtime: Any, taps: Sequence[str] = (), *,
+                 file: Path | None = None) -> None:
+        self.path = path.path if isinstance(path, ModelFile) else path
         self.runtime = runtime
-        self.mf = mf = read_model(path)
+        self.mf = mf = model_file(path)
         # the weights go to ORT once, as arrays; the proto keeps only the graph
         self.source = SessionSource(mf.model, mf.folder, move_weights=True)
         mf.model = self.source.model
@@ -54,11 +56,13 @@ class TappedSession:
         self.added = adder.apply(self.pairs)
         self.tap_names = list(dict.fromkeys(name for name, _ in self.pairs))
         try:
-            self.session = runtime.open(self.source)
+            # ``file``: a file the runtime reads itself (an OpenVINO IR, ``mf`` its tensor names)
+            tensors = list(dict.fromkeys(t for _, t in self.pairs))
+            self.session = runtime.open(file, tensors) if file is not None else runtime.open(self.source)
         except LayertapError:
             raise
         except Exception as e:  # noqa: BLE001 - ORT's own message, one line
-            raise OnnxFileError(f"{runtime.describe().runtime} cannot load '{path}': {one_line(e)}") from None
+            raise OnnxFileError(f"{runtime.describe().runtime} cannot load '{self.path}': {one_line(e)}") from None
 
     def run(
         self, inputs: Mapping[str, Any] | Sequence[Any] | None = None, *, seed: int = 0, notify: Callable[[str], None] | None = None
@@ -79,8 +83,9 @@ class TappedSession:
         for name in self.own:
             key = "output" if len(self.own) == 1 and "output" not in self.added else name
             result[key] = got[name]
-        for name in self.added:
-            result[name] = got[name]
+        tensor_of = dict(self.pairs)
+        for name in self.added:  # an alias the runtime does not know by name: its tensor
+            result[name] = got[name] if name in got else got[tensor_of[name]]
         for name, tensor in self.pairs:  # a tap on a graph output: also under the tap's own name
             if name not in result:
                 result[name] = got[name if name in got else tensor]

@@ -5,6 +5,7 @@ and OpenVINO behind one small protocol (:mod:`.base`), opened by :func:`open_run
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -91,4 +92,10 @@ def run(
     from ..onnxfile.runner import TappedSession
 
     engine = open_runtime(runtime, providers=providers, ov_precision=ov_precision, ov_device=ov_device)
-    return TappedSession(path, engine, taps).run(inputs, seed=seed, notify=notify)
+    if str(path).lower().endswith(".xml"):
+        from .openvino import ir_file
+
+        session = TappedSession(ir_file(engine, path), engine, taps, file=Path(path))
+    else:
+        session = TappedSession(path, engine, taps)
+    return session.run(inputs, seed=seed, notify=notify)

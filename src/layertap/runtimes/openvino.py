@@ -6,6 +6,7 @@ intermediates exposed by tensor name (``Model.add_outputs``), compiled on a devi
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -17,6 +18,7 @@ from .base import InputInfo, RuntimeInfo, check_exposed
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
+    from ..onnxfile.modelfile import ModelFile
     from ..onnxfile.ort import SessionSource
 
 INSTALL = "pip install 'layertap[openvino]'"
@@ -69,9 +71,16 @@ class OpenVinoRuntime:
     """OpenVINO on ``device`` at ``precision`` (``f32``/``bf16``/``f16``; ``None``: the device's default).
 
     Example:
-        >>> rt = OpenVinoRuntime("CPU", "f32")  # doctest: +SKIP
-        >>> rt.describe().precision  # doctest: +SKIP
-        'float32'
+        >>> import onnx.helper as h
+        >>> from layertap.onnxfile.ort import SessionSource
+        >>> g = h.make_graph([h.make_node("Relu", ["x"], ["r"]), h.make_node("Neg", ["r"], ["y"])], "g",
+        ...     [h.make_tensor_value_info("x", 1, [2])], [h.make_tensor_value_info("y", 1, [2])])
+        >>> rt = OpenVinoRuntime("CPU", "f32")
+        >>> engine = rt.open(SessionSource(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), Path(".")), ["r"])
+        >>> engine.run(["r", "y"], {"x": np.array([-1.0, 2.0], np.float32)})
+        {'r': array([0., 2.], dtype=float32), 'y': array([-0., -2.], dtype=float32)}
+        >>> rt.describe().runtime, rt.describe().precision
+        ('OpenVINO', 'float32')
     """
 
     name = "openvino"
@@ -246,17 +255,46 @@ def ir_graph(runtime: "OpenVinoRuntime | Any", path: Path) -> "onnx.ModelProto":
         names = sorted(out.get_names())
         return names[0] if names else f"ov:{out.get_node().get_friendly_name()}:{out.get_index()}"
 
-    nodes = []
+    nodes, typed = [], []
     for op in m.get_ordered_ops():
         if op.get_type_name() in ("Parameter", "Result", "Constant"):
             continue
         ins = [name(i.get_source_output()) for i in op.inputs()]
         nodes.append(h.make_node(op.get_type_name(), ins, [name(o) for o in op.outputs()], name=op.get_friendly_name(),
                                  domain="org.openvino"))
+        typed += [_value_info(name(o), o) for o in op.outputs()]
     inputs = [h.make_tensor_value_info(i.name, _elem(i.type), i.shape) for i in _inputs(m)]
-    outputs = [h.make_empty_tensor_value_info(name(o)) for o in m.outputs]
-    graph = h.make_graph(nodes, path.stem, inputs, outputs)
+    outputs = [_value_info(name(o), o) for o in m.outputs]
+    graph = h.make_graph(nodes, path.stem, inputs, outputs, value_info=typed)
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("org.openvino", 1)])
+
+
+def ir_file(runtime: Any, path: str | os.PathLike) -> "ModelFile":
+    """An OpenVINO IR as a :class:`~layertap.onnxfile.modelfile.ModelFile` of its tensor names
+    (:func:`ir_graph`), its two files recorded as read (no output may replace them)."""
+    from ..files.reads import note_input
+    from ..onnxfile.modelfile import ModelFile
+
+    p = Path(path)
+    if not p.is_file():
+        raise OnnxFileError(f"OpenVINO IR '{p}' does not exist")
+    graph = ir_graph(runtime, p)
+    note_input(p)
+    note_input(p.with_suffix(".bin"), f"weights of '{p}'")
+    return ModelFile(path=p, model=graph, external=[])
+
+
+def _value_info(name: str, out: Any) -> "onnx.ValueInfoProto":
+    """A typed value info of an OpenVINO output (dynamic sizes unnamed)."""
+    import onnx.helper as h
+
+    try:
+        elem = int(h.np_dtype_to_tensor_dtype(np.dtype(out.get_element_type().to_dtype())))
+    except (TypeError, RuntimeError, KeyError, ValueError):
+        return h.make_empty_tensor_value_info(name)
+    shape = out.get_partial_shape()
+    dims = None if shape.rank.is_dynamic else [d.get_length() if d.is_static else None for d in shape]
+    return h.make_tensor_value_info(name, elem, dims)
 
 
 def _elem(kind: str) -> int:
