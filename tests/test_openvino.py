@@ -240,3 +240,15 @@ def test_openvino_exposes_tensors_in_batches_and_judges_by_any_metric(files):
     assert batched.ort_runs > one.ort_runs == 2  # one run per side unbatched, several with two tensors per run
     assert any("exposing the intermediates in batches" in n for n in batched.notes)
     assert [r.max_abs for r in batched.rows] == [r.max_abs for r in one.rows]
+
+
+def test_openvino_compare_and_run_never_import_torch_and_ort_alone_never_imports_openvino(files):
+    code = (
+        "import sys, layertap as lt\n"
+        f"lt.run({str(files['ts'])!r})\n"
+        "assert 'openvino' not in sys.modules\n"
+        f"lt.compare({str(files['ts'])!r}, None, {str(files['ts'])!r}, cand_runtime='openvino')\n"
+        "assert 'openvino' in sys.modules and 'torch' not in sys.modules\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
