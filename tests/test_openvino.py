@@ -101,6 +101,7 @@ def test_pytorch_reference_with_an_openvino_candidate(files):
     assert report.runtimes == {"candidate": report.runtimes["candidate"]}
     assert report.runtimes["candidate"]["runtime"] == "OpenVINO"
     assert any("the candidate ran in OpenVINO" in n for n in report.notes)
+    assert report.title == "PyTorch vs OpenVINO, module by module"
 
 
 def test_compare_cli_names_each_sides_runtime_in_json_notes_and_html(files, tmp_path):

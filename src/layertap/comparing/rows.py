@@ -134,6 +134,8 @@ class CompareReport(ToleranceReport):
         self.runtimes = dict(runtimes or {})
         if reference is not None:
             self.__dict__["title"] = f"{reference} vs {onnx_path}, layer by layer"
+        elif self.runtimes.get("candidate", {}).get("runtime", "ONNX Runtime") != "ONNX Runtime":
+            self.__dict__["title"] = f"PyTorch vs {self.runtimes['candidate']['runtime']}, module by module"
         extra = [_metric_column(c, self.criterion.metric) for c in _EXTRA_COLUMNS if c.key != "local_rel" or local]
         if samples > 1:
             extra.append(Column("worst_sample", "Worst sample", justify="right", no_wrap=True))
