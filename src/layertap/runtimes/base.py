@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..onnxfile.ort import SessionSource
 
+
 class InputInfo(NamedTuple):
     """A model input as ONNX Runtime's ``NodeArg`` shows it: name, type text (``tensor(float)``), shape."""
 
