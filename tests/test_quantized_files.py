@@ -197,3 +197,15 @@ def _scale_of(path: Path, conv_node: str) -> str:
     made = {t: n for n in graph.node for t in n.output}
     conv = next(n for n in graph.node if n.name == conv_node)
     return made[conv.input[1]].input[1]
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_a_qdq_file_run_two_ways_compares_each_tensor_as_itself(qfiles, exporter):
+    """Both sides quantise the same tensors: a module's float value is compared with the same float
+    value, not with the other side's dequantised (clipped) copy of it."""
+    files, x, _ = qfiles
+    q = files[(exporter, "qdq")]
+    report = lt.compare(q, {"x": x}, q, ort_optimizations=False, ref_ort_optimizations=True)
+    assert report.ok, str(report)
+    assert {r.status for r in report.rows} <= {"pass", "absorbed"}
+    assert all(r.max_abs is None or r.max_abs < 1e-4 for r in report.rows)
