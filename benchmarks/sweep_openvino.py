@@ -1,0 +1,145 @@
+"""Sweep (correctness, not timing): each torchvision model x both exporters, the file compared
+with itself run by OpenVINO (``lt.compare(f, x, f, cand_runtime="openvino")``).
+
+* ``--ov-precision f32``: every compared row should pass (goal: 0 FAIL).
+* at ``--low`` (bf16 by default: the precision OpenVINO picks by itself on CPUs with AMX or
+  AVX512-BF16), the first divergence layertap reports, and the first row whose error exceeds
+  what bf16 rounding explains.
+
+What bf16 rounding explains, row by row: the same file with every floating-point tensor entering
+every node (activations, weights, biases) rounded to bfloat16 (``Cast`` to bfloat16 and back, in
+ONNX Runtime: round to nearest even, 8 significant bits) and everything else computed in float32,
+compared with the plain file (``lt.compare``, same input). OpenVINO's bf16 mode rounds at fewer
+points than that (it keeps accumulations, biases and fused element-wise steps in float32), so its
+error at a row should not exceed this emulation's. A row is **beyond rounding** when its
+OpenVINO error exceeds twice the emulation's at the same row (both ``rel_err``: max abs error /
+max |ref|; the factor 2 leaves room for rounding errors that add up in another order) and it
+fails layertap's tolerance. ``same`` says whether that row is layertap's first divergence.
+
+Run:
+    .venv/bin/python benchmarks/sweep_openvino.py [--models resnet18,vit_b_16] [--size 64] [--low bf16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+MODELS = ("resnet18", "resnet50", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny", "vit_b_16",
+          "regnet_y_400mf", "densenet121", "shufflenet_v2_x0_5", "squeezenet1_0")
+FACTOR = 2.0  # a row is beyond bf16 rounding above FACTOR x the emulation's error
+
+
+def _model(name: str, size: int):
+    import torchvision
+
+    kw = {"image_size": size} if name.startswith("vit_") else {}
+    return getattr(torchvision.models, name)(weights=None, **kw).eval()
+
+
+def bf16_emulation(src: Path) -> Path:
+    """A copy of ``src`` whose every node rounds each floating-point input to bfloat16 first.
+
+    Each ``Cast`` pair belongs to the node it feeds: its name extends that node's name and it
+    carries the node's metadata, so layertap places it in the same module as the node.
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(src)))
+    g = model.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in (*g.input, *g.value_info, *g.output)}
+    types.update({i.name: i.data_type for i in g.initializer})
+    nodes = []
+    for k, node in enumerate(g.node):
+        for i, name in enumerate(node.input):
+            if not name or types.get(name) != TensorProto.FLOAT or node.op_type in ("Shape", "Size"):
+                continue
+            stem = f"{node.name or f'node{k}'}_bf16_{i}"
+            casts = [helper.make_node("Cast", [name], [stem + "_b"], name=stem + "_to", to=TensorProto.BFLOAT16),
+                     helper.make_node("Cast", [stem + "_b"], [stem + "_f"], name=stem + "_back", to=TensorProto.FLOAT)]
+            for c in casts:
+                c.metadata_props.extend(node.metadata_props)
+            nodes += casts
+            node.input[i] = stem + "_f"
+        nodes.append(node)
+    del g.node[:]
+    g.node.extend(nodes)
+    out = src.with_name(src.stem + "_bf16emu.onnx")
+    onnx.save(model, str(out))
+    return out
+
+
+def beyond_rounding(ov_report, emu_report) -> tuple[str | None, float]:
+    """The first failing row of ``ov_report`` whose rel error exceeds FACTOR x the emulation's at
+    the same row, and the largest ratio over all compared rows."""
+    emu = {r.name: r.rel_err for r in emu_report.rows if r.ok is not None and r.rel_err is not None}
+    first, worst = None, 0.0
+    for row in ov_report.rows:
+        if row.ok is None or row.rel_err is None or row.name not in emu:
+            continue
+        ratio = row.rel_err / max(emu[row.name], 1e-12)
+        worst = max(worst, ratio)
+        if first is None and row.ok is False and ratio > FACTOR:
+            first = row.name
+    return first, worst
+
+
+def sweep_one(src: Path, xn: np.ndarray, low: str) -> str:
+    import layertap as lt
+
+    f32 = lt.compare(src, {"x": xn}, src, cand_runtime="openvino", ov_precision="f32")
+    fails = [r.name for r in f32.rows if r.ok is False]
+    ov = lt.compare(src, {"x": xn}, src, cand_runtime="openvino", ov_precision=low)
+    emu = lt.compare(src, {"x": xn}, bf16_emulation(src))
+    first = ov.first_divergence_row
+    beyond, worst = beyond_rounding(ov, emu)
+    shown = f"{first.name} ({first.rel_err:.1e}, emu {_rel(emu, first.name)})" if first else "none"
+    same = "n/a" if first is None and beyond is None else ("yes" if beyond == (first.name if first else None) else "no")
+    c = f32.counts()
+    return (f"{c['pass']:4d} {c['FAIL']:4d} {f32.rows[-1].rel_err:8.1e} | {low} out {ov.rows[-1].rel_err:7.1e} "
+            f"(emu {emu.rows[-1].rel_err:7.1e}) | first divergence {shown} | beyond rounding {beyond} "
+            f"(max ratio {worst:.2f}) | same {same}{'; f32 FAIL ' + ', '.join(fails[:3]) if fails else ''}")
+
+
+def _rel(report, name: str) -> str:
+    row = next((r for r in report.rows if r.name == name), None)
+    return f"{row.rel_err:.1e}" if row is not None and row.rel_err is not None else "-"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--size", type=int, default=64)
+    ap.add_argument("--low", default="bf16", choices=("bf16", "f16"), help="the reduced precision of the second pass")
+    ns = ap.parse_args()
+    import openvino as ov
+    import torch
+
+    core = ov.Core()
+    print(f"OpenVINO {ov.get_version()}, CPU default INFERENCE_PRECISION_HINT: "
+          f"{core.get_property('CPU', 'INFERENCE_PRECISION_HINT')}; input 1x3x{ns.size}x{ns.size}")
+    print(f"{'model':20s} {'exporter':11s} f32: pass FAIL  out rel | {ns.low} ...")
+    work = Path(tempfile.mkdtemp(prefix="sweep-openvino-"))
+    x = torch.randn(1, 3, ns.size, ns.size, generator=torch.Generator().manual_seed(0))
+    xn = np.ascontiguousarray(x.numpy())
+    for name in ns.models.split(","):
+        torch.manual_seed(0)
+        model = _model(name, ns.size)
+        for exporter in ("dynamo", "torchscript"):
+            src = work / f"{name}_{exporter}.onnx"
+            t0 = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(model, (x,), str(src), dynamo=exporter == "dynamo", input_names=["x"])
+            line = sweep_one(src, xn, ns.low)
+            print(f"{name:20s} {exporter:11s} {line} [{time.perf_counter() - t0:.0f} s]", flush=True)
+
+
+if __name__ == "__main__":
+    main()
