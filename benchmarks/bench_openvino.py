@@ -57,7 +57,7 @@ def plain_runs(path: Path, x: np.ndarray, precision: str | None, repeat: int) ->
         out = compiled({"x": x})[0]
         best_ov = min(best_ov, time.perf_counter() - t)
     return {"ort_s": best_ort, "ov_s": best_ov, "ort_build_s": t1 - t0, "ov_compile_s": t2 - t1,
-            "precision": str(compiled.get_property("INFERENCE_PRECISION_HINT")),
+            "precision": compiled.get_property("INFERENCE_PRECISION_HINT").to_string(),
             "output_max_abs": float(np.abs(out - ref).max())}
 
 
@@ -164,7 +164,8 @@ def _print(r: dict, ns: argparse.Namespace, version: str) -> None:
     floor = best["ort_floor"] + best["ov_floor"]
     print(f"resnet50, input 1x3x{ns.size}x{ns.size}, {os.cpu_count()} CPU(s), best of {ns.repeat}; OpenVINO {version} "
           f"on CPU at {plain['precision']}")
-    print(f"  ORT run (untapped)          {plain['ort_s'] * 1e3:8.1f} ms   (session build {plain['ort_build_s'] * 1e3:.0f} ms, not counted)")
+    print(f"  ORT run (untapped)          {plain['ort_s'] * 1e3:8.1f} ms   "
+          f"(session build {plain['ort_build_s'] * 1e3:.0f} ms, not counted)")
     print(f"  OpenVINO run (untapped)     {plain['ov_s'] * 1e3:8.1f} ms   (compile {plain['ov_compile_s'] * 1e3:.0f} ms, not counted)")
     print(f"  one run of each (sum)       {one * 1e3:8.1f} ms")
     print(f"  floor by hand, every tensor {floor * 1e3:8.1f} ms   (ORT load+build+run {best['ort_floor'] * 1e3:.0f}, "

@@ -2,9 +2,9 @@
 with itself run by OpenVINO (``lt.compare(f, x, f, cand_runtime="openvino")``).
 
 * ``--ov-precision f32``: every compared row should pass (goal: 0 FAIL).
-* at ``--low`` (bf16 by default: the precision OpenVINO picks by itself on CPUs with AMX or
-  AVX512-BF16), the first divergence layertap reports, and the first row whose error exceeds
-  what bf16 rounding explains.
+* ``--ov-precision bf16`` (what OpenVINO picks by itself on CPUs with AMX or AVX512-BF16): the
+  first divergence layertap reports, and the first row whose error exceeds what bf16 rounding
+  explains.
 
 What bf16 rounding explains, row by row: the same file with every floating-point tensor entering
 every node (activations, weights, biases) rounded to bfloat16 (``Cast`` to bfloat16 and back, in
@@ -14,10 +14,13 @@ points than that (it keeps accumulations, biases and fused element-wise steps in
 error at a row should not exceed this emulation's. A row is **beyond rounding** when its
 OpenVINO error exceeds twice the emulation's at the same row (both ``rel_err``: max abs error /
 max |ref|; the factor 2 leaves room for rounding errors that add up in another order) and it
-fails layertap's tolerance. ``same`` says whether that row is layertap's first divergence.
+fails layertap's tolerance. The last column: ``yes`` when that row is layertap's first divergence,
+``rounding only`` when no row is beyond rounding (the first divergence is bf16's rounding
+exceeding the default tolerance), ``no: ROW`` when another row is the first beyond rounding.
+``ratio``: the largest OpenVINO / emulation error ratio over the compared rows.
 
 Run:
-    .venv/bin/python benchmarks/sweep_openvino.py [--models resnet18,vit_b_16] [--size 64] [--low bf16]
+    .venv/bin/python benchmarks/sweep_openvino.py [--models resnet18,vit_b_16] [--size 64]
 """
 
 from __future__ import annotations
@@ -90,21 +93,27 @@ def beyond_rounding(ov_report, emu_report) -> tuple[str | None, float]:
     return first, worst
 
 
-def sweep_one(src: Path, xn: np.ndarray, low: str) -> str:
+def sweep_one(src: Path, xn: np.ndarray) -> str:
+    """One table line: f32 FAIL rows / compared rows, output errors, the first divergence at
+    bf16 and the first row beyond bf16 rounding."""
     import layertap as lt
 
     f32 = lt.compare(src, {"x": xn}, src, cand_runtime="openvino", ov_precision="f32")
-    fails = [r.name for r in f32.rows if r.ok is False]
-    ov = lt.compare(src, {"x": xn}, src, cand_runtime="openvino", ov_precision=low)
+    ov = lt.compare(src, {"x": xn}, src, cand_runtime="openvino", ov_precision="bf16")
     emu = lt.compare(src, {"x": xn}, bf16_emulation(src))
     first = ov.first_divergence_row
     beyond, worst = beyond_rounding(ov, emu)
-    shown = f"{first.name} ({first.rel_err:.1e}, emu {_rel(emu, first.name)})" if first else "none"
-    same = "n/a" if first is None and beyond is None else ("yes" if beyond == (first.name if first else None) else "no")
     c = f32.counts()
-    return (f"{c['pass']:4d} {c['FAIL']:4d} {f32.rows[-1].rel_err:8.1e} | {low} out {ov.rows[-1].rel_err:7.1e} "
-            f"(emu {emu.rows[-1].rel_err:7.1e}) | first divergence {shown} | beyond rounding {beyond} "
-            f"(max ratio {worst:.2f}) | same {same}{'; f32 FAIL ' + ', '.join(fails[:3]) if fails else ''}")
+    shown = f"{first.name} {first.rel_err:.1e} (emu {_rel(emu, first.name)})" if first else "none"
+    if first is None:
+        verdict = "no divergence"
+    elif beyond is None:
+        verdict = "rounding only"
+    else:
+        verdict = "yes" if beyond == first.name else f"no: {beyond}"
+    fails = [r.name for r in f32.rows if r.ok is False][:3]
+    return (f"{c['FAIL']:3d}/{c['pass'] + c['FAIL']:<4d} {f32.rows[-1].rel_err:8.1e} | {ov.rows[-1].rel_err:8.1e} "
+            f"{emu.rows[-1].rel_err:8.1e} | {shown:42s} | {worst:5.2f} | {verdict}{' | f32 FAIL: ' + ', '.join(fails) if fails else ''}")
 
 
 def _rel(report, name: str) -> str:
@@ -116,15 +125,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--size", type=int, default=64)
-    ap.add_argument("--low", default="bf16", choices=("bf16", "f16"), help="the reduced precision of the second pass")
     ns = ap.parse_args()
     import openvino as ov
     import torch
 
     core = ov.Core()
     print(f"OpenVINO {ov.get_version()}, CPU default INFERENCE_PRECISION_HINT: "
-          f"{core.get_property('CPU', 'INFERENCE_PRECISION_HINT')}; input 1x3x{ns.size}x{ns.size}")
-    print(f"{'model':20s} {'exporter':11s} f32: pass FAIL  out rel | {ns.low} ...")
+          f"{core.get_property('CPU', 'INFERENCE_PRECISION_HINT').to_string()}; input 1x3x{ns.size}x{ns.size}")
+    print(f"{'model':20s} {'exporter':11s} f32 FAIL  out rel | bf16 out  emu out | "
+          f"{'first divergence at bf16 (rel err)':42s} | ratio | first divergence beyond rounding?")
     work = Path(tempfile.mkdtemp(prefix="sweep-openvino-"))
     x = torch.randn(1, 3, ns.size, ns.size, generator=torch.Generator().manual_seed(0))
     xn = np.ascontiguousarray(x.numpy())
@@ -137,7 +146,7 @@ def main() -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 torch.onnx.export(model, (x,), str(src), dynamo=exporter == "dynamo", input_names=["x"])
-            line = sweep_one(src, xn, ns.low)
+            line = sweep_one(src, xn)
             print(f"{name:20s} {exporter:11s} {line} [{time.perf_counter() - t0:.0f} s]", flush=True)
 
 
