@@ -26,6 +26,8 @@ Run:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import tempfile
 import time
 import warnings
@@ -78,19 +80,20 @@ def bf16_emulation(src: Path) -> Path:
     return out
 
 
-def beyond_rounding(ov_report, emu_report) -> tuple[str | None, float]:
+def beyond_rounding(ov_report, emu_report) -> tuple[str | None, float, str]:
     """The first failing row of ``ov_report`` whose rel error exceeds FACTOR x the emulation's at
-    the same row, and the largest ratio over all compared rows."""
+    the same row, and the largest ratio over all compared rows with its row."""
     emu = {r.name: r.rel_err for r in emu_report.rows if r.ok is not None and r.rel_err is not None}
-    first, worst = None, 0.0
+    first, worst, where = None, 0.0, ""
     for row in ov_report.rows:
         if row.ok is None or row.rel_err is None or row.name not in emu:
             continue
         ratio = row.rel_err / max(emu[row.name], 1e-12)
-        worst = max(worst, ratio)
+        if ratio > worst:
+            worst, where = ratio, row.name
         if first is None and row.ok is False and ratio > FACTOR:
             first = row.name
-    return first, worst
+    return first, worst, where
 
 
 def sweep_one(src: Path, xn: np.ndarray) -> str:
@@ -102,7 +105,7 @@ def sweep_one(src: Path, xn: np.ndarray) -> str:
     ov = lt.compare(src, {"x": xn}, src, cand_runtime="openvino", ov_precision="bf16")
     emu = lt.compare(src, {"x": xn}, bf16_emulation(src))
     first = ov.first_divergence_row
-    beyond, worst = beyond_rounding(ov, emu)
+    beyond, worst, where = beyond_rounding(ov, emu)
     c = f32.counts()
     shown = f"{first.name} {first.rel_err:.1e} (emu {_rel(emu, first.name)})" if first else "none"
     if first is None:
@@ -113,7 +116,8 @@ def sweep_one(src: Path, xn: np.ndarray) -> str:
         verdict = "yes" if beyond == first.name else f"no: {beyond}"
     fails = [r.name for r in f32.rows if r.ok is False][:3]
     return (f"{c['FAIL']:3d}/{c['pass'] + c['FAIL']:<4d} {f32.rows[-1].rel_err:8.1e} | {ov.rows[-1].rel_err:8.1e} "
-            f"{emu.rows[-1].rel_err:8.1e} | {shown:42s} | {worst:5.2f} | {verdict}{' | f32 FAIL: ' + ', '.join(fails) if fails else ''}")
+            f"{emu.rows[-1].rel_err:8.1e} | {shown:42s} | {worst:5.2f} {where:24s} | {verdict}"
+            f"{' | f32 FAIL: ' + ', '.join(fails) if fails else ''}")
 
 
 def _rel(report, name: str) -> str:
@@ -133,7 +137,7 @@ def main() -> None:
     print(f"OpenVINO {ov.get_version()}, CPU default INFERENCE_PRECISION_HINT: "
           f"{core.get_property('CPU', 'INFERENCE_PRECISION_HINT').to_string()}; input 1x3x{ns.size}x{ns.size}")
     print(f"{'model':20s} {'exporter':11s} f32 FAIL  out rel | bf16 out  emu out | "
-          f"{'first divergence at bf16 (rel err)':42s} | ratio | first divergence beyond rounding?")
+          f"{'first divergence at bf16 (rel err)':42s} | ratio at {'row':21s}| first divergence beyond rounding?")
     work = Path(tempfile.mkdtemp(prefix="sweep-openvino-"))
     x = torch.randn(1, 3, ns.size, ns.size, generator=torch.Generator().manual_seed(0))
     xn = np.ascontiguousarray(x.numpy())
@@ -143,7 +147,7 @@ def main() -> None:
         for exporter in ("dynamo", "torchscript"):
             src = work / f"{name}_{exporter}.onnx"
             t0 = time.perf_counter()
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
                 warnings.simplefilter("ignore")
                 torch.onnx.export(model, (x,), str(src), dynamo=exporter == "dynamo", input_names=["x"])
             line = sweep_one(src, xn)
