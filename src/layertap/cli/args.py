@@ -46,6 +46,7 @@ class Args:
     json: bool = False
     report: str | None = None  # as given (checked)
     dataset: Any = None
+    runtime: dict[str, Any] = field(default_factory=dict)  # runtime=, cand_runtime=, ov_precision=, ov_device= as given
 
 
 class ArgGroup:
@@ -311,6 +312,30 @@ class ToleranceArgs(ArgGroup):
 
     def parse(self, ns: argparse.Namespace, args: Args) -> None:
         args.tolerance = Tolerance(ns.rtol, ns.atol)
+
+
+class RuntimeArgs(ArgGroup):
+    """``--runtime ort|openvino`` (with ``cand=True`` also ``--cand-runtime``), ``--ov-precision``,
+    ``--ov-device``: what runs an ONNX file; parsed into the library's keywords (only those given)."""
+
+    def __init__(self, *, cand: bool = False) -> None:
+        self.cand = cand
+
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("runtime")
+        which = "an ONNX reference (else the candidate)" if self.cand else "the file"
+        g.add_argument("--runtime", choices=("ort", "openvino"), default=None,
+                       help=f"what runs {which}: ort (ONNX Runtime, default) or openvino")
+        if self.cand:
+            g.add_argument("--cand-runtime", choices=("ort", "openvino"), default=None,
+                           help="what runs the candidate (default: the reference's runtime)")
+        g.add_argument("--ov-precision", choices=("f32", "bf16", "f16"), default=None,
+                       help="OpenVINO's inference precision (default: the device's own, bf16 on CPUs with AMX)")
+        g.add_argument("--ov-device", default=None, metavar="DEVICE", help="OpenVINO device: CPU (default), GPU, NPU")
+
+    def parse(self, ns: argparse.Namespace, args: Args) -> None:
+        keys = ("runtime", "cand_runtime", "ov_precision", "ov_device")
+        args.runtime = {k: getattr(ns, k) for k in keys if getattr(ns, k, None) is not None}
 
 
 class JsonArgs(ArgGroup):

@@ -88,6 +88,10 @@ def compare(
     progress: Progress | None = None,
     onnx_path: str | os.PathLike | None = None,
     allow_different_weights: bool = False,
+    runtime: str | None = None,
+    cand_runtime: str | None = None,
+    ov_precision: str | None = None,
+    ov_device: str | None = None,
 ) -> CompareReport:
     """Compare a reference with an ONNX candidate layer by layer in ONNX Runtime.
 
@@ -129,6 +133,12 @@ def compare(
             name differ (another checkpoint); the report says so. Without it that raises
             :class:`~layertap.comparing.weights.DifferentWeightsError`. A few differing
             parameters never stop the comparison: each is named on its module's row (``weights``).
+        runtime, cand_runtime: what runs each file: ``"ort"`` (ONNX Runtime, the default) or
+            ``"openvino"``. ``runtime`` is an ONNX reference's (the candidate's with a PyTorch
+            reference), ``cand_runtime`` the candidate's (default: the reference's), so
+            ``compare(f, None, f, cand_runtime="openvino")`` runs one file in both.
+        ov_precision, ov_device: OpenVINO's ``INFERENCE_PRECISION_HINT`` (``f32``, ``bf16``,
+            ``f16``; default the device's) and device (``CPU``, ``GPU``, ``NPU``; default CPU).
 
     Returns:
         A :class:`CompareReport`: ``.ok``, ``.rows`` (one per module call, in
@@ -151,42 +161,64 @@ def compare(
         raise LayertapError("compare needs a candidate ONNX file (the third argument)")
     criterion = _criterion(metric, rtol, atol, min_cosine, min_sqnr_db, check_finite)
     _check_options(rtol, atol, batch_outputs, memory_budget)
-    from ..onnxfile.ort import resolve_providers
-
     onnx_ref = isinstance(ref, (str, os.PathLike, ModelFile))
     if providers is not None and not onnx_ref:
         raise LayertapError(
             "--providers (providers=) picks the execution providers of an ONNX reference, and REF here is a PyTorch "
             "model; give the candidate's providers with --cand-providers (cand_providers=)"
         )
-    ref_providers, c_providers = resolve_providers(providers), resolve_providers(cand_providers)
+    ref_opt = ort_optimizations if ref_ort_optimizations is None else ref_ort_optimizations
+    ref_rt, cand_rt = side_runtimes(onnx_ref, runtime, cand_runtime, (providers, cand_providers), (ref_opt, ort_optimizations),
+                                    ov_precision, ov_device)
     given, n_random = given_samples(args if onnx_ref else _as_args(args), samples)
     options = dict(criterion=criterion, modules=modules, batch_outputs=batch_outputs, memory_budget=memory_budget,
                    allow_different_weights=allow_different_weights)
     if onnx_ref:
-        return _compare_files(ref, cand, given, n_random, ref_providers, c_providers, options, seed=seed, local=local,
-                              ref_optimize=ort_optimizations if ref_ort_optimizations is None else ref_ort_optimizations,
-                              cand_optimize=ort_optimizations, progress=progress)
+        return _compare_files(ref, cand, given, n_random, ref_rt, cand_rt, options, seed=seed, local=local,
+                              progress=progress)
     return _compare_torch(
-        ref, cand, given, n_random, c_providers, options, kwargs=dict(kwargs or {}), method=method,
+        ref, cand, given, n_random, cand_rt, options, kwargs=dict(kwargs or {}), method=method,
         ort_optimizations=ort_optimizations, seed=seed, local=local, progress=progress,
     )
 
 
+def side_runtimes(onnx_ref: bool, runtime: str | None, cand_runtime: str | None, providers: tuple[Any, Any],
+                  optimize: tuple[bool, bool], ov_precision: str | None, ov_device: str | None) -> tuple[Any, Any]:
+    """The reference's runtime (``None`` for a PyTorch reference) and the candidate's, each opened by
+    :func:`~layertap.runtimes.open_runtime`; OpenVINO's options go to the sides that run OpenVINO."""
+    from ..runtimes import open_runtime
+
+    if not onnx_ref and runtime is not None and cand_runtime is not None and runtime != cand_runtime:
+        raise LayertapError("with a PyTorch reference only the candidate runs a file: give --runtime or "
+                            "--cand-runtime (runtime= or cand_runtime=), not both")
+    ref_name = (runtime or "ort") if onnx_ref else None
+    cand_name = cand_runtime or runtime or "ort"
+    if "openvino" not in (ref_name, cand_name) and (ov_precision is not None or ov_device is not None):
+        raise LayertapError("--ov-precision and --ov-device (ov_precision=, ov_device=) apply to the OpenVINO runtime; "
+                            "add --runtime openvino or --cand-runtime openvino")
+
+    def opened(name: str, side: int) -> Any:
+        ov = dict(ov_precision=ov_precision, ov_device=ov_device) if name == "openvino" else {}
+        return open_runtime(name, providers=providers[side], optimize=optimize[side], **ov)
+
+    return (opened(ref_name, 0) if ref_name else None), opened(cand_name, 1)
+
+
 def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike | ModelFile, given: list[Any],
-                   n_random: int, providers: list[str], cand_providers: list[str], options: dict[str, Any], *, seed: int,
-                   local: bool, ref_optimize: bool, cand_optimize: bool, progress: Progress | None) -> CompareReport:
-    """An ONNX reference: both files in ORT, aligned by :func:`.onnx_ref.align_files`. Never imports torch."""
+                   n_random: int, ref_rt: Any, cand_rt: Any, options: dict[str, Any], *, seed: int,
+                   local: bool, progress: Progress | None) -> CompareReport:
+    """An ONNX reference: both files in their runtimes, aligned by :func:`.onnx_ref.align_files`. Never imports torch."""
     from .onnx_ref import OnnxReference, refuse_same_run
 
-    refuse_same_run(_path(ref), _path(cand), providers, cand_providers, ref_optimize, cand_optimize)
-    ref_side = OrtSide(ref, ref_optimize, providers)
-    cand_side = OrtSide(cand, cand_optimize, cand_providers)
+    refuse_same_run(_path(ref), _path(cand), ref_rt, cand_rt)
+    ref_side = OrtSide(ref, ref_rt)
+    cand_side = OrtSide(cand, cand_rt)
     given = [s if isinstance(s, (dict, list, tuple)) else [s] for s in given]
     reference = OnnxReference(ref_side, cand_side, given, n_random, random=_random_from_file(seed), **options)
     return compare_sides(reference, cand_side, criterion=options["criterion"], weights=reference.weights, local=local,
                          memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
-                         ort_optimizations=cand_optimize, reference=_shown(ref))
+                         ort_optimizations=cand_rt.optimize if cand_rt.name == "ort" else True, reference=_shown(ref),
+                         runtimes={"reference": ref_side.describe().to_dict(), "candidate": cand_side.describe().to_dict()})
 
 
 def _criterion(metric: Any, rtol: Any, atol: Any, min_cosine: Any, min_sqnr_db: Any, check_finite: bool) -> Criterion:
@@ -230,7 +262,7 @@ def _torch_samples(given: list[Any], n_random: int, kwargs: dict, seed: int) -> 
     return out + [(random_like(out[0][0], seed + i), kwargs) for i in range(len(given), len(given) + n_random)]
 
 
-def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[Any], n_random: int, providers: list[str],
+def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[Any], n_random: int, runtime: Any,
                    options: dict[str, Any], *, kwargs: dict, method: str | Callable[..., Any], ort_optimizations: bool,
                    seed: int, local: bool, progress: Progress | None) -> CompareReport:
     """PyTorch reference: one hooked forward per sample, the candidate's tensors in ORT batches."""
@@ -239,11 +271,11 @@ def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[
 
     bound_method(model, method)  # a non-module or an unknown method fails before any work
     runs = _torch_samples(given, n_random, kwargs, seed)
-    cand_side = OrtSide(cand, ort_optimizations, providers)
+    cand_side = OrtSide(cand, runtime)
     reference = TorchReference(model, runs, cand_side, method=method, progress=progress, **options)
     return compare_sides(reference, cand_side, criterion=options["criterion"], weights=reference.weights, local=local,
                          memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
-                         ort_optimizations=ort_optimizations)
+                         ort_optimizations=ort_optimizations, runtimes={"candidate": cand_side.describe().to_dict()})
 
 
 def _path(source: str | os.PathLike | ModelFile) -> Path:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
     from ..onnxfile.ort import SessionSource
+    from ..runtimes import Runtime
 
 _SEE_THROUGH = {"Cast", "QuantizeLinear", "DequantizeLinear", "Identity"}
 
@@ -36,15 +37,14 @@ RefLookup = Callable[[str], "np.ndarray | None"]  # candidate tensor -> the refe
 class LocalGraph:
     """The candidate's nodes of several calls, each fed on its own (see module doc)."""
 
-    def __init__(self, source: "SessionSource", optimize: bool, providers: Sequence[str]) -> None:
+    def __init__(self, source: "SessionSource", runtime: "Runtime") -> None:
         from ..onnxfile.graph_facts import GraphFacts
         from ..onnxfile.ort import inferred_types
         from ..onnxfile.scopes import ScopeMap
 
         self.sessions = source  # the candidate, its weights held once for every part run
         self.cand = cand = source.model
-        self.optimize = optimize
-        self.providers = list(providers)
+        self.runtime = runtime
         self.smap = ScopeMap.from_model(cand)
         self.facts = GraphFacts(cand.graph)
         self.types = inferred_types(cand)
@@ -131,10 +131,9 @@ class LocalGraph:
         model.ir_version = self.cand.ir_version
         model.functions.extend(self.cand.functions)
         try:
-            sess = self._session(model)
-            got = dict(zip([o.name for o in outputs], sess.run([o.name for o in outputs], feed)))
-        except Exception as e:  # noqa: BLE001 - ORT's own message
-            why = f"ONNX Runtime cannot run the candidate's part alone: {' '.join(str(e).split())[:160]}"
+            got = self._session(model).run([o.name for o in outputs], feed)
+        except Exception as e:  # noqa: BLE001 - the runtime's own message
+            why = f"{self.runtime.describe().runtime} cannot run the candidate's part alone: {' '.join(str(e).split())[:160]}"
             for job in wanted:
                 results[job] = why
             return results
@@ -148,7 +147,7 @@ class LocalGraph:
         key = model.SerializeToString()
         if self._last is None or self._last[0] != key:
             self._last = None  # free the old session first
-            self._last = (key, self.sessions.session_for(model, optimize=self.optimize, providers=self.providers))
+            self._last = (key, self.runtime.open_part(self.sessions, model))
         return self._last[1]
 
     def _feed(self, entering: Sequence[str], ref_of: RefLookup) -> tuple[dict[str, np.ndarray], set[int]] | str:

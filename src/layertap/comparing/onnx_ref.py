@@ -36,7 +36,7 @@ from .align import Item, RowBuilder
 from .driver import Sample, module_filter, plan_batches
 from .local import PairsOf, RefLookup, onnx_ref_inputs, ref_needs
 from .nchwc import blocked_stand_ins
-from .onnx_side import OrtSide, check_feed_shapes
+from .onnx_side import OrtSide, absorb_unexposable, check_feed_shapes
 from .rows import ABSORBED, NO_COUNTERPART, CompareRow
 from .samples import Sample as Given
 from .torch_side import ArrayStore, ModuleCall
@@ -259,6 +259,8 @@ class OnnxReference:
         self.n_samples = len(self.feeds)
         wanted, _ = module_filter(modules or None)
         self.items, counts, self.mode = align_files(ref.proto, cand.proto, wanted)
+        absorb_unexposable(self.items, ref, reference=True)
+        absorb_unexposable(self.items, cand)
         _check_variants(self.items, ref.path, cand.path, self.mode)
         sizes = _sizes(ref.proto, self.feeds[0])
 
@@ -305,15 +307,17 @@ def _weights(ref: OrtSide, cand: OrtSide) -> WeightCheck:
     return check_file_weights(ref.runner.source, cand.runner.source)
 
 
-def refuse_same_run(a: Path, b: Path, pa: Sequence[str], pb: Sequence[str], oa: bool, ob: bool) -> None:
-    """REF and CAND must differ: two files, or one file run two ways (providers, optimisations)."""
+def refuse_same_run(a: Path, b: Path, ref_runtime: Any, cand_runtime: Any) -> None:
+    """REF and CAND must differ: two files, or one file run two ways (runtimes, providers, precisions,
+    optimisations)."""
     try:
         same = os.path.samefile(a, b)
     except OSError:
         same = False
-    if same and list(pa) == list(pb) and oa == ob:
+    how = [(rt.describe(), getattr(rt, "optimize", True)) for rt in (ref_runtime, cand_runtime)]
+    if same and how[0] == how[1]:
         raise LayertapError(
-            f"REF and CAND are the same file '{a}' run the same way; compare two runs by giving "
+            f"REF and CAND are the same file '{a}' run the same way; compare two runs by giving --cand-runtime, "
             "--cand-providers / --providers, or --no-ort-opt / --ref-no-ort-opt"
         )
 

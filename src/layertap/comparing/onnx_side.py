@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ..errors import InputSpecError, OnnxFileError
+from ..errors import InputSpecError, LayertapError, OnnxFileError
 from .torch_side import one_line, to_numpy
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
     from ..onnxfile.modelfile import ModelFile
+    from ..runtimes import Runtime, RuntimeInfo
 
 FUSION_NOTE = (
     "exposing intermediate tensors as ONNX Runtime outputs can stop ORT from fusing the nodes that "
@@ -39,19 +40,32 @@ class OrtRunner:
     callers use it and drop the model they passed in.
     """
 
-    def __init__(self, proto: "onnx.ModelProto", folder: Path, optimize: bool, providers: Sequence[str] | None = None) -> None:
+    def __init__(self, proto: "onnx.ModelProto", folder: Path, runtime: "Runtime") -> None:
         from ..onnxfile.ort import SessionSource
 
         self.source = SessionSource(proto, folder, move_weights=True)
         self.proto = self.source.model
         self.folder = folder
-        self.optimize = optimize
-        self.providers = list(providers or ["CPUExecutionProvider"])
+        self.runtime = runtime
         self._out_info = {o.name: o for o in self.proto.graph.output}
         self._value_info = {v.name: v for v in self.proto.graph.value_info}
         self.runs = 0
         self.sessions = 0
-        self._session: tuple[tuple[str, ...], Any] | None = None  # the last session, kept for the next sample
+        self._session: tuple[tuple[str, ...], Any] | None = None  # the last engine, kept for the next sample
+
+    @property
+    def optimize(self) -> bool:
+        """ONNX Runtime's graph optimisations (always on for another runtime)."""
+        return bool(getattr(self.runtime, "optimize", True))
+
+    @property
+    def providers(self) -> list[str]:
+        """ONNX Runtime's execution providers (none for another runtime)."""
+        return list(getattr(self.runtime, "providers", []))
+
+    def exposable(self) -> set[str] | None:
+        """The tensors the runtime can hand out (``None``: every tensor of the graph)."""
+        return self.runtime.exposable(self.source)
 
     def input_names(self) -> list[tuple[str, str]]:
         """(name, element type) of the graph's real inputs (not initializers)."""
@@ -92,9 +106,9 @@ class OrtRunner:
         try:
             values = sess.run(names, feed)
         except Exception as e:  # noqa: BLE001
-            raise InputSpecError(f"ONNX Runtime rejected the inputs: {one_line(e)}") from None
+            raise InputSpecError(f"{self.runtime.describe().runtime} rejected the inputs: {one_line(e)}") from None
         self.runs += 1
-        return dict(zip(names, values))
+        return values
 
     def _new_session(self, names: list[str]) -> Any:
         import onnx
@@ -104,10 +118,12 @@ class OrtRunner:
             info = self._out_info.get(n) or self._value_info.get(n)
             infos.append(info if info is not None else onnx.helper.make_empty_tensor_value_info(n))
         try:
-            return self.source.session(infos, only=True, optimize=self.optimize, providers=self.providers)
+            return self.runtime.open(self.source, infos, only=True)
+        except LayertapError:
+            raise
         except Exception as e:  # noqa: BLE001 - ORT raises its own types
             raise OnnxFileError(
-                f"ONNX Runtime cannot load the graph from '{self.folder}' with extra outputs: {one_line(e)}"
+                f"{self.runtime.describe().runtime} cannot load the graph from '{self.folder}' with extra outputs: {one_line(e)}"
             ) from None
 
     def close(self) -> None:
@@ -115,9 +131,10 @@ class OrtRunner:
 
 
 class OrtSide:
-    """An ONNX file run by ONNX Runtime: a compare side (the candidate, or an ONNX reference's runs)."""
+    """An ONNX file run by a runtime (ONNX Runtime, OpenVINO): a compare side (the candidate, or an
+    ONNX reference's runs)."""
 
-    def __init__(self, source: "str | os.PathLike | ModelFile", optimize: bool, providers: Sequence[str] | None) -> None:
+    def __init__(self, source: "str | os.PathLike | ModelFile", runtime: "Runtime") -> None:
         from ..onnxfile.modelfile import ModelFile, model_file
         from .nchwc import blocked_tensors
 
@@ -125,7 +142,7 @@ class OrtSide:
         # safety checks every ONNX command applies; a file the caller already read is not read again.
         loaded = model_file(source)
         self.path = loaded.path if isinstance(source, ModelFile) else Path(source)
-        self.runner = OrtRunner(loaded.model, loaded.folder, optimize, providers)
+        self.runner = OrtRunner(loaded.model, loaded.folder, runtime)
         # the runner holds the graph and the weights once: a caller's file keeps the graph alone
         loaded.model = self.runner.proto
         del loaded
@@ -155,27 +172,51 @@ class OrtSide:
         """The file's part graphs for local errors (:class:`~layertap.comparing.local.LocalGraph`)."""
         from .local import LocalGraph
 
-        return LocalGraph(self.runner.source, self.runner.optimize, self.runner.providers)
+        return LocalGraph(self.runner.source, self.runner.runtime)
+
+    def describe(self) -> "RuntimeInfo":
+        """Runtime, version, device and precision this side ran in."""
+        return self.runner.runtime.describe()
 
     def notes(self, label: str | None, rounding: bool) -> list[str]:
-        """How ORT ran the file: ``label: PATH on PROVIDERS ...`` next to another ONNX run, else
-        only what departs from a plain CPU run (and the fusion caveat when the first divergence
-        ``rounding`` could be ORT's)."""
+        """How the side ran: ``label: PATH in RUNTIME VERSION on DEVICE, PRECISION ...`` next to another
+        ONNX run, else the runtime line and what departs from a plain run (and ORT's fusion caveat
+        when the first divergence ``rounding`` could be ORT's)."""
         r = self.runner
+        ort = r.runtime.name == "ort"
+        opt = "" if not ort else (", with graph optimisations" if r.optimize
+                                  else ", with graph optimisations disabled (ORT_DISABLE_ALL)")
+        ran = f"{self.describe().text()}{opt}"
         if label is not None:
-            opt = "with graph optimisations" if r.optimize else "with graph optimisations disabled (ORT_DISABLE_ALL)"
-            return [f"{label}: {self.path} on {', '.join(r.providers)} {opt}"]
-        notes = []
-        if not r.optimize:
-            notes.append("ONNX Runtime ran with graph optimisations disabled (ORT_DISABLE_ALL)")
-        elif rounding:
+            return [f"{label}: {self.path} in {ran}"]
+        notes = [f"the candidate ran in {ran}"]
+        if ort and r.optimize and rounding:
             notes.append(FUSION_NOTE)
-        if r.providers != ["CPUExecutionProvider"]:
-            notes.append(f"ONNX Runtime ran on {', '.join(r.providers)}")
         return notes
 
     def close(self) -> None:
         self.runner.close()
+
+
+def absorb_unexposable(items: Sequence[Any], side: OrtSide, *, reference: bool = False) -> None:
+    """Rows whose tensors the side's runtime cannot hand out (OpenVINO folded a Cast, a
+    quantize/dequantize pair or a fused node away) become ``absorbed``, never a failure: the
+    next compared module holds their effect. ``reference``: check the rows' reference tensors.
+    """
+    from .rows import ABSORBED
+
+    available = side.runner.exposable()
+    if available is None:
+        return
+    for it in items:
+        names = it.ref_tensors if reference else it.tensors
+        gone = [t for t in names if t not in available]
+        if it.status is not None or not it.mc.path or not gone:
+            continue
+        whose = "the reference's" if reference else "the candidate's"
+        it.status, it.tensors, it.unverified = ABSORBED, (), None
+        it.note = (f"{side.describe().runtime} folded {whose} tensor {gone[0]} into a neighbouring node, so it "
+                   "cannot be exposed; the next compared module holds its effect")
 
 
 def feed_from_args(inputs: list[tuple[str, str]], args: tuple, kwargs: dict) -> dict[str, np.ndarray]:

@@ -118,6 +118,7 @@ class CompareReport(ToleranceReport):
         first_divergence_counts: dict[str, int] | None = None,
         local: bool = False,
         weights: Any = None,
+        runtimes: dict[str, dict[str, str]] | None = None,
     ) -> None:
         self.criterion = criterion or Criterion(rtol=rtol, atol=atol)
         super().__init__(rows, notes, rtol=self.criterion.rtol, atol=self.criterion.atol)
@@ -129,6 +130,8 @@ class CompareReport(ToleranceReport):
         self.first_divergence_counts = dict(first_divergence_counts or {})
         self.local = local
         self.weights = weights  # the weight check (a WeightCheck), when one ran
+        # side -> runtime, version, device, precision (RuntimeInfo.to_dict) of each side a runtime ran
+        self.runtimes = dict(runtimes or {})
         if reference is not None:
             self.__dict__["title"] = f"{reference} vs {onnx_path}, layer by layer"
         extra = [_metric_column(c, self.criterion.metric) for c in _EXTRA_COLUMNS if c.key != "local_rel" or local]
@@ -187,6 +190,8 @@ class CompareReport(ToleranceReport):
             "first_divergence_counts": self.first_divergence_counts,
             "first_nonfinite": self.first_nonfinite.name if self.first_nonfinite else None,
         }
+        if self.runtimes:
+            out["runtimes"] = self.runtimes
         if self.weights is not None:
             out["weights"] = self.weights.to_dict()
         if self.notes:

@@ -15,7 +15,7 @@ from ..metrics import Criterion
 from .align import Item, RowBuilder, call_counts, plan_items
 from .driver import Sample, Silent, module_filter, plan_batches
 from .local import PairsOf, RefLookup, torch_ref_inputs
-from .onnx_side import OrtSide, ScopeView, check_feed_shapes, check_same_model, feed_from_args
+from .onnx_side import OrtSide, ScopeView, absorb_unexposable, check_feed_shapes, check_same_model, feed_from_args
 from .rows import NO_COUNTERPART, CompareRow
 from .torch_side import ArrayStore, run_torch
 from .weights import check_model_weights
@@ -61,6 +61,7 @@ class TorchReference:
         prog.advance()
         items = [self._refuse_blocked(it) for it in plan_items(calls, root, self.view, self.outputs, self.include_root)
                  if self.wanted(it.mc.path) or it.mc is root]
+        absorb_unexposable(items, self.cand)
         builder = RowBuilder(items, store, self.criterion, call_counts(calls))
 
         def cost(item: Item) -> tuple[int, int]:  # estimated from the PyTorch sizes

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import LayertapError, OnnxFileError
-from ..args import Args, InputArgs, JsonArgs, ModelArgs, ReportArgs, ToleranceArgs, is_onnx_path, positive_int
+from ..args import Args, InputArgs, JsonArgs, ModelArgs, ReportArgs, RuntimeArgs, ToleranceArgs, is_onnx_path, positive_int
 from ..console import StepProgress
 from .base import Tool
 
@@ -33,7 +33,7 @@ class CompareTool(Tool):
 
     name = "compare"
     help = "compare a model or ONNX file with an ONNX file layer by layer and name the first diverging module"
-    groups = (ModelArgs(onnx_ok=True), InputArgs(), ToleranceArgs(), JsonArgs(), ReportArgs())
+    groups = (ModelArgs(onnx_ok=True), InputArgs(), ToleranceArgs(), JsonArgs(), ReportArgs(), RuntimeArgs(cand=True))
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("onnx", metavar="CAND.onnx",
@@ -109,7 +109,7 @@ class CompareTool(Tool):
         with StepProgress(enabled=sys.stderr.isatty()) as progress:
             report = compare(ref, sample_args, cand.file(), samples=samples, kwargs=kwargs, progress=progress,
                              method=args.model.method, rtol=args.tolerance.rtol, atol=args.tolerance.atol,
-                             seed=args.inputs.seed, **opts.library)
+                             seed=args.inputs.seed, **opts.library, **args.runtime)
         _write_outputs(args, report, cand.file())
         self.print_table(report, as_json=args.json)
         if not args.json:

@@ -1,0 +1,101 @@
+"""The runtime protocol: a :class:`Runtime` opens :class:`Engine` s on a model (held in memory by
+a :class:`~layertap.onnxfile.ort.SessionSource`, or a file) with chosen tensors exposed; an engine
+runs a feed into arrays by name; :meth:`Runtime.describe` says what ran (runtime, version, device,
+precision). :func:`layertap.runtimes.open_runtime` is the one factory (``ort`` or ``openvino``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+    from ..onnxfile.ort import SessionSource
+
+class InputInfo(NamedTuple):
+    """A model input as ONNX Runtime's ``NodeArg`` shows it: name, type text (``tensor(float)``), shape."""
+
+    name: str
+    type: str
+    shape: list[int | str | None] | None
+
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    """What ran a side: runtime name, its version, the device and the precision it computed in.
+
+    Example:
+        >>> RuntimeInfo("OpenVINO", "2026.4.1", "CPU", "bfloat16").text()
+        'OpenVINO 2026.4.1 on CPU, bfloat16'
+    """
+
+    runtime: str
+    version: str
+    device: str
+    precision: str
+
+    def text(self) -> str:
+        """One line for the terminal notes and the HTML page."""
+        return f"{self.runtime} {self.version} on {self.device}, {self.precision}"
+
+    def to_dict(self) -> dict[str, str]:
+        """The four fields, for ``--json``."""
+        return asdict(self)
+
+
+class Engine(Protocol):
+    """A model compiled with some tensors exposed, run any number of times."""
+
+    def inputs(self) -> list[InputInfo]:
+        """The model's real inputs (not initializers)."""
+
+    def run(self, names: Sequence[str] | None, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One run on ``feed``: the tensors ``names`` (``None``: every output) by name."""
+
+
+class Runtime(Protocol):
+    """Opens engines; one instance per side, so its settings (device, precision) hold for every engine."""
+
+    name: str
+
+    def open(self, model: "SessionSource | Path", outputs: Sequence["str | onnx.ValueInfoProto"] = (), *,
+             only: bool = False) -> Engine:
+        """An engine on the whole model with ``outputs`` exposed beside (``only``: instead of) its own."""
+
+    def open_part(self, source: "SessionSource", part: "onnx.ModelProto") -> Engine:
+        """An engine on a graph built from ``source`` 's nodes, reading its weights (``--local``)."""
+
+    def exposable(self, model: "SessionSource | Path") -> set[str] | None:
+        """Tensor names this runtime can hand out (``None``: every tensor of the ONNX graph)."""
+
+    def describe(self) -> RuntimeInfo:
+        """Runtime, version, device and the precision that ran."""
+
+
+def check_exposed(names: Sequence[str], available: set[str] | None, runtime: str) -> None:
+    """Refuse names an engine cannot hand out (a caller asks only for tensors it has checked).
+
+    Example:
+        >>> check_exposed(["a"], {"a", "b"}, "OpenVINO")
+        >>> check_exposed(["c"], {"a"}, "OpenVINO")
+        Traceback (most recent call last):
+        ...
+        layertap.errors.OnnxFileError: OpenVINO does not hand out the tensor 'c' (its graph folded it away)
+    """
+    from ..errors import OnnxFileError
+
+    if available is None:
+        return
+    missing = [n for n in names if n not in available]
+    if missing:
+        raise OnnxFileError(f"{runtime} does not hand out the tensor {missing[0]!r} (its graph folded it away)")
+
+
+def as_input_infos(items: Sequence[Any]) -> list[InputInfo]:
+    """ORT ``NodeArg`` s (or anything with ``name``, ``type``, ``shape``) as :class:`InputInfo`."""
+    return [InputInfo(i.name, i.type, list(i.shape) if i.shape is not None else None) for i in items]

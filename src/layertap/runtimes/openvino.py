@@ -1,0 +1,209 @@
+"""OpenVINO as a :class:`~.base.Runtime`: the ONNX graph (weights held in memory by a
+:class:`~layertap.onnxfile.ort.SessionSource`, handed over inline) or an IR file read once,
+intermediates exposed by tensor name (``Model.add_outputs``), compiled on a device with
+``INFERENCE_PRECISION_HINT``. ``openvino`` is imported only here, when asked for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from ..errors import LayertapError, OnnxFileError
+from .base import InputInfo, RuntimeInfo, check_exposed
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+    from ..onnxfile.ort import SessionSource
+
+INSTALL = "pip install 'layertap[openvino]'"
+#: ``--ov-precision`` -> OpenVINO's hint value
+PRECISIONS = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
+_TYPE_NAMES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+
+
+def load_openvino() -> Any:
+    """The ``openvino`` module, or the one-line error naming the install command."""
+    try:
+        import openvino
+    except ImportError:
+        raise LayertapError(f"the OpenVINO runtime is not installed; {INSTALL}") from None
+    return openvino
+
+
+def one_line(error: BaseException) -> str:
+    """OpenVINO's message without its ``Exception from src/...`` trail, on one line.
+
+    Example:
+        >>> one_line(RuntimeError("Exception from src/core.cpp:1:" + chr(10) + "Device FOO is not registered" + chr(10)))
+        'Device FOO is not registered'
+    """
+    lines = [ln.strip() for ln in str(error).splitlines()]
+    kept = [ln for ln in lines if ln and not ln.startswith("Exception from ")]
+    return " ".join(kept or [ln for ln in lines if ln])[:300]
+
+
+class OpenVinoEngine:
+    """One compiled model; :meth:`run` hands out the exposed tensors by their ONNX names."""
+
+    def __init__(self, compiled: Any, positions: dict[str, int], inputs: list[InputInfo]) -> None:
+        self.compiled = compiled
+        self.positions = positions  # tensor name -> index among the compiled outputs
+        self._inputs = inputs
+        self.request = compiled.create_infer_request()
+
+    def inputs(self) -> list[InputInfo]:
+        return list(self._inputs)
+
+    def run(self, names: Sequence[str] | None, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        wanted = list(names) if names is not None else list(self.positions)
+        self.request.infer({k: np.ascontiguousarray(v) for k, v in feed.items()})
+        # the request reuses its buffers on the next run: copy out
+        return {n: np.array(self.request.get_output_tensor(self.positions[n]).data, copy=True) for n in wanted}
+
+
+class OpenVinoRuntime:
+    """OpenVINO on ``device`` at ``precision`` (``f32``/``bf16``/``f16``; ``None``: the device's default).
+
+    Example:
+        >>> rt = OpenVinoRuntime("CPU", "f32")  # doctest: +SKIP
+        >>> rt.describe().precision  # doctest: +SKIP
+        'float32'
+    """
+
+    name = "openvino"
+
+    def __init__(self, device: str = "CPU", precision: str | None = None) -> None:
+        ov = load_openvino()
+        self.ov = ov
+        self.core = ov.Core()
+        self.device = _check_device(self.core, device)
+        if precision is not None and precision not in PRECISIONS:
+            raise LayertapError(f"unknown OpenVINO precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+        self.config = {"INFERENCE_PRECISION_HINT": PRECISIONS[precision]} if precision else {}
+        self.precision = self._probe(precision)
+        self._models: dict[int, tuple[Any, Any]] = {}  # id(source) -> (source, ov.Model read once)
+
+    def _probe(self, asked: str | None) -> str:
+        """The precision this device runs at with this config (a one-node model compiled to ask);
+        a precision it lacks is refused."""
+        import onnx.helper as h
+
+        g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "probe", [h.make_tensor_value_info("x", 1, [1])],
+                         [h.make_tensor_value_info("y", 1, [1])])
+        model = self.core.read_model(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]).SerializeToString())
+        try:
+            ran = self.core.compile_model(model, self.device, self.config).get_property("INFERENCE_PRECISION_HINT")
+        except RuntimeError as e:
+            raise LayertapError(f"OpenVINO cannot compile for device {self.device}: {one_line(e)}") from None
+        got = ran.get_type_name() if hasattr(ran, "get_type_name") else str(ran)
+        if asked is not None and got != PRECISIONS[asked]:
+            raise LayertapError(
+                f"OpenVINO's {self.device} device does not run --ov-precision {asked} (it ran {_TYPE_NAMES.get(got, got)} "
+                f"when asked); use --ov-precision {got if got in PRECISIONS else 'f32'} or another --ov-device")
+        return _TYPE_NAMES.get(got, got)
+
+    def read(self, model: "SessionSource | Path") -> Any:
+        """The OpenVINO model of ``model``, read once (an ONNX graph in memory, or an ONNX/IR file)."""
+        key = id(model)
+        held = self._models.get(key)
+        if held is not None and held[0] is model:
+            return held[1]
+        try:
+            if isinstance(model, Path):
+                ov_model = self.core.read_model(str(model))
+            else:
+                ov_model = self.core.read_model(inline_weights(model.model, model).SerializeToString())
+        except RuntimeError as e:
+            where = f"'{model}'" if isinstance(model, Path) else "the ONNX graph"
+            raise OnnxFileError(f"OpenVINO cannot read {where}: {one_line(e)}") from None
+        self._models[key] = (model, ov_model)
+        return ov_model
+
+    def open(self, model: "SessionSource | Path", outputs: Sequence["str | onnx.ValueInfoProto"] = (), *,
+             only: bool = False) -> OpenVinoEngine:
+        names = [o if isinstance(o, str) else o.name for o in outputs]
+        base = self.read(model)
+        check_exposed(names, self.exposable(model), "OpenVINO")
+        m = base.clone()
+        own = [n for n in names if not any(n in o.get_names() for o in m.outputs)]
+        if own:
+            m.add_outputs(own)
+        return self._compile(m, names if only else None)
+
+    def open_part(self, source: "SessionSource", part: "onnx.ModelProto") -> OpenVinoEngine:
+        try:
+            m = self.core.read_model(inline_weights(part, source).SerializeToString())
+        except RuntimeError as e:
+            raise OnnxFileError(f"OpenVINO cannot read the part graph: {one_line(e)}") from None
+        return self._compile(m, None)
+
+    def _compile(self, m: Any, only: Sequence[str] | None) -> OpenVinoEngine:
+        """Compile ``m``; its outputs by every name they carry (positions taken before compiling:
+        compiled outputs keep the order, not always the names)."""
+        positions: dict[str, int] = {}
+        for i, out in enumerate(m.outputs):
+            for n in out.get_names():
+                positions.setdefault(n, i)
+        if only is not None:
+            positions = {n: positions[n] for n in only}
+        try:
+            compiled = self.core.compile_model(m, self.device, self.config)
+        except RuntimeError as e:
+            raise OnnxFileError(f"OpenVINO cannot compile the model for {self.device}: {one_line(e)}") from None
+        return OpenVinoEngine(compiled, positions, _inputs(m))
+
+    def exposable(self, model: "SessionSource | Path") -> set[str] | None:
+        base = self.read(model)
+        return {n for op in base.get_ops() for out in op.outputs() for n in out.get_names()}
+
+    def describe(self) -> RuntimeInfo:
+        return RuntimeInfo("OpenVINO", self.ov.__version__.split("-")[0], self.device, self.precision)
+
+
+def _check_device(core: Any, device: str) -> str:
+    """``device`` when OpenVINO has it here (``GPU`` also matches ``GPU.0``), else a one-line error."""
+    available = list(core.available_devices)
+    if device in available or any(a.startswith(device + ".") for a in available):
+        return device
+    raise LayertapError(f"OpenVINO has no device {device!r} on this machine (available: {', '.join(available)}); "
+                        "pick one with --ov-device")
+
+
+def _inputs(m: Any) -> list[InputInfo]:
+    """The model's inputs as ONNX Runtime names their types (``tensor(float)``)."""
+    from ..onnxfile.ort import ORT_NUMPY
+
+    by_dtype = {np.dtype(v): k for k, v in ORT_NUMPY.items()}
+    out = []
+    for p in m.inputs:
+        try:
+            kind = by_dtype.get(np.dtype(p.get_element_type().to_dtype()), "tensor(unknown)")
+        except (TypeError, RuntimeError):
+            kind = "tensor(unknown)"
+        shape = p.get_partial_shape()
+        dims = None if shape.rank.is_dynamic else [d.get_length() if d.is_static else None for d in shape]
+        out.append(InputInfo(p.get_any_name(), kind, dims))
+    return out
+
+
+def inline_weights(model: "onnx.ModelProto", source: "SessionSource") -> "onnx.ModelProto":
+    """A copy of ``model`` whose weights are inline: those ``source`` holds in memory, and those
+    in external files next to it (OpenVINO reads an ONNX graph from bytes, without a folder)."""
+    import onnx
+    from onnx import numpy_helper
+
+    held = dict(zip(source.names, source.arrays))
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for t in out.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        arr = held.get(t.name)
+        if arr is None:
+            arr = numpy_helper.to_array(t, base_dir=str(source.folder))
+        t.CopyFrom(numpy_helper.from_array(arr, t.name))
+    return out

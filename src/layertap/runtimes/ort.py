@@ -1,0 +1,80 @@
+"""ONNX Runtime as a :class:`~.base.Runtime`: a thin adapter over :mod:`layertap.onnxfile.ort`
+(sessions on in-memory models, providers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from .base import InputInfo, RuntimeInfo, as_input_infos
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+    from ..onnxfile.ort import SessionSource
+
+
+class OrtEngine:
+    """One ONNX Runtime session.
+
+    Example:
+        >>> import onnx.helper as h
+        >>> from layertap.onnxfile.ort import SessionSource
+        >>> g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g",
+        ...     [h.make_tensor_value_info("x", 1, [2])], [h.make_tensor_value_info("y", 1, [2])])
+        >>> src = SessionSource(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), Path("."))
+        >>> OrtRuntime().open(src).run(None, {"x": np.array([-1.0, 2.0], np.float32)})
+        {'y': array([0., 2.], dtype=float32)}
+    """
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def inputs(self) -> list[InputInfo]:
+        return as_input_infos(self.session.get_inputs())
+
+    def run(self, names: Sequence[str] | None, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from ..onnxfile.ort import run_options
+
+        wanted = list(names) if names is not None else [o.name for o in self.session.get_outputs()]
+        return dict(zip(wanted, self.session.run(wanted, feed, run_options())))
+
+
+class OrtRuntime:
+    """ONNX Runtime on ``providers`` (CPU by default), graph optimisations on unless ``optimize`` is False."""
+
+    name = "ort"
+
+    def __init__(self, providers: Sequence[str] | str | None = None, optimize: bool = True) -> None:
+        from ..onnxfile.ort import resolve_providers
+
+        self.providers = resolve_providers(providers)
+        self.optimize = optimize
+
+    def open(self, model: "SessionSource | Path", outputs: Sequence["str | onnx.ValueInfoProto"] = (), *,
+             only: bool = False) -> OrtEngine:
+        source = _source(model) if isinstance(model, Path) else model
+        return OrtEngine(source.session(outputs, only=only, optimize=self.optimize, providers=self.providers))
+
+    def open_part(self, source: "SessionSource", part: "onnx.ModelProto") -> OrtEngine:
+        return OrtEngine(source.session_for(part, optimize=self.optimize, providers=self.providers))
+
+    def exposable(self, model: "SessionSource | Path") -> set[str] | None:
+        return None  # every tensor of the graph can be a graph output
+
+    def describe(self) -> RuntimeInfo:
+        import onnxruntime as ort
+
+        device = ", ".join(p.removesuffix("ExecutionProvider") for p in self.providers)
+        return RuntimeInfo("ONNX Runtime", ort.__version__, device, "the file's own types")
+
+
+def _source(path: Path) -> "SessionSource":
+    """A file read once, its weights held for every session."""
+    from ..onnxfile.modelfile import read_model
+    from ..onnxfile.ort import SessionSource
+
+    mf = read_model(path)
+    return SessionSource(mf.model, mf.folder, move_weights=True)
