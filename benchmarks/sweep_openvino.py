@@ -19,8 +19,12 @@ fails layertap's tolerance. The last column: ``yes`` when that row is layertap's
 exceeding the default tolerance), ``no: ROW`` when another row is the first beyond rounding.
 ``ratio``: the largest OpenVINO / emulation error ratio over the failing rows, and its row.
 
+``--fault SCALE`` checks that the criterion finds a real error among bf16's: a copy of the file
+with the weight of the Conv halfway through multiplied by SCALE runs in OpenVINO at bf16, and
+the first row beyond rounding should be that Conv's (``exact``).
+
 Run:
-    .venv/bin/python benchmarks/sweep_openvino.py [--models resnet18,vit_b_16] [--size 64]
+    .venv/bin/python benchmarks/sweep_openvino.py [--models resnet18,vit_b_16] [--size 64] [--fault 1.02]
 """
 
 from __future__ import annotations
@@ -97,9 +101,9 @@ def beyond_rounding(ov_report, emu_report) -> tuple[str | None, float, str]:
     return first, worst, where
 
 
-def sweep_one(src: Path, xn: np.ndarray) -> str:
+def sweep_one(src: Path, xn: np.ndarray, fault: float | None = None) -> str:
     """One table line: f32 FAIL rows / compared rows, output errors, the first divergence at
-    bf16 and the first row beyond bf16 rounding."""
+    bf16 and the first row beyond bf16 rounding; with ``fault``, the fault check's result."""
     import layertap as lt
 
     f32 = lt.compare(src, {"x": xn}, src, cand_runtime="openvino", ov_precision="f32")
@@ -118,7 +122,30 @@ def sweep_one(src: Path, xn: np.ndarray) -> str:
     fails = [r.name for r in f32.rows if r.ok is False][:3]
     return (f"{c['FAIL']:3d}/{c['pass'] + c['FAIL']:<4d} {f32.rows[-1].rel_err:8.1e} | {ov.rows[-1].rel_err:8.1e} "
             f"{emu.rows[-1].rel_err:8.1e} | {shown:42s} | {worst:5.2f} {where:24s} | {verdict}"
-            f"{' | f32 FAIL: ' + ', '.join(fails) if fails else ''}")
+            f"{' | f32 FAIL: ' + ', '.join(fails) if fails else ''}{' | ' + faulty(src, xn, emu, fault) if fault else ''}")
+
+
+def faulty(src: Path, xn: np.ndarray, emu, scale: float) -> str:
+    """The criterion's power: the weight of the Conv halfway through the file times ``scale`` in
+    a copy run by OpenVINO at bf16; ``exact`` when the first row beyond rounding is that Conv's."""
+    import onnx
+    from onnx import numpy_helper
+
+    import layertap as lt
+
+    model = onnx.load(str(src))
+    weights = {i.name: i for i in model.graph.initializer}
+    convs = [n for n in model.graph.node if n.op_type == "Conv" and n.input[1] in weights]
+    node = convs[len(convs) // 2]
+    w = weights[node.input[1]]
+    w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * np.float32(scale), w.name))
+    bad = src.with_name(src.stem + "_fault.onnx")
+    onnx.save(model, str(bad))
+    report = lt.compare(src, {"x": xn}, bad, cand_runtime="openvino", ov_precision="bf16", allow_different_weights=True)
+    beyond, worst, where = beyond_rounding(report, emu)
+    row = next((r for r in report.rows if r.name == beyond), None)
+    hit = "exact" if row is not None and node.output[0] in row.onnx else f"perturbed {node.output[0]}"
+    return f"fault x{scale} -> beyond rounding {beyond} ({hit}; ratio {worst:.2f} at {where})"
 
 
 def _rel(report, name: str) -> str:
@@ -130,6 +157,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--size", type=int, default=64)
+    ap.add_argument("--fault", type=float, default=None, metavar="SCALE",
+                    help="also check the criterion finds a Conv weight times SCALE (e.g. 1.02) in a copy")
     ns = ap.parse_args()
     import openvino as ov
     import torch
@@ -151,7 +180,7 @@ def main() -> None:
             with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
                 warnings.simplefilter("ignore")
                 torch.onnx.export(model, (x,), str(src), dynamo=exporter == "dynamo", input_names=["x"])
-            line = sweep_one(src, xn)
+            line = sweep_one(src, xn, ns.fault)
             print(f"{name:20s} {exporter:11s} {line} [{time.perf_counter() - t0:.0f} s]", flush=True)
 
 
