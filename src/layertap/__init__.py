@@ -29,7 +29,7 @@ _EXPORTS = {
     "compare": ".comparing",
     "onnx_layers": ".onnxfile.layers",
     "add_outputs": ".onnxfile.outputs",
-    "run": ".onnxfile.runner",
+    "run": ".runtimes",
     "extract_dataset": ".dataset.api",
     "load_features": ".dataset.features",
     "Tap": ".selectors",

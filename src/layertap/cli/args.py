@@ -143,8 +143,8 @@ class ModelArgs(ArgGroup):
 
 
 def is_onnx_path(text: str) -> bool:
-    """Whether a MODEL/REF argument names an ONNX file (by its suffix)."""
-    return text.lower().endswith(".onnx")
+    """Whether a MODEL/REF argument names an ONNX file, or an OpenVINO IR (``.xml``) run in its place (by its suffix)."""
+    return text.lower().endswith((".onnx", ".xml"))
 
 
 @dataclass(frozen=True)

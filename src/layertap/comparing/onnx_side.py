@@ -40,9 +40,10 @@ class OrtRunner:
     callers use it and drop the model they passed in.
     """
 
-    def __init__(self, proto: "onnx.ModelProto", folder: Path, runtime: "Runtime") -> None:
+    def __init__(self, proto: "onnx.ModelProto", folder: Path, runtime: "Runtime", file: Path | None = None) -> None:
         from ..onnxfile.ort import SessionSource
 
+        self.file = file  # an OpenVINO IR: run from the file (``proto`` is its tensor names only)
         self.source = SessionSource(proto, folder, move_weights=True)
         self.proto = self.source.model
         self.folder = folder
@@ -65,7 +66,7 @@ class OrtRunner:
 
     def exposable(self) -> set[str] | None:
         """The tensors the runtime can hand out (``None``: every tensor of the graph)."""
-        return self.runtime.exposable(self.source)
+        return self.runtime.exposable(self.file or self.source)
 
     def input_names(self) -> list[tuple[str, str]]:
         """(name, element type) of the graph's real inputs (not initializers)."""
@@ -118,7 +119,7 @@ class OrtRunner:
             info = self._out_info.get(n) or self._value_info.get(n)
             infos.append(info if info is not None else onnx.helper.make_empty_tensor_value_info(n))
         try:
-            return self.runtime.open(self.source, infos, only=True)
+            return self.runtime.open(self.file or self.source, infos, only=True)
         except LayertapError:
             raise
         except Exception as e:  # noqa: BLE001 - ORT raises its own types
@@ -138,6 +139,14 @@ class OrtSide:
         from ..onnxfile.modelfile import ModelFile, model_file
         from .nchwc import blocked_tensors
 
+        if not isinstance(source, ModelFile) and is_ir(source):
+            from ..runtimes.openvino import ir_graph
+
+            # an OpenVINO IR: its tensors by name (no module scopes, no ONNX nodes), run from the file
+            self.path = Path(source)
+            self.runner = OrtRunner(ir_graph(runtime, self.path), self.path.parent, runtime, file=self.path)
+            self.blocked: set[str] = set()
+            return
         # The shared loader: graph only (weights stay on disk for ORT) and the external-data
         # safety checks every ONNX command applies; a file the caller already read is not read again.
         loaded = model_file(source)
@@ -172,6 +181,9 @@ class OrtSide:
         """The file's part graphs for local errors (:class:`~layertap.comparing.local.LocalGraph`)."""
         from .local import LocalGraph
 
+        if self.runner.file is not None:
+            raise LayertapError(f"--local (local=True) runs parts of an ONNX graph; '{self.path}' is an OpenVINO IR, "
+                                "whose nodes are not ONNX: compare it without --local")
         return LocalGraph(self.runner.source, self.runner.runtime)
 
     def describe(self) -> "RuntimeInfo":
@@ -198,6 +210,16 @@ class OrtSide:
         self.runner.close()
 
 
+def is_ir(source: Any) -> bool:
+    """Whether a compare side names an OpenVINO IR (``.xml``, its weights in the ``.bin`` beside it).
+
+    Example:
+        >>> is_ir("m.xml"), is_ir("m.onnx")
+        (True, False)
+    """
+    return isinstance(source, (str, os.PathLike)) and str(source).lower().endswith(".xml")
+
+
 def absorb_unexposable(items: Sequence[Any], side: OrtSide, *, reference: bool = False) -> None:
     """Rows whose tensors the side's runtime cannot hand out (OpenVINO folded a Cast, a
     quantize/dequantize pair or a fused node away) become ``absorbed``, never a failure: the
@@ -215,8 +237,8 @@ def absorb_unexposable(items: Sequence[Any], side: OrtSide, *, reference: bool =
             continue
         whose = "the reference's" if reference else "the candidate's"
         it.status, it.tensors, it.unverified = ABSORBED, (), None
-        it.note = (f"{side.describe().runtime} folded {whose} tensor {gone[0]} into a neighbouring node, so it "
-                   "cannot be exposed; the next compared module holds its effect")
+        it.note = (f"{side.describe().runtime} folds {whose} tensor {gone[0]} into a neighbouring kernel (a fusion, "
+                   "or a quantised one), so its value cannot be read there; the next compared module holds its effect")
 
 
 def feed_from_args(inputs: list[tuple[str, str]], args: tuple, kwargs: dict) -> dict[str, np.ndarray]:

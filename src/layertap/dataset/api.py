@@ -45,6 +45,9 @@ def extract_dataset(
     engine: str = "local",
     ray_address: str | None = None,
     progress: bool | None = None,
+    runtime: str | None = None,
+    ov_precision: str | None = None,
+    ov_device: str | None = None,
 ) -> Features:
     """Run a model over a whole dataset and save the tapped tensors in shards.
 
@@ -68,6 +71,8 @@ def extract_dataset(
         weights, config, unsafe_pickle: options of a MODEL spec.
         engine: ``local`` or ``ray`` (Ray Data; ``ray_address`` joins a cluster, else a local one starts).
         progress: show a progress bar (default: when stderr is a terminal).
+        runtime, ov_precision, ov_device: what runs an ``.onnx`` file: ``"ort"`` (ONNX Runtime, the
+            default) or ``"openvino"``, with OpenVINO's precision (``f32``/``bf16``/``f16``) and device.
 
     Returns:
         :class:`~layertap.dataset.features.Features` over OUT_DIR (see ``lt.load_features``).
@@ -86,7 +91,8 @@ def extract_dataset(
     check_choice("engine", engine, ENGINES)
     tap_texts = _tap_texts(taps, model_or_path)
     spec = BackendSpec(_model_arg(model_or_path), tap_texts, method=method, stop_early=stop_early, device=device,
-                       weights=None if weights is None else str(Path(weights).resolve()), config=config, unsafe_pickle=unsafe_pickle)
+                       weights=None if weights is None else str(Path(weights).resolve()), config=config, unsafe_pickle=unsafe_pickle,
+                       runtime=_runtime(model_or_path, runtime, ov_precision, ov_device))
     recipe: list[Preprocess | None] = []
 
     def preprocess() -> Preprocess | None:
@@ -112,6 +118,21 @@ def extract_dataset(
     feats = load_features(out)
     feats.kept, feats.written = kept, len(manifest.shards) - kept
     return feats
+
+
+def _runtime(model: Any, runtime: str | None, ov_precision: str | None, ov_device: str | None) -> dict[str, Any]:
+    """The runtime options of an ONNX file, checked now (a bad device or precision writes nothing)."""
+    pairs = (("runtime", runtime), ("ov_precision", ov_precision), ("ov_device", ov_device))
+    given: dict[str, Any] = {k: v for k, v in pairs if v is not None}
+    if not given:
+        return {}
+    if not (isinstance(model, (str, os.PathLike)) and str(model).lower().endswith(".onnx")):
+        raise LayertapError("runtime=, ov_precision= and ov_device= (--runtime, --ov-precision, --ov-device) pick what "
+                            "runs an .onnx file; a PyTorch model runs in PyTorch (--device)")
+    from ..runtimes import open_runtime
+
+    open_runtime(**given)
+    return given
 
 
 def _open_data(data: Any, out: str | os.PathLike, preprocess: Callable[[], Preprocess | None]) -> tuple[MapSource | IterSource, Path]:

@@ -28,6 +28,8 @@ class BackendSpec:
         taps: selector texts (ONNX: module selectors or tensor names).
         method, stop_early, device: PyTorch options.
         weights, config, unsafe_pickle: MODEL spec options (see ``layertap.pytorch.models``).
+        runtime: what runs an ONNX file: ``{"runtime": "ort"|"openvino", "ov_precision": ..., "ov_device": ...}``
+            (only the keys given; :func:`layertap.runtimes.open_runtime`'s keywords).
     """
 
     model: Any
@@ -38,6 +40,7 @@ class BackendSpec:
     weights: str | None = None
     config: str | None = None
     unsafe_pickle: bool = False
+    runtime: dict[str, Any] = field(default_factory=dict)
     _info: Any = field(default=None, repr=False)
 
     @property
@@ -47,14 +50,15 @@ class BackendSpec:
     def build(self) -> "TorchBackend | OnnxBackend":
         """The backend, with its model loaded (once)."""
         if self.is_onnx:
-            return OnnxBackend(Path(self.model), self.taps)
+            return OnnxBackend(Path(self.model), self.taps, self.runtime)
         return TorchBackend(self)
 
     def describe(self) -> dict:
         """The model as the manifest records it (enough to refuse a resume on another model)."""
         if self.is_onnx:
             path = Path(self.model).resolve()
-            return {"backend": "onnx", "spec": str(path), "bytes": path.stat().st_size if path.exists() else None}
+            ran = {"runtime": self.runtime} if self.runtime.get("runtime", "ort") != "ort" else {}
+            return {"backend": "onnx", "spec": str(path), "bytes": path.stat().st_size if path.exists() else None, **ran}
         if isinstance(self.model, str):
             return {"backend": "pytorch", "spec": self.model, "weights": self.weights, "config": self.config,
                     "method": self.method, "stop_early": self.stop_early}
@@ -161,16 +165,18 @@ def _load_torch_model(spec: BackendSpec):
 
 
 class OnnxBackend:
-    """One ONNX Runtime session for the whole run, the taps exposed in memory (as ``lt.run``)."""
+    """One engine (ONNX Runtime, or the runtime ``runtime`` names) for the whole run, the taps
+    exposed in memory (as ``lt.run``)."""
 
     kind = "onnx"
 
-    def __init__(self, path: Path, taps: Sequence[str]) -> None:
+    def __init__(self, path: Path, taps: Sequence[str], runtime: dict[str, Any] | None = None) -> None:
         from ..onnxfile.runner import TappedSession
+        from ..runtimes import open_runtime
 
         if not path.is_file():
             raise LayertapError(f"ONNX file '{path}' does not exist")
-        self.session = TappedSession(path, list(taps))
+        self.session = TappedSession(path, open_runtime(**(runtime or {})), list(taps))
         self.names = self.session.tap_names
         first = self.session.session.get_inputs()
         self.inputs = [i.name for i in first]

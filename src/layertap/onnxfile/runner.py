@@ -1,60 +1,32 @@
-"""``lt.run``: run an ONNX file in ONNX Runtime with intermediate taps, in memory.
+"""Run an ONNX file with intermediate taps, in memory (``lt.run``, dataset extraction).
 
 No edited file is written: the graph (weights left on disk) gets the extra
-outputs in memory, is serialised to bytes, and ONNX Runtime reads the external
-weights from the model's own folder.
+outputs in memory, and the runtime (ONNX Runtime, OpenVINO: a
+``layertap.runtimes`` runtime, handed in by the caller) reads it from there.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import OnnxFileError, SelectorError, unknown_name
+from ..errors import LayertapError, OnnxFileError, SelectorError, unknown_name
 from .feeds import make_feeds
-from .modelfile import read_model
-from .ort import SessionSource, one_line, run_options
+from .modelfile import ModelFile, model_file
+from .ort import SessionSource, one_line
 from .outputs import OutputAdder, dedupe
 
 
-def run(
-    path: str | os.PathLike,
-    inputs: Mapping[str, Any] | Sequence[Any] | None = None,
-    taps: Sequence[str] = (),
-    *,
-    seed: int = 0,
-    notify: Callable[[str], None] | None = None,
-) -> dict[str, np.ndarray]:
-    """Run ``path`` in ONNX Runtime (CPU); return the model outputs and the taps.
-
-    ``inputs``: dict name -> array (or :class:`~layertap.inputs.InputSpec`), a
-    list in input order, or ``None``. Inputs left out are generated as the model
-    accepts them (:mod:`layertap.onnxfile.feeds`); ``notify`` receives one line
-    saying what was generated. ``taps``: module selectors (``layer3.1``,
-    ``layer2.0.relu#1``), tensor names, or names recorded by ``lt.export``;
-    repeats count once. The result holds the model's outputs first (a single
-    output is named ``output``), then each tap; a sequence value becomes its
-    elements ``NAME[0]``, ``NAME[1]``, ... (an empty one: none, and a line to ``notify``).
-
-    Example:
-        >>> import tempfile
-        >>> from layertap.onnxfile.samples import write_tiny_model
-        >>> path = str(write_tiny_model(tempfile.mkdtemp()))  # y = -relu(x); modules act, neg
-        >>> import layertap as lt
-        >>> acts = lt.run(path, taps=["act"])
-        >>> list(acts), acts["act"].shape, bool((acts["act"] == -acts["output"]).all())
-        (['output', 'act'], (1, 4), True)
-    """
-    return TappedSession(path, taps).run(inputs, seed=seed, notify=notify)
-
-
 class TappedSession:
-    """One ONNX Runtime session on ``path`` with ``taps`` exposed in memory.
+    """One engine of ``runtime`` on ``path`` with ``taps`` exposed in memory.
 
     Build it once and call :meth:`run` for many inputs (dataset extraction);
     ``lt.run`` is one such call. ``tap_names`` lists the names the taps give.
+    ``runtime``: a ``layertap.runtimes`` runtime (anything whose ``open(source)``
+    gives an engine with ``get_inputs()`` and ``run(names, feed)``).
 
     Example:
         >>> import os, tempfile, onnx, onnx.helper as h
@@ -62,14 +34,17 @@ class TappedSession:
         ...                  [h.make_tensor_value_info("x", 1, [None, 2])], [h.make_tensor_value_info("y", 1, [None, 2])])
         >>> path = os.path.join(tempfile.mkdtemp(), "m.onnx")
         >>> onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8), path)
-        >>> sess = TappedSession(path, taps=["r"])
+        >>> from layertap.runtimes import open_runtime
+        >>> sess = TappedSession(path, open_runtime("ort"), taps=["r"])
         >>> sess.tap_names, sess.run([np.array([[-1.0, 2.0]], np.float32)])["r"]
         (['r'], array([[0., 2.]], dtype=float32))
     """
 
-    def __init__(self, path: str | os.PathLike, taps: Sequence[str] = ()) -> None:
-        self.path = path
-        self.mf = mf = read_model(path)
+    def __init__(self, path: "str | os.PathLike | ModelFile", runtime: Any, taps: Sequence[str] = (), *,
+                 file: Path | None = None) -> None:
+        self.path = path.path if isinstance(path, ModelFile) else path
+        self.runtime = runtime
+        self.mf = mf = model_file(path)
         # the weights go to ORT once, as arrays; the proto keeps only the graph
         self.source = SessionSource(mf.model, mf.folder, move_weights=True)
         mf.model = self.source.model
@@ -81,9 +56,13 @@ class TappedSession:
         self.added = adder.apply(self.pairs)
         self.tap_names = list(dict.fromkeys(name for name, _ in self.pairs))
         try:
-            self.session = self.source.session()
+            # ``file``: a file the runtime reads itself (an OpenVINO IR, ``mf`` its tensor names)
+            tensors = list(dict.fromkeys(t for _, t in self.pairs))
+            self.session = runtime.open(file, tensors) if file is not None else runtime.open(self.source)
+        except LayertapError:
+            raise
         except Exception as e:  # noqa: BLE001 - ORT's own message, one line
-            raise OnnxFileError(f"ONNX Runtime cannot load '{path}': {one_line(e)}") from None
+            raise OnnxFileError(f"{runtime.describe().runtime} cannot load '{self.path}': {one_line(e)}") from None
 
     def run(
         self, inputs: Mapping[str, Any] | Sequence[Any] | None = None, *, seed: int = 0, notify: Callable[[str], None] | None = None
@@ -94,19 +73,19 @@ class TappedSession:
         if feeds.generated and notify is not None:
             notify(feeds.note() or "")
         try:
-            values = sess.run(None, feeds.arrays, run_options())
+            got = sess.run(None, feeds.arrays)
         except Exception as e:  # noqa: BLE001
             on = f" on generated inputs ({', '.join(feeds.generated)})" if feeds.generated else ""
             hint = (f"; pass the inputs it needs, e.g. {feeds.options()} with the sizes it expects, or NAME=FILE.npy"
                     if feeds.generated else "")
-            raise OnnxFileError(f"ONNX Runtime failed to run '{path}'{on}: {one_line(e)}{hint}") from None
-        got = dict(zip([o.name for o in sess.get_outputs()], values))
+            raise OnnxFileError(f"{self.runtime.describe().runtime} failed to run '{path}'{on}: {one_line(e)}{hint}") from None
         result: dict[str, Any] = {}
         for name in self.own:
             key = "output" if len(self.own) == 1 and "output" not in self.added else name
             result[key] = got[name]
-        for name in self.added:
-            result[name] = got[name]
+        tensor_of = dict(self.pairs)
+        for name in self.added:  # an alias the runtime does not know by name: its tensor
+            result[name] = got[name] if name in got else got[tensor_of[name]]
         for name, tensor in self.pairs:  # a tap on a graph output: also under the tap's own name
             if name not in result:
                 result[name] = got[name if name in got else tensor]

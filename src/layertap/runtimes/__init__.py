@@ -4,20 +4,24 @@ and OpenVINO behind one small protocol (:mod:`.base`), opened by :func:`open_run
 
 from __future__ import annotations
 
-from typing import Sequence
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
 
 from ..errors import LayertapError, unknown_name
 from .base import Engine, InputInfo, Runtime, RuntimeInfo
 
-__all__ = ["RUNTIMES", "Engine", "InputInfo", "Runtime", "RuntimeInfo", "open_runtime"]
+__all__ = ["RUNTIMES", "Engine", "InputInfo", "Runtime", "RuntimeInfo", "open_runtime", "run"]
 
 #: the runtimes ``--runtime`` names
 RUNTIMES = ("ort", "openvino")
 
 
-def open_runtime(name: str = "ort", *, providers: Sequence[str] | str | None = None, optimize: bool = True,
+def open_runtime(runtime: str = "ort", *, providers: Sequence[str] | str | None = None, optimize: bool = True,
                  ov_precision: str | None = None, ov_device: str | None = None) -> Runtime:
-    """The runtime ``name`` (``ort`` or ``openvino``) with its settings checked.
+    """The runtime named ``runtime`` (``ort`` or ``openvino``) with its settings checked.
 
     ``providers``/``optimize`` are ONNX Runtime's (execution providers, graph optimisations);
     ``ov_precision`` (``f32``, ``bf16``, ``f16``; default the device's) and ``ov_device`` (``CPU``,
@@ -31,10 +35,10 @@ def open_runtime(name: str = "ort", *, providers: Sequence[str] | str | None = N
         ...
         layertap.errors.LayertapError: unknown runtime 'tensorrt' ...
     """
-    if name not in RUNTIMES:
-        raise LayertapError(unknown_name("runtime", str(name), list(RUNTIMES),
+    if runtime not in RUNTIMES:
+        raise LayertapError(unknown_name("runtime", str(runtime), list(RUNTIMES),
                                          hint="use ort or openvino; ONNX Runtime's execution providers are picked with --providers"))
-    if name == "ort":
+    if runtime == "ort":
         if ov_precision is not None or ov_device is not None:
             raise LayertapError("--ov-precision and --ov-device (ov_precision=, ov_device=) apply to the OpenVINO "
                                 "runtime; add --runtime openvino (runtime='openvino')")
@@ -47,3 +51,51 @@ def open_runtime(name: str = "ort", *, providers: Sequence[str] | str | None = N
     from .openvino import OpenVinoRuntime
 
     return OpenVinoRuntime(ov_device or "CPU", ov_precision)
+
+
+def run(
+    path: str | os.PathLike,
+    inputs: Mapping[str, Any] | Sequence[Any] | None = None,
+    taps: Sequence[str] = (),
+    *,
+    seed: int = 0,
+    notify: Callable[[str], None] | None = None,
+    runtime: str = "ort",
+    providers: Sequence[str] | str | None = None,
+    ov_precision: str | None = None,
+    ov_device: str | None = None,
+) -> dict[str, np.ndarray]:
+    """Run ``path`` in ONNX Runtime (CPU; ``runtime="openvino"``: OpenVINO); return the model
+    outputs and the taps.
+
+    ``inputs``: dict name -> array (or :class:`~layertap.inputs.InputSpec`), a
+    list in input order, or ``None``. Inputs left out are generated as the model
+    accepts them (:mod:`layertap.onnxfile.feeds`); ``notify`` receives one line
+    saying what was generated. ``taps``: module selectors (``layer3.1``,
+    ``layer2.0.relu#1``), tensor names, or names recorded by ``lt.export``;
+    repeats count once. The result holds the model's outputs first (a single
+    output is named ``output``), then each tap; a sequence value becomes its
+    elements ``NAME[0]``, ``NAME[1]``, ... (an empty one: none, and a line to ``notify``).
+    ``providers`` (ONNX Runtime), ``ov_precision``/``ov_device`` (OpenVINO): see :func:`open_runtime`.
+
+    Example:
+        >>> import tempfile
+        >>> from layertap.onnxfile.samples import write_tiny_model
+        >>> path = str(write_tiny_model(tempfile.mkdtemp()))  # y = -relu(x); modules act, neg
+        >>> import layertap as lt
+        >>> acts = lt.run(path, taps=["act"])
+        >>> list(acts), acts["act"].shape, bool((acts["act"] == -acts["output"]).all())
+        (['output', 'act'], (1, 4), True)
+        >>> bool((lt.run(path, taps=["act"], runtime="openvino")["act"] == acts["act"]).all())
+        True
+    """
+    from ..onnxfile.runner import TappedSession
+
+    engine = open_runtime(runtime, providers=providers, ov_precision=ov_precision, ov_device=ov_device)
+    if str(path).lower().endswith(".xml"):
+        from .openvino import ir_file
+
+        session = TappedSession(ir_file(engine, path), engine, taps, file=Path(path))
+    else:
+        session = TappedSession(path, engine, taps)
+    return session.run(inputs, seed=seed, notify=notify)

@@ -51,7 +51,7 @@ class RuntimeInfo:
 class Engine(Protocol):
     """A model compiled with some tensors exposed, run any number of times."""
 
-    def inputs(self) -> list[InputInfo]:
+    def get_inputs(self) -> list[InputInfo]:
         """The model's real inputs (not initializers)."""
 
     def run(self, names: Sequence[str] | None, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -6,6 +6,7 @@ intermediates exposed by tensor name (``Model.add_outputs``), compiled on a devi
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -17,6 +18,7 @@ from .base import InputInfo, RuntimeInfo, check_exposed
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
+    from ..onnxfile.modelfile import ModelFile
     from ..onnxfile.ort import SessionSource
 
 INSTALL = "pip install 'layertap[openvino]'"
@@ -55,7 +57,7 @@ class OpenVinoEngine:
         self._inputs = inputs
         self.request = compiled.create_infer_request()
 
-    def inputs(self) -> list[InputInfo]:
+    def get_inputs(self) -> list[InputInfo]:
         return list(self._inputs)
 
     def run(self, names: Sequence[str] | None, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -69,9 +71,16 @@ class OpenVinoRuntime:
     """OpenVINO on ``device`` at ``precision`` (``f32``/``bf16``/``f16``; ``None``: the device's default).
 
     Example:
-        >>> rt = OpenVinoRuntime("CPU", "f32")  # doctest: +SKIP
-        >>> rt.describe().precision  # doctest: +SKIP
-        'float32'
+        >>> import onnx.helper as h
+        >>> from layertap.onnxfile.ort import SessionSource
+        >>> g = h.make_graph([h.make_node("Relu", ["x"], ["r"]), h.make_node("Neg", ["r"], ["y"])], "g",
+        ...     [h.make_tensor_value_info("x", 1, [2])], [h.make_tensor_value_info("y", 1, [2])])
+        >>> rt = OpenVinoRuntime("CPU", "f32")
+        >>> engine = rt.open(SessionSource(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), Path(".")), ["r"])
+        >>> engine.run(["r", "y"], {"x": np.array([-1.0, 2.0], np.float32)})
+        {'r': array([0., 2.], dtype=float32), 'y': array([-0., -2.], dtype=float32)}
+        >>> rt.describe().runtime, rt.describe().precision
+        ('OpenVINO', 'float32')
     """
 
     name = "openvino"
@@ -158,7 +167,8 @@ class OpenVinoRuntime:
 
     def exposable(self, model: "SessionSource | Path") -> set[str] | None:
         base = self.read(model)
-        return {n for op in base.get_ops() for out in op.outputs() for n in out.get_names()}
+        names = {n for op in base.get_ops() for out in op.outputs() for n in out.get_names()}
+        return names if isinstance(model, Path) else names - quantized_away(model.model.graph)
 
     def describe(self) -> RuntimeInfo:
         return RuntimeInfo("OpenVINO", self.ov.__version__.split("-")[0], self.device, self.precision)
@@ -190,6 +200,27 @@ def _inputs(m: Any) -> list[InputInfo]:
     return out
 
 
+def quantized_away(graph: "onnx.GraphProto") -> set[str]:
+    """Float tensors that only a ``QuantizeLinear`` reads: OpenVINO's low-precision transformations
+    fold them into the quantised kernel, and an exposed copy is not the value the graph goes on with
+    (the ``DequantizeLinear`` after it is).
+
+    Example:
+        >>> import onnx.helper as h
+        >>> g = h.make_graph([h.make_node("Conv", ["x", "w"], ["c"]), h.make_node("QuantizeLinear", ["c", "s"], ["q"]),
+        ...                   h.make_node("DequantizeLinear", ["q", "s"], ["d"])], "g", [], [])
+        >>> sorted(quantized_away(g))
+        ['c']
+    """
+    readers: dict[str, set[str]] = {}
+    for node in graph.node:
+        for t in node.input:
+            if t:
+                readers.setdefault(t, set()).add(node.op_type)
+    outputs = {o.name for o in graph.output}
+    return {t for t, ops in readers.items() if ops == {"QuantizeLinear"} and t not in outputs}
+
+
 def inline_weights(model: "onnx.ModelProto", source: "SessionSource") -> "onnx.ModelProto":
     """A copy of ``model`` whose weights are inline: those ``source`` holds in memory, and those
     in external files next to it (OpenVINO reads an ONNX graph from bytes, without a folder)."""
@@ -207,3 +238,70 @@ def inline_weights(model: "onnx.ModelProto", source: "SessionSource") -> "onnx.M
             arr = numpy_helper.to_array(t, base_dir=str(source.folder))
         t.CopyFrom(numpy_helper.from_array(arr, t.name))
     return out
+
+
+def ir_graph(runtime: "OpenVinoRuntime | Any", path: Path) -> "onnx.ModelProto":
+    """An OpenVINO IR's tensors as an ONNX graph of name-only nodes (domain ``org.openvino``, no
+    weights): enough to align its tensors by name with an ONNX file and to pair its outputs; it
+    is never run (the IR file is). An unnamed tensor gets the name ``ov:NODE:K``."""
+    import onnx.helper as h
+
+    if getattr(runtime, "name", None) != "openvino":
+        raise LayertapError(f"'{path}' is an OpenVINO IR, which only OpenVINO runs: add --runtime openvino "
+                            "(--cand-runtime openvino for the candidate)")
+    m = runtime.read(path)
+
+    def name(out: Any) -> str:
+        names = sorted(out.get_names())
+        return names[0] if names else f"ov:{out.get_node().get_friendly_name()}:{out.get_index()}"
+
+    nodes, typed = [], []
+    for op in m.get_ordered_ops():
+        if op.get_type_name() in ("Parameter", "Result", "Constant"):
+            continue
+        ins = [name(i.get_source_output()) for i in op.inputs()]
+        nodes.append(h.make_node(op.get_type_name(), ins, [name(o) for o in op.outputs()], name=op.get_friendly_name(),
+                                 domain="org.openvino"))
+        typed += [_value_info(name(o), o) for o in op.outputs()]
+    inputs = [h.make_tensor_value_info(i.name, _elem(i.type), i.shape) for i in _inputs(m)]
+    outputs = [_value_info(name(o), o) for o in m.outputs]
+    graph = h.make_graph(nodes, path.stem, inputs, outputs, value_info=typed)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("org.openvino", 1)])
+
+
+def ir_file(runtime: Any, path: str | os.PathLike) -> "ModelFile":
+    """An OpenVINO IR as a :class:`~layertap.onnxfile.modelfile.ModelFile` of its tensor names
+    (:func:`ir_graph`), its two files recorded as read (no output may replace them)."""
+    from ..files.reads import note_input
+    from ..onnxfile.modelfile import ModelFile
+
+    p = Path(path)
+    if not p.is_file():
+        raise OnnxFileError(f"OpenVINO IR '{p}' does not exist")
+    graph = ir_graph(runtime, p)
+    note_input(p)
+    note_input(p.with_suffix(".bin"), f"weights of '{p}'")
+    return ModelFile(path=p, model=graph, external=[])
+
+
+def _value_info(name: str, out: Any) -> "onnx.ValueInfoProto":
+    """A typed value info of an OpenVINO output (dynamic sizes unnamed)."""
+    import onnx.helper as h
+
+    try:
+        elem = int(h.np_dtype_to_tensor_dtype(np.dtype(out.get_element_type().to_dtype())))
+    except (TypeError, RuntimeError, KeyError, ValueError):
+        return h.make_empty_tensor_value_info(name)
+    shape = out.get_partial_shape()
+    dims = None if shape.rank.is_dynamic else [d.get_length() if d.is_static else None for d in shape]
+    return h.make_tensor_value_info(name, elem, dims)
+
+
+def _elem(kind: str) -> int:
+    """ONNX's element type of an ORT type text (``tensor(float)`` -> 1; 0 when unknown)."""
+    import onnx.helper as h
+
+    from ..onnxfile.ort import ORT_NUMPY
+
+    dtype = ORT_NUMPY.get(kind)
+    return int(h.np_dtype_to_tensor_dtype(np.dtype(dtype))) if dtype is not None else 0

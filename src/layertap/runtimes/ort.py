@@ -32,7 +32,7 @@ class OrtEngine:
     def __init__(self, session: Any) -> None:
         self.session = session
 
-    def inputs(self) -> list[InputInfo]:
+    def get_inputs(self) -> list[InputInfo]:
         return as_input_infos(self.session.get_inputs())
 
     def run(self, names: Sequence[str] | None, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -148,9 +148,10 @@ class _Candidate:
 
 
 def _read(path: str) -> Any:
+    """An ONNX file read once (graph only); an OpenVINO IR stays a path, for OpenVINO to read."""
     from ...onnxfile.modelfile import read_model
 
-    return read_model(path)
+    return path if path.lower().endswith(".xml") else read_model(path)
 
 
 def _check_outputs(ns: argparse.Namespace, inputs: tuple[str, ...]) -> dict[str, Path]:

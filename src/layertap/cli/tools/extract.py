@@ -12,7 +12,7 @@ from pathlib import Path
 from ...errors import LayertapError
 from ...formats import fmt_shape
 from ...tables import Column, Table
-from ..args import Args, InputArgs, ModelArgs, OutputArgs, ReportArgs, TapArgs
+from ..args import Args, InputArgs, ModelArgs, OutputArgs, ReportArgs, RuntimeArgs, TapArgs
 from ..console import status
 from .base import Tool, running
 from .extract_dataset import DatasetArgs, run_dataset
@@ -41,13 +41,16 @@ class ExtractTool(Tool):
     )
     # over a dataset the library checks taps and OUT_DIR itself (an ONNX file's taps may be tensor names)
     groups = (ModelArgs(onnx_ok=True), TapArgs(required=True, selectors=lambda ns: ns.data is None), InputArgs(), output,
-              ReportArgs(), DatasetArgs())
+              ReportArgs(), DatasetArgs(), RuntimeArgs())
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--stop-early", action="store_true", help="stop the forward once every tap is captured (no 'output' then)")
 
     def parse_own(self, ns: argparse.Namespace, args: Args) -> bool:
         """``--stop-early``; with ``--data``, -o must name OUT_DIR."""
+        if ns.data is None and (ns.runtime or ns.ov_precision or ns.ov_device):
+            raise LayertapError("--runtime, --ov-precision and --ov-device apply to an .onnx MODEL with --data; "
+                                "to run an ONNX file once use: layertap run FILE.onnx --runtime openvino")
         if ns.data is not None:
             args.reads = (ns.data,)
             if not ns.output:

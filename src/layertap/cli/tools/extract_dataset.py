@@ -82,7 +82,7 @@ def run_dataset(args: Args) -> int:
             dtype=d.dtype, pool=d.pool, resume=d.resume, limit=d.limit, workers=d.workers, device=d.device,
             method=m.method, stop_early=args.own, skip_bad=d.skip_bad, image_size=d.image_size, mean=d.mean,
             std=d.std, weights=m.weights, config=m.config, unsafe_pickle=m.unsafe_pickle,
-            engine="ray" if d.ray is not None else "local", ray_address=d.ray or None,
+            engine="ray" if d.ray is not None else "local", ray_address=d.ray or None, **args.runtime,
         )
     except (KeyboardInterrupt, Terminated) as stop:
         stop.kept = _kept_note(args)  # type: ignore[union-attr]  # main's exit line says it

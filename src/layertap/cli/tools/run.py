@@ -8,7 +8,7 @@ from typing import Any
 
 from ...formats import fmt_float, fmt_shape
 from ...tables import Column, Table
-from ..args import Args, InputArgs, JsonArgs, OutputArgs, TapArgs
+from ..args import Args, InputArgs, JsonArgs, OutputArgs, RuntimeArgs, TapArgs
 from .base import Tool
 
 
@@ -38,7 +38,7 @@ class RunTool(Tool):
     name = "run"
     help = "run an ONNX file in ONNX Runtime, exposing tensors or module taps in memory"
     output = OutputArgs(required=False, suffixes=(".npz", ".safetensors"), help="FILE.npz")
-    groups = (InputArgs(), TapArgs(selectors=False), output, JsonArgs())
+    groups = (InputArgs(), TapArgs(selectors=False), output, JsonArgs(), RuntimeArgs())
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("onnx", metavar="FILE.onnx", help="the ONNX file to run (never modified)")
@@ -49,16 +49,19 @@ class RunTool(Tool):
 
     def run(self, args: Args) -> int:
         from ...files.arrays import save_arrays
-        from ...onnxfile.runner import run
+        from ...runtimes import run
 
         inputs = _inputs(args.inputs.specs)
         notes: list[str] = []  # said once the run succeeded: an error names generated inputs itself
-        values = run(args.own, inputs, taps=args.tap_texts, seed=args.inputs.seed, notify=notes.append)
+        values = run(args.own, inputs, taps=args.tap_texts, seed=args.inputs.seed, notify=notes.append, **args.runtime)
         if args.output:
             save_arrays(args.output, values, notify=notes.append)
         for note in notes:
             self.say(note)
-        self.print_table(RunTable([_row(k, v) for k, v in values.items()]), as_json=args.json)
+        table = RunTable([_row(k, v) for k, v in values.items()])
+        if args.runtime.get("runtime") == "openvino":
+            table.__dict__["title"] = "OpenVINO outputs"
+        self.print_table(table, as_json=args.json)
         if args.output and not args.json:
             self.say(f"wrote {args.output}")
         return 0

@@ -1,0 +1,230 @@
+"""OpenVINO as a second runtime: compare (either side), run, extract --data, the report naming
+what ran, and bad input. Real files from both exporters, onnxconverter-common and
+onnxruntime.quantization; real OpenVINO."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'layertap[openvino]')")
+
+
+@pytest.fixture(scope="module")
+def files(torch_mod, tmp_path_factory) -> dict[str, Path]:
+    """small_cnn exported by both exporters, a float16 conversion and a QDQ int8 file."""
+    import onnx
+    from onnxconverter_common import float16
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    from _tiny import small_cnn
+
+    d = tmp_path_factory.mktemp("ov")
+    model, x = small_cnn(), torch_mod.randn(2, 3, 16, 16, generator=torch_mod.Generator().manual_seed(0))
+    out = {"model": model, "x": x, "ts": d / "ts.onnx", "dynamo": d / "dy.onnx", "fp16": d / "fp16.onnx", "qdq": d / "qdq.onnx"}
+    torch_mod.onnx.export(model, (x,), str(out["ts"]), dynamo=False, input_names=["x"])
+    torch_mod.onnx.export(model, (x,), str(out["dynamo"]), dynamo=True, input_names=["x"])
+    onnx.save(float16.convert_float_to_float16(onnx.load(str(out["ts"])), keep_io_types=True), str(out["fp16"]))
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter([{"x": np.random.default_rng(i).standard_normal((2, 3, 16, 16)).astype(np.float32)} for i in range(2)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(str(out["ts"]), str(out["qdq"]), Reader(), quant_format=QuantFormat.QDQ)
+    return out
+
+
+def _cli(*args: str, cwd: Path | None = None, hide_openvino: bool = False) -> subprocess.CompletedProcess:
+    head = "import sys; sys.modules['openvino'] = None; " if hide_openvino else "import sys; "
+    code = head + "from layertap.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def _bf16_runs() -> bool:
+    import openvino as ov
+
+    from layertap.errors import LayertapError
+    from layertap.runtimes import open_runtime
+
+    try:
+        open_runtime("openvino", ov_precision="bf16")
+    except LayertapError:
+        return False
+    return "CPU" in ov.Core().available_devices
+
+
+@pytest.mark.parametrize("kind", ["ts", "dynamo", "fp16", "qdq"])
+def test_a_file_in_onnx_runtime_vs_itself_in_openvino_at_f32_passes_every_row(files, kind):
+    import layertap as lt
+
+    report = lt.compare(files[kind], None, files[kind], cand_runtime="openvino", ov_precision="f32", samples=2, local=True)
+    statuses = {r.name: r.status for r in report.rows}
+    assert report.ok and report.first_divergence is None, report.footer()
+    assert set(statuses.values()) <= {"pass", "absorbed"}
+    assert statuses["output"] == "pass" and statuses["fc"] == "pass"
+    assert report.runtimes["candidate"]["runtime"] == "OpenVINO"
+    assert report.runtimes["candidate"]["precision"] == "float32"
+    assert report.runtimes["reference"]["runtime"] == "ONNX Runtime"
+    assert all(r.local_rel is not None and r.local_rel < 1e-3 for r in report.rows if r.status == "pass" and r.path)
+    if kind == "qdq":  # the float Conv values OpenVINO folds into its int8 kernels: absorbed, with the reason
+        folded = [r for r in report.rows if r.note and "OpenVINO folds" in r.note]
+        assert [r.name for r in folded] == ["stem.1", "block.1"]
+
+
+def test_openvino_at_bf16_finds_the_first_divergence_at_the_first_conv(files):
+    if not _bf16_runs():
+        pytest.skip("this CPU does not run OpenVINO at bf16")
+    import layertap as lt
+
+    report = lt.compare(files["ts"], None, files["ts"], cand_runtime="openvino", ov_precision="bf16")
+    assert not report.ok
+    # conv (with the BatchNorm folded into it) rounds its products to bfloat16: ~3e-3 relative, as bf16's 8 bits
+    assert report.first_divergence == "stem.1"
+    first = report.first_divergence_row
+    assert 1e-4 < first.rel_err < 5e-2 and first.cosine > 0.999
+    assert report.runtimes["candidate"]["precision"] == "bfloat16"
+
+
+def test_pytorch_reference_with_an_openvino_candidate(files):
+    import layertap as lt
+
+    report = lt.compare(files["model"], files["x"], files["dynamo"], runtime="openvino", ov_precision="f32")
+    assert report.ok and {r.status for r in report.rows} <= {"pass", "absorbed"}
+    assert report.runtimes == {"candidate": report.runtimes["candidate"]}
+    assert report.runtimes["candidate"]["runtime"] == "OpenVINO"
+    assert any("the candidate ran in OpenVINO" in n for n in report.notes)
+
+
+def test_compare_cli_names_each_sides_runtime_in_json_notes_and_html(files, tmp_path):
+    page = tmp_path / "r.html"
+    r = _cli("compare", str(files["ts"]), str(files["ts"]), "--cand-runtime", "openvino", "--ov-precision", "f32",
+             "--json", "--report", str(page))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["runtimes"]["candidate"]["runtime"] == "OpenVINO"
+    assert out["runtimes"]["candidate"]["device"] == "CPU"
+    assert out["runtimes"]["candidate"]["version"][:4].isdigit()
+    assert out["runtimes"]["reference"]["device"] == "CPU"
+    assert any(n.startswith("candidate: ") and "OpenVINO" in n and "float32" in n for n in out["notes"])
+    html = page.read_text()
+    assert "OpenVINO" in html and "ONNX Runtime" in html and "float32" in html
+
+
+def test_run_and_extract_data_with_openvino_give_onnx_runtimes_values(files, tmp_path):
+    import layertap as lt
+
+    x = np.random.default_rng(3).standard_normal((2, 3, 16, 16)).astype(np.float32)  # exported at batch 2
+    ort = lt.run(files["dynamo"], {"x": x}, taps=["stem", "block.1"])
+    ov = lt.run(files["dynamo"], {"x": x}, taps=["stem", "block.1"], runtime="openvino", ov_precision="f32")
+    assert list(ov) == list(ort) == ["output", "stem", "block.1"]
+    for k in ort:
+        np.testing.assert_allclose(ov[k], ort[k], rtol=1e-4, atol=1e-5)
+    np.save(tmp_path / "x.npy", x)
+    r = _cli("run", str(files["dynamo"]), "--input", f"x={tmp_path / 'x.npy'}", "--tap", "stem", "--runtime", "openvino",
+             "-o", str(tmp_path / "out.npz"))
+    assert r.returncode == 0, r.stderr
+    assert "OpenVINO outputs" in r.stdout
+    np.testing.assert_allclose(np.load(tmp_path / "out.npz")["stem"], ort["stem"], rtol=1e-2, atol=1e-2)
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(4):  # two batches of the file's fixed batch of 2
+        np.save(data / f"s{i}.npy", np.random.default_rng(i).standard_normal((3, 16, 16)).astype(np.float32))
+    feats = {}
+    for name, extra in (("ort", []), ("openvino", ["--runtime", "openvino", "--ov-precision", "f32"])):
+        r = _cli("extract", str(files["dynamo"]), "--tap", "stem", "--data", str(data), "-o", str(tmp_path / name),
+                 "--batch-size", "2", *extra)
+        assert r.returncode == 0, r.stderr
+        feats[name] = lt.load_features(tmp_path / name)["stem"][:]
+    np.testing.assert_allclose(feats["openvino"], feats["ort"], rtol=1e-4, atol=1e-5)
+    manifest = json.loads((tmp_path / "openvino" / "manifest.json").read_text())
+    assert manifest["model"]["runtime"] == {"runtime": "openvino", "ov_precision": "f32"}
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--ov-device", "NPU7"], "OpenVINO has no device 'NPU7'"),
+    (["--ov-precision", "f16"], "does not run --ov-precision f16"),
+])
+def test_bad_device_or_precision_exits_2_with_one_line_and_writes_nothing(files, tmp_path, args, words):
+    if "f16" in args:
+        from layertap.errors import LayertapError
+        from layertap.runtimes import open_runtime
+
+        try:
+            open_runtime("openvino", ov_precision="f16")
+            pytest.skip("this device runs float16")
+        except LayertapError:
+            pass
+    page = tmp_path / "r.html"
+    r = _cli("compare", str(files["ts"]), str(files["ts"]), "--cand-runtime", "openvino", *args, "--report", str(page))
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and words in r.stderr, r.stderr
+    assert not page.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_file_openvino_cannot_read_exits_2_with_one_line(tmp_path):
+    import onnx
+    import onnx.helper as h
+
+    g = h.make_graph([h.make_node("Frobnicate", ["x"], ["y"], domain="com.example")], "g",
+                     [h.make_tensor_value_info("x", 1, [2])], [h.make_tensor_value_info("y", 1, [2])])
+    path = tmp_path / "odd.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.example", 1)]), str(path))
+    before = path.read_bytes()
+    r = _cli("run", str(path), "--runtime", "openvino", "-o", str(tmp_path / "out.npz"))
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "OpenVINO cannot read" in r.stderr, r.stderr
+    assert path.read_bytes() == before and not (tmp_path / "out.npz").exists()
+
+
+def test_without_openvino_installed_the_runtime_names_the_install_command(files):
+    r = _cli("compare", str(files["ts"]), str(files["ts"]), "--cand-runtime", "openvino", hide_openvino=True)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "pip install 'layertap[openvino]'" in r.stderr, r.stderr
+
+
+def test_runtime_options_that_do_not_fit_are_refused():
+    from layertap.errors import LayertapError
+    from layertap.runtimes import open_runtime
+
+    with pytest.raises(LayertapError, match="execution provider 'CUDAExecutionProvider' is not available"):
+        open_runtime("ort", providers="CUDAExecutionProvider,TensorrtExecutionProvider")
+    with pytest.raises(LayertapError, match="--ov-device"):
+        open_runtime("openvino", providers="CUDA")
+    with pytest.raises(LayertapError, match="add --runtime openvino"):
+        open_runtime("ort", ov_precision="f32")
+
+
+def test_an_openvino_ir_pair_compares_with_its_onnx_source_by_tensor_name(files, tmp_path):
+    import openvino as ov
+
+    import layertap as lt
+
+    xml = tmp_path / "ts.xml"
+    ov.save_model(ov.convert_model(str(files["ts"])), str(xml))  # weights compressed to float16 by default
+    before = xml.read_bytes(), xml.with_suffix(".bin").read_bytes()
+    report = lt.compare(files["ts"], None, xml, cand_runtime="openvino", ov_precision="f32")
+    statuses = {r.name: r.status for r in report.rows}
+    assert report.ok and statuses["stem.1"] == statuses["block.2"] == statuses["output"] == "pass"
+    assert 0 < report.rows[-1].rel_err < 1e-2  # float16 weights: a small, real difference
+    back = lt.compare(xml, None, files["ts"], runtime="openvino", cand_runtime="ort", ov_precision="f32")
+    assert back.ok and back.runtimes["reference"]["runtime"] == "OpenVINO"
+    r = _cli("compare", str(files["ts"]), str(xml))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "only OpenVINO runs" in r.stderr, r.stderr
+    r = _cli("compare", str(files["ts"]), str(xml), "--cand-runtime", "openvino", "--local")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "OpenVINO IR" in r.stderr, r.stderr
+    x = np.random.default_rng(5).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    ir = lt.run(xml, {"x": x}, taps=["stem", "/block/block.2/Relu_output_0"], runtime="openvino", ov_precision="f32")
+    onnx_values = lt.run(files["ts"], {"x": x}, taps=["stem", "/block/block.2/Relu_output_0"])
+    assert list(ir) == list(onnx_values) == ["output", "stem", "/block/block.2/Relu_output_0"]
+    for k in ir:
+        np.testing.assert_allclose(ir[k], onnx_values[k], rtol=1e-2, atol=1e-2)
+    assert (xml.read_bytes(), xml.with_suffix(".bin").read_bytes()) == before
