@@ -228,3 +228,15 @@ def test_an_openvino_ir_pair_compares_with_its_onnx_source_by_tensor_name(files,
     for k in ir:
         np.testing.assert_allclose(ir[k], onnx_values[k], rtol=1e-2, atol=1e-2)
     assert (xml.read_bytes(), xml.with_suffix(".bin").read_bytes()) == before
+
+
+def test_openvino_exposes_tensors_in_batches_and_judges_by_any_metric(files):
+    import layertap as lt
+
+    one = lt.compare(files["dynamo"], None, files["dynamo"], cand_runtime="openvino", ov_precision="f32")
+    batched = lt.compare(files["dynamo"], None, files["dynamo"], cand_runtime="openvino", ov_precision="f32",
+                         batch_outputs=2, metric="cosine", check_finite=True)
+    assert batched.ok and batched.criterion.metric == "cosine"
+    assert batched.ort_runs > one.ort_runs == 2  # one run per side unbatched, several with two tensors per run
+    assert any("exposing the intermediates in batches" in n for n in batched.notes)
+    assert [r.max_abs for r in batched.rows] == [r.max_abs for r in one.rows]

@@ -59,11 +59,6 @@ class OrtRunner:
         """ONNX Runtime's graph optimisations (always on for another runtime)."""
         return bool(getattr(self.runtime, "optimize", True))
 
-    @property
-    def providers(self) -> list[str]:
-        """ONNX Runtime's execution providers (none for another runtime)."""
-        return list(getattr(self.runtime, "providers", []))
-
     def exposable(self) -> set[str] | None:
         """The tensors the runtime can hand out (``None``: every tensor of the graph)."""
         return self.runtime.exposable(self.file or self.source)
