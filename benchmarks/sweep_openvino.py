@@ -168,21 +168,21 @@ def main() -> None:
           f"{core.get_property('CPU', 'INFERENCE_PRECISION_HINT').to_string()}; input 1x3x{ns.size}x{ns.size}")
     print(f"{'model':20s} {'exporter':11s} f32 FAIL  out rel | bf16 out  emu out | "
           f"{'first divergence at bf16 (rel err)':42s} | ratio at {'row':21s}| first divergence beyond rounding?")
-    work = Path(tempfile.mkdtemp(prefix="sweep-openvino-"))
     x = torch.randn(1, 3, ns.size, ns.size, generator=torch.Generator().manual_seed(0))
     xn = np.ascontiguousarray(x.numpy())
     for name in ns.models.split(","):
         torch.manual_seed(0)
         model = _model(name, ns.size)
         for exporter in ("dynamo", "torchscript"):
-            src = work / f"{name}_{exporter}.onnx"
             t0 = time.perf_counter()
-            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-                warnings.simplefilter("ignore")
-                torch.onnx.export(model, (x,), str(src), dynamo=exporter == "dynamo", input_names=["x"])
-            line = sweep_one(src, xn, ns.fault)
+            # each file and its copies (the emulation, the fault) go as soon as their line is printed
+            with tempfile.TemporaryDirectory(prefix="sweep-openvino-") as work:
+                src = Path(work) / f"{name}_{exporter}.onnx"
+                with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+                    warnings.simplefilter("ignore")
+                    torch.onnx.export(model, (x,), str(src), dynamo=exporter == "dynamo", input_names=["x"])
+                line = sweep_one(src, xn, ns.fault)
             print(f"{name:20s} {exporter:11s} {line} [{time.perf_counter() - t0:.0f} s]", flush=True)
-
 
 if __name__ == "__main__":
     main()
