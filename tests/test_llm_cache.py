@@ -62,3 +62,37 @@ def test_compare_with_a_past_given_as_cache(llama, llama_dynamo_cache):
 def test_model_with_other_layers_is_refused(llama_genai_fp32):
     with pytest.raises(LayertapError, match="config has 3 layers, 2 KV heads of size 16 but the file's cache"):
         lt.compare(tiny_llama(num_hidden_layers=3), prompt_ids(7), llama_genai_fp32)
+
+
+def test_steps_compare_each_token_with_the_reference_tokens(llama, llama_dynamo_cache):
+    ids = prompt_ids(7)
+    report = lt.compare(llama, ids, llama_dynamo_cache, steps=3)
+    assert report.ok and report.first_divergence is None
+    outputs = [(r.name, r.token, r.tokens, r.shape) for r in report.rows if r.path == ""]
+    assert outputs == [("output@0..6", 0, 7, [1, 7, 256]), ("output@7", 7, 1, [1, 1, 256]),
+                       ("output@8", 8, 1, [1, 1, 256]), ("output@9", 9, 1, [1, 1, 256])]
+    with torch.no_grad():
+        generated = llama.generate(ids, max_new_tokens=3, do_sample=False)[0, 7:].tolist()
+    assert f"reference's tokens ({', '.join(map(str, generated))})" in report.notes[-1]
+    footer = report.footer()
+    grid = footer[footer.index("rel err by module and token position (! = FAIL):") + 1:]
+    assert grid[0] == "module              0..6        7        8        9"
+    assert [line.split()[0] for line in grid[1:4]] == ["model.layers.0", "model.layers.1", "output"]
+    assert "!" not in "".join(grid[1:4]) and len(grid[1].split()) == 5
+
+
+def test_steps_int4_divergence_named_with_token(llama, llama_genai_int4):
+    report = lt.compare(llama, prompt_ids(7), llama_genai_int4, steps=2)
+    assert not report.ok
+    row = report.first_divergence_row
+    assert report.first_divergence == f"{row.path}@0..6" and report.summary()["first_divergence_token"] == 0
+    assert [r.token for r in report.rows if r.path == "" and r.status == "FAIL"] == [0, 7, 8]
+    assert any(line.startswith("first divergence: ") and " in the prompt (tokens 0..6)" in line
+               for line in report.footer())
+
+
+def test_steps_refuse_a_file_without_cache(tmp_path, llama):
+    path = tmp_path / "no_cache.onnx"
+    torch.onnx.export(llama.model.norm, (torch.zeros(1, 3, 64),), str(path), dynamo=False)
+    with pytest.raises(LayertapError, match="steps= needs a decoder file with a KV cache"):
+        lt.compare(llama.model.norm, torch.zeros(1, 3, 64), path, steps=2)
