@@ -81,18 +81,21 @@ def token_grid(rows: Any, limit: int = 40) -> tuple[list[str], list[tuple[str, l
         >>> token_grid([R(path="m.layers.0", token=None, tokens=None, rel_err=0.0, ok=True)])
         ([], [])
     """
-    stepped = [r for r in rows if getattr(r, "token", None) is not None]
+    def get(row: Any, key: str) -> Any:  # rows as dataclasses or as dicts (a report's JSON)
+        return row.get(key) if isinstance(row, dict) else getattr(row, key, None)
+
+    stepped = [(get(r, "path"), get(r, "token"), get(r, "tokens") or 1, get(r, "rel_err"), get(r, "ok"))
+               for r in rows if get(r, "token") is not None]
     columns: dict[int, str] = {}
-    for r in stepped:
-        n = r.tokens or 1
-        columns.setdefault(r.token, f"{r.token}..{r.token + n - 1}" if n > 1 else str(r.token))
-    compared = list(dict.fromkeys(r.path for r in stepped if r.ok is not None))
+    for _, token, n, _, _ in stepped:
+        columns.setdefault(token, f"{token}..{token + n - 1}" if n > 1 else str(token))
+    compared = list(dict.fromkeys(path for path, _, _, _, ok in stepped if ok is not None))
     layers = [p for p in compared if p == "" or re.search(r"\.\d+$", p)]
     paths = layers if any(p for p in layers) else compared[:limit]
     cells: dict[tuple[str, int], tuple[float | None, bool | None]] = {}
-    for r in stepped:
-        if r.path in paths and r.ok is not None:
-            cells.setdefault((r.path, r.token), (r.rel_err, r.ok))
+    for path, token, _, rel, ok in stepped:
+        if path in paths and ok is not None:
+            cells.setdefault((path, token), (rel, ok))
     order = sorted(columns)
     grid = [(p or "output", [cells.get((p, t), (None, None)) for t in order]) for p in paths]
     return [columns[t] for t in order], grid
