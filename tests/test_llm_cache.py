@@ -99,3 +99,50 @@ def test_steps_refuse_a_file_without_cache(tmp_path, llama):
     torch.onnx.export(llama.model.norm, (torch.zeros(1, 3, 64),), str(path), dynamo=False)
     with pytest.raises(LayertapError, match="steps= needs a decoder file with a KV cache"):
         lt.compare(llama.model.norm, torch.zeros(1, 3, 64), path, steps=2)
+
+
+@pytest.fixture(scope="session")
+def llama_kv_export(llama, tmp_path_factory):
+    path = tmp_path_factory.mktemp("llama_kv") / "llama_kv.onnx"
+    return lt.export(llama, prompt_ids(5), path, kv_cache=True), path
+
+
+def test_export_kv_cache_uses_optimum_names_and_decodes(llama, llama_kv_export):
+    report, path = llama_kv_export
+    assert report.ok and [r.name for r in report.rows] == [
+        "logits", "present.0.key", "present.0.value", "present.1.key", "present.1.value"]
+    assert list(report.inputs) == ["input_ids", "attention_mask", "past_key_values.0.key", "past_key_values.0.value",
+                                   "past_key_values.1.key", "past_key_values.1.value"]
+    assert any("a prefill of 5 tokens and 3 greedy steps fed their own present.*" in n for n in report.notes)
+    # another prompt length, a prefill made by layertap, then decode steps: all match PyTorch
+    steps = lt.compare(llama, prompt_ids(9), path, steps=4)
+    assert steps.ok and [r.token for r in steps.rows if r.path == ""] == [0, 9, 10, 11, 12]
+
+
+def test_export_dynamic_sequence_runs_at_other_lengths(llama, tmp_path):
+    path = tmp_path / "llama_seq.onnx"
+    report = lt.export(llama, prompt_ids(5), path, dynamic_sequence=True)
+    assert report.ok
+    for length in (3, 11):
+        ids = prompt_ids(length, seed=length)
+        np.testing.assert_allclose(lt.run(path, {"input_ids": ids.numpy()})["output"], _logits(llama, ids),
+                                   atol=1e-5)
+
+
+def test_bad_cache_inputs_are_one_line_errors(llama_genai_fp32, llama_dynamo_cache):
+    ids = prompt_ids(4).numpy()
+    with pytest.raises(LayertapError, match=r"the past is given only in part: past_key_values.0.value, "):
+        lt.run(llama_genai_fp32, {"input_ids": ids, "past_key_values.0.key": np.zeros((1, 2, 0, 16), np.float32)})
+    # no config next to a dynamo file, no declared KV sizes: the message names the inputs and what to pass
+    with pytest.raises(LayertapError, match=r"KV head count and head size of the cache inputs \(past_key_values_0, "
+                                            r"past_key_values_1, \.\.\. declared .*--input past_key_values_0=1xHEADSx0x"):
+        lt.run(llama_dynamo_cache, {"input_ids": ids})
+
+
+def test_cli_compare_steps_prints_the_token_grid(cli, llama_genai_int4):
+    done = cli("compare", "tests/_llm.py:tiny_llama", str(llama_genai_int4), "--input", "input_ids=1x6:int64",
+               "--steps", "2", "--module", "model.layers.0.mlp")
+    assert done.returncode == 1, done.stderr
+    out = " ".join(done.stdout.split())  # lines wrap at the terminal's width
+    assert "rel err by module and token position (! = FAIL):" in out
+    assert "first divergence: model.layers.0.mlp.act_fn@0..5 (SiLUActivation) in the prompt (tokens 0..5)" in out
