@@ -146,3 +146,14 @@ def test_cli_compare_steps_prints_the_token_grid(cli, llama_genai_int4):
     out = " ".join(done.stdout.split())  # lines wrap at the terminal's width
     assert "rel err by module and token position (! = FAIL):" in out
     assert "first divergence: model.layers.0.mlp.act_fn@0..5 (SiLUActivation) in the prompt (tokens 0..5)" in out
+
+
+def test_long_generation_values_beyond_the_budget_go_to_disk(llama, llama_dynamo_cache):
+    ids, taps = prompt_ids(7), ["model.layers.0", "model.layers.1", "model.norm"]
+    held = lt.extract(llama, ids, taps=taps, method="generate", max_new_tokens=12, do_sample=False)
+    spilled = lt.extract(llama, ids, taps=taps, method="generate", max_new_tokens=12, do_sample=False,
+                         memory_budget=4096)
+    assert held.spilled == 0 and spilled.spilled > 0 and list(spilled) == list(held)
+    assert all(torch.equal(spilled[k], held[k]) for k in held)
+    report = lt.compare(llama, ids, llama_dynamo_cache, steps=2, memory_budget=4096)
+    assert report.ok and any("KiB of reference values were held on disk (memory_budget)" in n for n in report.notes)

@@ -283,7 +283,8 @@ def run_notes(reference: Reference, candidate: Candidate, spilled: int, *, round
     if candidate.runs > n:
         notes.append(f"ONNX Runtime ran {candidate.runs} times, exposing the intermediates in batches to bound memory")
     if spilled:
-        notes.append(f"{spilled / 2**20:.0f} MiB of reference values were held on disk (memory_budget)")
+        size = f"{spilled / 2**20:.0f} MiB" if spilled >= 2**20 else f"{spilled / 2**10:.0f} KiB"
+        notes.append(f"{size} of reference values were held on disk (memory_budget)")
     if n > 1 and not hasattr(reference, "merge_rows"):
         notes.append(f"{n} samples; each row shows its worst sample (worst_sample); "
                      f"{sum(side.sessions for side in (candidate, *reference.own_runs))} ORT session(s) for all of them")
