@@ -153,6 +153,8 @@ def export(
     if dynamic_sequence or kv_cache:
         plan.sequence = llm.sequence_axes(plan.input_names, plan.traced)
     plan.cache = kv_cache
+    if not kv_cache and method == "forward" and llm.returns_cache(model):
+        plan.notes.append(llm.DROPPED_CACHE_NOTE)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name[:120]}.") as work:
         raw, final = _work_paths(Path(work), "model.onnx")  # short: any output name fits NAME_MAX
         used, graph = _run_exporter(plan, raw, exporter, fallback, opset)

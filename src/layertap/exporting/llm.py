@@ -26,6 +26,18 @@ EXAMPLE_PAST = 2
 DECODE_STEPS = 3
 
 
+#: said when a decoder is exported without its cache
+DROPPED_CACHE_NOTE = ("the model also returns its KV cache (past_key_values), which the file does not output: export "
+                      "with --kv-cache (kv_cache=True) for past_key_values.N / present.N inputs and outputs")
+
+
+def returns_cache(model: Any) -> bool:
+    """Whether ``model.forward`` is a transformers decoder that returns a KV cache (``use_cache``)."""
+    config = getattr(model, "config", None)
+    return (bool(getattr(config, "use_cache", False)) and not getattr(config, "is_encoder_decoder", False)
+            and callable(getattr(model, "generate", None)) and getattr(config, "num_hidden_layers", None) is not None)
+
+
 def past_names(layers: int) -> list[str]:
     """Optimum's past input names, layer-major.
 
