@@ -92,6 +92,7 @@ def compare(
     cand_runtime: str | None = None,
     ov_precision: str | None = None,
     ov_device: str | None = None,
+    steps: int | None = None,
 ) -> CompareReport:
     """Compare a reference with an ONNX candidate layer by layer in ONNX Runtime.
 
@@ -139,6 +140,10 @@ def compare(
             ``compare(f, None, f, cand_runtime="openvino")`` runs one file in both.
         ov_precision, ov_device: OpenVINO's ``INFERENCE_PRECISION_HINT`` (``f32``, ``bf16``,
             ``f16``; default the device's) and device (``CPU``, ``GPU``, ``NPU``; default CPU).
+        steps: with a decoder file (a KV cache), the prompt and then this many greedy decode
+            steps on both sides, the reference's tokens forced on both, each side fed its own
+            cache; rows are per call and token (``PATH@POS``, ``token``), the first divergence
+            names both (:mod:`.steps`).
 
     Returns:
         A :class:`CompareReport`: ``.ok``, ``.rows`` (one per module call, in
@@ -173,12 +178,15 @@ def compare(
     given, n_random = given_samples(args if onnx_ref else _as_args(args), samples)
     options = dict(criterion=criterion, modules=modules, batch_outputs=batch_outputs, memory_budget=memory_budget,
                    allow_different_weights=allow_different_weights)
+    if steps is not None and (onnx_ref or samples is not None):
+        raise LayertapError("steps= decodes one prompt with a PyTorch reference: give the model and one input "
+                            "(input_ids), without samples=")
     if onnx_ref:
         return _compare_files(ref, cand, given, n_random, ref_rt, cand_rt, options, seed=seed, local=local,
                               progress=progress)
     return _compare_torch(
         ref, cand, given, n_random, cand_rt, options, kwargs=dict(kwargs or {}), method=method,
-        ort_optimizations=ort_optimizations, seed=seed, local=local, progress=progress,
+        ort_optimizations=ort_optimizations, seed=seed, local=local, progress=progress, steps=steps,
     )
 
 
@@ -264,16 +272,24 @@ def _torch_samples(given: list[Any], n_random: int, kwargs: dict, seed: int) -> 
 
 def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[Any], n_random: int, runtime: Any,
                    options: dict[str, Any], *, kwargs: dict, method: str | Callable[..., Any], ort_optimizations: bool,
-                   seed: int, local: bool, progress: Progress | None) -> CompareReport:
-    """PyTorch reference: one hooked forward per sample, the candidate's tensors in ORT batches."""
+                   seed: int, local: bool, progress: Progress | None, steps: int | None = None) -> CompareReport:
+    """PyTorch reference: one hooked forward per sample (or decode step), the candidate's tensors in ORT batches."""
     from ..pytorch.taps import bound_method
+    from .steps import StepReference, check_steps
     from .torch_ref import TorchReference
 
     bound_method(model, method)  # a non-module or an unknown method fails before any work
     runs = _torch_samples(given, n_random, kwargs, seed)
     cand_side = OrtSide(cand, runtime)
-    reference = TorchReference(model, runs, cand_side, method=method, progress=progress, **options)
-    return compare_sides(reference, cand_side, criterion=options["criterion"], weights=reference.weights, local=local,
+    reference: TorchReference
+    candidate: Any = cand_side
+    if steps is not None:
+        reference = StepReference(model, runs, cand_side, steps=check_steps(steps), method=method, progress=progress,
+                                  **options)
+        candidate = reference.candidate
+    else:
+        reference = TorchReference(model, runs, cand_side, method=method, progress=progress, **options)
+    return compare_sides(reference, candidate, criterion=options["criterion"], weights=reference.weights, local=local,
                          memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
                          ort_optimizations=ort_optimizations, runtimes={"candidate": cand_side.describe().to_dict()})
 
