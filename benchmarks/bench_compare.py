@@ -259,10 +259,14 @@ def _fp16_path(path: str) -> str:
 
 
 def _make_fp16(path: Path) -> None:
+    import warnings
+
     import onnx
     from onnxconverter_common import float16
 
-    onnx.save(float16.convert_float_to_float16(onnx.load(str(path)), keep_io_types=True), _fp16_path(str(path)))
+    with warnings.catch_warnings():  # one "will be truncated" line per tiny weight
+        warnings.simplefilter("ignore", UserWarning)
+        onnx.save(float16.convert_float_to_float16(onnx.load(str(path)), keep_io_types=True), _fp16_path(str(path)))
 
 
 def _run_child(mode: str, path: Path, ns: argparse.Namespace) -> dict:
