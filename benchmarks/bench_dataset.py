@@ -12,7 +12,10 @@ contender reads the same files and runs the same full forward on CPU:
   ``pip install --no-deps thingsvision``). Its package ``__init__`` imports
   TensorFlow, so only its PyTorch extractor modules are loaded, and
   ``torchtyping`` (used there for type annotations only) is stubbed when it is
-  not installed. It keeps the unpooled maps; we pool them after.
+  not installed. It keeps the unpooled maps; we pool them after;
+- torchlens 2.x ``extract_dataset(..., pool="spatial_mean", output_dir=...)``
+  (the rival with module addresses and shards on disk; the ``bench`` extra),
+  read back with ``load_extraction``.
 
 Then the peak RSS of layertap for 128 vs 512 samples, each in a fresh process.
 Prints samples/s, the ratios and the RSS figures. Run:
@@ -132,6 +135,28 @@ def thingsvision_run(extractor, folder: Path) -> np.ndarray:
     return feats.mean((2, 3))
 
 
+def torchlens_rates(model, folder: Path, tmp: Path, n: int, repeat: int, ref: np.ndarray) -> dict[str, tuple[float, float]]:
+    """torchlens ``extract_dataset`` into shards on disk, mean-pooled by its own preset; checked against the bare loop."""
+    if importlib.util.find_spec("torchlens") is None:
+        print("torchlens: not installed (pip install -e '.[bench]')")
+        return {}
+    import torchlens as tl
+
+    runs = iter(range(100))
+
+    def run() -> np.ndarray:
+        out = tmp / f"torchlens{next(runs)}"
+        tl.extract_dataset(model, _NpyFiles(sorted(folder.glob("*.npy"))), ["layer4"], batch_size=BATCH,
+                           output_dir=out, progress=False, pool="spatial_mean")
+        loaded = tl.load_extraction(out)
+        values = loaded.activations if hasattr(loaded, "activations") else loaded
+        return np.asarray(next(iter(values.values())) if isinstance(values, dict) else values)
+
+    rate, got = best_rate(run, n, repeat)
+    np.testing.assert_allclose(got.reshape(len(ref), -1), ref, rtol=1e-4, atol=1e-4)
+    return {f"torchlens {tl.__version__} extract_dataset": rate}
+
+
 def best_rate(fn, n: int, repeat: int) -> tuple[tuple[float, float], np.ndarray]:
     """Best samples/s over ``repeat`` runs, by wall clock and by this process's CPU time.
 
@@ -194,6 +219,7 @@ def main() -> None:
             rates["thingsvision 2.7 PyTorchExtractor"] = rate
         else:
             print(f"thingsvision: {why}")
+        rates.update(torchlens_rates(model, folder, Path(tmp), a.samples, a.repeat, ref))
         base = rates["bare loop"]
         print(f"{'':36s} {'wall samples/s':>15s} {'x bare':>7s} {'CPU samples/s':>14s} {'x bare':>7s}")
         for name, (wall, cpu) in rates.items():
@@ -202,6 +228,10 @@ def main() -> None:
         if tv:
             lt0 = rates["layertap (workers=0)"]
             print(f"layertap (workers=0) / thingsvision: {lt0[0] / tv[0]:.2f}x wall, {lt0[1] / tv[1]:.2f}x CPU")
+        for name, (wall, cpu) in rates.items():
+            if name.startswith("torchlens"):
+                lt0 = rates["layertap (workers=0)"]
+                print(f"layertap (workers=0) / {name}: {lt0[0] / wall:.2f}x wall, {lt0[1] / cpu:.2f}x CPU (samples/s)")
         small = peak_rss_child(folder, min(128, a.samples))
         large = peak_rss_child(folder, a.samples)
         print(f"peak RSS: {min(128, a.samples)} samples {small:.0f} MiB, {a.samples} samples {large:.0f} MiB "

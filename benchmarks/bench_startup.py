@@ -4,8 +4,8 @@ The bare script imports torch and torchvision, builds resnet18 and runs one
 forward on a 1x3x224x224 input: the least any tool must do to list resnet18's
 layers with shapes. Both run as fresh subprocesses (that is what a user waits
 for), interleaved, after one warm-up round each (file cache); the medians and
-their ratio are printed. Also timed: a bad MODEL spec, which layertap should
-refuse before importing torch.
+their ratio are printed. Also timed: a bad MODEL spec and a misspelt torchvision/timm model name,
+which layertap refuses before importing torch (goal: <= 1 s).
 
     python benchmarks/bench_startup.py [--rounds 5]
 """
@@ -33,6 +33,8 @@ COMMANDS = {
     "bare script (import torch+torchvision, build, 1 forward)": [sys.executable, "-c", BARE],
     "layertap layers torchvision:resnet18": [sys.executable, "-m", "layertap", "layers", "torchvision:resnet18"],
     "layertap layers torchvision (bad spec, exit 2)": [sys.executable, "-m", "layertap", "layers", "torchvision"],
+    "layertap layers torchvision:resnt18 (typo, exit 2)": [sys.executable, "-m", "layertap", "layers", "torchvision:resnt18"],
+    "layertap layers timm:resnt18 (typo, exit 2)": [sys.executable, "-m", "layertap", "layers", "timm:resnt18"],
     "python -c pass (interpreter start)": [sys.executable, "-c", "pass"],
 }
 

@@ -267,6 +267,28 @@ def test_fast_paths_give_the_exact_paths_values():
     assert as_float32(half).dtype == np.float32
 
 
+def test_large_tensors_judged_block_by_block_give_the_exact_paths_values():
+    """Tensors of more than two blocks are judged block by block (each block read once):
+    the same maxima, and the sums to float64 rounding; a NaN or inf in any block, or a
+    candidate value past float32's range, leaves for the exact path."""
+    from layertap.metrics import _BLOCK, Criterion, error_stats, similarity
+
+    rng = np.random.default_rng(4)
+    ref = rng.standard_normal(5 * _BLOCK + 123).astype(np.float32)
+    for got in (ref * np.float32(1.001), ref + np.float32(1e-3) * rng.standard_normal(ref.size).astype(np.float32), ref.copy()):
+        fast = Criterion().judge(ref, got)
+        slow, (cos, sqnr, finite) = error_stats(ref, got), similarity(ref.astype(np.float64), got.astype(np.float64))
+        assert (fast.max_abs, fast.scale, fast.rel_err, fast.ok) == (slow.max_abs, slow.scale, slow.rel_err, slow.ok)
+        assert fast.cosine == pytest.approx(cos, abs=1e-7) and fast.sqnr_db == pytest.approx(sqnr, rel=1e-5)  # float32 dots
+        assert fast.finite and finite
+    assert Criterion().judge(ref, ref.copy()).cosine == 1.0 and math.isinf(Criterion().judge(ref, ref.copy()).sqnr_db)
+    for bad_value in (np.nan, np.inf):
+        bad = ref.copy()
+        bad[4 * _BLOCK + 5] = bad_value
+        judged = Criterion().judge(ref, bad)
+        assert not judged.finite and not judged.ok and math.isinf(judged.max_abs)
+
+
 def test_error_stats_fails_and_handles_nan():
     from layertap.metrics import error_stats
 

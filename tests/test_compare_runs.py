@@ -173,6 +173,35 @@ def test_ort_optimised_copy_and_same_file_two_ways(r18):
         lt.compare(ts, x.numpy(), ts)
 
 
+def test_a_tensor_several_calls_hand_out_is_judged_once_per_sample(r18, monkeypatch):
+    import dataclasses
+
+    import layertap as lt
+    from layertap.comparing import align
+    from layertap.metrics import Criterion
+
+    _, x, ts, d = r18
+    fp16 = _fp16(ts, d / "ts16.onnx")
+    feeds = [{"x": x.numpy() * s} for s in (1.0, 2.0)]
+    judged = []
+    judge = Criterion.judge
+    monkeypatch.setattr(Criterion, "judge", lambda self, r, g: judged.append(1) or judge(self, r, g))
+    report = lt.compare(ts, None, fp16, samples=feeds, metric="cosine")
+    compared = [r for r in report.rows if r.status in ("pass", "FAIL")]
+    by_tensor: dict = {}
+    for row in compared:
+        by_tensor.setdefault(tuple(row.onnx), []).append(row)
+    shared = [rows for rows in by_tensor.values() if len(rows) > 1]
+    assert shared, "resnet18's blocks hand out their last ReLU's tensor: several rows share it"
+    assert len(judged) == len(by_tensor) * len(feeds) < len(compared) * len(feeds)
+    for rows in shared:  # every row of a shared tensor holds the same figures
+        assert len({(r.max_abs, r.cosine, r.sqnr_db, r.worst_sample) for r in rows}) == 1, [r.name for r in rows]
+    # the rows are those of judging every row on its own
+    monkeypatch.setattr(align.RowBuilder, "_judge", lambda self, r, g: self.criterion.judge(r, align._as_ref_type(r, g)))
+    each = lt.compare(ts, None, fp16, samples=feeds, metric="cosine")
+    assert [dataclasses.asdict(r) for r in each.rows] == [dataclasses.asdict(r) for r in report.rows]
+
+
 def test_ort_enable_all_copy_read_through_its_nchwc_layout(r18):
     """ORT's default level (ORT_ENABLE_ALL) saves x86 files whose Convs run in a blocked NCHWc
     layout under new tensor names: each is read back as NCHW, and a fault is found there."""

@@ -16,6 +16,10 @@ BAD_ARGUMENTS = [
     (["layers", "torchvision"], "bad MODEL 'torchvision'"),
     (["layers", "missing.py:Net"], "model file 'missing.py' does not exist"),
     (["layers", "torchvison:resnet18"], "did you mean: torchvision:..."),
+    (["layers", "torchvision:resnt18"], "unknown torchvision model 'resnt18'; did you mean: resnet18,"),
+    (["layers", "timm:resnt18"], "unknown timm model 'resnt18'; did you mean: resnet18,"),
+    (["extract", "timm:vit_tiny_patch16_22.augreg_in21k", "--tap", "blocks.0", "-o", "x.npz"],
+     "unknown timm model 'vit_tiny_patch16_22'; did you mean: vit_tiny_patch16_224"),
     (["layers", "torchvision:resnet18", "--weights", "w.pt"], "weights file 'w.pt' does not exist"),
     (["layers", "torchvision:resnet18", "--input", "1xax3"], "1xax3"),
     (["extract", "torchvision:resnet18", "--tap", "layer1[", "-o", "x.npz"], "layer1["),
@@ -49,6 +53,19 @@ def test_bad_arguments_fail_before_torch_is_imported(tmp_path):
         assert err.startswith("layertap: error: ") and err.count("\n") == 1, (argv, err)
         assert fragment in err, (argv, err)
         assert not torch_loaded, (argv, "torch was imported before the check failed")
+
+
+def test_zoo_model_names_read_without_torch_are_the_zoos_own_names():
+    from layertap.specs import check_model_args, zoo_model_names
+
+    timm = pytest.importorskip("timm")
+    torchvision = pytest.importorskip("torchvision")
+    from timm.models import _registry
+
+    assert zoo_model_names("torchvision") == set(torchvision.models.list_models())
+    assert zoo_model_names("timm") == set(_registry._model_entrypoints)  # deprecated names included
+    assert timm.is_model("resnet18.a1_in1k")
+    check_model_args("timm:resnet18.a1_in1k")  # a pretrained tag after the name is accepted, as timm does
 
 
 HUGE_LLAMA = {"model_type": "llama", "hidden_size": 16384, "intermediate_size": 65536, "num_hidden_layers": 64,

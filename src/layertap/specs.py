@@ -7,18 +7,31 @@ so a typo in a spec, a missing ``--config`` or ``--weights`` file fails at once.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ModelSpecError, close_matches
+from .errors import ModelSpecError, close_matches, unknown_name
 
 ZOOS = ("torchvision", "timm", "transformers")
 SPEC_FORMS = "torchvision:NAME, timm:NAME, transformers:CLASS, package.module:ATTR or path/to/file.py:ATTR"
 WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
+
+# How torchvision and timm register their model builders, read from the installed sources
+# (importing either package imports torch: seconds): ``@register_model`` or
+# ``@register_model(name="x")`` on the next top-level ``def``, and timm's
+# ``register_model_deprecations(__name__, {"old_name": ...})``.
+_REGISTERED = re.compile(
+    r"^@register_model(?:\(\s*(?:name\s*=\s*[\"'](\w+)[\"'])?\s*\))?\s*$.*?^(?:async\s+)?def\s+(\w+)", re.M | re.S)
+_DEPRECATED = re.compile(r"register_model_deprecations\(\s*__name__\s*,\s*\{(.*?)\}\s*\)", re.S)
+_DICT_KEY = re.compile(r"[\"']([\w.-]+)[\"']\s*:")
+#: zoo -> (its model builders' folder, the model name kind in errors)
+_ZOO_NAMES = {"torchvision": ("models", "torchvision model"), "timm": ("models", "timm model")}
 
 
 @dataclass(frozen=True)
@@ -100,6 +113,8 @@ def check_model_args(
         _check_config(parsed, Path(config))
     if parsed.family in ZOOS and importlib.util.find_spec(parsed.head) is None:
         raise ModelSpecError(f"MODEL {parsed.text!r} needs the '{parsed.head}' package; pip install {parsed.head}")
+    if parsed.family in _ZOO_NAMES:
+        _check_zoo_name(parsed)
     if parsed.family == "file" and not Path(parsed.head).is_file():
         raise ModelSpecError(f"model file '{parsed.head}' does not exist (MODEL {parsed.text!r})")
     if parsed.family == "module":
@@ -136,6 +151,43 @@ def add_cwd_to_path() -> None:
     make ``layertap ... mypkg.model:Net`` work the same from both."""
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
+
+
+@functools.cache
+def zoo_model_names(zoo: str) -> frozenset[str] | None:
+    """The model names ``torchvision`` or ``timm`` registers, read from the installed package's
+    sources without importing it (so without torch); None when it is not installed or its
+    sources do not read as expected (then the zoo itself checks the name, after the import).
+
+    The same names as ``torchvision.models.list_models()`` and timm's registry (deprecated
+    names included; a timm name's ``.tag`` is not part of it).
+
+    Example:
+        >>> names = zoo_model_names("torchvision")
+        >>> names is None or {"resnet18", "vit_b_16"} <= names
+        True
+    """
+    found = importlib.util.find_spec(zoo) if zoo in _ZOO_NAMES else None
+    if found is None or found.origin is None:
+        return None
+    names: set[str] = set()
+    for file in (Path(found.origin).parent / _ZOO_NAMES[zoo][0]).rglob("*.py"):
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+        if "register_model" in text:
+            names.update(m.group(1) or m.group(2) for m in _REGISTERED.finditer(text))
+            for block in _DEPRECATED.finditer(text):
+                names.update(_DICT_KEY.findall(block.group(1)))
+    return frozenset(names) if "resnet18" in names else None  # resnet18: both zoos have it for years
+
+
+def _check_zoo_name(parsed: ModelSpec) -> None:
+    names = zoo_model_names(parsed.head)
+    arch = parsed.name.split(".", 1)[0] if parsed.head == "timm" else parsed.name  # timm: NAME.pretrained_tag
+    if names is not None and arch not in names:
+        raise ModelSpecError(unknown_name(_ZOO_NAMES[parsed.head][1], arch, sorted(names)))
 
 
 def _check_module_exists(parsed: ModelSpec) -> None:

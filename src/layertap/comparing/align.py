@@ -237,6 +237,9 @@ class RowBuilder:
         self.adopted: dict[int, tuple[ErrorStats, list[str], str]] = {}
         self.position = {item.mc.key: i for i, item in enumerate(items)}
         self.onnx_of: dict[tuple[int, int], str] = {}  # (call key, output index) -> ONNX tensor compared
+        # (id(ref), id(candidate)) -> the pair and its statistics: a tensor several calls hand out (a
+        # block's output is its last ReLU's and its layer's) is judged once; the pair is held, so ids stay unique
+        self._judged: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, ErrorStats]] = {}
 
     def name(self, mc: ModuleCall) -> str:
         return self.call_name(mc.path, mc.call)
@@ -322,11 +325,21 @@ class RowBuilder:
             r, g = ref[i], got[j]
             if r.shape != g.shape:
                 g = g.reshape(r.shape)
-            stats.append(self.criterion.judge(r, _as_ref_type(r, g)))
+            stats.append(self._judge(r, g))
         why = None
         if len(pairs) < len(got):
             why = f"compared {len(pairs)} of {len(got)} ONNX tensors (others have no PyTorch tensor of that shape)"
         return merge_stats(stats), [names[j] for _, j in pairs], why
+
+    def _judge(self, ref: np.ndarray, got: np.ndarray) -> ErrorStats:
+        hit = self._judged.get((id(ref), id(got)))
+        if hit is None:
+            hit = self._judged[(id(ref), id(got))] = (ref, got, self.criterion.judge(ref, _as_ref_type(ref, got)))
+        return hit[2]
+
+    def forget_values(self) -> None:
+        """Let go of the arrays judged so far (after each batch: its values go)."""
+        self._judged.clear()
 
     def _pairs_by_flow(
         self, mc: ModuleCall, ref_shapes: list[tuple], got_shapes: list[tuple], names: Sequence[str]

@@ -223,6 +223,7 @@ class Driver:
             if streamed:
                 store.drop(it.mc.key)
             self.prog.advance()
+        sample.builder.forget_values()
         return rows
 
     def _release(self, sample: Sample) -> None:
