@@ -21,8 +21,9 @@ ALLOWED = {
     "comparing": {"core", "pytorch", "onnxfile"},
     "reports": {"core", "onnxfile"},
     "dataset": {"core", "pytorch", "onnxfile", "reports"},
-    "cli": {"core", "pytorch", "onnxfile", "exporting", "comparing", "reports", "dataset"},
-    "root": {"core", "pytorch", "onnxfile", "exporting", "comparing", "reports", "dataset", "cli"},  # layertap/__init__.py, __main__.py
+    "repair": {"core", "pytorch", "onnxfile", "exporting", "comparing", "dataset"},
+    "cli": {"core", "pytorch", "onnxfile", "exporting", "comparing", "reports", "dataset", "repair"},
+    "root": {"core", "pytorch", "onnxfile", "exporting", "comparing", "reports", "dataset", "repair", "cli"},  # layertap/__init__.py, __main__.py
 }
 # Parts any other part may import inside a function only: the HTML renderers
 # behind ``_repr_html_`` (a report object draws itself with them when asked).

@@ -31,6 +31,7 @@ _EXPORTS = {
     "add_outputs": ".onnxfile.outputs",
     "run": ".onnxfile.runner",
     "extract_dataset": ".dataset.api",
+    "fix": ".repair",
     "load_features": ".dataset.features",
     "Tap": ".selectors",
     "TapResult": ".pytorch.taps",
@@ -38,6 +39,7 @@ _EXPORTS = {
     "OnnxLayers": ".onnxfile.layers",
     "ExportReport": ".exporting.verify",
     "CompareReport": ".comparing.rows",
+    "FixReport": ".repair.fix",
     "LayertapError": ".errors",
 }
 
