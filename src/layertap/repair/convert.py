@@ -34,7 +34,7 @@ class Converter:
     Example:
         >>> from layertap.onnxfile.samples import write_tiny_model
         >>> import onnx, tempfile; from pathlib import Path
-        >>> d = Path(tempfile.mkdtemp()); _ = write_tiny_model(d / "m.onnx")
+        >>> d = Path(tempfile.mkdtemp()); _ = write_tiny_model(d)
         >>> Converter("fp16", d).convert(onnx.load(d / "m.onnx"), [], d / "h.onnx").name
         'h.onnx'
     """

@@ -140,7 +140,7 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
     Example:
         >>> import layertap as lt, tempfile, os
         >>> from layertap.onnxfile.samples import write_tiny_model
-        >>> d = tempfile.mkdtemp(); src = write_tiny_model(os.path.join(d, "m.onnx"))
+        >>> d = tempfile.mkdtemp(); src = write_tiny_model(d)
         >>> r = lt.fix(src, to="fp16", out=os.path.join(d, "fixed.onnx"), samples=2)
         >>> r.ok, r.kept, len(r.steps)
         (True, [], 1)

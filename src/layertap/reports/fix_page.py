@@ -10,6 +10,7 @@ from .html import esc, field, section, table_fragment
 from .svg import FAIL_COLOR, LINE_COLOR, PASS_COLOR, TOL_COLOR
 
 _W, _H, _L, _R, _T, _B = 640, 300, 64, 16, 20, 44
+_LABELS = {"cosine": "-log10(1 - cosine)", "top1": "-log10(1 - top-1 agreement)", "rel": "-log10(relative error)"}
 
 
 def fix_fragment(report: Any) -> str:
@@ -32,8 +33,8 @@ def metric_chart(steps: Sequence[Any], *, metric: str, target: float | None) -> 
         (True, True)
     """
     pts = [(float(field(s, "n_kept", 0) or 0), _y(field(s, "metric"), metric), s) for s in steps]
-    ys = [y for _, y, _ in pts if y is not None] + ([_y(target, metric)] if target is not None else [])
-    ys = [y for y in ys if y is not None]
+    ty_value = _y(target, metric)
+    ys: list[float] = [y for _, y, _ in pts if y is not None] + ([ty_value] if ty_value is not None else [])
     lo, hi = (min(ys), max(ys)) if ys else (0.0, 1.0)
     if hi - lo < 1e-9:
         lo, hi = lo - 1, hi + 1
@@ -45,8 +46,8 @@ def metric_chart(steps: Sequence[Any], *, metric: str, target: float | None) -> 
 
     parts = [f'<svg viewBox="0 0 {_W} {_H}" xmlns="http://www.w3.org/2000/svg" role="img" aria-label="{esc(metric)} per step">',
              f'<rect x="{_L}" y="{_T}" width="{pw}" height="{ph}" fill="none" stroke="{LINE_COLOR}"/>']
-    if target is not None and _y(target, metric) is not None:
-        _, ty = at(0, _y(target, metric) or 0.0)
+    if target is not None and ty_value is not None:
+        _, ty = at(0, ty_value)
         parts.append(f'<line x1="{_L}" x2="{_L + pw}" y1="{ty:.1f}" y2="{ty:.1f}" stroke="{TOL_COLOR}" stroke-dasharray="4 3"/>'
                      f'<text x="{_L + pw - 4}" y="{ty - 4:.1f}" text-anchor="end" font-size="11">target {target:g}</text>')
     for x, y, s in pts:
@@ -55,9 +56,12 @@ def metric_chart(steps: Sequence[Any], *, metric: str, target: float | None) -> 
         ring = f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="8" fill="none" stroke="{color}"/>' if field(s, "chosen") else ""
         tip = f"step {field(s, 'step')}: {int(x)} kept, {metric} {field(s, 'metric')}"
         parts.append(f'{ring}<circle cx="{cx:.1f}" cy="{cy:.1f}" r="4" fill="{color}"><title>{esc(tip)}</title></circle>')
-    label = {"cosine": "-log10(1 - cosine)", "top1": "-log10(1 - top-1 agreement)", "rel": "-log10(relative error)"}.get(metric, "SQNR dB")
-    parts.append(f'<text x="{_L + pw / 2}" y="{_H - 10}" text-anchor="middle" font-size="12">modules kept in float32 (0 .. {int(xmax)})</text>'
-                 f'<text x="14" y="{_T + ph / 2}" font-size="12" transform="rotate(-90 14 {_T + ph / 2})" text-anchor="middle">{esc(label)}</text></svg>')
+    label = _LABELS.get(metric, "SQNR dB")
+    mid = _T + ph / 2
+    parts.append(f'<text x="{_L + pw / 2}" y="{_H - 10}" text-anchor="middle" font-size="12">'
+                 f'modules kept in float32 (0 .. {int(xmax)})</text>'
+                 f'<text x="14" y="{mid}" font-size="12" transform="rotate(-90 14 {mid})" text-anchor="middle">'
+                 f'{esc(label)}</text></svg>')
     return "".join(parts)
 
 
