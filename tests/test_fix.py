@@ -217,3 +217,24 @@ def test_compare_fp16_block_list_now_fixes_the_overflow_model(overflow, tmp_path
     onnx.save(float16.convert_float_to_float16(onnx.load(str(fp32)), node_block_list=names, **FP16_OPTIONS), str(fixed))
     report = _cosine(fp32, fixed, _samples())
     assert report.ok and report.first_divergence is None, str(report)
+
+
+def test_a_model_the_converter_breaks_is_exit_2_with_its_reason(tmp_path, capsys):
+    """onnxconverter-common retypes a Cast-to-float's output as float16 (as in TorchScript exports of
+    timm's ViT): ONNX Runtime refuses the file, and fix says so in one line."""
+    import onnx.helper as h
+    from onnx import TensorProto
+
+    def vi(name):
+        return h.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4])
+
+    nodes = [h.make_node("Mul", ["x", "x"], ["m"], name="/a/Mul"), h.make_node("Cast", ["m"], ["c"], to=1, name="/a/Cast"),
+             h.make_node("Relu", ["c"], ["y"], name="/b/Relu")]
+    src = tmp_path / "cast.onnx"
+    onnx.save(h.make_model(h.make_graph(nodes, "g", [vi("x")], [vi("y")], value_info=[vi("c"), vi("m")]),
+                           opset_imports=[h.make_opsetid("", 17)]), str(src))
+    rc = _main("fix", src, "--to", "fp16", "-o", tmp_path / "out.onnx", "--samples", "1")
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert "onnxconverter-common" in err and "ONNX Runtime cannot load" in err and "/a/Cast" in err
+    assert not (tmp_path / "out.onnx").exists()

@@ -166,7 +166,7 @@ class Trials:
         nodes = self.modules.names(kept)
         n = len(self.steps)
         path = self.converter.convert(self.model, nodes, self.folder / f"step{n}.onnx")
-        sess = _session(path)
+        sess = self._load(path)
         metric = self.target.measure(self.refs, _run_all(sess, self.feeds))
         step = FixStep(n, action, list(changed), list(kept), len(nodes), metric, self._ok(metric, kept),
                        path.stat().st_size, _latency(sess, self.feeds[0]))
@@ -177,6 +177,15 @@ class Trials:
         if self.on_step is not None:
             self.on_step(step)
         return step
+
+    def _load(self, path: Path) -> Any:
+        """A session on a converted file; one ONNX Runtime refuses is the converter's failure (one line)."""
+        from ..onnxfile.ort import one_line
+
+        try:
+            return _session(path)
+        except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
+            raise LayertapError(f"{self.converter.tool} made a file ONNX Runtime cannot load: {one_line(e)}") from None
 
     def require(self, paths: Sequence[str]) -> None:
         """Every acceptable set keeps ``paths``: steps without them do not meet the target."""

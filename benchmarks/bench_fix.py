@@ -1,0 +1,129 @@
+"""Benchmark ``lt.fix`` (random weights, fixed seeds; every set converted and run for real).
+
+* resnet50 int8 (QDQ, calibrated on ``--calib`` samples), judged over ``--samples`` other samples
+  on top-1 agreement (``--top1``) and on cosine (``--cosine``): conversions tried, wall time,
+  modules kept, the output metric before/after, latency of the fixed file vs the float32 and the
+  plain int8 file. When plain int8 already meets a target, a stricter one (``--strict``) is also
+  searched, so the search has work to do. Side by side, the naive search (one module at a time in
+  graph order, no ranking, no pruning) for the same target, capped at ``--max-float`` modules.
+* fp16 on the overflowing-Linear model (``Linear(32, 32)`` weights x3e5, then ``LayerNorm``) and
+  on a small vision transformer (timm ``vit_tiny_patch16_224``): kept set and metric.
+
+Run:
+    .venv/bin/python benchmarks/bench_fix.py [--samples 64] [--calib 32] [--max-float 24] [--skip-resnet]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _export(model, x, path: Path) -> Path:
+    """TorchScript export (fast, deterministic node names)."""
+    import torch
+
+    with torch.no_grad():
+        torch.onnx.export(model, (x,), str(path), dynamo=False, input_names=["x"], output_names=["y"])
+    return path
+
+
+def _images(n: int, seed: int, size: int = 224) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.standard_normal((1, 3, size, size)).astype(np.float32)} for _ in range(n)]
+
+
+def _run(label: str, path: Path, out: Path, **kw) -> dict:
+    import layertap as lt
+
+    t = time.perf_counter()
+    r = lt.fix(path, out=out, **kw)
+    wall = time.perf_counter() - t
+    plain, best = r.steps[0], r.best
+    row = {"case": label, "target": str(r.target), "ok": r.ok, "conversions": len(r.steps), "wall_s": round(wall, 1),
+           "kept": r.kept, "n_kept": len(r.kept), "metric_plain": plain.metric, "metric_fixed": best.metric,
+           "latency_ms": {"float32": round(r.float32.latency_ms, 2), "plain": round(plain.latency_ms, 2),
+                          "fixed": round(best.latency_ms, 2)},
+           "size_mb": {"float32": round(r.float32.size / 1e6, 2), "plain": round(plain.size / 1e6, 2),
+                       "fixed": round(best.size / 1e6, 2)}}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def resnet50_int8(d: Path, args: argparse.Namespace) -> None:
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    path = _export(torchvision.models.resnet50(weights=None).eval(), torch.randn(1, 3, 224, 224), d / "r50.onnx")
+    samples, calib = _images(args.samples, 100), _images(args.calib, 1000)
+    common = dict(to="int8", samples=samples, calib=calib, max_float=args.max_float)
+    targets = [f"top1:{args.top1}", f"cosine:{args.cosine}"]
+    rows = [_run("resnet50 int8 ranked", path, d / "fixed.onnx", target=t, **common) for t in targets]
+    if all(r["metric_plain"] is not None and r["ok"] and r["n_kept"] == 0 for r in rows):
+        print(f"plain int8 already meets {', '.join(targets)}; stricter: {args.strict}", flush=True)
+        targets = [args.strict]
+        rows = [_run("resnet50 int8 ranked", path, d / "fixed.onnx", target=args.strict, **common)]
+    for t, r in zip(targets, rows):
+        if r["n_kept"]:
+            _run("resnet50 int8 naive", path, d / "naive.onnx", target=t, naive=True, **common)
+
+
+def overflow_fp16(d: Path) -> None:
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.norm = torch.nn.Linear(32, 32), torch.nn.LayerNorm(32)
+
+        def forward(self, x):
+            return self.norm(self.fc(x))
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    with torch.no_grad():
+        net.fc.weight.mul_(3e5)
+    path = d / "overflow.onnx"
+    torch.onnx.export(net, (torch.randn(1, 32),), str(path), input_names=["x"], output_names=["y"], dynamo=True)
+    _run("overflow Linear fp16", path, d / "ov16.onnx", to="fp16", samples=8)
+
+
+def vit_fp16(d: Path, strict: str) -> None:
+    import timm
+    import torch
+
+    torch.manual_seed(0)
+    path = d / "vit.onnx"  # the dynamo export: onnxconverter-common makes a file ORT refuses from the TorchScript one
+    torch.onnx.export(timm.create_model("vit_tiny_patch16_224", pretrained=False).eval(), (torch.randn(1, 3, 224, 224),),
+                      str(path), input_names=["x"], output_names=["y"], dynamo=True)
+    for target in ("cosine:0.999", strict):
+        _run("vit_tiny fp16", path, d / "vit16.onnx", to="fp16", samples=_images(8, 7), target=target, max_float=12)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--samples", type=int, default=64)
+    p.add_argument("--calib", type=int, default=32)
+    p.add_argument("--top1", type=float, default=0.99)
+    p.add_argument("--cosine", type=float, default=0.999)
+    p.add_argument("--strict", default="cosine:0.9999")
+    p.add_argument("--max-float", type=int, default=24)
+    p.add_argument("--vit-strict", default="cosine:0.999999", help="a target plain float16 misses on the ViT")
+    p.add_argument("--skip-resnet", action="store_true")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        overflow_fp16(d)
+        vit_fp16(d, args.vit_strict)
+        if not args.skip_resnet:
+            resnet50_int8(d, args)
+
+
+if __name__ == "__main__":
+    main()
