@@ -10,7 +10,8 @@ from .html import esc, field, section, table_fragment
 from .svg import FAIL_COLOR, LINE_COLOR, PASS_COLOR, TOL_COLOR
 
 _W, _H, _L, _R, _T, _B = 640, 300, 64, 16, 20, 44
-_LABELS = {"cosine": "-log10(1 - cosine)", "top1": "-log10(1 - top-1 agreement)", "rel": "-log10(relative error)"}
+_LABELS = {"cosine": "cosine (log of 1 - cosine)", "top1": "top-1 agreement (log of 1 - it)",
+           "rel": "relative error (log)"}
 
 
 def fix_fragment(report: Any) -> str:
@@ -56,6 +57,9 @@ def metric_chart(steps: Sequence[Any], *, metric: str, target: float | None) -> 
         ring = f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="8" fill="none" stroke="{color}"/>' if field(s, "chosen") else ""
         tip = f"step {field(s, 'step')}: {int(x)} kept, {metric} {field(s, 'metric')}"
         parts.append(f'{ring}<circle cx="{cx:.1f}" cy="{cy:.1f}" r="4" fill="{color}"><title>{esc(tip)}</title></circle>')
+    for y in (lo, hi):
+        _, py = at(0, y)
+        parts.append(f'<text x="{_L - 4}" y="{py + 4:.1f}" text-anchor="end" font-size="10">{_value(y, metric):.6g}</text>')
     label = _LABELS.get(metric, "SQNR dB")
     mid = _T + ph / 2
     parts.append(f'<text x="{_L + pw / 2}" y="{_H - 10}" text-anchor="middle" font-size="12">'
@@ -74,3 +78,11 @@ def _y(value: Any, metric: str) -> float | None:
         return v if math.isfinite(v) else None
     err = v if metric == "rel" else 1.0 - v
     return -math.log10(max(err, 1e-12)) if math.isfinite(err) else None
+
+
+def _value(y: float, metric: str) -> float:
+    """The metric at chart height ``y`` (the inverse of :func:`_y`)."""
+    if metric == "sqnr":
+        return y
+    err = 10.0 ** -y
+    return err if metric == "rel" else 1.0 - err
