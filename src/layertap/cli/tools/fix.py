@@ -61,6 +61,8 @@ class FixTool(Tool):
         from ...repair.configs import Target
 
         target = Target.parse(ns.target)
+        if ns.calib is not None and ns.to != "int8":
+            raise LayertapError("--calib calibrates int8 quantisation; float16 (--to fp16) needs none")
         if ns.inputs is not None and ns.samples is not None:
             raise LayertapError("give --inputs or --samples, not both")
         if is_onnx_path(ns.model) and not Path(ns.model).is_file():
