@@ -6,12 +6,14 @@
   plain int8 file. When plain int8 already meets a target, a stricter one (``--strict``) is also
   searched, so the search has work to do. Side by side, the naive search (one module at a time in
   graph order, no ranking, no pruning) for the same target, capped at ``--max-float`` modules.
+* ``--outlier``: resnet50 with one outlier output channel in ``layer2.0.conv2`` (weights x1000),
+  int8 at ``--cosine``: the ranked search vs the naive one, conversions and wall time to the target.
 * fp16 on the overflowing-Linear model (``Linear(32, 32)`` weights x3e5, then ``LayerNorm``) and
   on a small vision transformer (timm ``vit_tiny_patch16_224``): kept set and metric.
 
 Run:
     .venv/bin/python benchmarks/bench_fix.py [--samples 64] [--calib 32] [--max-float 12] [--skip-resnet]
-        [--strict-only] [--search-samples 16] [--skip-small]
+        [--strict-only] [--search-samples 16] [--skip-small] [--outlier] [--naive-max 40]
 """
 
 from __future__ import annotations
@@ -80,6 +82,23 @@ def resnet50_int8(d: Path, args: argparse.Namespace) -> None:
                  samples=_images(args.search_samples if t == args.strict else args.samples, 100), **common)
 
 
+def resnet50_outlier_int8(d: Path, args: argparse.Namespace) -> None:
+    """One output channel of ``layer2.0.conv2`` with weights x1000 (an outlier channel, as trained
+    models have): per-tensor int8 flattens the rest of that layer. Ranked vs naive, same target."""
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None).eval()
+    with torch.no_grad():
+        model.layer2[0].conv2.weight[0].mul_(1000.0)
+    path = _export(model, torch.randn(1, 3, 224, 224), d / "r50_outlier.onnx")
+    common = dict(to="int8", calib=_images(args.calib, 1000), samples=_images(args.search_samples, 100),
+                  target=f"cosine:{args.cosine}")
+    _run("resnet50+outlier int8 ranked", path, d / "fixed.onnx", max_float=args.max_float, **common)
+    _run("resnet50+outlier int8 naive", path, d / "naive.onnx", max_float=args.naive_max, naive=True, **common)
+
+
 def overflow_fp16(d: Path) -> None:
     import torch
 
@@ -123,6 +142,8 @@ def main() -> None:
     p.add_argument("--search-samples", type=int, default=16, help="samples of the stricter search")
     p.add_argument("--strict-only", action="store_true", help="only the stricter int8 search (and its naive twin)")
     p.add_argument("--skip-small", action="store_true", help="skip the fp16 cases")
+    p.add_argument("--outlier", action="store_true", help="also resnet50 with an outlier channel, ranked vs naive")
+    p.add_argument("--naive-max", type=int, default=40, help="modules the naive search may keep")
     p.add_argument("--vit-strict", default="cosine:0.9999999", help="a target plain float16 misses on the ViT")
     p.add_argument("--skip-resnet", action="store_true")
     args = p.parse_args()
@@ -133,6 +154,8 @@ def main() -> None:
             vit_fp16(d, args.vit_strict)
         if not args.skip_resnet:
             resnet50_int8(d, args)
+        if args.outlier:
+            resnet50_outlier_int8(d, args)
 
 
 if __name__ == "__main__":
