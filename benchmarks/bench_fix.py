@@ -6,8 +6,9 @@
   plain int8 file. When plain int8 already meets a target, a stricter one (``--strict``) is also
   searched, so the search has work to do. Side by side, the naive search (one module at a time in
   graph order, no ranking, no pruning) for the same target, capped at ``--max-float`` modules.
-* ``--outlier``: resnet50 with one outlier output channel in ``layer2.0.conv2`` (weights x1000),
-  int8 at ``--cosine``: the ranked search vs the naive one, conversions and wall time to the target.
+* ``--outlier``: resnet50 with an activation outlier (channel 0 of ``layer2.0.bn2`` x1000, the
+  ``conv3`` weights reading it /1000: the same float32 function), int8 at ``--cosine``: the
+  ranked search vs the naive one, conversions and wall time to the target.
 * fp16 on the overflowing-Linear model (``Linear(32, 32)`` weights x3e5, then ``LayerNorm``) and
   on a small vision transformer (timm ``vit_tiny_patch16_224``): kept set and metric.
 
@@ -83,15 +84,19 @@ def resnet50_int8(d: Path, args: argparse.Namespace) -> None:
 
 
 def resnet50_outlier_int8(d: Path, args: argparse.Namespace) -> None:
-    """One output channel of ``layer2.0.conv2`` with weights x1000 (an outlier channel, as trained
-    models have): per-tensor int8 flattens the rest of that layer. Ranked vs naive, same target."""
+    """An activation outlier, as trained models have: channel 0 of ``layer2.0.bn2`` scaled x1000 and
+    the ``conv3`` weights reading it /1000, so the float32 function is unchanged but per-tensor int8
+    of the tensor between them flattens its other channels. Ranked vs naive, same target."""
     import torch
     import torchvision
 
     torch.manual_seed(0)
     model = torchvision.models.resnet50(weights=None).eval()
-    with torch.no_grad():
-        model.layer2[0].conv2.weight[0].mul_(1000.0)
+    block = model.layer2[0]
+    with torch.no_grad():  # relu(1000 z) = 1000 relu(z): the same function
+        block.bn2.weight[0].mul_(1000.0)
+        block.bn2.bias[0].mul_(1000.0)
+        block.conv3.weight[:, 0].div_(1000.0)
     path = _export(model, torch.randn(1, 3, 224, 224), d / "r50_outlier.onnx")
     common = dict(to="int8", calib=_images(args.calib, 1000), samples=_images(args.search_samples, 100),
                   target=f"cosine:{args.cosine}")

@@ -27,6 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
 FP16_MAX = 65504.0
+# element-wise activations a quantiser fuses into the node before them (their output shares its rounding)
+_ACTIVATIONS = {"Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Gelu", "Identity"}
 LATENCY_RUNS = 5
 
 
@@ -67,7 +69,10 @@ class ModuleNodes:
             if path and found:
                 self._nodes[path] = found
                 self.order[path] = found[0]
+        # each node's module: the deepest call that holds its value (a folded Conv is its BatchNorm's)
+        self._owner = {i: path for i, (path, _) in smap.owners().items() if path in self._nodes}
         self._names = [n.name for n in graph.node]
+        self._ops = [n.op_type for n in graph.node]
         self._outputs = [set(n.output) for n in graph.node]
         self._inputs = [set(n.input) for n in graph.node]
 
@@ -92,9 +97,28 @@ class ModuleNodes:
         """The innermost modules whose nodes read a tensor ``path`` makes (its consumers)."""
         own = set(self._nodes[path])
         made = set().union(*(self._outputs[i] for i in own))
-        users = {i for i, ins in enumerate(self._inputs) if i not in own and ins & made}
-        found = [p for p, nodes in self._nodes.items() if users & set(nodes) and not p.startswith(path + ".")]
-        return [p for p in found if not any(q.startswith(p + ".") for q in found)]
+        return self._innermost(path, {i for i, ins in enumerate(self._inputs) if i not in own and ins & made})
+
+    def writers(self, path: str) -> list[str]:
+        """The innermost modules whose nodes make a tensor ``path`` reads (its producers); through an
+        activation module (ReLU and the like) to the module before it, whose output the activation
+        passes on: a quantiser rounds that tensor where the activation's producer writes it."""
+        found = self._writers(path)
+        for w in list(found):
+            if all(self._ops[i] in _ACTIVATIONS for i in self._nodes[w]):
+                found += [p for p in self._writers(w) if p not in found and p != path]
+        return found
+
+    def _writers(self, path: str) -> list[str]:
+        own = set(self._nodes[path])
+        read = set().union(*(self._inputs[i] for i in own)) - set().union(*(self._outputs[i] for i in own))
+        return self._innermost(path, {i for i, outs in enumerate(self._outputs) if i not in own and outs & read})
+
+    def _innermost(self, path: str, nodes: set[int]) -> list[str]:
+        """The modules owning ``nodes``, in graph order, neither ``path``'s submodules nor its parents."""
+        found = {self._owner[i] for i in nodes if i in self._owner}
+        return sorted((p for p in found if p != path and not p.startswith(path + ".") and not path.startswith(p + ".")),
+                      key=lambda p: self.order[p])
 
 
 def _scores(report: Any, to: str, modules: ModuleNodes) -> dict[str, tuple[bool, float]]:
@@ -125,10 +149,12 @@ def out_of_range(report: Any, to: str, modules: ModuleNodes) -> list[str]:
 
 def rank(report: Any, to: str, modules: ModuleNodes) -> list[list[str]]:
     """Groups of modules to keep, most harmful first: a module whose values leave float16's range
-    (with its readers), then by ``local_rel`` (else the row's error). Only the innermost modules
-    compared are ranked."""
+    (with its readers), then by ``local_rel`` (else the row's error); for int8 each module comes with
+    the modules that write its inputs. Only the innermost modules compared are ranked."""
     score = _scores(report, to, modules)
     leaves = sorted(score, key=lambda p: (not score[p][0], -score[p][1], modules.order[p]))
+    if to == "int8":  # QDQ rounds a tensor between its producer and its reader: keep both sides of it
+        return [list(dict.fromkeys([p, *modules.writers(p)])) for p in leaves]
     return [list(dict.fromkeys([p] + (modules.readers(p) if score[p][0] else []))) for p in leaves]
 
 
