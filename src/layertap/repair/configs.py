@@ -84,7 +84,7 @@ class Target:
         return cosine if self.metric == "cosine" else sqnr
 
     def __str__(self) -> str:
-        return f"{self.metric}:{self.value:g}"
+        return f"{self.metric}:{self.value:.10g}"
 
 
 def write_configs(folder: str | os.PathLike, modules: Sequence[str], nodes: Sequence[str], to: str) -> list[Path]:
