@@ -22,7 +22,7 @@ ALLOWED = {
     "comparing": {"core", "pytorch", "onnxfile", "runtimes"},
     "reports": {"core", "onnxfile"},
     "dataset": {"core", "pytorch", "onnxfile", "reports", "runtimes"},
-    "repair": {"core", "pytorch", "onnxfile", "runtimes", "exporting", "comparing"},
+    "repair": {"core", "pytorch", "onnxfile", "runtimes", "exporting", "comparing", "dataset"},
     "cli": {"core", "pytorch", "onnxfile", "runtimes", "exporting", "comparing", "reports", "dataset", "repair"},
     "root": {"core", "pytorch", "onnxfile", "runtimes", "exporting", "comparing", "reports", "dataset", "repair", "cli"},  # layertap/__init__.py, __main__.py
 }

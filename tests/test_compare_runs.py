@@ -82,18 +82,23 @@ def test_sample_dependent_overflow_found_on_the_right_sample(big):
 
 
 def test_fp16_block_list_round_trip(big, tmp_path):
-    """The written list, given to convert_float_to_float16, makes the comparison pass."""
+    """The written list, given to convert_float_to_float16 with the options it names, makes the comparison pass."""
     import layertap as lt
-    from layertap.comparing.fp16 import write_block_list
+    from layertap.repair.convert import FP16_OPTIONS
+    from layertap.repair.fix import write_block_list
 
     _, _, fp32, fp16 = big
     samples = _samples([20.0])
     bad = lt.compare(fp32, None, fp16, samples=samples, metric="cosine")
     assert not bad.ok
     out = tmp_path / "block.json"
-    names = write_block_list(bad, fp32, fp16, out)
-    assert json.loads(out.read_text()) == names and "/fc1/Gemm" in names
-    fixed = _fp16(fp32, tmp_path / "fixed16.onnx", block=names)
+    found = write_block_list(fp32, None, samples, bad, fp16, out)
+    names = json.loads(out.read_text())
+    assert found.ok and names == found.nodes
+    from onnxconverter_common import float16
+
+    fixed = tmp_path / "fixed16.onnx"
+    onnx.save(float16.convert_float_to_float16(onnx.load(str(fp32)), node_block_list=names, **FP16_OPTIONS), str(fixed))
     good = lt.compare(fp32, None, fixed, samples=samples, metric="cosine")
     assert good.ok, str(good)
     assert _row(good, "fc1").finite is True

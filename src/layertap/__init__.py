@@ -32,6 +32,7 @@ _EXPORTS = {
     "add_outputs": ".onnxfile.outputs",
     "run": ".runtimes",
     "extract_dataset": ".dataset.api",
+    "fix": ".repair",
     "load_features": ".dataset.features",
     "Tap": ".selectors",
     "TapResult": ".pytorch.taps",
@@ -40,6 +41,7 @@ _EXPORTS = {
     "ExportReport": ".exporting.verify",
     "CompareReport": ".comparing.rows",
     "ReproReport": ".repair.repro",
+    "FixReport": ".repair.fix",
     "LayertapError": ".errors",
 }
 

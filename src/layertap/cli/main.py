@@ -24,6 +24,7 @@ TOOLS = {
     "add-outputs": "add_outputs:AddOutputsTool",
     "run": "run:RunTool",
     "compare": "compare:CompareTool",
+    "fix": "fix:FixTool",
     "repro": "repro:ReproTool",
     "demo": "demo:DemoTool",
 }

@@ -38,6 +38,10 @@ def fragment_html(obj: Any) -> str:
         from .layers_page import onnx_layers_fragment
 
         return onnx_layers_fragment(obj)
+    if kind == "fix":
+        from .fix_page import fix_fragment
+
+        return fix_fragment(obj)
     if kind == "features":
         from .features_page import features_fragment
 

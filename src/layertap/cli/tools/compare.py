@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...errors import LayertapError, OnnxFileError
+from ...errors import LayertapError, OnnxFileError, printable
 from ..args import Args, InputArgs, JsonArgs, ModelArgs, ReportArgs, RuntimeArgs, ToleranceArgs, is_onnx_path, positive_int
 from ..console import StepProgress
 from .base import Tool
@@ -110,6 +110,8 @@ class CompareTool(Tool):
                              seed=args.inputs.seed, **opts.library, **args.runtime)
         _write_outputs(args, report, cand)
         self.print_table(report, as_json=args.json)
+        if "fp16" in opts.outputs:
+            _block_list(args, report, cand, ref, (sample_args, samples))
         if not args.json:
             for path in opts.outputs.values():
                 self.say(f"wrote {path}")
@@ -183,10 +185,34 @@ def _write_outputs(args: Args, report: Any, cand: Any) -> None:
     opts: CompareOptions = args.own
     if "plot" in opts.outputs:
         report.plot(opts.outputs["plot"])
-    if "fp16" in opts.outputs:
-        from ...comparing.fp16 import write_block_list
 
-        write_block_list(report, args.model.text if args.model.is_onnx else None, cand, opts.outputs["fp16"])
+
+def _block_list(args: Args, report: Any, cand: Any, ref: Any, samples: tuple[Any, Any]) -> None:
+    """--fp16-block-list: the first step of ``fix --to fp16`` (ranked by this comparison), so the list
+    written is one a float16 conversion was verified with; says when no list meets the target."""
+    from ...repair.configs import Target
+    from ...repair.fix import fmt_metric, write_block_list
+
+    lib = args.own.library
+    target = {"cosine": Target("cosine", lib["min_cosine"]), "sqnr": Target("sqnr", lib["min_sqnr_db"])}.get(
+        lib["metric"], Target("cosine", 0.999))
+    path = args.own.outputs["fp16"]
+    found = write_block_list(args.model.text if args.model.is_onnx else ref, samples[0], samples[1], report, cand, path,
+                             target=target, seed=args.inputs.seed)
+    first, best = found.steps[0], found.best
+    shown = f"{target.metric} {fmt_metric(first.metric)} -> {fmt_metric(best.metric if best else None)}"
+    verdict = (f"a float16 conversion with it meets {target} ({shown})" if found.ok else
+               f"no list meets {target} ({len(found.steps)} conversions tried; this is the best found: {shown})")
+    for note in found.notes:
+        sys.stderr.write(f"note: {printable(note)}\n")
+    sys.stderr.write(f"fp16 block list: {len(found.nodes)} nodes ({', '.join(found.kept) or 'none'}): {verdict}; convert "
+                     f"with {_options_text()} (the default max_finite_val, 1e4, clamps larger weights)\n")
+
+
+def _options_text() -> str:
+    from ...repair.convert import FP16_OPTIONS
+
+    return ", ".join(f"{k}={v!r}" for k, v in FP16_OPTIONS.items())
 
 
 def _options(ns: argparse.Namespace) -> dict[str, Any]:

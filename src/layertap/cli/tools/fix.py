@@ -1,0 +1,124 @@
+"""``layertap fix REF --to fp16|int8 -o FIXED.onnx``: the fewest modules kept in float32 that make
+the conversion meet a target, every set converted and run for real. With an ONNX REF nothing
+imports torch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...errors import LayertapError, OnnxFileError, printable
+from ..args import Args, InputArgs, JsonArgs, ModelArgs, OutputArgs, ReportArgs, is_onnx_path, nonneg_int, positive_int
+from .base import Tool
+
+
+@dataclass(frozen=True)
+class FixOptions:
+    """``fix``'s own options, checked."""
+
+    to: str
+    inputs: str | None
+    samples: int | None
+    calib: str | None
+    target: Any  # repair.configs.Target
+    max_float: int | None
+    keep: list[str]
+    config_out: str | None
+
+
+class FixTool(Tool):
+    """Exit 0 when the target is met, 1 when no set within --max-float meets it (FIXED.onnx then
+    holds the best set found), 2 on bad input."""
+
+    name = "fix"
+    help = "convert to float16/int8 keeping the fewest modules in float32 that meet a target, each set verified"
+    groups = (ModelArgs(onnx_ok=True), InputArgs(),
+              OutputArgs(required=True, suffixes=(".onnx",), help="FIXED.onnx: the conversion with the kept set"),
+              JsonArgs(), ReportArgs())
+
+    def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("repair")
+        g.add_argument("--to", choices=("fp16", "int8"), required=True,
+                       help="fp16: onnxconverter-common (keep_io_types); int8: onnxruntime.quantization QDQ, calibrated")
+        g.add_argument("--inputs", metavar="PATH",
+                       help="samples to judge on: a folder of images, .npy/.npz files or a datasets folder, or one .npz")
+        g.add_argument("--samples", type=positive_int, default=None, metavar="N",
+                       help="N seeded random samples (default 8 when no --inputs)")
+        g.add_argument("--calib", metavar="PATH", help="int8 calibration samples (as --inputs; default the samples judged on)")
+        g.add_argument("--target", default="cosine:0.999", metavar="METRIC:VALUE",
+                       help="on the model's outputs over every sample: cosine:0.999 (default), rel:1e-2, sqnr:30, top1:0.99")
+        g.add_argument("--max-float", type=nonneg_int, default=None, metavar="N", help="keep at most N modules in float32")
+        g.add_argument("--keep", action="append", default=[], metavar="PATH",
+                       help="module path always kept in float32 (repeatable), e.g. layer4.2")
+        g.add_argument("--config-out", metavar="DIR",
+                       help="write the kept set for each toolchain: modules.json, onnxconverter_common.json, "
+                            "ort_quantization.json, polygraphy.txt, modelopt.json")
+
+    def parse_own(self, ns: argparse.Namespace, args: Args) -> FixOptions:
+        from ...repair.configs import Target
+
+        target = Target.parse(ns.target)
+        if ns.calib is not None and ns.to != "int8":
+            raise LayertapError("--calib calibrates int8 quantisation; float16 (--to fp16) needs none")
+        if ns.inputs is not None and ns.samples is not None:
+            raise LayertapError("give --inputs or --samples, not both")
+        if is_onnx_path(ns.model) and not Path(ns.model).is_file():
+            raise OnnxFileError(f"ONNX file '{ns.model}' does not exist")
+        for what, path in (("--inputs", ns.inputs), ("--calib", ns.calib)):
+            if path is not None and not Path(path).exists():
+                raise LayertapError(f"{what} '{path}' does not exist")
+        if ns.config_out is not None and not Path(ns.config_out).is_dir():
+            raise LayertapError(f"--config-out '{ns.config_out}' is not a folder; create it first")
+        args.reads = tuple(p for p in (ns.model if is_onnx_path(ns.model) else None, ns.inputs, ns.calib) if p)
+        return FixOptions(ns.to, ns.inputs, ns.samples, ns.calib, target, ns.max_float, ns.keep, ns.config_out)
+
+    def run(self, args: Args) -> int:
+        opts: FixOptions = args.own
+        ref, first = _reference(args)
+        from ...repair import fix
+
+        samples: Any = opts.inputs if opts.inputs is not None else (opts.samples or 8)
+        report = fix(ref, first, to=opts.to, out=str(args.output), target=opts.target, samples=samples,
+                     calib=opts.calib, keep=opts.keep, max_float=opts.max_float, config_out=opts.config_out,
+                     seed=args.inputs.seed, on_step=None if args.json else _say_step)
+        self.print_table(report, as_json=args.json)
+        if not args.json:
+            self.say(f"wrote {args.output}" + ("" if report.ok else " (the best set found; the target is not met)"))
+            if opts.config_out:
+                self.say(f"wrote the kept set for each toolchain in {opts.config_out}")
+        if args.report:
+            from ...reports import report_page
+
+            summary = [("reference", args.model.text), ("converted to", opts.to), ("target", str(opts.target)),
+                       ("fixed file", str(args.output))]
+            ReportArgs.write(args, report_page(report, f"fix {args.model.text} --to {opts.to}", summary=summary))
+        return 0 if report.ok else 1
+
+
+def _reference(args: Args) -> tuple[Any, Any]:
+    """``(ref, first sample)``: the ONNX file (``--input`` specs drawn as samples), or the loaded model
+    and its example inputs (exported first)."""
+    if args.model.is_onnx:
+        specs = args.inputs.specs
+        if not specs:
+            return args.model.text, None
+        from ...inputs import spec_arrays
+
+        arrays = spec_arrays(specs, args.inputs.seed)
+        return args.model.text, ({s.name: a for s, a in zip(specs, arrays)} if specs[0].name is not None else arrays)
+    model, _, first, kwargs = args.model.load_with_inputs(args.inputs)
+    if kwargs:
+        raise LayertapError("fix exports the model with positional inputs only; give unnamed --input specs")
+    return model, first
+
+
+def _say_step(step: Any) -> None:
+    from ...repair.fix import fmt_metric
+
+    changed = ", ".join(step.changed[:4]) + (f" (+{len(step.changed) - 4})" if len(step.changed) > 4 else "")
+    sys.stderr.write(printable(f"step {step.step} {step.action} {changed or '-'}: {step.n_kept} kept, metric "
+                               f"{fmt_metric(step.metric)}{' (target met)' if step.ok else ''}, "
+                               f"{step.size / 1e6:.2f} MB, {step.latency_ms:.2f} ms") + "\n")

@@ -1,0 +1,293 @@
+"""``lt.fix``: convert a float32 model to float16 or int8 and keep in float32 the fewest modules
+that make the conversion meet a target on the model's outputs (:mod:`.search`), every set
+converted and run for real. Writes FIXED.onnx atomically and, on request, the kept set in each
+toolchain's form. With an ONNX reference nothing imports torch."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Sequence
+
+from ..errors import LayertapError
+from ..tables import Column, Report
+from .configs import Target, write_configs
+from .convert import FORMATS, Converter
+from .data import Declared, as_feeds, random_feeds, read_samples
+from .search import FixStep, ModuleNodes, Trials, graph_order, out_of_range, rank, search
+
+RANK_SAMPLES = 8  # samples of the layer-by-layer comparison that ranks the modules
+
+
+def _size(n: Any) -> str:
+    return "-" if n is None else f"{n / 1e6:.2f} MB"
+
+
+def fmt_metric(v: Any) -> str:
+    """An output metric with the digits a target like ``cosine:0.9995`` needs.
+
+    Example:
+        >>> fmt_metric(0.99987654), fmt_metric(None)
+        ('0.999877', '-')
+    """
+    return "-" if v is None else f"{v:.6g}"
+
+
+def _names(xs: Any) -> str:
+    xs = list(xs or ())
+    return ", ".join(xs[:3]) + (f" (+{len(xs) - 3})" if len(xs) > 3 else "") if xs else "-"
+
+
+class FixReport(Report):
+    """Every set tried (``steps``): modules kept in float32, output metric, size, ONNX Runtime
+    latency. ``ok``: the target is met; ``kept`` (module paths) and ``nodes`` (the float32 file's
+    node names) are the set FIXED.onnx holds; ``float32`` is the unconverted file run the same way.
+
+    Example:
+        >>> r = FixReport([FixStep(0, "plain", [], [], 0, 0.98, False, 100, 1.0)], target="cosine:0.999", to="fp16")
+        >>> r.ok, r.kept, "no set" in str(r)
+        (False, [], True)
+    """
+
+    report_kind: ClassVar[str] = "fix"
+    title = "modules kept in float32, step by step"
+    columns = [
+        Column("step", "Step", justify="right"),
+        Column("action", "Action"),
+        Column("changed", "Modules", fmt=_names, name=True),
+        Column("n_kept", "Kept", justify="right"),
+        Column("nodes", "Nodes", justify="right", drop=2),
+        Column("metric", "Metric", fmt=fmt_metric, justify="right", no_wrap=True),
+        Column("ok", "Target", fmt=lambda ok: "met" if ok else "-"),
+        Column("size", "Size", fmt=_size, justify="right", no_wrap=True, drop=1),
+        Column("latency_ms", "ORT ms", fmt=lambda v: f"{v:.2f}", justify="right", drop=1),
+    ]
+
+    def __init__(self, steps: Sequence[FixStep], *, target: Any, to: str, nodes: Sequence[str] = (),
+                 float32: FixStep | None = None, notes: Sequence[str] = (), tool: str = "") -> None:
+        super().__init__(steps, notes)
+        self.target, self.to, self.tool, self.float32 = Target.parse(target), to, tool, float32
+        self.best = next((s for s in steps if s.chosen), steps[0] if steps else None)
+        self.nodes = list(nodes)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.best is not None and self.best.ok)
+
+    @property
+    def kept(self) -> list[str]:
+        return list(self.best.kept) if self.best else []
+
+    @property
+    def steps(self) -> list[FixStep]:
+        return list(self.rows)
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"ok": self.ok, "to": self.to, "target": str(self.target), "converter": self.tool,
+                               "kept": self.kept, "nodes": self.nodes, "conversions": len(self.rows),
+                               "metric": None if self.best is None else self.best.metric}
+        if self.float32 is not None:
+            out["float32"] = {"size": self.float32.size, "latency_ms": self.float32.latency_ms}
+        if self.notes:
+            out["notes"] = list(self.notes)
+        return out
+
+    def footer(self) -> list[str]:
+        lines = list(self.notes)
+        b = self.best
+        if b is None:
+            return lines
+        first = self.rows[0]
+        plain = f"{self.target.metric} {fmt_metric(first.metric)} -> {fmt_metric(b.metric)}"
+        what = f"{b.n_kept} module{'s' if b.n_kept != 1 else ''} kept in float32 ({b.nodes} nodes): {_names(b.kept)}"
+        if self.float32 is not None:
+            lines.append(f"float32 file: {_size(self.float32.size)}, {self.float32.latency_ms:.2f} ms")
+        if self.ok:
+            lines.append(f"target {self.target} met after {len(self.rows)} conversions: {what}; {plain}")
+        else:
+            lines.append(f"no set within the limit meets target {self.target} ({len(self.rows)} conversions); "
+                         f"FIXED.onnx holds the best set found: {what}; {plain}")
+        return lines
+
+
+def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike | None = "fixed.onnx",
+        target: str | Target = "cosine:0.999", samples: int | Sequence[Any] | None = None,
+        calib: str | os.PathLike | Sequence[Any] | None = None, keep: Sequence[str] = (), max_float: int | None = None,
+        config_out: str | os.PathLike | None = None, seed: int = 0, naive: bool = False, rank_report: Any = None,
+        exporter: str = "dynamo", on_step: Callable[[FixStep], None] | None = None) -> FixReport:
+    """Convert ``ref`` to ``to`` (``fp16`` or ``int8``) keeping the fewest modules in float32 that meet ``target``.
+
+    Args:
+        ref: a float32 ONNX file, or an ``nn.Module`` (exported first, as ``lt.export`` does, with ``args``).
+        args: one sample (a dict by input name, an array, or arrays in input order).
+        samples: ``N`` seeded random samples, or a list of samples, or a folder / ``.npz``
+            (images, ``.npy``/``.npz`` files, a ``datasets`` folder); the target is judged over all.
+        calib: int8 calibration samples (a folder / ``.npz`` or a list); default the comparison samples.
+        target: ``cosine:0.999``, ``rel:1e-2``, ``sqnr:30`` or ``top1:0.99`` on the model's outputs.
+        keep: module paths always kept in float32. ``max_float``: at most this many modules kept.
+        config_out: a folder for the kept set in each toolchain's form (:func:`.configs.write_configs`).
+        naive: one module at a time in graph order, no ranking (what the ranking is measured against).
+        out: where FIXED.onnx goes (``None``: no file, the report only).
+        rank_report: a comparison of a plain conversion with REF to rank by (else one is made).
+        exporter: how a PyTorch ``ref`` is exported (``dynamo`` or ``torchscript``).
+        on_step: called with each step as it is measured.
+
+    Returns:
+        A :class:`FixReport` (``.ok``, ``.kept``, ``.nodes``, ``.steps``).
+
+    Example:
+        >>> import layertap as lt, tempfile, os
+        >>> from layertap.onnxfile.samples import write_tiny_model
+        >>> d = tempfile.mkdtemp(); src = write_tiny_model(d)
+        >>> r = lt.fix(src, to="fp16", out=os.path.join(d, "fixed.onnx"), samples=2)
+        >>> r.ok, r.kept, len(r.steps)
+        (True, [], 1)
+    """
+    if to not in FORMATS:
+        raise LayertapError(f"unknown conversion --to {to!r}; use one of {', '.join(FORMATS)}")
+    goal = Target.parse(target)
+    if max_float is not None and (not isinstance(max_float, int) or max_float < 0):
+        raise LayertapError(f"--max-float must be a number of modules >= 0, got {max_float!r}")
+    with tempfile.TemporaryDirectory(prefix="layertap-fix-") as tmp:
+        folder = Path(tmp)
+        ref_path = _reference_file(ref, args, folder, exporter)
+        out_path = _check_out(out, ref_path, config_out)
+        model = _load(ref_path)
+        declared = Declared.of(model)
+        feeds = _feeds(model, declared, args, samples, seed)
+        calib_feeds = _calib(calib, declared, feeds) if to == "int8" else []
+        modules, notes = ModuleNodes(model), []
+        forced = modules.check(list(keep))
+        trials = Trials(model, Converter(to, folder, calib_feeds), modules, feeds, goal, folder, on_step)
+        base = trials.baseline()
+        plain = trials.trial(forced, "keep" if forced else "plain", forced)
+        if not plain.ok or to == "fp16":
+            report = rank_report or _rank_report(ref_path, trials.files[plain.step], feeds)
+            groups = rank(report, to, modules)
+            required = out_of_range(report, to, modules)
+            trials.require(required)
+            if required:
+                notes.append(f"kept in float32 in every set: {', '.join(required)} (reference values beyond float16's "
+                             "range, and the modules that read them)")
+            forced = list(dict.fromkeys(forced + required))
+            search(trials, graph_order(modules, groups) if naive else groups, forced, max_float, naive=naive)
+        best = trials.best()
+        best.chosen = True
+        nodes = modules.names(best.kept)
+        if out_path is not None:
+            _publish(trials.files[best.step], out_path)
+        if config_out is not None:
+            write_configs(config_out, best.kept, nodes, to)
+        return FixReport(trials.steps, target=goal, to=to, nodes=nodes, float32=base, tool=trials.converter.tool,
+                         notes=notes)
+
+
+def _reference_file(ref: Any, args: Any, folder: Path, exporter: str) -> Path:
+    """The float32 ONNX file: ``ref`` itself, or a PyTorch model exported into ``folder``."""
+    if isinstance(ref, (str, os.PathLike)):
+        path = Path(ref)
+        if not path.is_file():
+            raise LayertapError(f"ONNX file '{path}' does not exist")
+        return path
+    if args is None:
+        raise LayertapError("a PyTorch reference needs one sample to export with (args=...)")
+    from ..exporting.export import export
+
+    path = folder / "reference.onnx"
+    export(ref, args, path, exporter=exporter)
+    return path
+
+
+def _check_out(out: str | os.PathLike | None, ref: Path, config_out: Any) -> Path | None:
+    from ..files.reads import note_input
+    from ..files.writes import check_output_path
+
+    note_input(ref)
+    if config_out is not None and not Path(config_out).is_dir():
+        raise LayertapError(f"--config-out '{config_out}' is not a folder; create it first")
+    return None if out is None else check_output_path(out, inputs=(str(ref),), suffixes=(".onnx",))
+
+
+def _load(path: Path) -> Any:
+    """The float32 file with its weights (read once: the checks every command makes, then its external data)."""
+    from onnx.external_data_helper import load_external_data_for_model
+
+    from ..errors import OnnxFileError, first_line
+    from ..onnxfile.modelfile import read_model
+
+    mf = read_model(path)
+    try:
+        load_external_data_for_model(mf.model, str(mf.folder))
+    except Exception as e:  # noqa: BLE001
+        raise OnnxFileError(f"cannot read the weights of ONNX file '{path}': {first_line(e)}") from None
+    return mf.model
+
+
+def _feeds(model: Any, declared: list[Declared], args: Any, samples: Any, seed: int) -> list[dict[str, Any]]:
+    """The comparison samples: given ones, a folder / ``.npz``, or ``N`` random (default 1)."""
+    if isinstance(samples, (str, os.PathLike)):
+        return read_samples(samples, declared, "--inputs")
+    given = [args] if args is not None else []
+    if samples is not None and not isinstance(samples, int):
+        given += list(samples)
+    feeds = as_feeds(given, declared, "input")
+    n = samples if isinstance(samples, int) else (0 if feeds else 1)
+    feeds += random_feeds(model, declared, max(n - len(feeds), 0), seed + len(feeds))
+    if not feeds:
+        raise LayertapError("no samples to compare on; give samples=N or a samples folder")
+    return feeds
+
+
+def _calib(calib: Any, declared: list[Declared], feeds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if calib is None:
+        return feeds
+    if isinstance(calib, (str, os.PathLike)):
+        return read_samples(calib, declared, "--calib")
+    return as_feeds(list(calib), declared, "--calib")
+
+
+def _rank_report(ref: Path, plain: Path, feeds: list[dict[str, Any]]) -> Any:
+    """The plain conversion vs REF, module by module, with each module's own error (``local_rel``)."""
+    import warnings
+
+    from ..comparing import compare
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # float16 overflow in the parts run locally: expected here
+        return compare(ref, None, plain, samples=feeds[:RANK_SAMPLES], local=True)
+
+
+def _publish(src: Path, out: Path) -> None:
+    from ..files.writes import atomic_path
+
+    with atomic_path(out) as tmp:
+        shutil.copyfile(src, tmp)
+
+
+def write_block_list(ref: Any, args: Any, samples: Any, report: Any, cand: Any, out: str | os.PathLike,
+                     target: str | Target = "cosine:0.999", seed: int = 0) -> FixReport:
+    """``compare --fp16-block-list``: the fp16 search of :func:`fix` on REF (a float32 ONNX file, or the
+    PyTorch model exported as CAND was: the same exporter, so the same node names), ranked by the
+    comparison ``report`` of REF with CAND (a file already read); writes the node names the search
+    verified as a JSON list, atomically. The report says whether the list meets ``target``."""
+    import json
+
+    from ..files.writes import atomic_write_bytes
+    from ..onnxfile.modelfile import model_file
+    from ..onnxfile.scopes import ScopeMap
+
+    if not isinstance(ref, (str, os.PathLike)) and args is None and samples is not None and not isinstance(samples, int):
+        args, samples = samples[0], list(samples[1:])  # the first sample exports the model
+    graph = model_file(cand).model.graph
+    exporter = "torchscript" if ScopeMap.from_model(model_file(cand).model).source == "torchscript" else "dynamo"
+    found = fix(ref, args, to="fp16", out=None, target=target, samples=samples, rank_report=report, seed=seed,
+                exporter=exporter)
+    names = {n.name for n in graph.node}
+    missing = [n for n in found.nodes if n not in names]
+    if missing:
+        found.notes.append(f"{len(missing)} of the listed nodes are not in '{model_file(cand).path}' ({missing[0]}, ...): "
+                           "the list names the float32 file's nodes")
+    atomic_write_bytes(out, (json.dumps(found.nodes, indent=1) + "\n").encode())
+    return found

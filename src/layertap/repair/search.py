@@ -1,0 +1,317 @@
+"""The search of ``layertap fix``: which modules to keep in float32 so a conversion meets its target.
+
+Rank the modules of the plain conversion's comparison (values outside float16's range first,
+then the error each module makes by itself, ``local_rel``), keep ranked groups in float32 (1,
+1, 2, 4, ... groups at a time) until the target holds, then drop every kept module whose
+removal still meets it, so the set is minimal. Every set is converted and run for real
+(:class:`Trials`); nothing is estimated. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import LayertapError, unknown_name
+from .configs import Target
+from .convert import Converter
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+FP16_MAX = 65504.0
+# element-wise activations a quantiser fuses into the node before them (their output shares its rounding)
+_ACTIVATIONS = {"Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Gelu", "Identity"}
+LATENCY_RUNS = 5
+
+
+@dataclass
+class FixStep:
+    """One set of modules kept in float32, converted and run: the output metric over every
+    sample, whether it meets the target, the file's size and its ONNX Runtime latency."""
+
+    step: int
+    action: str  # plain, keep (--keep), add, drop (a pruning try), naive
+    changed: list[str]
+    kept: list[str]
+    nodes: int
+    metric: float
+    ok: bool
+    size: int
+    latency_ms: float
+    chosen: bool = False  # the set FIXED.onnx holds
+
+    @property
+    def n_kept(self) -> int:
+        return len(self.kept)
+
+
+class ModuleNodes:
+    """Module paths <-> node names of the float32 file (every call of a module, its submodules
+    included), from :class:`~layertap.onnxfile.scopes.ScopeMap`."""
+
+    def __init__(self, model: "onnx.ModelProto") -> None:
+        from ..onnxfile.scopes import ScopeMap
+
+        smap = ScopeMap.from_model(model)
+        graph = model.graph
+        self.order: dict[str, int] = {}
+        self._nodes: dict[str, list[int]] = {}
+        for path in smap.modules():
+            found = sorted({i for k in range(smap.calls(path)) for i in smap.call_nodes(path, k)[0]})
+            if path and found:
+                self._nodes[path] = found
+                self.order[path] = found[0]
+        # each node's module: the deepest call that holds its value (a folded Conv is its BatchNorm's)
+        self._owner = {i: path for i, (path, _) in smap.owners().items() if path in self._nodes}
+        self._names = [n.name for n in graph.node]
+        self._ops = [n.op_type for n in graph.node]
+        self._outputs = [set(n.output) for n in graph.node]
+        self._inputs = [set(n.input) for n in graph.node]
+
+    def modules(self) -> list[str]:
+        """Every module with nodes, in graph order."""
+        return sorted(self._nodes, key=lambda p: (self.order[p], p.count(".")))
+
+    def check(self, paths: Sequence[str]) -> list[str]:
+        """``paths`` as given; an unknown one is a one-line error with close matches."""
+        for p in paths:
+            if p not in self._nodes:
+                raise LayertapError(unknown_name("module", p, self.modules(),
+                                                 "module paths of the float32 file; 'layertap layers REF' lists them"))
+        return list(paths)
+
+    def names(self, paths: Sequence[str]) -> list[str]:
+        """Node names of ``paths``, in graph order (the converters' node lists)."""
+        picked = sorted({i for p in paths for i in self._nodes.get(p, ())})
+        return [self._names[i] for i in picked if self._names[i]]
+
+    def readers(self, path: str) -> list[str]:
+        """The innermost modules whose nodes read a tensor ``path`` makes (its consumers)."""
+        own = set(self._nodes[path])
+        made = set().union(*(self._outputs[i] for i in own))
+        return self._innermost(path, {i for i, ins in enumerate(self._inputs) if i not in own and ins & made})
+
+    def writers(self, path: str) -> list[str]:
+        """The innermost modules whose nodes make a tensor ``path`` reads (its producers); through an
+        activation module (ReLU and the like) to the module before it, whose output the activation
+        passes on: a quantiser rounds that tensor where the activation's producer writes it."""
+        found = self._writers(path)
+        for w in list(found):
+            if all(self._ops[i] in _ACTIVATIONS for i in self._nodes[w]):
+                found += [p for p in self._writers(w) if p not in found and p != path]
+        return found
+
+    def _writers(self, path: str) -> list[str]:
+        own = set(self._nodes[path])
+        read = set().union(*(self._inputs[i] for i in own)) - set().union(*(self._outputs[i] for i in own))
+        return self._innermost(path, {i for i, outs in enumerate(self._outputs) if i not in own and outs & read})
+
+    def _innermost(self, path: str, nodes: set[int]) -> list[str]:
+        """The modules owning ``nodes``, in graph order, neither ``path``'s submodules nor its parents."""
+        found = {self._owner[i] for i in nodes if i in self._owner}
+        return sorted((p for p in found if p != path and not p.startswith(path + ".") and not path.startswith(p + ".")),
+                      key=lambda p: self.order[p])
+
+
+def _scores(report: Any, to: str, modules: ModuleNodes) -> dict[str, tuple[bool, float]]:
+    """Innermost compared module -> (values outside float16's range, its worst error: ``local_rel``,
+    else the row's ``rel_err``)."""
+    score: dict[str, tuple[bool, float]] = {}
+    for r in report.rows:
+        if not r.path or r.ok is None or r.path not in modules.order:
+            continue
+        out = to == "fp16" and (r.finite is False or (r.ref_max or 0.0) > FP16_MAX)
+        err = r.local_rel if r.local_rel is not None else (r.rel_err or 0.0)
+        err = math.inf if err is None or math.isnan(err) else err
+        old = score.get(r.path, (False, 0.0))
+        score[r.path] = (old[0] or out, max(old[1], err))
+    return {p: v for p, v in score.items() if not any(q.startswith(p + ".") for q in score)}
+
+
+def out_of_range(report: Any, to: str, modules: ModuleNodes) -> list[str]:
+    """The modules a float16 file must keep in float32 whatever its runtime does: those whose
+    reference values leave float16's range (or are not finite in the candidate), with the modules
+    that read them, so the values are never cast to float16 in between. (ONNX Runtime's CPU
+    provider computes many float16 operators in float32 and drops the casts between them, so
+    an overflow there can stay hidden in the outputs.)"""
+    score = _scores(report, to, modules)
+    found = [p for p in sorted(score, key=lambda p: modules.order[p]) if score[p][0]]
+    return list(dict.fromkeys(m for p in found for m in [p, *modules.readers(p)]))
+
+
+def rank(report: Any, to: str, modules: ModuleNodes) -> list[list[str]]:
+    """Groups of modules to keep, most harmful first: a module whose values leave float16's range
+    (with its readers), then by ``local_rel`` (else the row's error); for int8 each module comes with
+    the modules that write its inputs. Only the innermost modules compared are ranked."""
+    score = _scores(report, to, modules)
+    leaves = sorted(score, key=lambda p: (not score[p][0], -score[p][1], modules.order[p]))
+    if to == "int8":  # QDQ rounds a tensor between its producer and its reader: keep both sides of it
+        return [list(dict.fromkeys([p, *modules.writers(p)])) for p in leaves]
+    return [list(dict.fromkeys([p] + (modules.readers(p) if score[p][0] else []))) for p in leaves]
+
+
+class Trials:
+    """Converts and runs sets of kept modules; remembers each step and the best file.
+
+    ``feeds``: one dict per sample (input name -> array); the float32 model's outputs on them
+    are the reference. Files live in ``folder`` (a temporary folder the caller removes).
+    """
+
+    def __init__(self, model: "onnx.ModelProto", converter: Converter, modules: ModuleNodes, feeds: list[dict[str, Any]],
+                 target: Target, folder: Path, on_step: Callable[[FixStep], None] | None = None) -> None:
+        self.model, self.converter, self.modules, self.feeds = model, converter, modules, feeds
+        self.target, self.folder, self.on_step = target, Path(folder), on_step
+        self.steps: list[FixStep] = []
+        self.required: set[str] = set()  # modules every acceptable set keeps (values beyond float16's range)
+        self.files: dict[int, Path] = {}
+        self._seen: dict[frozenset, FixStep] = {}
+        self.refs = _run_all(_session_of(model, self.folder), feeds)
+
+    def baseline(self) -> FixStep:
+        """The float32 model itself, run as the steps are (size and latency to compare with)."""
+        path = self.folder / "float32.onnx"
+        import onnx
+
+        onnx.save(self.model, str(path))
+        ms = _latency(_session(path), self.feeds[0])
+        return FixStep(0, "float32", [], [], 0, self.target.measure(self.refs, self.refs), True, path.stat().st_size, ms)
+
+    def trial(self, kept: Sequence[str], action: str, changed: Sequence[str] = ()) -> FixStep:
+        """Convert with ``kept`` in float32, run every sample, measure; a set tried before is not redone."""
+        key = frozenset(kept)
+        if key in self._seen:
+            return self._seen[key]
+        nodes = self.modules.names(kept)
+        n = len(self.steps)
+        path = self.converter.convert(self.model, nodes, self.folder / f"step{n}.onnx")
+        sess = self._load(path)
+        metric = self.target.measure(self.refs, _run_all(sess, self.feeds))
+        step = FixStep(n, action, list(changed), list(kept), len(nodes), metric, self._ok(metric, kept),
+                       path.stat().st_size, _latency(sess, self.feeds[0]))
+        self.steps.append(step)
+        self._seen[key] = step
+        self.files[n] = path
+        self._drop_files()
+        if self.on_step is not None:
+            self.on_step(step)
+        return step
+
+    def _load(self, path: Path) -> Any:
+        """A session on a converted file; one ONNX Runtime refuses is the converter's failure (one line)."""
+        from ..onnxfile.ort import one_line
+
+        try:
+            return _session(path)
+        except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
+            raise LayertapError(f"{self.converter.tool} made a file ONNX Runtime cannot load: {one_line(e)}") from None
+
+    def require(self, paths: Sequence[str]) -> None:
+        """Every acceptable set keeps ``paths``: steps without them do not meet the target."""
+        self.required = set(paths)
+        for s in self.steps:
+            s.ok = self._ok(s.metric, s.kept)
+
+    def _ok(self, metric: float, kept: Sequence[str]) -> bool:
+        return self.target.met(metric) and self.required <= set(kept)
+
+    def best(self) -> FixStep:
+        """The set FIXED.onnx gets: the smallest one that meets the target, else the closest one."""
+        met = [s for s in self.steps if s.ok]
+        if met:
+            return min(met, key=lambda s: (s.n_kept, s.nodes, s.step))
+        best = self.steps[0]
+        for s in self.steps[1:]:
+            if self.target.better(s.metric, best.metric):
+                best = s
+        return best
+
+    def _drop_files(self) -> None:
+        """Keep only the best file so far (disk stays at two converted models)."""
+        keep = self.best().step
+        for n in [n for n in self.files if n != keep and n != len(self.steps) - 1]:
+            self.files.pop(n).unlink(missing_ok=True)
+
+
+def search(trials: Trials, groups: list[list[str]], forced: Sequence[str], max_float: int | None,
+           naive: bool = False) -> FixStep:
+    """Grow then prune (see the module doc); ``naive``: one module at a time in graph order, no
+    ranking and no pruning (what the ranking is measured against). Returns the best step."""
+    forced = list(forced)
+    plain = trials.trial(forced, "keep" if forced else "plain", forced)  # a set tried before is not redone
+    if plain.ok:
+        return trials.best()
+    kept = list(forced)
+    limit = max_float if max_float is not None else math.inf
+    size, i = 1, 0
+    while i < len(groups) and len(kept) < limit:
+        take = groups[i:i + (1 if naive else size)]
+        i += len(take)
+        added = [m for g in take for m in g if m not in kept][: int(min(limit - len(kept), 1e9))]
+        if not added:
+            continue
+        kept += added
+        if trials.trial(kept, "naive" if naive else "add", added).ok:
+            break
+        size = size if naive or i < 2 else size * 2
+    if naive or not trials.best().ok:
+        return trials.best()
+    return _prune(trials, trials.best().kept, forced)
+
+
+def _prune(trials: Trials, kept: list[str], forced: Sequence[str]) -> FixStep:
+    """Drop each kept module (least harmful first) whose removal still meets the target."""
+    for m in reversed(list(kept)):
+        if m in forced or m not in kept:
+            continue
+        rest = [k for k in kept if k != m]
+        if trials.trial(rest, "drop", [m]).ok:
+            kept = rest
+    return trials.best()
+
+
+def graph_order(modules: ModuleNodes, groups: list[list[str]]) -> list[list[str]]:
+    """The ranked modules, one at a time in graph order (the naive search's order)."""
+    flat = {m for g in groups for m in g}
+    return [[m] for m in sorted(flat, key=lambda p: modules.order[p])]
+
+
+def _session_of(model: "onnx.ModelProto", folder: Path) -> Any:
+    import onnx
+
+    path = folder / "reference.onnx"
+    onnx.save(model, str(path))
+    try:
+        return _session(path)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _session(path: Path) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    return ort.InferenceSession(os.fspath(path), opts, providers=["CPUExecutionProvider"])
+
+
+def _run_all(sess: Any, feeds: list[dict[str, Any]]) -> list[list[np.ndarray]]:
+    return [[np.asarray(o) for o in sess.run(None, f)] for f in feeds]
+
+
+def _latency(sess: Any, feed: dict[str, Any]) -> float:
+    """Median milliseconds of one ONNX Runtime run on the first sample (after one warm-up run)."""
+    sess.run(None, feed)
+    times = []
+    for _ in range(LATENCY_RUNS):
+        t = time.perf_counter()
+        sess.run(None, feed)
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
