@@ -62,6 +62,7 @@ from .folds import (
     fold_torchscript,
 )
 from .graph_facts import RULE_KEY, GraphFacts, is_fusion
+from .llm_names import expose_fused_values, fused_calls, is_fused_llm
 from .metadata import NAME_SCOPES_KEY
 from .node_scopes import read_nodes
 from .placing import place_floating
@@ -145,6 +146,10 @@ class ScopeMap:
     def from_model(cls, model: "onnx.ModelProto") -> "ScopeMap":
         """Read module scopes from a model (weights not needed)."""
         graph = model.graph
+        if is_fused_llm(graph):
+            expose_fused_values(graph)
+            calls, paths = fused_calls(graph)
+            return cls("builder", calls, graph, paths)
         facts = GraphFacts(graph)
         ns = read_nodes(graph, is_fusion)
         suspects = place_floating(graph, ns, facts)
