@@ -90,3 +90,7 @@ def run_cli(*args: str, cwd: str | None = None, timeout: int = 600) -> subproces
 @pytest.fixture
 def cli():
     return run_cli
+
+
+# The tiny Llama and its decoder files (GenAI builder fp32/int4, dynamo with a DynamicCache), once per session.
+from _llm import llama, llama_dynamo_cache, llama_folder, llama_genai_fp32, llama_genai_int4  # noqa: E402,F401
