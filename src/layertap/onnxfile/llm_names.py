@@ -63,6 +63,23 @@ def is_cache_tensor(name: str) -> bool:
     return bool(_CACHE_RE.match(name))
 
 
+def cache_outputs(graph: "onnx.GraphProto") -> frozenset[str]:
+    """The graph outputs that hand a KV cache back (``present.*``; in a file with past inputs, every
+    output after the first, whatever the exporter named them: ``cat_3``).
+
+    Example:
+        >>> from onnx import helper
+        >>> g = helper.make_graph([], "g", [helper.make_tensor_value_info("past_key_values_0", 1, None)],
+        ...     [helper.make_tensor_value_info(n, 1, None) for n in ("linear_14", "cat_3", "cat_4")])
+        >>> sorted(cache_outputs(g))
+        ['cat_3', 'cat_4']
+    """
+    outputs = [o.name for o in graph.output]
+    if any(is_cache_tensor(i.name) for i in graph.input):
+        return frozenset(outputs[1:])
+    return frozenset(o for o in outputs if is_cache_tensor(o))
+
+
 def module_path(node_name: str) -> str | None:
     """The PyTorch module path a builder node name stands for; ``None`` outside modules.
 

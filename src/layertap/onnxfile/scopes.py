@@ -62,7 +62,7 @@ from .folds import (
     fold_torchscript,
 )
 from .graph_facts import RULE_KEY, GraphFacts, is_fusion
-from .llm_names import expose_fused_values, fused_calls, is_fused_llm
+from .llm_names import cache_outputs, expose_fused_values, fused_calls, is_fused_llm
 from .metadata import NAME_SCOPES_KEY
 from .node_scopes import read_nodes
 from .placing import place_floating
@@ -129,6 +129,7 @@ class ScopeMap:
         self._graph = graph
         self._node_paths = node_paths
         self._facts = facts or GraphFacts(graph)
+        self._cache = cache_outputs(graph)
         self._by_path: dict[str, list[Call]] = {}
         for c in calls:
             self._by_path.setdefault(c.path, []).append(c)
@@ -239,6 +240,12 @@ class ScopeMap:
         answered, saying why.
         """
         tap = Tap.parse(tap)
+        if tap.pos is not None:
+            raise OnnxFileError(
+                f"tap {tap.canonical!r}: token positions (@POS) are read on a PyTorch model (lt.extract/lt.tap, "
+                f"method='generate'); on an ONNX file tap {tap.with_pos(None).canonical!r} "
+                "and take [:, POS] of its value"
+            )
         if tap.path == "":
             return self._resolve_root(tap)
         if self.source == "none":
@@ -277,7 +284,10 @@ class ScopeMap:
         return Counterpart(c.path, c.call, self._boundary(c), None, c.absorbed_by)
 
     def _boundary(self, c: Call) -> tuple[str, ...]:
-        return c.tensors if c.tensors is not None else self._facts.boundary(c.nodes)
+        tensors = c.tensors if c.tensors is not None else self._facts.boundary(c.nodes)
+        # a decoder layer also hands its KV cache to the graph's outputs: its value is the other tensor
+        kept = tuple(t for t in tensors if t not in self._cache)
+        return kept if kept else tensors
 
     def _entering(self, c: Call) -> tuple[str, ...]:
         return c.inputs if c.inputs is not None else self._facts.entering(c.nodes)

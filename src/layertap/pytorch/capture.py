@@ -30,6 +30,9 @@ class StopForward(BaseException):
     """
 
 
+_BY_POSITION = torch.empty(0)  # a PATH@POS tap's call record: the value itself lives in _Tokens
+
+
 @dataclass
 class _Slot:
     """What one tap has captured so far."""
@@ -42,6 +45,48 @@ class _Slot:
     # here and raised by results(): raised inside the hook, a model's own
     # ``except Exception`` around the call could swallow it.
     error: SelectorError | None = None
+    tokens: "_Tokens | None" = None  # a PATH@POS tap: the positions seen, the value kept
+
+
+class _Tokens:
+    """A ``PATH@POS`` tap's value: position POS of the sequence axis (axis 1), from whichever call held it.
+
+    A call's value covers the last ``s`` positions (``s`` its axis-1 length) of the tokens the
+    model has seen when it runs (prefill: the prompt; a decode step: one more); only the
+    position asked for is cloned (for a negative POS, the last ``|POS|`` positions seen).
+
+    Example:
+        >>> t = _Tokens(-2)
+        >>> t.add(torch.arange(3.0).reshape(1, 3), end=3); t.add(torch.tensor([[7.0]]), end=4)
+        >>> t.value(), t.span
+        (tensor([2.]), (0, 4))
+    """
+
+    def __init__(self, pos: int) -> None:
+        self.pos = pos
+        self.kept: list[tuple[int, torch.Tensor]] = []  # (first position, value along axis 1)
+        self.span: tuple[int, int] | None = None  # positions computed: first, end
+
+    def add(self, value: torch.Tensor, end: int, clone: Any = torch.Tensor.clone) -> None:
+        start = end - value.shape[1]
+        self.span = (start, end) if self.span is None else (min(self.span[0], start), max(self.span[1], end))
+        if self.pos >= 0:
+            if start <= self.pos < end:
+                self.kept = [(self.pos, clone(value[:, self.pos - start: self.pos - start + 1]))]
+            return
+        keep = min(value.shape[1], -self.pos)
+        self.kept.append((end - keep, clone(value[:, value.shape[1] - keep:])))
+        while self.kept and self.kept[0][0] + self.kept[0][1].shape[1] <= end + self.pos:
+            self.kept.pop(0)
+
+    def value(self) -> torch.Tensor | None:
+        if self.span is None:
+            return None
+        want = self.pos if self.pos >= 0 else self.span[1] + self.pos
+        for first, v in self.kept:
+            if first <= want < first + v.shape[1]:
+                return v[:, want - first]
+        return None
 
 
 def module_paths(model: nn.Module) -> list[str]:
@@ -149,8 +194,9 @@ class Capture:
         self._modules = {t.path: find_module(model, t.path) for t in self.taps}
         self._handles: list[Any] = []
         self._seq = itertools.count()
-        self._slots = [_Slot(t) for t in self.taps]
+        self._slots = self._new_slots()
         self._counter = CallCounter()
+        self._tokens_end = 0  # tokens the model has seen, through its current call (PATH@POS taps)
         # stop_early: per tap, the module whose return means no call of the
         # tapped module can follow (None: only the end of the method).
         self._finisher: list[nn.Module | None] = self._plan_stop() if stop_early else []
@@ -177,6 +223,9 @@ class Capture:
             self._registered = by_module
             self._modules = {p: by_module[module_key(m)] for p, m in self._modules.items()}
             self._finisher = [None if m is None else by_module[module_key(m)] for m in self._finisher]
+            if any(t.pos is not None for t in self.taps):
+                # registered first: the root's own taps (an @POS on its input) read the count it sets
+                self._handles.append(self.model.register_forward_pre_hook(self._count_tokens, with_kwargs=True))
             for mod in by_module.values():
                 self._handles.append(mod.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
                 self._handles.append(mod.register_forward_hook(self._post_hook, with_kwargs=True))
@@ -192,10 +241,17 @@ class Capture:
     def reset(self) -> None:
         """Forget captured values and call counts (hooks stay)."""
         self._seq = itertools.count()
-        self._slots = [_Slot(t) for t in self.taps]
+        self._slots = self._new_slots()
         self._counter = CallCounter()
+        self._tokens_end = 0
+
+    def _new_slots(self) -> list[_Slot]:
+        return [_Slot(t, tokens=None if t.pos is None else _Tokens(t.pos)) for t in self.taps]
 
     # -- hooks -----------------------------------------------------------
+    def _count_tokens(self, mod: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._tokens_end = tokens_through(args, kwargs, self._tokens_end)
+
     def _pre_hook(self, mod: nn.Module, args: tuple, kwargs: dict):
         mod = self._registered.get(module_key(mod), mod)
         call = self._counter.start(module_key(mod))
@@ -230,12 +286,23 @@ class Capture:
         except SelectorError as e:
             slot.error = e
             return
-        value = value.detach().clone() if self.detach else value.clone()
+        if slot.tokens is not None:
+            if value.dim() < 2:
+                slot.error = SelectorError(f"{where}: a token position needs a sequence axis (axis 1); the value has "
+                                           f"shape {tuple(value.shape)}; tap {tap.path!r} without @")
+                return
+            slot.tokens.add(value, self._tokens_end or value.shape[1], self._clone)
+            slot.values[call] = (next(self._seq), _BY_POSITION)  # the call ran; its value is kept by position
+            return
+        value = self._clone(value)
         slot.values[call] = (next(self._seq), value)
         if tap.call is not None and tap.call < 0:
             # Only the last |call| calls can be the one asked for.
             while len(slot.values) > -tap.call:
                 slot.values.pop(min(slot.values))
+
+    def _clone(self, value: torch.Tensor) -> torch.Tensor:
+        return value.detach().clone() if self.detach else value.clone()
 
     # -- stop_early ------------------------------------------------------
     def _plan_stop(self) -> list[nn.Module | None]:
@@ -301,6 +368,8 @@ class Capture:
                 f"{where}: module {tap.path or '<root>'!r} never ran in this {method_name(self.method)}; "
                 "check the method and inputs, or run 'layertap layers MODEL' to see which modules run"
             )
+        if slot.tokens is not None:
+            return [self._at_position(slot, where)]
         if tap.call is None:
             if len(slot.values) < ran:
                 missing = min(set(range(ran)) - set(slot.values))
@@ -320,6 +389,41 @@ class Capture:
             )
         seq, value = slot.values[call]
         return [(seq, tap.name, value)]
+
+    def _at_position(self, slot: _Slot, where: str) -> tuple[int, str, torch.Tensor]:
+        tokens, tap = slot.tokens, slot.tap
+        assert tokens is not None
+        value = tokens.value()
+        if value is None:
+            first, end = tokens.span or (0, 0)
+            raise SelectorError(
+                f"{where}: token position {tap.pos} is outside the positions module {tap.path or '<root>'!r} "
+                f"computed ({first}..{end - 1}); use @{first}..@{end - 1}, or @-1 for the last"
+            )
+        return max(seq for seq, _ in slot.values.values()), tap.name, value
+
+
+def tokens_through(args: tuple, kwargs: dict, before: int) -> int:
+    """How many token positions the model has seen once the call with these arguments is done.
+
+    ``position_ids`` / ``cache_position`` (what ``generate`` passes) say it; else the call's
+    tokens (``input_ids``, ``inputs_embeds`` or the first tensor argument, axis 1) follow the
+    ``before`` seen so far.
+
+    Example:
+        >>> tokens_through((), {"input_ids": torch.zeros(1, 1), "position_ids": torch.tensor([[7]])}, 0)
+        8
+        >>> tokens_through((torch.zeros(1, 5),), {}, 3)
+        8
+    """
+    for key in ("position_ids", "cache_position"):
+        v = kwargs.get(key)
+        if isinstance(v, torch.Tensor) and v.numel():
+            return int(v.max()) + 1
+    new = kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+    if not isinstance(new, torch.Tensor):
+        new = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    return before + (int(new.shape[1]) if isinstance(new, torch.Tensor) and new.dim() >= 2 else 0)
 
 
 def _forward_names(mod: nn.Module) -> tuple[str, ...]:
