@@ -181,9 +181,8 @@ def fused_calls(graph: "onnx.GraphProto") -> tuple[list[Call], list[str | None]]
         if leaf in ("q_proj", "k_proj", "v_proj") and f"{scope}.qkv_proj" in packed:
             nodes = sorted(set(nodes) | set(packed[f"{scope}.qkv_proj"]))  # each slice's local error is the MatMul's
         last = graph.node[nodes[-1]]
+        # a decoder layer's value comes out of the next layer's (or the final) norm node, which stays that norm's
         tensor = residuals.get(path, last.output[0] if last.output else "")
-        if path in residuals:
-            nodes = sorted(set(nodes) | {_maker(graph, tensor)})
         calls.append(Call(path, 0, nodes, tensors=(tensor,) if tensor else ()))
     return calls, node_paths
 
@@ -203,6 +202,3 @@ def _layer_outputs(graph: "onnx.GraphProto", node_paths: list[str | None]) -> di
             out[f"{m.group('stack')}.{int(m.group('n')) - 1}"] = node.output[3]
     return out
 
-
-def _maker(graph: "onnx.GraphProto", tensor: str) -> int:
-    return next(i for i, n in enumerate(graph.node) if tensor in n.output)
