@@ -20,6 +20,7 @@ from .torch_side import one_line, to_numpy
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
+    from ..onnxfile.kvcache import KvLayout
     from ..onnxfile.modelfile import ModelFile
 
 FUSION_NOTE = (
@@ -178,15 +179,20 @@ class OrtSide:
         self.runner.close()
 
 
-def feed_from_args(inputs: list[tuple[str, str]], args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
+def feed_from_args(inputs: list[tuple[str, str]], args: tuple, kwargs: dict, *, layout: "KvLayout | None" = None,
+                   config: Any = None) -> dict[str, np.ndarray]:
     """Map the PyTorch arguments onto the graph inputs.
 
     A keyword argument goes to the input of the same name; the remaining
     inputs take the positional tensors in order, then the other keyword
     tensors (nested tuples/lists flattened, as the exporters do). Non-tensor
     arguments (``None``, Python numbers) are baked into an exported graph and
-    skipped.
+    skipped. A decoder file (``layout``) takes ``past_key_values`` (a ``Cache``
+    or tuple; ``cache`` in newer transformers) by its cache input names; the cache inputs not given make a
+    prefill (:func:`~layertap.onnxfile.kvcache.complete_feeds`, sized by ``config``).
     """
+    if layout is not None:
+        return _decoder_feed(inputs, args, kwargs, layout, config)
     import torch
 
     from ..pytorch.values import flatten
@@ -217,6 +223,30 @@ def feed_from_args(inputs: list[tuple[str, str]], args: tuple, kwargs: dict) -> 
             a = a.astype(want)  # e.g. int32 token ids for an int64 input
         out[n] = a
     return out
+
+
+def _decoder_feed(inputs: list[tuple[str, str]], args: tuple, kwargs: dict, layout: "KvLayout",
+                  config: Any) -> dict[str, np.ndarray]:
+    from ..onnxfile.kvcache import complete_feeds
+    from ..pytorch.caches import cache_tensors
+
+    kwargs = dict(kwargs)
+    past = kwargs.pop("past_key_values", None)
+    past = kwargs.pop("cache", None) if past is None else past  # the newer transformers name
+    kwargs.pop("use_cache", None)
+    plain = [(n, d) for n, d in inputs if n not in layout.names or n in kwargs]
+    feed = feed_from_args(plain, args, kwargs)
+    if past is not None:
+        tensors = cache_tensors(past)
+        if len(tensors) != len(layout.past):
+            raise InputSpecError(
+                f"the past holds {len(tensors) // 2} layer(s) but the file's cache inputs hold {layout.layers} "
+                f"({', '.join(layout.past[:2])}, ...): give the past of the model the file was exported from")
+        feed.update(zip(layout.past, (to_numpy(t) for t in tensors)))
+    made, _ = complete_feeds(layout, feed, config=config)
+    dtypes = dict(inputs)
+    feed.update({n: a.astype(dtypes[n]) if dtypes.get(n) else a for n, a in made.items()})
+    return {n: feed[n] for n, _ in inputs if n in feed}
 
 
 def check_feed_shapes(feed: dict[str, np.ndarray], declared: dict[str, tuple[int | str, ...]]) -> None:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..metrics import Criterion
+from ..onnxfile.kvcache import check_config, kv_layout
 from .align import Item, RowBuilder, call_counts, plan_items
 from .driver import Sample, Silent, module_filter, plan_batches
 from .local import PairsOf, RefLookup, torch_ref_inputs
@@ -42,12 +43,16 @@ class TorchReference:
         self.n_samples, self.criterion = len(runs), criterion
         self.cand, self.batch_outputs, self.budget = cand, batch_outputs, memory_budget
         self.view = ScopeView(ScopeMap.from_model(cand.proto), {p for p, _ in model.named_modules() if p})
+        self.layout = kv_layout(cand.proto.graph)
+        if self.layout is not None:  # before the weight check: a differently shaped model is named as such
+            check_config(self.layout, getattr(model, "config", None))
         check_same_model(self.view, model, cand.path)
         self.wanted, self.include_root = module_filter(modules, [p for p, _ in model.named_modules()])
         self.outputs = own_outputs(cand.proto)
         self.weights = check_model_weights(model, self.view, cand.runner.source).enforce(allow_different_weights)
         # Inputs first: a wrong number or shape of arguments should not cost a forward.
-        self.feeds = [feed_from_args(cand.inputs, a, k) for a, k in runs]
+        self.feeds = [feed_from_args(cand.inputs, a, k, layout=self.layout, config=getattr(model, "config", None))
+                      for a, k in runs]
         for feed in self.feeds:
             check_feed_shapes(feed, cand.runner.input_shapes())
 

@@ -17,12 +17,14 @@ never fit it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import InputSpecError, unknown_name
 from ..inputs import DEFAULT_INT_HIGH, InputSpec, random_input
+from .kvcache import KvLayout, complete_feeds, kv_layout
 from .ort import ORT_NUMPY
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,6 +45,7 @@ class Feeds:
 
     arrays: dict[str, np.ndarray]
     generated: list[str] = field(default_factory=list)
+    cache: str | None = None  # what a decoder file's cache inputs were made of (kvcache.complete_feeds)
 
     def options(self) -> str:
         """``--input`` options that would give the generated inputs explicitly (to edit).
@@ -57,15 +60,19 @@ class Feeds:
     def note(self) -> str | None:
         """One line naming the generated inputs, or ``None`` when all were given."""
         if not self.generated:
-            return None
-        return f"generated inputs: {', '.join(self.generated)}; {_HOW_TO_PASS}"
+            return self.cache
+        cache = f"; {self.cache}" if self.cache else ""
+        return f"generated inputs: {', '.join(self.generated)}{cache}; {_HOW_TO_PASS}"
 
 
-def make_feeds(sess: Any, graph: "onnx.GraphProto", inputs: Any, seed: int = 0) -> Feeds:
+def make_feeds(sess: Any, graph: "onnx.GraphProto", inputs: Any, seed: int = 0, *,
+               folder: Path | None = None, config: Any = None) -> Feeds:
     """Check the given inputs against the session's and generate the missing ones.
 
     ``inputs``: ``None``, a dict name -> array or :class:`~layertap.inputs.InputSpec`,
-    or a list of those in input order.
+    or a list of those in input order. A decoder file's missing cache inputs make a
+    prefill (:func:`~layertap.onnxfile.kvcache.complete_feeds`: empty past sized by the
+    file, ``config`` or the config next to it in ``folder``; mask and positions).
 
     Example:
         >>> import onnx.helper as h
@@ -85,9 +92,12 @@ def make_feeds(sess: Any, graph: "onnx.GraphProto", inputs: Any, seed: int = 0) 
     made = _from_specs(specs, given, bounds, np.random.default_rng(seed))
     rng = np.random.default_rng(seed)
     feeds = Feeds({})
+    layout = kv_layout(graph)
     for spec in specs:
         dtype = ORT_NUMPY.get(spec.type)
         value = made.get(spec.name, given.get(spec.name))
+        if value is None and layout is not None and spec.name in layout.names:
+            continue  # made below, to fit the tokens
         if value is not None:
             arr = np.asarray(value)
             arr = arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
@@ -100,7 +110,25 @@ def make_feeds(sess: Any, graph: "onnx.GraphProto", inputs: Any, seed: int = 0) 
         arr, text = random_input(spec.name, spec.shape or [], dtype, rng, int_high=bounds.high(spec.name))
         feeds.arrays[spec.name] = arr
         feeds.generated.append(text)
+    if layout is not None:
+        _add_cache(feeds, layout, specs, folder, config)
     return feeds
+
+
+def _add_cache(feeds: Feeds, layout: KvLayout, specs: Sequence[Any], folder: Path | None, config: Any) -> None:
+    """A decoder file's cache inputs, made to fit the tokens and the past given (in input order)."""
+    made, feeds.cache = complete_feeds(layout, feeds.arrays, config=config, folder=folder)
+    missing = [s.name for s in specs if s.name not in feeds.arrays and s.name not in made]
+    if missing:
+        raise InputSpecError(f"cannot make input {missing[0]!r} of this decoder file without its token ids "
+                             f"({layout.ids or 'input_ids'}); {_HOW_TO_PASS}")
+    for spec in specs:
+        if spec.name in made:
+            want = ORT_NUMPY.get(spec.type)
+            arr = made[spec.name] if want is None else made[spec.name].astype(want, copy=False)
+            _check_input(spec, arr.shape, arr.dtype, want)
+            feeds.arrays[spec.name] = arr
+    feeds.arrays = {s.name: feeds.arrays[s.name] for s in specs}
 
 
 def _shape_text(arr: np.ndarray) -> str:

@@ -90,8 +90,8 @@ class TappedSession:
     ) -> dict[str, np.ndarray]:
         """The model's outputs (a single one named ``output``), then each tap."""
         sess, path = self.session, self.path
-        feeds = make_feeds(sess, self.mf.model.graph, inputs, seed)
-        if feeds.generated and notify is not None:
+        feeds = make_feeds(sess, self.mf.model.graph, inputs, seed, folder=self.mf.folder)
+        if feeds.note() and notify is not None:
             notify(feeds.note() or "")
         try:
             values = sess.run(None, feeds.arrays, run_options())

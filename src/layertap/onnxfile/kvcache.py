@@ -1,0 +1,281 @@
+"""Decoder files with a KV cache: which inputs are the past, which outputs the present, and the
+feeds a prefill (or a decode step) needs.
+
+Three conventions are read from a file's declared inputs:
+
+- ``past_key_values.N.key`` / ``.value`` in, ``present.N.key`` / ``.value`` out (Optimum's
+  ``text-generation-with-past``, ONNX Runtime GenAI's model builder, ``lt.export`` with a cache);
+- ``past_key_values_I`` in (``torch.onnx.export(dynamo=True)`` with a ``DynamicCache``: the
+  cache's tensors in pytree order, layer-major key then value), the 4-D outputs after the first out;
+- ``past.N.key`` / ``past_key.N`` spellings of the first.
+
+The KV head count and head size come from the file's declared shapes, else a model config
+(``transformers`` config, ``config.json`` or GenAI's ``genai_config.json`` next to the file).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+from ..errors import InputSpecError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+_NAMED = re.compile(r"^(?:past_key_values|past)[._](\d+)[._](key|value)$")
+_NAMED_ALT = re.compile(r"^past_(key|value)[._](\d+)$")
+_DYNAMO = re.compile(r"^past_key_values_(\d+)$")
+_PRESENT = re.compile(r"^present[._](\d+)[._](key|value)$")
+_PRESENT_ALT = re.compile(r"^present_(key|value)[._](\d+)$")
+IDS_NAMES = ("input_ids",)
+MASK_NAMES = ("attention_mask",)
+POSITION_NAMES = ("position_ids",)
+
+
+@dataclass
+class KvLayout:
+    """A decoder file's cache inputs and outputs.
+
+    ``past``: the past inputs in layer-major order (layer 0 key, layer 0 value, layer 1 key, ...);
+    ``present``: the output that carries each past input's next value (``{}`` when unknown);
+    ``ids`` / ``mask`` / ``positions``: the token, mask and position inputs (``None`` when absent);
+    ``dtype``: the past's element type; ``dims``: the declared past shape (ints or names).
+
+    Example:
+        >>> lay = KvLayout(["past_key_values.0.key", "past_key_values.0.value"], {}, "input_ids", None, None,
+        ...                "float32", (1, 2, "past", 16))
+        >>> lay.layers, lay.empty_past(batch=1, kv_heads=2, head_dim=16)["past_key_values.0.key"].shape
+        (1, (1, 2, 0, 16))
+    """
+
+    past: list[str]
+    present: dict[str, str]
+    ids: str | None
+    mask: str | None
+    positions: str | None
+    dtype: str
+    dims: tuple[int | str, ...]
+
+    @property
+    def layers(self) -> int:
+        """How many decoder layers the cache holds (one key and one value each)."""
+        return len(self.past) // 2
+
+    @property
+    def names(self) -> set[str]:
+        """Every input the cache convention feeds (past, mask, positions)."""
+        return {*self.past, *(n for n in (self.mask, self.positions) if n)}
+
+    def empty_past(self, batch: int, kv_heads: int, head_dim: int, length: int = 0) -> dict[str, np.ndarray]:
+        """Zero past tensors ``batch x kv_heads x length x head_dim`` (length 0: a prefill)."""
+        shape = (batch, kv_heads, length, head_dim)
+        return {n: np.zeros(shape, np.dtype(self.dtype)) for n in self.past}
+
+
+def kv_layout(graph: "onnx.GraphProto") -> KvLayout | None:
+    """The cache layout of a decoder file, or ``None`` when its inputs hold no KV cache.
+
+    Example:
+        >>> import onnx.helper as h
+        >>> ins = [h.make_tensor_value_info(n, 1, [1, 2, "p", 8]) for n in ("past_key_values_0", "past_key_values_1")]
+        >>> ids = h.make_tensor_value_info("input_ids", 7, [1, "s"])
+        >>> outs = [h.make_tensor_value_info(n, 1, None) for n in ("logits", "cat", "cat_1")]
+        >>> lay = kv_layout(h.make_graph([], "g", [ids, *ins], outs))
+        >>> lay.past, lay.present, lay.dims
+        (['past_key_values_0', 'past_key_values_1'], {'past_key_values_0': 'cat', 'past_key_values_1': 'cat_1'}, (1, 2, 'p', 8))
+    """
+    inits = {i.name for i in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in inits]
+    names = [i.name for i in inputs]
+    past = _ordered_past(names)
+    if not past:
+        return None
+    outs = [o.name for o in graph.output]
+    present = _present_for(past, outs)
+    first = next(i for i in inputs if i.name == past[0])
+    tt = first.type.tensor_type
+    dims = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in tt.shape.dim)
+    import onnx
+
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else "float32"
+
+    def pick(options: tuple[str, ...]) -> str | None:
+        return next((n for n in names if n in options), None)
+
+    return KvLayout(past, present, pick(IDS_NAMES), pick(MASK_NAMES), pick(POSITION_NAMES), dtype, dims)
+
+
+def _ordered_past(names: list[str]) -> list[str]:
+    keyed: dict[tuple[int, int], str] = {}
+    for n in names:
+        if m := _NAMED.match(n):
+            keyed[(int(m.group(1)), m.group(2) == "value")] = n
+        elif m := _NAMED_ALT.match(n):
+            keyed[(int(m.group(2)), m.group(1) == "value")] = n
+        elif m := _DYNAMO.match(n):
+            i = int(m.group(1))
+            keyed[(i // 2, i % 2 == 1)] = n
+    if len(keyed) % 2:
+        return []
+    return [keyed[k] for k in sorted(keyed)]
+
+
+def _present_for(past: list[str], outs: list[str]) -> dict[str, str]:
+    keyed: dict[tuple[int, int], str] = {}
+    for n in outs:
+        if m := _PRESENT.match(n):
+            keyed[(int(m.group(1)), m.group(2) == "value")] = n
+        elif m := _PRESENT_ALT.match(n):
+            keyed[(int(m.group(2)), m.group(1) == "value")] = n
+    if len(keyed) == len(past):
+        return dict(zip(past, [keyed[k] for k in sorted(keyed)]))
+    if len(outs) == len(past) + 1:  # dynamo: the logits, then the cache in its input order
+        return dict(zip(past, outs[1:]))
+    return {}
+
+
+def cache_dims(layout: KvLayout, config: Any = None, folder: Path | None = None) -> tuple[int, int]:
+    """KV head count and head size: the file's declared past shape, else ``config`` (a transformers
+    config or a dict), else ``config.json`` / ``genai_config.json`` in ``folder``.
+
+    Example:
+        >>> lay = KvLayout(["past_key_values_0", "past_key_values_1"], {}, "input_ids", None, None, "float32",
+        ...                ("b", "h", "p", "d"))
+        >>> cache_dims(lay, {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2})
+        (2, 16)
+    """
+    heads = layout.dims[1] if len(layout.dims) == 4 else None
+    size = layout.dims[3] if len(layout.dims) == 4 else None
+    if isinstance(heads, int) and heads > 0 and isinstance(size, int) and size > 0:
+        return heads, size
+    found = _config_dims(config) if config is not None else None
+    if found is None and folder is not None:
+        found = _folder_dims(folder)
+    if found is None:
+        shape = "x".join(str(d or "?") for d in layout.dims)
+        raise InputSpecError(
+            f"cannot tell the KV head count and head size of the cache inputs ({', '.join(layout.past[:2])}, ... "
+            f"declared {shape}): pass the model (lt.compare) or its config.json next to the file, or give the past "
+            f"with --input {layout.past[0]}=1xHEADSx0xHEAD_DIM"
+        )
+    return (heads if isinstance(heads, int) and heads > 0 else found[0],
+            size if isinstance(size, int) and size > 0 else found[1])
+
+
+def _config_dims(config: Any) -> tuple[int, int] | None:
+    get = config.get if isinstance(config, Mapping) else (lambda k, d=None: getattr(config, k, d))
+    heads = get("num_attention_heads")
+    kv = get("num_key_value_heads") or heads
+    size = get("head_dim") or get("head_size")
+    if not size and heads and get("hidden_size"):
+        size = get("hidden_size") // heads
+    return (int(kv), int(size)) if kv and size else None
+
+
+def _folder_dims(folder: Path) -> tuple[int, int] | None:
+    genai = folder / "genai_config.json"
+    try:
+        if genai.is_file():
+            dec = json.loads(genai.read_text()).get("model", {}).get("decoder", {})
+            return _config_dims(dec)
+        plain = folder / "config.json"
+        if plain.is_file():
+            return _config_dims(json.loads(plain.read_text()))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    return None
+
+
+def step_feeds(layout: KvLayout, ids: np.ndarray, past: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The mask and positions for ``ids`` after ``past`` (its third axis is the past length).
+
+    Example:
+        >>> lay = KvLayout(["k", "v"], {}, "input_ids", "attention_mask", "position_ids", "float32", ())
+        >>> f = step_feeds(lay, np.zeros((1, 3), np.int64), {"k": np.zeros((1, 2, 4, 8), np.float32)})
+        >>> f["attention_mask"].shape, f["position_ids"].tolist()
+        ((1, 7), [[4, 5, 6]])
+    """
+    batch, seq = ids.shape[0], ids.shape[-1]
+    first = past.get(layout.past[0]) if layout.past else None
+    length = int(first.shape[2]) if first is not None and first.ndim == 4 else 0
+    out: dict[str, np.ndarray] = {}
+    if layout.mask:
+        out[layout.mask] = np.ones((batch, length + seq), np.int64)
+    if layout.positions:
+        out[layout.positions] = np.broadcast_to(np.arange(length, length + seq, dtype=np.int64), (batch, seq)).copy()
+    return out
+
+
+def complete_feeds(layout: KvLayout, arrays: Mapping[str, np.ndarray], *, config: Any = None,
+                   folder: Path | None = None) -> tuple[dict[str, np.ndarray], str | None]:
+    """The cache inputs ``arrays`` lacks: an empty past (a prefill) unless a past is given, the mask
+    and positions that fit the tokens after it; with one line saying what was made (``None``: nothing).
+
+    Example:
+        >>> lay = KvLayout(["past_key_values.0.key", "past_key_values.0.value"], {}, "input_ids", "attention_mask",
+        ...                None, "float32", (1, 2, "past", 16))
+        >>> made, note = complete_feeds(lay, {"input_ids": np.zeros((1, 5), np.int64)})
+        >>> sorted(made)
+        ['attention_mask', 'past_key_values.0.key', 'past_key_values.0.value']
+        >>> note
+        'prefill: empty past (past_key_values.*: 1x2x0x16 float32), attention_mask ones 1x5'
+    """
+    if layout.ids is None or layout.ids not in arrays:
+        return {}, None
+    ids = arrays[layout.ids]
+    given = [n for n in layout.past if n in arrays]
+    if given and len(given) != len(layout.past):
+        missing = [n for n in layout.past if n not in arrays]
+        raise InputSpecError(f"the past is given only in part: {', '.join(missing[:4])} missing (give all "
+                             f"{len(layout.past)} cache inputs, or none for a prefill)")
+    made: dict[str, np.ndarray] = {}
+    words = []
+    if not given:
+        made.update(layout.empty_past(ids.shape[0], *cache_dims(layout, config, folder)))
+        first = made[layout.past[0]]
+        stem = _stem(layout.past[0])
+        words.append(f"empty past ({stem}*: {'x'.join(map(str, first.shape))} {first.dtype.name})")
+    past = {n: arrays.get(n, made.get(n)) for n in layout.past}
+    for name, arr in step_feeds(layout, ids, past).items():  # type: ignore[arg-type]
+        if name not in arrays:
+            made[name] = arr
+            kind = "ones" if name == layout.mask else f"{int(arr.min())}..{int(arr.max())}"
+            words.append(f"{name} {kind} {'x'.join(map(str, arr.shape))}")
+    return made, ("prefill: " if not given else "decode step: ") + ", ".join(words) if words else None
+
+
+def _stem(name: str) -> str:
+    m = re.match(r"^(.*?)(\d+)", name)
+    return m.group(1) if m else name
+
+
+def check_config(layout: KvLayout, config: Any) -> None:
+    """Refuse a model whose config cannot fill the file's cache (layers, KV heads, head size differ).
+
+    Example:
+        >>> lay = KvLayout(["a", "b", "c", "d"], {}, "input_ids", None, None, "float32", (1, 2, "p", 16))
+        >>> check_config(lay, {"num_hidden_layers": 3, "num_attention_heads": 4, "hidden_size": 64})
+        Traceback (most recent call last):
+        ...
+        layertap.errors.InputSpecError: the model's config has 3 layers, 4 KV heads of size 16 but the file's cache ...
+    """
+    if config is None:
+        return
+    get = config.get if isinstance(config, Mapping) else (lambda k, d=None: getattr(config, k, d))
+    layers = get("num_hidden_layers")
+    dims = _config_dims(config)
+    if layers is None or dims is None:
+        return
+    heads = layout.dims[1] if len(layout.dims) == 4 and isinstance(layout.dims[1], int) else dims[0]
+    size = layout.dims[3] if len(layout.dims) == 4 and isinstance(layout.dims[3], int) else dims[1]
+    if (int(layers), *dims) != (layout.layers, heads, size):
+        raise InputSpecError(
+            f"the model's config has {layers} layers, {dims[0]} KV heads of size {dims[1]} but the file's cache "
+            f"({', '.join(layout.past[:2])}, ...) holds {layout.layers} layers, {heads} KV heads of size {size}: "
+            "compare the file with the model it was exported from")
