@@ -21,18 +21,9 @@ EVERY_MODULE = ["model.embed_tokens", "model.norm", "model", "lm_head"] + [
     f"model.layers.{n}" + (f".{m}" if m else "") for n in (0, 1) for m in ["", *LAYER_MODULES]]
 
 
-def _logits(model, input_ids, attention_mask, *past):
-    """The prefill a builder file computes: the prompt with an empty past, every position's logits."""
-    return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-
-
 def _prefill(llama, path, **options):
-    import torch
-
-    ids = prompt_ids()
-    empty = torch.zeros(1, 2, 0, 16)  # batch x KV heads x no past x head size
-    args = (ids, torch.ones_like(ids), empty, empty, empty, empty)
-    return lt.compare(llama, args, path, method=_logits, **options)
+    """The prompt's prefill on both sides: the file's empty past, mask and positions made by compare."""
+    return lt.compare(llama, prompt_ids(), path, **options)
 
 
 def test_builder_fp32_every_decoder_module_maps_and_passes(llama, llama_genai_fp32):

@@ -34,9 +34,6 @@ _LAYER_RE = re.compile(r"^/model/layers\.\d+/")
 _FINAL_NORM_RE = re.compile(r"^/model/layers\.\d+/final_norm_layernorm/")
 _RENAMES = {"attn": "self_attn"}
 _SKIP_NORM = "SkipSimplifiedLayerNormalization"
-# a model's past/present KV tensors: torch.onnx (present.0.key), Optimum and the builder (present.0.key,
-# past_key_values.0.key), older exports (present_key_values.0.value, present.0)
-_CACHE_RE = re.compile(r"^(present|past)(_key_values)?[._]\d+([._](key|value))?$|^past_key_values\.\d+\.(key|value)$")
 
 
 def is_fused_llm(graph: "onnx.GraphProto") -> bool:
@@ -51,33 +48,6 @@ def is_fused_llm(graph: "onnx.GraphProto") -> bool:
     """
     names = any(_LAYER_RE.match(n.name) for n in graph.node)
     return names and any(n.op_type in FUSED_OPS for n in graph.node)
-
-
-def is_cache_tensor(name: str) -> bool:
-    """Whether a tensor name is a KV cache input or output (``present.0.key``, ``past_key_values.1.value``).
-
-    Example:
-        >>> [is_cache_tensor(n) for n in ("present.0.key", "past_key_values.1.value", "present_key_values.3", "logits")]
-        [True, True, True, False]
-    """
-    return bool(_CACHE_RE.match(name))
-
-
-def cache_outputs(graph: "onnx.GraphProto") -> frozenset[str]:
-    """The graph outputs that hand a KV cache back (``present.*``; in a file with past inputs, every
-    output after the first, whatever the exporter named them: ``cat_3``).
-
-    Example:
-        >>> from onnx import helper
-        >>> g = helper.make_graph([], "g", [helper.make_tensor_value_info("past_key_values_0", 1, None)],
-        ...     [helper.make_tensor_value_info(n, 1, None) for n in ("linear_14", "cat_3", "cat_4")])
-        >>> sorted(cache_outputs(g))
-        ['cat_3', 'cat_4']
-    """
-    outputs = [o.name for o in graph.output]
-    if any(is_cache_tensor(i.name) for i in graph.input):
-        return frozenset(outputs[1:])
-    return frozenset(o for o in outputs if is_cache_tensor(o))
 
 
 def module_path(node_name: str) -> str | None:

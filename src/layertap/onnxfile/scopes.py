@@ -62,7 +62,8 @@ from .folds import (
     fold_torchscript,
 )
 from .graph_facts import RULE_KEY, GraphFacts, is_fusion
-from .llm_names import cache_outputs, expose_fused_values, fused_calls, is_fused_llm
+from .kvcache import kv_layout
+from .llm_names import expose_fused_values, fused_calls, is_fused_llm
 from .metadata import NAME_SCOPES_KEY
 from .node_scopes import read_nodes
 from .placing import place_floating
@@ -129,7 +130,8 @@ class ScopeMap:
         self._graph = graph
         self._node_paths = node_paths
         self._facts = facts or GraphFacts(graph)
-        self._cache = cache_outputs(graph)
+        layout = kv_layout(graph)
+        self._cache = frozenset(layout.present.values()) if layout else frozenset()
         self._by_path: dict[str, list[Call]] = {}
         for c in calls:
             self._by_path.setdefault(c.path, []).append(c)
