@@ -142,9 +142,11 @@ def _check_hookable(model: nn.Module, path: str) -> None:
     import torch
 
     parts = path.split(".")
+    mod = model
     for depth in range(1, len(parts) + 1):
         prefix = ".".join(parts[:depth])
-        if isinstance(model.get_submodule(prefix), torch.jit.ScriptModule):
+        mod = mod.get_submodule(parts[depth - 1])  # one step down: the path is walked once
+        if isinstance(mod, torch.jit.ScriptModule):
             where = "is" if depth == len(parts) else f"is inside {prefix!r}, which is"
             parent = prefix.rpartition(".")[0]
             raise SelectorError(
@@ -226,9 +228,17 @@ class Capture:
             if any(t.pos is not None for t in self.taps):
                 # registered first: the root's own taps (an @POS on its input) read the count it sets
                 self._handles.append(self.model.register_forward_pre_hook(self._count_tokens, with_kwargs=True))
-            for mod in by_module.values():
-                self._handles.append(mod.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
-                self._handles.append(mod.register_forward_hook(self._post_hook, with_kwargs=True))
+            # per module, the slots its calls feed: a hook looks up its own instead of testing every tap
+            self._inputs_of = {k: [i for i, t in enumerate(self.taps) if t.port == "input" and self._modules[t.path] is m]
+                               for k, m in by_module.items()}
+            self._outputs_of = {k: [i for i, t in enumerate(self.taps) if t.port == "output" and self._modules[t.path] is m]
+                                for k, m in by_module.items()}
+            for key, mod in by_module.items():
+                if self._inputs_of[key] or self.stop_early:
+                    self._handles.append(mod.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
+                else:  # only the call count: the lean hook (no keyword arguments gathered)
+                    self._handles.append(mod.register_forward_pre_hook(self._start_hook))
+                self._handles.append(mod.register_forward_hook(self._post_hook))
         except BaseException:
             self.remove()
             raise
@@ -252,25 +262,28 @@ class Capture:
     def _count_tokens(self, mod: nn.Module, args: tuple, kwargs: dict) -> None:
         self._tokens_end = tokens_through(args, kwargs, self._tokens_end)
 
+    def _start_hook(self, mod: nn.Module, args: tuple) -> None:
+        self._counter.start(module_key(mod))
+
     def _pre_hook(self, mod: nn.Module, args: tuple, kwargs: dict):
-        mod = self._registered.get(module_key(mod), mod)
-        call = self._counter.start(module_key(mod))
-        for slot in self._slots:
-            if slot.tap.port == "input" and self._modules.get(slot.tap.path) is mod:
-                self._record(slot, call, _input_value(args, kwargs, slot.tap, _forward_names(mod)))
+        key = module_key(mod)
+        mod = self._registered.get(key, mod)
+        call = self._counter.start(key)
+        for i in self._inputs_of[key]:
+            slot = self._slots[i]
+            self._record(slot, call, _input_value(args, kwargs, slot.tap, _forward_names(mod)))
         # An ':input' tap can be complete before its module runs: stop here
         # and save that module's work too.
         if self.stop_early and self._all_done(mod, returned=False):
             raise StopForward()
         return None
 
-    def _post_hook(self, mod: nn.Module, args: tuple, kwargs: dict, output: Any):
-        mod = self._registered.get(module_key(mod), mod)
-        call = self._counter.finish(module_key(mod))
-        for slot in self._slots:
-            if slot.tap.port == "output" and self._modules.get(slot.tap.path) is mod:
-                self._record(slot, call, output)
-        if self.stop_early and self._all_done(mod, returned=True):
+    def _post_hook(self, mod: nn.Module, args: tuple, output: Any):
+        key = module_key(mod)
+        call = self._counter.finish(key)
+        for i in self._outputs_of[key]:
+            self._record(self._slots[i], call, output)
+        if self.stop_early and self._all_done(self._registered.get(key, mod), returned=True):
             raise StopForward()
         return None
 
@@ -278,18 +291,14 @@ class Capture:
         tap = slot.tap
         if slot.error is not None or (tap.call is not None and tap.call >= 0 and call != tap.call):
             return
-        where = f"tap {tap.name!r}: module {tap.path or '<root>'!r} {tap.port}"
-        try:
-            value = pick(value, tap.index, where=where)
-            if not isinstance(value, torch.Tensor):
-                raise not_a_tensor(f"{where}{index_text(tap.index)}", value, tap.canonical)
-        except SelectorError as e:
-            slot.error = e
-            return
+        if tap.index or not isinstance(value, torch.Tensor):  # a plain tensor output needs no picking
+            value = self._picked(slot, value)
+            if value is None:
+                return
         if slot.tokens is not None:
             if value.dim() < 2:
-                slot.error = SelectorError(f"{where}: a token position needs a sequence axis (axis 1); the value has "
-                                           f"shape {tuple(value.shape)}; tap {tap.path!r} without @")
+                slot.error = SelectorError(f"tap {tap.name!r}: a token position needs a sequence axis (axis 1); "
+                                           f"the value has shape {tuple(value.shape)}; tap {tap.path!r} without @")
                 return
             slot.tokens.add(value, self._tokens_end or value.shape[1], self._clone)
             slot.values[call] = (next(self._seq), _BY_POSITION)  # the call ran; its value is kept by position
@@ -301,8 +310,22 @@ class Capture:
             while len(slot.values) > -tap.call:
                 slot.values.pop(min(slot.values))
 
+    def _picked(self, slot: _Slot, value: Any) -> torch.Tensor | None:
+        """The tensor a tap's index picks from a call's value; ``None`` with ``slot.error`` set when it fails."""
+        tap = slot.tap
+        where = f"tap {tap.name!r}: module {tap.path or '<root>'!r} {tap.port}"
+        try:
+            value = pick(value, tap.index, where=where)
+            if not isinstance(value, torch.Tensor):
+                raise not_a_tensor(f"{where}{index_text(tap.index)}", value, tap.canonical)
+        except SelectorError as e:
+            slot.error = e
+            return None
+        return value
+
     def _clone(self, value: torch.Tensor) -> torch.Tensor:
-        return value.detach().clone() if self.detach else value.clone()
+        # under no_grad (every extract) a value has no graph to detach from: one copy, no detach op
+        return value.detach().clone() if self.detach and value.requires_grad else value.clone()
 
     # -- stop_early ------------------------------------------------------
     def _plan_stop(self) -> list[nn.Module | None]:
