@@ -121,39 +121,37 @@ def find_module(model: nn.Module, path: str) -> nn.Module:
     """
     if path == "":
         return model
-    try:
-        found = model.get_submodule(path)
-    except AttributeError:
-        if path.startswith("_orig_mod."):
-            raise SelectorError(
-                f"unknown module {path!r}: a torch.compile'd model is tapped through its original module, "
-                f"so paths have no '_orig_mod.' prefix; use {path[len('_orig_mod.'):]!r}"
-            ) from None
-        candidates = [p for p in module_paths(model) if p]
-        raise SelectorError(
-            unknown_name("module", path, candidates, hint="run 'layertap layers MODEL' to list them")
-        ) from None
-    _check_hookable(model, path)
-    return found
-
-
-def _check_hookable(model: nn.Module, path: str) -> None:
-    """Refuse a path at or inside a TorchScript module: PyTorch runs no hooks there."""
-    import torch
-
-    parts = path.split(".")
     mod = model
-    for depth in range(1, len(parts) + 1):
-        prefix = ".".join(parts[:depth])
-        mod = mod.get_submodule(parts[depth - 1])  # one step down: the path is walked once
-        if isinstance(mod, torch.jit.ScriptModule):
-            where = "is" if depth == len(parts) else f"is inside {prefix!r}, which is"
-            parent = prefix.rpartition(".")[0]
-            raise SelectorError(
-                f"module {path!r} {where} a TorchScript module (torch.jit.script/trace): PyTorch runs no hooks "
-                f"there, so it cannot be tapped; tap {parent + ' or ' if parent else ''}the :input of the module that uses "
-                "its result instead, or build the model without scripting that part"
-            )
+    parts = path.split(".")
+    for depth, part in enumerate(parts, 1):  # the path walked once, through each module's own children
+        child = getattr(mod, "_modules", {}).get(part)
+        if not isinstance(child, nn.Module):
+            raise _unknown_module(model, path)
+        if isinstance(child, torch.jit.ScriptModule):
+            raise _scripted(path, ".".join(parts[:depth]), depth == len(parts))
+        mod = child
+    return mod
+
+
+def _unknown_module(model: nn.Module, path: str) -> SelectorError:
+    if path.startswith("_orig_mod."):
+        return SelectorError(
+            f"unknown module {path!r}: a torch.compile'd model is tapped through its original module, "
+            f"so paths have no '_orig_mod.' prefix; use {path[len('_orig_mod.'):]!r}"
+        )
+    candidates = [p for p in module_paths(model) if p]
+    return SelectorError(unknown_name("module", path, candidates, hint="run 'layertap layers MODEL' to list them"))
+
+
+def _scripted(path: str, prefix: str, itself: bool) -> SelectorError:
+    """Refuse a path at or inside a TorchScript module: PyTorch runs no hooks there."""
+    where = "is" if itself else f"is inside {prefix!r}, which is"
+    parent = prefix.rpartition(".")[0]
+    return SelectorError(
+        f"module {path!r} {where} a TorchScript module (torch.jit.script/trace): PyTorch runs no hooks "
+        f"there, so it cannot be tapped; tap {parent + ' or ' if parent else ''}the :input of the module that uses "
+        "its result instead, or build the model without scripting that part"
+    )
 
 
 class Capture:
