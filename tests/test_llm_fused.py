@@ -56,6 +56,8 @@ def test_builder_layers_and_run_name_pytorch_paths(llama_genai_int4):
     modules = {r.module for r in table.rows}
     assert {"model.layers.1.self_attn", "model.layers.1.self_attn.q_proj", "model.norm", "lm_head"} <= modules
     assert not any("attn." in m and "self_attn" not in m for m in modules if m)
+    packed = next(r for r in table.rows if r.name == "/model/layers.1/attn/qkv_proj/MatMul/output_0")
+    assert packed.module == "model.layers.1.self_attn"  # the one MatMul of three projections: their parent's
     with pytest.raises(lt.LayertapError, match=r"token positions \(@POS\) are read on a PyTorch model.*'model.layers.0'"):
         lt.run(llama_genai_int4, taps=["model.layers.0@-1"])
 

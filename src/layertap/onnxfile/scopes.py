@@ -217,19 +217,28 @@ class ScopeMap:
     def owners(self) -> dict[int, tuple[str, int]]:
         """:meth:`owner` for every node at once (node index -> (module, call))."""
         out: dict[int, tuple[str, int]] = {}
+        parent: dict[int, tuple[str, int]] = {}
+        shared: set[int] = set()
         for c in sorted((c for c in self._calls if c.note is None), key=lambda c: len(c.path)):
             for i in c.nodes:
+                held = out.get(i)
+                if i in shared:
+                    continue
+                if held is not None and held[0] != c.path and not c.path.startswith(held[0] + "."):
+                    # a node two sibling calls share (a packed q/k/v projection) is their parent's
+                    shared.add(i)
+                    out[i] = parent.get(i, held)
+                    continue
+                if held is not None:
+                    parent[i] = held
                 out[i] = (c.path, c.call)
         return out
 
     def owner(self, index: int) -> tuple[str, int] | None:
         """The (module, call) whose value node ``index`` computes: the deepest call
-        without a note (so a folded Conv node belongs to its BatchNorm)."""
-        best = None
-        for c in self._calls:
-            if c.note is None and c.has(index) and (best is None or len(c.path) > len(best.path)):
-                best = c
-        return None if best is None else (best.path, best.call)
+        without a note (so a folded Conv node belongs to its BatchNorm); a node that
+        sibling calls share belongs to the call around them."""
+        return self.owners().get(index)
 
     def resolve(self, tap: Tap | str) -> list[tuple[str, str]]:
         """Tensor names for a tap: ``[(name, tensor_name)]`` named per SPEC.
