@@ -108,7 +108,10 @@ def measure(name: str, rounds: int, warmup: int, with_nnsight: bool) -> dict[str
 
     variants: dict[str, Callable[[], object]] = {"plain generate": plain, "layertap 11 taps": layertap}
     if with_nnsight:
-        nns = nnsight_runner(model, ids, taps)
+        try:
+            nns = nnsight_runner(model, ids, taps)
+        except ImportError as e:
+            raise SystemExit(f"nnsight is not installed ({e}); pip install nnsight, or run with --no-nnsight") from None
         check_equal(layertap(), nns(), taps)
         variants["nnsight 11 saves"] = nns
     for _ in range(warmup):
