@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -84,12 +85,14 @@ def export_dynamo_cache(model, path: Path, past: int = 4, new: int = 3) -> Path:
 
     register_cache_pytrees_for_model(model)
     with torch.no_grad():
-        cache = model(prompt_ids(past, seed=2), past_key_values=transformers.DynamicCache(config=model.config),
+        cache = model(prompt_ids(past, seed=2), cache=transformers.DynamicCache(config=model.config),
                       use_cache=True).past_key_values
     kwargs = dict(input_ids=prompt_ids(new, seed=3), attention_mask=torch.ones(1, past + new, dtype=torch.long),
                   past_key_values=cache, use_cache=True)
-    torch.onnx.export(model, (), kwargs=kwargs, f=str(path), dynamo=True,
-                      dynamic_shapes=get_auto_dynamic_shapes(kwargs), verbose=False)
+    with warnings.catch_warnings():  # the keyword stays past_key_values: it names the file's inputs
+        warnings.filterwarnings("ignore", "`past_key_values` is deprecated", FutureWarning)
+        torch.onnx.export(model, (), kwargs=kwargs, f=str(path), dynamo=True,
+                          dynamic_shapes=get_auto_dynamic_shapes(kwargs), verbose=False)
     return path
 
 

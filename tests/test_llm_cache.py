@@ -62,3 +62,100 @@ def test_compare_with_a_past_given_as_cache(llama, llama_dynamo_cache):
 def test_model_with_other_layers_is_refused(llama_genai_fp32):
     with pytest.raises(LayertapError, match="config has 3 layers, 2 KV heads of size 16 but the file's cache"):
         lt.compare(tiny_llama(num_hidden_layers=3), prompt_ids(7), llama_genai_fp32)
+
+
+def test_steps_compare_each_token_with_the_reference_tokens(llama, llama_dynamo_cache):
+    ids = prompt_ids(7)
+    report = lt.compare(llama, ids, llama_dynamo_cache, steps=3)
+    assert report.ok and report.first_divergence is None
+    outputs = [(r.name, r.token, r.tokens, r.shape) for r in report.rows if r.path == ""]
+    assert outputs == [("output@0..6", 0, 7, [1, 7, 256]), ("output@7", 7, 1, [1, 1, 256]),
+                       ("output@8", 8, 1, [1, 1, 256]), ("output@9", 9, 1, [1, 1, 256])]
+    with torch.no_grad():
+        generated = llama.generate(ids, max_new_tokens=3, do_sample=False)[0, 7:].tolist()
+    assert f"reference's tokens ({', '.join(map(str, generated))})" in report.notes[-1]
+    footer = report.footer()
+    grid = footer[footer.index("rel err by module and token position (! = FAIL):") + 1:]
+    assert grid[0] == "module              0..6        7        8        9"
+    assert [line.split()[0] for line in grid[1:4]] == ["model.layers.0", "model.layers.1", "output"]
+    assert "!" not in "".join(grid[1:4]) and len(grid[1].split()) == 5
+
+
+def test_steps_int4_divergence_named_with_token(llama, llama_genai_int4):
+    report = lt.compare(llama, prompt_ids(7), llama_genai_int4, steps=2)
+    assert not report.ok
+    row = report.first_divergence_row
+    assert report.first_divergence == f"{row.path}@0..6" and report.summary()["first_divergence_token"] == 0
+    assert [r.token for r in report.rows if r.path == "" and r.status == "FAIL"] == [0, 7, 8]
+    assert any(line.startswith("first divergence: ") and " in the prompt (tokens 0..6)" in line
+               for line in report.footer())
+    html = report._repr_html_()
+    grid = html[html.index("error by layer and token"):html.index("module tree")]
+    assert "<th>0..6</th><th>7</th><th>8</th>" in grid and '<span class="bad">' in grid
+
+
+def test_steps_refuse_a_file_without_cache(tmp_path, llama):
+    path = tmp_path / "no_cache.onnx"
+    torch.onnx.export(llama.model.norm, (torch.zeros(1, 3, 64),), str(path), dynamo=False)
+    with pytest.raises(LayertapError, match="steps= needs a decoder file with a KV cache"):
+        lt.compare(llama.model.norm, torch.zeros(1, 3, 64), path, steps=2)
+
+
+@pytest.fixture(scope="session")
+def llama_kv_export(llama, tmp_path_factory):
+    path = tmp_path_factory.mktemp("llama_kv") / "llama_kv.onnx"
+    return lt.export(llama, prompt_ids(5), path, kv_cache=True), path
+
+
+def test_export_kv_cache_uses_optimum_names_and_decodes(llama, llama_kv_export):
+    report, path = llama_kv_export
+    assert report.ok and [r.name for r in report.rows] == [
+        "logits", "present.0.key", "present.0.value", "present.1.key", "present.1.value"]
+    assert list(report.inputs) == ["input_ids", "attention_mask", "past_key_values.0.key", "past_key_values.0.value",
+                                   "past_key_values.1.key", "past_key_values.1.value"]
+    assert any("a prefill of 5 tokens and 3 greedy steps fed their own present.*" in n for n in report.notes)
+    # another prompt length, a prefill made by layertap, then decode steps: all match PyTorch
+    steps = lt.compare(llama, prompt_ids(9), path, steps=4)
+    assert steps.ok and [r.token for r in steps.rows if r.path == ""] == [0, 9, 10, 11, 12]
+
+
+def test_export_dynamic_sequence_runs_at_other_lengths(llama, tmp_path):
+    path = tmp_path / "llama_seq.onnx"
+    report = lt.export(llama, prompt_ids(5), path, dynamic_sequence=True)
+    assert report.ok and report.inputs["input_ids"][1] != 5  # a symbol, not the example's length
+    assert any(n.startswith("the model also returns its KV cache (past_key_values), which the file does not output")
+               for n in report.notes)
+    for length in (3, 11):
+        ids = prompt_ids(length, seed=length)
+        np.testing.assert_allclose(lt.run(path, {"input_ids": ids.numpy()})["output"], _logits(llama, ids),
+                                   atol=1e-5)
+
+
+def test_bad_cache_inputs_are_one_line_errors(llama_genai_fp32, llama_dynamo_cache):
+    ids = prompt_ids(4).numpy()
+    with pytest.raises(LayertapError, match=r"the past is given only in part: past_key_values.0.value, "):
+        lt.run(llama_genai_fp32, {"input_ids": ids, "past_key_values.0.key": np.zeros((1, 2, 0, 16), np.float32)})
+    # no config next to a dynamo file, no declared KV sizes: the message names the inputs and what to pass
+    with pytest.raises(LayertapError, match=r"KV head count and head size of the cache inputs \(past_key_values_0, "
+                                            r"past_key_values_1, \.\.\. declared .*--input past_key_values_0=1xHEADSx0x"):
+        lt.run(llama_dynamo_cache, {"input_ids": ids})
+
+
+def test_cli_compare_steps_prints_the_token_grid(cli, llama_genai_int4):
+    done = cli("compare", "tests/_llm.py:tiny_llama", str(llama_genai_int4), "--input", "input_ids=1x6:int64",
+               "--steps", "2", "--module", "model.layers.0.mlp")
+    assert done.returncode == 1, done.stderr
+    out = " ".join(done.stdout.split())  # lines wrap at the terminal's width
+    assert "rel err by module and token position (! = FAIL):" in out
+    assert "first divergence: model.layers.0.mlp.act_fn@0..5 (SiLUActivation) in the prompt (tokens 0..5)" in out
+
+
+def test_long_generation_values_beyond_the_budget_go_to_disk(llama, llama_dynamo_cache):
+    ids, taps = prompt_ids(7), ["model.layers.0", "model.layers.1", "model.norm"]
+    held = lt.extract(llama, ids, taps=taps, method="generate", max_new_tokens=12, do_sample=False)
+    spilled = lt.extract(llama, ids, taps=taps, method="generate", max_new_tokens=12, do_sample=False,
+                         memory_budget=4096)
+    assert held.spilled == 0 and spilled.spilled > 0 and list(spilled) == list(held)
+    assert all(torch.equal(spilled[k], held[k]) for k in held)
+    report = lt.compare(llama, ids, llama_dynamo_cache, steps=2, memory_budget=4096)
+    assert report.ok and any("KiB of reference values were held on disk (memory_budget)" in n for n in report.notes)

@@ -62,3 +62,64 @@ def compact_structure(structure: str) -> str:
     """
     text = _TENSOR_RE.sub(lambda m: m.group(1).replace(",", "x") or "scalar", structure)
     return _CLASS_RE.sub("(", text)
+
+
+def token_grid(rows: Any, limit: int = 40) -> tuple[list[str], list[tuple[str, list[tuple[float | None, bool | None]]]]]:
+    """A layer x token grid of compare rows that carry token positions (``steps=``): the column
+    names (token positions, the prompt's as ``FIRST..LAST``), then per module path its
+    ``(rel_err, ok)`` per column. Decoder layers (paths ending in a layer number) and the model
+    output are the grid's rows; without compared layers, every compared path (at most ``limit``).
+    Rows are read by field name (``path``, ``token``, ``tokens``, ``rel_err``, ``ok``).
+
+    Example:
+        >>> from types import SimpleNamespace as R
+        >>> rows = [R(path="m.layers.0", token=0, tokens=3, rel_err=1e-7, ok=True),
+        ...         R(path="m.layers.0", token=3, tokens=1, rel_err=0.2, ok=False), R(path="m.act", token=3, tokens=1,
+        ...         rel_err=0.1, ok=False)]
+        >>> token_grid(rows)
+        (['0..2', '3'], [('m.layers.0', [(1e-07, True), (0.2, False)])])
+        >>> token_grid([R(path="m.layers.0", token=None, tokens=None, rel_err=0.0, ok=True)])
+        ([], [])
+    """
+    def get(row: Any, key: str) -> Any:  # rows as dataclasses or as dicts (a report's JSON)
+        return row.get(key) if isinstance(row, dict) else getattr(row, key, None)
+
+    stepped = [(get(r, "path"), get(r, "token"), get(r, "tokens") or 1, get(r, "rel_err"), get(r, "ok"))
+               for r in rows if get(r, "token") is not None]
+    columns: dict[int, str] = {}
+    for _, token, n, _, _ in stepped:
+        columns.setdefault(token, f"{token}..{token + n - 1}" if n > 1 else str(token))
+    compared = list(dict.fromkeys(path for path, _, _, _, ok in stepped if ok is not None))
+    layers = [p for p in compared if p == "" or re.search(r"\.\d+$", p)]
+    paths = layers if any(p for p in layers) else compared[:limit]
+    cells: dict[tuple[str, int], tuple[float | None, bool | None]] = {}
+    for path, token, _, rel, ok in stepped:
+        if path in paths and ok is not None:
+            cells.setdefault((path, token), (rel, ok))
+    order = sorted(columns)
+    grid = [(p or "output", [cells.get((p, t), (None, None)) for t in order]) for p in paths]
+    return [columns[t] for t in order], grid
+
+
+def grid_lines(rows: Any) -> list[str]:
+    """:func:`token_grid` as terminal text: rel err per module and token, ``!`` after a failing cell.
+
+    Example:
+        >>> from types import SimpleNamespace as R
+        >>> print("\\n".join(grid_lines([R(path="m.layers.0", token=0, tokens=2, rel_err=1e-7, ok=True),
+        ...                               R(path="m.layers.0", token=2, tokens=1, rel_err=0.25, ok=False)])))
+        rel err by module and token position (! = FAIL):
+        module          0..1        2
+        m.layers.0     1e-07     0.25!
+    """
+    columns, grid = token_grid(rows)
+    if not grid:
+        return []
+    width = max(len(name) for name, _ in grid) + 2
+    cell = [max(len(c), 8) for c in columns]
+    head = "module".ljust(width) + "".join(c.rjust(w) + " " for c, w in zip(columns, cell))
+    lines = ["rel err by module and token position (! = FAIL):", head.rstrip()]
+    for name, values in grid:
+        text = [fmt_float(v).rjust(w) + ("!" if ok is False else " ") for (v, ok), w in zip(values, cell)]
+        lines.append((name.ljust(width) + "".join(text)).rstrip())
+    return lines

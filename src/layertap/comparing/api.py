@@ -88,6 +88,7 @@ def compare(
     progress: Progress | None = None,
     onnx_path: str | os.PathLike | None = None,
     allow_different_weights: bool = False,
+    steps: int | None = None,
 ) -> CompareReport:
     """Compare a reference with an ONNX candidate layer by layer in ONNX Runtime.
 
@@ -129,6 +130,10 @@ def compare(
             name differ (another checkpoint); the report says so. Without it that raises
             :class:`~layertap.comparing.weights.DifferentWeightsError`. A few differing
             parameters never stop the comparison: each is named on its module's row (``weights``).
+        steps: with a decoder file (a KV cache), the prompt and then this many greedy decode
+            steps on both sides, the reference's tokens forced on both, each side fed its own
+            cache; rows are per call and token (``PATH@POS``, ``token``), the first divergence
+            names both (:mod:`.steps`).
 
     Returns:
         A :class:`CompareReport`: ``.ok``, ``.rows`` (one per module call, in
@@ -163,13 +168,16 @@ def compare(
     given, n_random = given_samples(args if onnx_ref else _as_args(args), samples)
     options = dict(criterion=criterion, modules=modules, batch_outputs=batch_outputs, memory_budget=memory_budget,
                    allow_different_weights=allow_different_weights)
+    if steps is not None and (onnx_ref or samples is not None):
+        raise LayertapError("steps= decodes one prompt with a PyTorch reference: give the model and one input "
+                            "(input_ids), without samples=")
     if onnx_ref:
         return _compare_files(ref, cand, given, n_random, ref_providers, c_providers, options, seed=seed, local=local,
                               ref_optimize=ort_optimizations if ref_ort_optimizations is None else ref_ort_optimizations,
                               cand_optimize=ort_optimizations, progress=progress)
     return _compare_torch(
         ref, cand, given, n_random, c_providers, options, kwargs=dict(kwargs or {}), method=method,
-        ort_optimizations=ort_optimizations, seed=seed, local=local, progress=progress,
+        ort_optimizations=ort_optimizations, seed=seed, local=local, progress=progress, steps=steps,
     )
 
 
@@ -232,16 +240,24 @@ def _torch_samples(given: list[Any], n_random: int, kwargs: dict, seed: int) -> 
 
 def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[Any], n_random: int, providers: list[str],
                    options: dict[str, Any], *, kwargs: dict, method: str | Callable[..., Any], ort_optimizations: bool,
-                   seed: int, local: bool, progress: Progress | None) -> CompareReport:
-    """PyTorch reference: one hooked forward per sample, the candidate's tensors in ORT batches."""
+                   seed: int, local: bool, progress: Progress | None, steps: int | None = None) -> CompareReport:
+    """PyTorch reference: one hooked forward per sample (or decode step), the candidate's tensors in ORT batches."""
     from ..pytorch.taps import bound_method
+    from .steps import StepReference, check_steps
     from .torch_ref import TorchReference
 
     bound_method(model, method)  # a non-module or an unknown method fails before any work
     runs = _torch_samples(given, n_random, kwargs, seed)
     cand_side = OrtSide(cand, ort_optimizations, providers)
-    reference = TorchReference(model, runs, cand_side, method=method, progress=progress, **options)
-    return compare_sides(reference, cand_side, criterion=options["criterion"], weights=reference.weights, local=local,
+    reference: TorchReference
+    candidate: Any = cand_side
+    if steps is not None:
+        reference = StepReference(model, runs, cand_side, steps=check_steps(steps), method=method, progress=progress,
+                                  **options)
+        candidate = reference.candidate
+    else:
+        reference = TorchReference(model, runs, cand_side, method=method, progress=progress, **options)
+    return compare_sides(reference, candidate, criterion=options["criterion"], weights=reference.weights, local=local,
                          memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
                          ort_optimizations=ort_optimizations)
 

@@ -260,13 +260,15 @@ def compare_sides(ref: Reference, cand: Candidate, *, criterion: Criterion, weig
                   local: bool, memory_budget: int, progress: Progress | None, **fields: Any) -> CompareReport:
     """Run the two sides (:class:`Driver`) and make the report; ``fields`` go to :class:`CompareReport`."""
     driver = Driver(ref, cand, local, progress)
-    rows, firsts = merge_samples(driver.run(memory_budget), criterion)
+    # a reference whose samples are steps of one run (decode steps) keeps every sample's rows
+    merge = getattr(ref, "merge_rows", merge_samples)
+    rows, firsts = merge(driver.run(memory_budget), criterion)
     first = next((r for r in rows if r.ok is False), None)
     weights.annotate(rows)
     notes = run_notes(ref, cand, driver.spilled, rounding=could_be_rounding(first, criterion))
     return CompareReport(
         rows, weights.notes() + notes, criterion=criterion, ort_runs=sum(side.runs for side in (cand, *ref.own_runs)),
-        samples=ref.n_samples, first_divergence_counts=firsts, local=local, weights=weights, **fields,
+        samples=1 if merge is not merge_samples else ref.n_samples, first_divergence_counts=firsts, local=local, weights=weights, **fields,
     )
 
 
@@ -281,8 +283,9 @@ def run_notes(reference: Reference, candidate: Candidate, spilled: int, *, round
     if candidate.runs > n:
         notes.append(f"ONNX Runtime ran {candidate.runs} times, exposing the intermediates in batches to bound memory")
     if spilled:
-        notes.append(f"{spilled / 2**20:.0f} MiB of reference values were held on disk (memory_budget)")
-    if n > 1:
+        size = f"{spilled / 2**20:.0f} MiB" if spilled >= 2**20 else f"{spilled / 2**10:.0f} KiB"
+        notes.append(f"{size} of reference values were held on disk (memory_budget)")
+    if n > 1 and not hasattr(reference, "merge_rows"):
         notes.append(f"{n} samples; each row shows its worst sample (worst_sample); "
                      f"{sum(side.sessions for side in (candidate, *reference.own_runs))} ORT session(s) for all of them")
     return notes

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
-from ..formats import fmt_db, fmt_float, fmt_shape
+from ..formats import fmt_db, fmt_float, fmt_shape, grid_lines
 from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, Criterion, ErrorStats
 from ..tables import Column, ToleranceReport
 
@@ -47,6 +47,8 @@ class CompareRow:
             BatchNorm a Conv was fused into); ``None`` when unknown or not absorbed.
         weights: the module's parameters whose values differ between the two sides
             (``fc.weight differs (rel 0.5)``), else ``None``.
+        token, tokens: with decode steps (``steps=``), the first token position the call computed
+            and how many (the prompt's call covers all its tokens; a decode step one)
     """
 
     name: str
@@ -68,6 +70,8 @@ class CompareRow:
     ref_max: float | None = None
     fused_into: str | None = None
     weights: str | None = None
+    token: int | None = None
+    tokens: int | None = None
 
     @property
     def remarks(self) -> str | None:
@@ -173,6 +177,7 @@ class CompareReport(ToleranceReport):
         out: dict[str, Any] = {
             "ok": self.ok,
             "first_divergence": self.first_divergence,
+            "first_divergence_token": self.first_divergence_row.token if self.first_divergence_row else None,
             "onnx": self.onnx_path,
             "rtol": self.rtol,
             "atol": self.atol,
@@ -200,6 +205,7 @@ class CompareReport(ToleranceReport):
             f"{c[PASS]} pass, {c[FAIL]} FAIL, {c[ABSORBED]} absorbed, {c[NO_COUNTERPART]} without counterpart "
             f"({self._rule()})"
         )
+        lines.extend(grid_lines(self.rows))  # decode steps: rel err by layer and token
         bad = self.first_nonfinite
         if bad is not None:
             lines.append(f"first non-finite values: {bad.name} ({bad.type}) holds NaN or inf in the candidate")
@@ -211,7 +217,10 @@ class CompareReport(ToleranceReport):
         if row is None:
             lines.append("no divergence: every compared module agrees")
         else:
-            lines.append(f"first divergence: {row.name} ({row.type}): {self._size(row)}; "
+            n = row.tokens or 1
+            at = ("" if row.token is None else f" at token {row.token}" if n == 1
+                  else f" in the prompt (tokens {row.token}..{row.token + n - 1})")
+            lines.append(f"first divergence: {row.name} ({row.type}){at}: {self._size(row)}; "
                          f"{self._before_divergence(row)}{self._weights_before(row)}")
         return lines
 

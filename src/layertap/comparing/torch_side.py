@@ -6,10 +6,6 @@ Used by :mod:`layertap.comparing`.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -17,78 +13,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import numpy as np
 
 from ..errors import InputSpecError, LayertapError
+from ..files.store import ArrayStore
 from ..pytorch.callhooks import CallHooks
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-
-
-class ArrayStore:
-    """Arrays by key; beyond ``budget`` bytes new ones spill to a temporary folder.
-
-    Spilled arrays come back memory-mapped, so only the pages being compared
-    are resident.
-    """
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.held = 0
-        self.spilled = 0
-        self._mem: dict[int, list[np.ndarray]] = {}
-        self._disk: dict[int, list[str]] = {}
-        self._shapes: dict[int, list[tuple[int, ...]]] = {}
-        self._nbytes: dict[int, int] = {}
-        self._dir: str | None = None
-
-    def put(self, key: int, arrays: list[np.ndarray], shared: bool = False) -> None:
-        """Store ``arrays``; ``shared`` arrays already held elsewhere cost nothing."""
-        nbytes = 0 if shared else sum(a.nbytes for a in arrays)
-        self._shapes[key] = [tuple(a.shape) for a in arrays]
-        self._nbytes[key] = sum(a.nbytes for a in arrays)
-        if shared or self.held + nbytes <= self.budget:
-            self._mem[key] = arrays
-            self.held += nbytes
-            return
-        if self._dir is None:
-            self._dir = tempfile.mkdtemp(prefix="layertap-compare-")
-        paths = []
-        for i, a in enumerate(arrays):
-            p = os.path.join(self._dir, f"{key}_{i}.npy")
-            np.save(p, a, allow_pickle=False)
-            paths.append(p)
-        self._disk[key] = paths
-        self.spilled += nbytes
-
-    def has(self, key: int) -> bool:
-        return key in self._shapes
-
-    def shapes(self, key: int) -> list[tuple[int, ...]]:
-        return self._shapes.get(key, [])
-
-    def nbytes(self, key: int) -> int:
-        return self._nbytes.get(key, 0)
-
-    def get(self, key: int) -> list[np.ndarray]:
-        if key in self._mem:
-            return self._mem[key]
-        if key in self._disk:
-            return [np.load(p, mmap_mode="r", allow_pickle=False) for p in self._disk[key]]
-        return []
-
-    def drop(self, key: int) -> None:
-        """Forget ``key``'s arrays (memory, or the spilled files)."""
-        arrays = self._mem.pop(key, None)
-        if arrays is not None:
-            self.held -= sum(a.nbytes for a in arrays)
-        for path in self._disk.pop(key, []):
-            with contextlib.suppress(OSError):
-                os.remove(path)
-
-    def close(self) -> None:
-        self._mem.clear()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
 
 
 @dataclass

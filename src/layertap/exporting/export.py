@@ -59,6 +59,7 @@ from ..onnxfile.publish import external_locations, publish, publish_file
 from ..pytorch.values import random_tensor, tensor_to_numpy
 from ..selectors import Tap, parse_taps
 from . import _onnxedit as edit
+from . import llm
 from ._branches import branch_note, contrasting, traced_branches
 from .verify import Check, ExportReport, ExportRow, check_output
 from .wrapper import MODEL_ATTRIBUTES, TapWrapper
@@ -86,6 +87,8 @@ def export(
     kwargs: dict | None = None,
     fallback: bool = False,
     external_data: bool | None = None,
+    dynamic_sequence: bool = False,
+    kv_cache: bool = False,
 ) -> ExportReport:
     """Export ``model.<method>(*args, **kwargs)`` to ONNX with taps as extra outputs.
 
@@ -113,6 +116,13 @@ def export(
             (the report says so) instead of raising.
         external_data: store weights in ``<path>.data``; default: only when
             they exceed 1.9 GiB.
+        dynamic_sequence: also make the sequence axis symbolic (axis 1 of every
+            input of rank 2 or more; axis 2 of a cache input), verified at another length.
+        kv_cache: a transformers decoder with its KV cache (implies ``dynamic_sequence``):
+            ``args`` is ``input_ids``; inputs ``input_ids``, ``attention_mask``,
+            ``past_key_values.N.key/value``, outputs ``logits``, ``present.N.key/value``
+            (Optimum's names), verified also over a prefill and greedy decode steps
+            (:mod:`layertap.exporting.llm`).
 
     Returns:
         An :class:`~layertap.exporting.verify.ExportReport`: one row per graph
@@ -136,7 +146,15 @@ def export(
     """
     out = check_output_path(path, suffixes=(".onnx",))
     _check_options(model, exporter)
+    if kv_cache:
+        args, input_names, method, kwargs = *llm.cache_example(model, _as_args(args), dict(kwargs or {})), \
+            llm.cache_method(model), None
     plan = _plan(model, args, kwargs, taps, method, input_names, dynamic_batch, external_data)
+    if dynamic_sequence or kv_cache:
+        plan.sequence = llm.sequence_axes(plan.input_names, plan.traced)
+    plan.cache = kv_cache
+    if not kv_cache and method == "forward" and llm.returns_cache(model):
+        plan.notes.append(llm.DROPPED_CACHE_NOTE)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name[:120]}.") as work:
         raw, final = _work_paths(Path(work), "model.onnx")  # short: any output name fits NAME_MAX
         used, graph = _run_exporter(plan, raw, exporter, fallback, opset)
@@ -170,10 +188,19 @@ class _Plan:
     notes: list[str]
     #: source lines where the TorchScript tracer turned a tensor into a Python value
     branches: list[str] = field(default_factory=list)
+    #: input index -> its symbolic sequence axis (dynamic_sequence)
+    sequence: dict[int, int] = field(default_factory=dict)
+    #: a decoder exported with its KV cache: model outputs are named ``logits``, ``present.N.key``...
+    cache: bool = False
 
     @property
     def output_names(self) -> list[str]:
-        return [o.name for o in self.wrapper.outputs]
+        return [self.output_name(o) for o in self.wrapper.outputs]
+
+    def output_name(self, info: Any) -> str:
+        """A cache export's model outputs by their own names (``logits``, not ``output[logits]``)."""
+        bare = self.cache and info.path is None and info.name.startswith("output[") and info.name.endswith("]")
+        return info.name[7:-1] if bare else info.name
 
 
 def _check_options(model: Any, exporter: str) -> None:
@@ -319,7 +346,8 @@ def _export_dynamo(plan: _Plan, opset: int | None) -> ir.Model:
         # forward(*tensors): one spec per tensor, nested in the varargs slot.
         # Dim.DYNAMIC gives each input its own symbol unless the model ties
         # them, and fails loudly instead of silently fixing the size.
-        dims = tuple({0: torch.export.Dim.DYNAMIC} if t.dim() > 0 else None for t in plan.traced)
+        dims = tuple(({0: torch.export.Dim.DYNAMIC} | _sequence_dim(plan, i)) if t.dim() > 0 else None
+                     for i, t in enumerate(plan.traced))
         options["dynamic_shapes"] = (dims,)
     if opset is not None:
         options["opset_version"] = opset
@@ -330,10 +358,16 @@ def _export_dynamo(plan: _Plan, opset: int | None) -> ir.Model:
     return program.model
 
 
+def _sequence_dim(plan: _Plan, index: int) -> dict[int, Any]:
+    axis = plan.sequence.get(index)
+    return {} if axis is None else {axis: torch.export.Dim.DYNAMIC}
+
+
 def _export_torchscript(plan: _Plan, raw: Path, opset: int | None) -> ir.Model:
     options: dict[str, Any] = {"input_names": list(plan.input_names)}
     if plan.dynamic:
-        options["dynamic_axes"] = {n: {0: f"batch_{n}"} for n, t in zip(plan.input_names, plan.traced) if t.dim() > 0}
+        options["dynamic_axes"] = {n: {0: f"batch_{n}", **{a: f"sequence_{n}" for a in _sequence_dim(plan, i)}}
+                                   for i, (n, t) in enumerate(zip(plan.input_names, plan.traced)) if t.dim() > 0}
     if opset is not None:
         options["opset_version"] = opset
     try:
@@ -429,7 +463,7 @@ def _finish_graph(plan: _Plan, model: ir.Model) -> None:
     written = [v.name for v in graph.outputs]
     if written != plan.output_names:  # verification and the report ask for these names
         raise LayertapError(f"internal error: the file's outputs {written} are not the taps' names {plan.output_names}")
-    model.metadata_props[TAPS_KEY] = json.dumps([o.record() for o in plan.wrapper.outputs])
+    model.metadata_props[TAPS_KEY] = json.dumps([{**o.record(), "name": plan.output_name(o)} for o in plan.wrapper.outputs])
 
 
 def _declared_inputs(model: ir.Model) -> dict[str, list | None]:
@@ -509,6 +543,10 @@ def _verify(final: Path, plan: _Plan, rows: list[ExportRow], rtol: float, atol: 
         other = _other_batch(plan.example, plan.traced)
         with torch.no_grad():
             runs.append((other, plan.wrapper.run(other), None))
+    if plan.sequence:  # another number of tokens (a past keeps its length)
+        longer = llm.other_sequence(plan.example, plan.sequence, plan.input_names)
+        with torch.no_grad():
+            runs.append((longer, plan.wrapper.run(longer), None))
     flipped = contrasting(plan.example) if plan.branches else None
     if flipped is not None:  # may take the other branch of a traced ``if``
         with torch.no_grad():
@@ -530,6 +568,30 @@ def _verify(final: Path, plan: _Plan, rows: list[ExportRow], rtol: float, atol: 
             if why and not check.ok and check.problem is None:
                 check.problem = why
             row.add(check)
+    if plan.cache:
+        _verify_decode(sess, plan, rows, run_opts, rtol, atol)
+
+
+def _verify_decode(sess: Any, plan: _Plan, rows: list[ExportRow], run_opts: Any, rtol: float, atol: float) -> None:
+    """A cache export decodes: a prefill from an empty past, then greedy steps fed their own cache."""
+    logits = next(r for r in rows if r.name == "logits")
+    ids = plan.example[0]
+    try:
+        calls = llm.verify_decode(sess, plan.wrapper.model, ids, run_opts)
+    except Exception as e:  # noqa: BLE001 - reported on the row, as a refused run is
+        logits.add(Check({"input_ids": int(ids.shape[0])}, None, None, None, False,
+                         f"ONNX Runtime failed to decode from an empty past: {_reason(e)}"))
+        return
+    worst = 0.0
+    for position, got, ref in calls:
+        check = check_output(got, ref, rtol=rtol, atol=atol, batch={"input_ids": int(ids.shape[0])})
+        if not check.ok and check.problem is None:
+            check.problem = f"differs from PyTorch at token {position} of the decode"
+        logits.add(check)
+        worst = max(worst, check.rel_err or 0.0)
+    plan.notes.append(f"decoded in ONNX Runtime from an empty past: a prefill of {ids.shape[1]} tokens and "
+                      f"{len(calls) - 1} greedy steps fed their own present.* as past_key_values.* (logits rel err "
+                      f"up to {worst:.3g})")
 
 
 def _batch_words(batch: dict[str, int]) -> str:

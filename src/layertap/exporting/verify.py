@@ -89,7 +89,8 @@ class ExportRow:
 
     @property
     def batches(self) -> str:
-        return ", ".join(_batch_text(c.batch) for c in self.checks) or "-"
+        """The batch sizes run, each once (another sequence length or a decode step runs the same batch)."""
+        return ", ".join(dict.fromkeys(_batch_text(c.batch) for c in self.checks)) or "-"
 
 
 def _worst(old: float | None, new: float | None) -> float | None:

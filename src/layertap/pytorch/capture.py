@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..errors import SelectorError, unknown_name
+from ..files.store import ArrayStore
 from ..selectors import Tap, index_text, parse_taps
 from . import callgraph
 from .callhooks import CallCounter, module_key
@@ -165,6 +166,9 @@ class Capture:
         stop_early: raise :class:`StopForward` once every tap is complete.
         method: the root method being run, a name or a callable (used by
             ``stop_early``'s analysis and in messages).
+        memory_budget: bytes of detached values held in memory; later ones go to a temporary
+            folder and come back memory-mapped (a long ``generate``), as ``lt.compare``'s
+            values do (:class:`~layertap.files.store.ArrayStore`). ``None``: all in memory.
 
     The value is always cloned: in-place modules (``ReLU(inplace=True)``)
     would otherwise overwrite what was captured.
@@ -185,8 +189,10 @@ class Capture:
         detach: bool = True,
         stop_early: bool = False,
         method: Method = "forward",
+        memory_budget: int | None = None,
     ) -> None:
         self.model = model
+        self.store = ArrayStore(memory_budget) if memory_budget is not None and detach else None
         self.taps = parse_taps(taps)
         self.detach = detach
         self.stop_early = stop_early
@@ -302,7 +308,8 @@ class Capture:
             slot.values[call] = (next(self._seq), _BY_POSITION)  # the call ran; its value is kept by position
             return
         value = self._clone(value)
-        slot.values[call] = (next(self._seq), value)
+        seq = next(self._seq)
+        slot.values[call] = (seq, self._held(seq, value))
         if tap.call is not None and tap.call < 0:
             # Only the last |call| calls can be the one asked for.
             while len(slot.values) > -tap.call:
@@ -324,6 +331,27 @@ class Capture:
     def _clone(self, value: torch.Tensor) -> torch.Tensor:
         # under no_grad (every extract) a value has no graph to detach from: one copy, no detach op
         return value.detach().clone() if self.detach and value.requires_grad else value.clone()
+
+    def _held(self, key: int, value: torch.Tensor) -> torch.Tensor:
+        """``value``, or beyond the memory budget its copy on disk (memory-mapped, read lazily)."""
+        store = self.store
+        if store is None or value.dtype == torch.bfloat16 or value.device.type != "cpu":
+            return value
+        arr = value.numpy()
+        store.put(key, [arr])
+        if store.on_disk(key):
+            return torch.from_numpy(store.get(key)[0])
+        return value
+
+    @property
+    def spilled(self) -> int:
+        """Bytes of captured values held on disk (``memory_budget``)."""
+        return self.store.spilled if self.store is not None else 0
+
+    def release_disk(self) -> None:
+        """Remove the spill folder: values already returned stay readable through their maps (POSIX)."""
+        if self.store is not None:
+            self.store.close()
 
     # -- stop_early ------------------------------------------------------
     def _plan_stop(self) -> list[nn.Module | None]:

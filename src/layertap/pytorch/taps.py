@@ -104,6 +104,7 @@ def extract(
     method: Method = "forward",
     stop_early: bool = False,
     detach: bool = True,
+    memory_budget: int | None = None,
     **kwargs: Any,
 ) -> "Extraction":
     """Run ``model.<method>(*args, **kwargs)`` once and return the tapped values.
@@ -122,6 +123,9 @@ def extract(
             reads the callers' source to know; when unsure it waits longer,
             never returns fewer calls).
         detach: return detached tensors (default) or keep autograd.
+        memory_budget: bytes of captured values held in memory; beyond it they go to a
+            temporary file and come back as memory-mapped tensors (a long ``generate``
+            with many taps). ``None`` (default): all in memory.
 
     Returns:
         :class:`Extraction` (a dict) name -> tensor in capture order, then ``"output"`` (or
@@ -134,6 +138,9 @@ def extract(
         >>> list(out)
         ['layer2.0.relu#0', 'layer2.0.relu#1']
     """
+    if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(memory_budget, int)
+                                      or memory_budget < 0):
+        raise LayertapError(f"memory_budget must be a number of bytes >= 0, got {memory_budget!r}")
     parsed = parse_taps(taps)
     # `""` names the model's result, which is always returned: hooked too, it would be saved twice
     whole_result = any(is_model_output(t) for t in parsed)
@@ -144,7 +151,7 @@ def extract(
     root_taps = served_at_root(parsed, method)
     hooked = [t for t in parsed if t not in root_taps]
     inputs = [(t.name, root_value(t, root_input(args, kwargs, t, fn), detach)) for t in root_taps if t.port == "input"]
-    cap = Capture(model, hooked, detach=detach, stop_early=stop_early, method=method)
+    cap = Capture(model, hooked, detach=detach, stop_early=stop_early, method=method, memory_budget=memory_budget)
     out: Any = None
     stopped = False
     grad = contextlib.nullcontext() if not detach else torch.no_grad()
@@ -153,11 +160,15 @@ def extract(
             out = fn(*args, **kwargs)
         except StopForward:
             stopped = True
-    captured = list(cap.results().items())
+    try:
+        captured = list(cap.results().items())
+    finally:
+        cap.release_disk()
     if stopped:
-        return Extraction(unique_names(inputs, captured))
+        return Extraction(unique_names(inputs, captured), spilled=cap.spilled)
     outputs = [(t.name, root_value(t, out, detach)) for t in root_taps if t.port == "output"]
-    return Extraction(unique_names(inputs, captured, outputs, output_tensors(out, detach=detach).items()))
+    return Extraction(unique_names(inputs, captured, outputs, output_tensors(out, detach=detach).items()),
+                      spilled=cap.spilled)
 
 
 class Extraction(dict):
@@ -166,9 +177,14 @@ class Extraction(dict):
 
     Example:
         >>> e = Extraction({"x": torch.ones(1, 2, 4, 4)})
-        >>> isinstance(e, dict), "data:image/png;base64," in e._repr_html_()
-        (True, True)
+        >>> isinstance(e, dict), "data:image/png;base64," in e._repr_html_(), e.spilled
+        (True, True, 0)
     """
+
+    def __init__(self, values: Any = (), *, spilled: int = 0) -> None:
+        super().__init__(values)
+        #: bytes of captured values held on disk (memory-mapped) beyond ``memory_budget``
+        self.spilled = spilled
 
     def _repr_html_(self) -> str:
         from ..reports import tensors_html

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from ..formats import fmt_db, fmt_float, fmt_shape
+from ..formats import fmt_db, fmt_float, fmt_shape, token_grid
 from .html import cards, esc, field, grid_table, notes_list, section, verdict
 from .svg import FAIL_COLOR, LOCAL_COLOR, PASS_COLOR, TOL_COLOR, Axis, ErrorPoint, error_chart, error_chart_vertical
 from .tree import Node, nest, render_tree
@@ -50,10 +50,21 @@ def compare_fragment(report: Any) -> str:
     counts = getattr(report, "first_divergence_counts", None)
     if counts:
         parts.append(section("first divergence over samples", _counts_table(counts), anchor="samples"))
+    columns, grid = token_grid(rows)
+    if grid:
+        parts.append(section("error by layer and token", _token_table(columns, grid), anchor="tokens"))
     metric = _metric(report)
     parts.append(section("module tree", _tree(rows, first, metric), anchor="tree"))
     parts.append(section("every row, in order", _flat(rows, first, metric), anchor="rows"))
     return "".join(parts)
+
+
+def _token_table(columns: Sequence[str], grid: Sequence[tuple[str, Sequence[tuple[Any, Any]]]]) -> str:
+    """Decode steps: rel err per module (rows) and token position (columns), failing cells in red."""
+    body = [[esc(name)] + [f'<span class="{"bad" if ok is False else "ok" if ok else "dim"}">{esc(fmt_float(v))}</span>'
+                           for v, ok in values] for name, values in grid]
+    note = '<p class="muted">rel err of each decoder layer and the model output at each token position; the prompt is one column</p>'
+    return note + grid_table(["module", *columns], body, numeric=list(range(1, len(columns) + 1)))
 
 
 def _verdict(report: Any, first: Any) -> str:

@@ -76,6 +76,9 @@ class CompareTool(Tool):
                             "temporary folder and ONNX Runtime runs in more, smaller batches (default 1024)")
         g.add_argument("--batch-outputs", type=positive_int, default=None, metavar="N",
                        help="expose at most N ONNX tensors per ONNX Runtime run (default: as memory allows)")
+        g.add_argument("--steps", type=int, default=None, metavar="N",
+                       help="decoder files with a KV cache: the prompt, then N greedy decode steps on both sides (the "
+                            "reference's tokens, each side its own cache); rows per module and token, a layer x token grid")
         g.add_argument("--plot", metavar="FILE.png", help="write a PNG of the error per module (log scale)")
         g.add_argument("--node-data", metavar="FILE.json",
                        help="write Model Explorer node data keyed by the ONNX file's node names: the error in FILE.json, "
@@ -195,6 +198,7 @@ def _options(ns: argparse.Namespace) -> dict[str, Any]:
         batch_outputs=ns.batch_outputs,
         memory_budget=ns.memory_budget << 20,
         allow_different_weights=ns.allow_different_weights,
+        **({"steps": ns.steps} if ns.steps is not None else {}),
     )
 
 

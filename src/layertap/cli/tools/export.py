@@ -20,6 +20,8 @@ class ExportOptions:
     fallback: bool
     verify: bool
     opset: int | None
+    dynamic_sequence: bool = False
+    kv_cache: bool = False
 
 
 class ExportTool(Tool):
@@ -49,11 +51,17 @@ class ExportTool(Tool):
         parser.add_argument("--fallback", action="store_true",
                             help="if the dynamo exporter fails, use the TorchScript exporter instead of stopping")
         parser.add_argument("--no-verify", action="store_true", help="skip the ONNX Runtime check")
+        parser.add_argument("--dynamic-sequence", action="store_true",
+                            help="symbolic sequence length too (axis 1 of token inputs), verified at another length")
+        parser.add_argument("--kv-cache", action="store_true",
+                            help="a transformers decoder with its KV cache: past_key_values.N.key/value in, "
+                                 "present.N.key/value out (Optimum's names), verified over decode steps")
         g = parser.add_argument_group("advanced")
         g.add_argument("--opset", type=int, default=None, metavar="N", help="ONNX opset version (exporter default)")
 
     def parse_own(self, ns: argparse.Namespace, args: Args) -> ExportOptions:
-        return ExportOptions(ns.static, ns.exporter, ns.fallback, not ns.no_verify, ns.opset)
+        return ExportOptions(ns.static, ns.exporter, ns.fallback, not ns.no_verify, ns.opset, ns.dynamic_sequence,
+                             ns.kv_cache)
 
     def run(self, args: Args) -> int:
         # every option was checked by parse() before torch is imported
@@ -75,6 +83,8 @@ class ExportTool(Tool):
                 method=method,
                 kwargs=kwargs,
                 dynamic_batch=not opts.static,
+                dynamic_sequence=opts.dynamic_sequence,
+                kv_cache=opts.kv_cache,
                 verify=opts.verify,
                 exporter=opts.exporter,
                 fallback=opts.fallback,
