@@ -147,7 +147,7 @@ def test_cli_compare_steps_prints_the_token_grid(cli, llama_genai_int4):
     assert done.returncode == 1, done.stderr
     out = " ".join(done.stdout.split())  # lines wrap at the terminal's width
     assert "rel err by module and token position (! = FAIL):" in out
-    assert "first divergence: model.layers.0.mlp.act_fn@0..5 (SiLUActivation) in the prompt (tokens 0..5)" in out
+    assert "first divergence: model.layers.0.mlp.gate_proj@0..5 (Linear) in the prompt (tokens 0..5)" in out
 
 
 def test_long_generation_values_beyond_the_budget_go_to_disk(llama, llama_dynamo_cache):

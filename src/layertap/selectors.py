@@ -2,9 +2,11 @@
 
 Grammar (public and stable: every command and the Python API accept exactly this)::
 
-    TAP   := [ALIAS "="] PATH ["#" CALL] [":" PORT] {"[" INDEX "]"}
+    TAP   := [ALIAS "="] PATH ["#" CALL | "@" POS] [":" PORT] {"[" INDEX "]"}
     PATH  := module path as in model.named_modules(); "" is the root module
     CALL  := integer, 0-based, negative counts from the last call
+    POS   := integer, a token position (0-based, negative counts from the end of the
+             sequence): the value at that position, from whichever call computed it
     PORT  := "output" (default) | "input"
     INDEX := integer | key
 
@@ -21,12 +23,13 @@ from .errors import SelectorError
 
 Index = int | str
 
-_FORBIDDEN = "=#:[]"
+_FORBIDDEN = "=#@:[]"
 _TAP_RE = re.compile(
     r"""^
-    (?:(?P<alias>[^=\#:\[\]\s]+)=)?
-    (?P<path>[^=\#:\[\]\s]*)
-    (?:\#(?P<call>[^:\[\]]*))?
+    (?:(?P<alias>[^=\#@:\[\]\s]+)=)?
+    (?P<path>[^=\#@:\[\]\s]*)
+    (?:\#(?P<call>[^:\[\]@]*))?
+    (?:@(?P<pos>[^:\[\]]*))?
     (?::(?P<port>[^\[\]]*))?
     (?P<index>(?:\[[^\[\]]*\])*)
     $""",
@@ -46,6 +49,8 @@ class Tap:
         port: ``"output"`` or ``"input"``.
         index: keys/positions applied, in order, to the selected value.
         alias: the user's name for the captured tensor, if any.
+        pos: a token position (``PATH@POS``): the value at that position of the
+            sequence axis (axis 1), from the call that computed it; ``None`` otherwise.
 
     Example:
         >>> t = Tap.parse("emb=layer2.1.relu#-1:input[0]")
@@ -53,6 +58,9 @@ class Tap:
         ('emb', 'layer2.1.relu', -1, 'input', (0,), 'emb')
         >>> Tap.parse("fc:output").name
         'fc'
+        >>> t = Tap.parse("model.layers.1@-1")
+        >>> (t.path, t.pos, t.call, t.name)
+        ('model.layers.1', -1, None, 'model.layers.1@-1')
     """
 
     path: str
@@ -60,6 +68,7 @@ class Tap:
     port: str = "output"
     index: tuple[Index, ...] = ()
     alias: str | None = None
+    pos: int | None = None
 
     @classmethod
     def parse(cls, text: str | Tap) -> Tap:
@@ -73,6 +82,9 @@ class Tap:
         if m is None:
             raise SelectorError(_explain(text))
         call = _parse_call(text, m.group("call"))
+        pos = _parse_pos(text, m.group("pos"))
+        if call is not None and pos is not None:
+            raise SelectorError(f"bad tap {text!r}: #CALL and @POS both pick a call; give one of them")
         port = m.group("port")
         if port is None or port == "":
             if port == "":
@@ -84,7 +96,7 @@ class Tap:
         path = m.group("path")
         if path.startswith(".") or path.endswith(".") or ".." in path:
             raise SelectorError(f"bad tap {text!r}: module path {path!r} has an empty component")
-        return cls(path=path, call=call, port=port, index=index, alias=m.group("alias"))
+        return cls(path=path, call=call, port=port, index=index, alias=m.group("alias"), pos=pos)
 
     @property
     def canonical(self) -> str:
@@ -115,10 +127,16 @@ class Tap:
         """The same tap pinned to one call."""
         return replace(self, call=call)
 
+    def with_pos(self, pos: int | None) -> "Tap":
+        """The same tap at another token position (``None``: every position, the whole value)."""
+        return replace(self, pos=pos)
+
     def _text(self, call: int | None) -> str:
         out = self.path
         if call is not None:
             out += f"#{call}"
+        if self.pos is not None:
+            out += f"@{self.pos}"
         if self.port == "input":
             out += ":input"
         for i in self.index:
@@ -160,6 +178,14 @@ def _parse_call(text: str, raw: str | None) -> int | None:
     return int(raw)
 
 
+def _parse_pos(text: str, raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    if not _INT_RE.match(raw):
+        raise SelectorError(f"bad tap {text!r}: token position {raw!r} after '@' must be an integer like @0 or @-1")
+    return int(raw)
+
+
 def _parse_index(text: str, raw: str) -> Index:
     raw = raw.strip()
     if raw == "":
@@ -179,6 +205,6 @@ def _explain(text: str) -> str:
     if any(c.isspace() for c in text):
         return f"bad tap {text!r}: spaces are not allowed in a selector"
     return (
-        f"bad tap {text!r}: expected [ALIAS=]PATH[#CALL][:input|:output][INDEX]..., "
-        "e.g. layer2.1.relu#1 or fc:input or enc.layers.3[0]"
+        f"bad tap {text!r}: expected [ALIAS=]PATH[#CALL|@POS][:input|:output][INDEX]..., "
+        "e.g. layer2.1.relu#1 or fc:input or enc.layers.3[0] or model.layers.1@-1"
     )

@@ -62,6 +62,8 @@ from .folds import (
     fold_torchscript,
 )
 from .graph_facts import RULE_KEY, GraphFacts, is_fusion
+from .kvcache import kv_layout
+from .llm_names import expose_fused_values, fused_calls, is_fused_llm
 from .metadata import NAME_SCOPES_KEY
 from .node_scopes import read_nodes
 from .placing import place_floating
@@ -128,6 +130,8 @@ class ScopeMap:
         self._graph = graph
         self._node_paths = node_paths
         self._facts = facts or GraphFacts(graph)
+        layout = kv_layout(graph)
+        self._cache = frozenset(layout.present.values()) if layout else frozenset()
         self._by_path: dict[str, list[Call]] = {}
         for c in calls:
             self._by_path.setdefault(c.path, []).append(c)
@@ -145,6 +149,10 @@ class ScopeMap:
     def from_model(cls, model: "onnx.ModelProto") -> "ScopeMap":
         """Read module scopes from a model (weights not needed)."""
         graph = model.graph
+        if is_fused_llm(graph):
+            expose_fused_values(graph)
+            calls, paths = fused_calls(graph)
+            return cls("builder", calls, graph, paths)
         facts = GraphFacts(graph)
         ns = read_nodes(graph, is_fusion)
         suspects = place_floating(graph, ns, facts)
@@ -209,19 +217,28 @@ class ScopeMap:
     def owners(self) -> dict[int, tuple[str, int]]:
         """:meth:`owner` for every node at once (node index -> (module, call))."""
         out: dict[int, tuple[str, int]] = {}
+        parent: dict[int, tuple[str, int]] = {}
+        shared: set[int] = set()
         for c in sorted((c for c in self._calls if c.note is None), key=lambda c: len(c.path)):
             for i in c.nodes:
+                held = out.get(i)
+                if i in shared:
+                    continue
+                if held is not None and held[0] != c.path and not c.path.startswith(held[0] + "."):
+                    # a node two sibling calls share (a packed q/k/v projection) is their parent's
+                    shared.add(i)
+                    out[i] = parent.get(i, held)
+                    continue
+                if held is not None:
+                    parent[i] = held
                 out[i] = (c.path, c.call)
         return out
 
     def owner(self, index: int) -> tuple[str, int] | None:
         """The (module, call) whose value node ``index`` computes: the deepest call
-        without a note (so a folded Conv node belongs to its BatchNorm)."""
-        best = None
-        for c in self._calls:
-            if c.note is None and c.has(index) and (best is None or len(c.path) > len(best.path)):
-                best = c
-        return None if best is None else (best.path, best.call)
+        without a note (so a folded Conv node belongs to its BatchNorm); a node that
+        sibling calls share belongs to the call around them."""
+        return self.owners().get(index)
 
     def resolve(self, tap: Tap | str) -> list[tuple[str, str]]:
         """Tensor names for a tap: ``[(name, tensor_name)]`` named per SPEC.
@@ -234,6 +251,12 @@ class ScopeMap:
         answered, saying why.
         """
         tap = Tap.parse(tap)
+        if tap.pos is not None:
+            raise OnnxFileError(
+                f"tap {tap.canonical!r}: token positions (@POS) are read on a PyTorch model (lt.extract/lt.tap, "
+                f"method='generate'); on an ONNX file tap {tap.with_pos(None).canonical!r} "
+                "and take [:, POS] of its value"
+            )
         if tap.path == "":
             return self._resolve_root(tap)
         if self.source == "none":
@@ -272,7 +295,10 @@ class ScopeMap:
         return Counterpart(c.path, c.call, self._boundary(c), None, c.absorbed_by)
 
     def _boundary(self, c: Call) -> tuple[str, ...]:
-        return c.tensors if c.tensors is not None else self._facts.boundary(c.nodes)
+        tensors = c.tensors if c.tensors is not None else self._facts.boundary(c.nodes)
+        # a decoder layer also hands its KV cache to the graph's outputs: its value is the other tensor
+        kept = tuple(t for t in tensors if t not in self._cache)
+        return kept if kept else tensors
 
     def _entering(self, c: Call) -> tuple[str, ...]:
         return c.inputs if c.inputs is not None else self._facts.entering(c.nodes)

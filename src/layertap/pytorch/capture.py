@@ -31,6 +31,9 @@ class StopForward(BaseException):
     """
 
 
+_BY_POSITION = torch.empty(0)  # a PATH@POS tap's call record: the value itself lives in _Tokens
+
+
 @dataclass
 class _Slot:
     """What one tap has captured so far."""
@@ -43,6 +46,48 @@ class _Slot:
     # here and raised by results(): raised inside the hook, a model's own
     # ``except Exception`` around the call could swallow it.
     error: SelectorError | None = None
+    tokens: "_Tokens | None" = None  # a PATH@POS tap: the positions seen, the value kept
+
+
+class _Tokens:
+    """A ``PATH@POS`` tap's value: position POS of the sequence axis (axis 1), from whichever call held it.
+
+    A call's value covers the last ``s`` positions (``s`` its axis-1 length) of the tokens the
+    model has seen when it runs (prefill: the prompt; a decode step: one more); only the
+    position asked for is cloned (for a negative POS, the last ``|POS|`` positions seen).
+
+    Example:
+        >>> t = _Tokens(-2)
+        >>> t.add(torch.arange(3.0).reshape(1, 3), end=3); t.add(torch.tensor([[7.0]]), end=4)
+        >>> t.value(), t.span
+        (tensor([2.]), (0, 4))
+    """
+
+    def __init__(self, pos: int) -> None:
+        self.pos = pos
+        self.kept: list[tuple[int, torch.Tensor]] = []  # (first position, value along axis 1)
+        self.span: tuple[int, int] | None = None  # positions computed: first, end
+
+    def add(self, value: torch.Tensor, end: int, clone: Any = torch.Tensor.clone) -> None:
+        start = end - value.shape[1]
+        self.span = (start, end) if self.span is None else (min(self.span[0], start), max(self.span[1], end))
+        if self.pos >= 0:
+            if start <= self.pos < end:
+                self.kept = [(self.pos, clone(value[:, self.pos - start: self.pos - start + 1]))]
+            return
+        keep = min(value.shape[1], -self.pos)
+        self.kept.append((end - keep, clone(value[:, value.shape[1] - keep:])))
+        while self.kept and self.kept[0][0] + self.kept[0][1].shape[1] <= end + self.pos:
+            self.kept.pop(0)
+
+    def value(self) -> torch.Tensor | None:
+        if self.span is None:
+            return None
+        want = self.pos if self.pos >= 0 else self.span[1] + self.pos
+        for first, v in self.kept:
+            if first <= want < first + v.shape[1]:
+                return v[:, want - first]
+        return None
 
 
 def module_paths(model: nn.Module) -> list[str]:
@@ -77,37 +122,37 @@ def find_module(model: nn.Module, path: str) -> nn.Module:
     """
     if path == "":
         return model
-    try:
-        found = model.get_submodule(path)
-    except AttributeError:
-        if path.startswith("_orig_mod."):
-            raise SelectorError(
-                f"unknown module {path!r}: a torch.compile'd model is tapped through its original module, "
-                f"so paths have no '_orig_mod.' prefix; use {path[len('_orig_mod.'):]!r}"
-            ) from None
-        candidates = [p for p in module_paths(model) if p]
-        raise SelectorError(
-            unknown_name("module", path, candidates, hint="run 'layertap layers MODEL' to list them")
-        ) from None
-    _check_hookable(model, path)
-    return found
-
-
-def _check_hookable(model: nn.Module, path: str) -> None:
-    """Refuse a path at or inside a TorchScript module: PyTorch runs no hooks there."""
-    import torch
-
+    mod = model
     parts = path.split(".")
-    for depth in range(1, len(parts) + 1):
-        prefix = ".".join(parts[:depth])
-        if isinstance(model.get_submodule(prefix), torch.jit.ScriptModule):
-            where = "is" if depth == len(parts) else f"is inside {prefix!r}, which is"
-            parent = prefix.rpartition(".")[0]
-            raise SelectorError(
-                f"module {path!r} {where} a TorchScript module (torch.jit.script/trace): PyTorch runs no hooks "
-                f"there, so it cannot be tapped; tap {parent + ' or ' if parent else ''}the :input of the module that uses "
-                "its result instead, or build the model without scripting that part"
-            )
+    for depth, part in enumerate(parts, 1):  # the path walked once, through each module's own children
+        child = getattr(mod, "_modules", {}).get(part)
+        if not isinstance(child, nn.Module):
+            raise _unknown_module(model, path)
+        if isinstance(child, torch.jit.ScriptModule):
+            raise _scripted(path, ".".join(parts[:depth]), depth == len(parts))
+        mod = child
+    return mod
+
+
+def _unknown_module(model: nn.Module, path: str) -> SelectorError:
+    if path.startswith("_orig_mod."):
+        return SelectorError(
+            f"unknown module {path!r}: a torch.compile'd model is tapped through its original module, "
+            f"so paths have no '_orig_mod.' prefix; use {path[len('_orig_mod.'):]!r}"
+        )
+    candidates = [p for p in module_paths(model) if p]
+    return SelectorError(unknown_name("module", path, candidates, hint="run 'layertap layers MODEL' to list them"))
+
+
+def _scripted(path: str, prefix: str, itself: bool) -> SelectorError:
+    """Refuse a path at or inside a TorchScript module: PyTorch runs no hooks there."""
+    where = "is" if itself else f"is inside {prefix!r}, which is"
+    parent = prefix.rpartition(".")[0]
+    return SelectorError(
+        f"module {path!r} {where} a TorchScript module (torch.jit.script/trace): PyTorch runs no hooks "
+        f"there, so it cannot be tapped; tap {parent + ' or ' if parent else ''}the :input of the module that uses "
+        "its result instead, or build the model without scripting that part"
+    )
 
 
 class Capture:
@@ -155,8 +200,9 @@ class Capture:
         self._modules = {t.path: find_module(model, t.path) for t in self.taps}
         self._handles: list[Any] = []
         self._seq = itertools.count()
-        self._slots = [_Slot(t) for t in self.taps]
+        self._slots = self._new_slots()
         self._counter = CallCounter()
+        self._tokens_end = 0  # tokens the model has seen, through its current call (PATH@POS taps)
         # stop_early: per tap, the module whose return means no call of the
         # tapped module can follow (None: only the end of the method).
         self._finisher: list[nn.Module | None] = self._plan_stop() if stop_early else []
@@ -183,9 +229,20 @@ class Capture:
             self._registered = by_module
             self._modules = {p: by_module[module_key(m)] for p, m in self._modules.items()}
             self._finisher = [None if m is None else by_module[module_key(m)] for m in self._finisher]
-            for mod in by_module.values():
-                self._handles.append(mod.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
-                self._handles.append(mod.register_forward_hook(self._post_hook, with_kwargs=True))
+            if any(t.pos is not None for t in self.taps):
+                # registered first: the root's own taps (an @POS on its input) read the count it sets
+                self._handles.append(self.model.register_forward_pre_hook(self._count_tokens, with_kwargs=True))
+            # per module, the slots its calls feed: a hook looks up its own instead of testing every tap
+            self._inputs_of = {k: [i for i, t in enumerate(self.taps) if t.port == "input" and self._modules[t.path] is m]
+                               for k, m in by_module.items()}
+            self._outputs_of = {k: [i for i, t in enumerate(self.taps) if t.port == "output" and self._modules[t.path] is m]
+                                for k, m in by_module.items()}
+            for key, mod in by_module.items():
+                if self._inputs_of[key] or self.stop_early:
+                    self._handles.append(mod.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
+                else:  # only the call count: the lean hook (no keyword arguments gathered)
+                    self._handles.append(mod.register_forward_pre_hook(self._start_hook))
+                self._handles.append(mod.register_forward_hook(self._post_hook))
         except BaseException:
             self.remove()
             raise
@@ -198,29 +255,39 @@ class Capture:
     def reset(self) -> None:
         """Forget captured values and call counts (hooks stay)."""
         self._seq = itertools.count()
-        self._slots = [_Slot(t) for t in self.taps]
+        self._slots = self._new_slots()
         self._counter = CallCounter()
+        self._tokens_end = 0
+
+    def _new_slots(self) -> list[_Slot]:
+        return [_Slot(t, tokens=None if t.pos is None else _Tokens(t.pos)) for t in self.taps]
 
     # -- hooks -----------------------------------------------------------
+    def _count_tokens(self, mod: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._tokens_end = tokens_through(args, kwargs, self._tokens_end)
+
+    def _start_hook(self, mod: nn.Module, args: tuple) -> None:
+        self._counter.start(module_key(mod))
+
     def _pre_hook(self, mod: nn.Module, args: tuple, kwargs: dict):
-        mod = self._registered.get(module_key(mod), mod)
-        call = self._counter.start(module_key(mod))
-        for slot in self._slots:
-            if slot.tap.port == "input" and self._modules.get(slot.tap.path) is mod:
-                self._record(slot, call, _input_value(args, kwargs, slot.tap, _forward_names(mod)))
+        key = module_key(mod)
+        mod = self._registered.get(key, mod)
+        call = self._counter.start(key)
+        for i in self._inputs_of[key]:
+            slot = self._slots[i]
+            self._record(slot, call, _input_value(args, kwargs, slot.tap, _forward_names(mod)))
         # An ':input' tap can be complete before its module runs: stop here
         # and save that module's work too.
         if self.stop_early and self._all_done(mod, returned=False):
             raise StopForward()
         return None
 
-    def _post_hook(self, mod: nn.Module, args: tuple, kwargs: dict, output: Any):
-        mod = self._registered.get(module_key(mod), mod)
-        call = self._counter.finish(module_key(mod))
-        for slot in self._slots:
-            if slot.tap.port == "output" and self._modules.get(slot.tap.path) is mod:
-                self._record(slot, call, output)
-        if self.stop_early and self._all_done(mod, returned=True):
+    def _post_hook(self, mod: nn.Module, args: tuple, output: Any):
+        key = module_key(mod)
+        call = self._counter.finish(key)
+        for i in self._outputs_of[key]:
+            self._record(self._slots[i], call, output)
+        if self.stop_early and self._all_done(self._registered.get(key, mod), returned=True):
             raise StopForward()
         return None
 
@@ -228,6 +295,29 @@ class Capture:
         tap = slot.tap
         if slot.error is not None or (tap.call is not None and tap.call >= 0 and call != tap.call):
             return
+        if tap.index or not isinstance(value, torch.Tensor):  # a plain tensor output needs no picking
+            value = self._picked(slot, value)
+            if value is None:
+                return
+        if slot.tokens is not None:
+            if value.dim() < 2:
+                slot.error = SelectorError(f"tap {tap.name!r}: a token position needs a sequence axis (axis 1); "
+                                           f"the value has shape {tuple(value.shape)}; tap {tap.path!r} without @")
+                return
+            slot.tokens.add(value, self._tokens_end or value.shape[1], self._clone)
+            slot.values[call] = (next(self._seq), _BY_POSITION)  # the call ran; its value is kept by position
+            return
+        value = self._clone(value)
+        seq = next(self._seq)
+        slot.values[call] = (seq, self._held(seq, value))
+        if tap.call is not None and tap.call < 0:
+            # Only the last |call| calls can be the one asked for.
+            while len(slot.values) > -tap.call:
+                slot.values.pop(min(slot.values))
+
+    def _picked(self, slot: _Slot, value: Any) -> torch.Tensor | None:
+        """The tensor a tap's index picks from a call's value; ``None`` with ``slot.error`` set when it fails."""
+        tap = slot.tap
         where = f"tap {tap.name!r}: module {tap.path or '<root>'!r} {tap.port}"
         try:
             value = pick(value, tap.index, where=where)
@@ -235,14 +325,12 @@ class Capture:
                 raise not_a_tensor(f"{where}{index_text(tap.index)}", value, tap.canonical)
         except SelectorError as e:
             slot.error = e
-            return
-        value = value.detach().clone() if self.detach else value.clone()
-        seq = next(self._seq)
-        slot.values[call] = (seq, self._held(seq, value))
-        if tap.call is not None and tap.call < 0:
-            # Only the last |call| calls can be the one asked for.
-            while len(slot.values) > -tap.call:
-                slot.values.pop(min(slot.values))
+            return None
+        return value
+
+    def _clone(self, value: torch.Tensor) -> torch.Tensor:
+        # under no_grad (every extract) a value has no graph to detach from: one copy, no detach op
+        return value.detach().clone() if self.detach and value.requires_grad else value.clone()
 
     def _held(self, key: int, value: torch.Tensor) -> torch.Tensor:
         """``value``, or beyond the memory budget its copy on disk (memory-mapped, read lazily)."""
@@ -329,6 +417,8 @@ class Capture:
                 f"{where}: module {tap.path or '<root>'!r} never ran in this {method_name(self.method)}; "
                 "check the method and inputs, or run 'layertap layers MODEL' to see which modules run"
             )
+        if slot.tokens is not None:
+            return [self._at_position(slot, where)]
         if tap.call is None:
             if len(slot.values) < ran:
                 missing = min(set(range(ran)) - set(slot.values))
@@ -348,6 +438,41 @@ class Capture:
             )
         seq, value = slot.values[call]
         return [(seq, tap.name, value)]
+
+    def _at_position(self, slot: _Slot, where: str) -> tuple[int, str, torch.Tensor]:
+        tokens, tap = slot.tokens, slot.tap
+        assert tokens is not None
+        value = tokens.value()
+        if value is None:
+            first, end = tokens.span or (0, 0)
+            raise SelectorError(
+                f"{where}: token position {tap.pos} is outside the positions module {tap.path or '<root>'!r} "
+                f"computed ({first}..{end - 1}); use @{first}..@{end - 1}, or @-1 for the last"
+            )
+        return max(seq for seq, _ in slot.values.values()), tap.name, value
+
+
+def tokens_through(args: tuple, kwargs: dict, before: int) -> int:
+    """How many token positions the model has seen once the call with these arguments is done.
+
+    ``position_ids`` / ``cache_position`` (what ``generate`` passes) say it; else the call's
+    tokens (``input_ids``, ``inputs_embeds`` or the first tensor argument, axis 1) follow the
+    ``before`` seen so far.
+
+    Example:
+        >>> tokens_through((), {"input_ids": torch.zeros(1, 1), "position_ids": torch.tensor([[7]])}, 0)
+        8
+        >>> tokens_through((torch.zeros(1, 5),), {}, 3)
+        8
+    """
+    for key in ("position_ids", "cache_position"):
+        v = kwargs.get(key)
+        if isinstance(v, torch.Tensor) and v.numel():
+            return int(v.max()) + 1
+    new = kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+    if not isinstance(new, torch.Tensor):
+        new = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    return before + (int(new.shape[1]) if isinstance(new, torch.Tensor) and new.dim() >= 2 else 0)
 
 
 def _forward_names(mod: nn.Module) -> tuple[str, ...]:
