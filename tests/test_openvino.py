@@ -253,3 +253,40 @@ def test_openvino_compare_and_run_never_import_torch_and_ort_alone_never_imports
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
+
+
+def test_openvino_reads_an_unedited_file_from_disk_and_an_edited_graph_from_memory(files, tmp_path, monkeypatch):
+    import onnx
+
+    import layertap as lt
+    from layertap.runtimes import openvino as ov_rt
+
+    ext = tmp_path / "ext.onnx"  # weights in an external data file beside it
+    onnx.save(onnx.load(str(files["ts"])), str(ext), save_as_external_data=True, location="ext.data", size_threshold=0)
+    inlined: list[str] = []
+    real = ov_rt.inline_weights
+    monkeypatch.setattr(ov_rt, "inline_weights", lambda model, source: inlined.append(model.graph.name) or real(model, source))
+    report = lt.compare(ext, None, ext, cand_runtime="openvino", ov_precision="f32", batch_outputs=3)
+    assert report.ok and report.ort_runs > 2 and inlined == []  # every batch read the file itself
+    assert any(n.startswith("OpenVINO ran ") and "exposing the intermediates in batches" in n for n in report.notes)
+    x = np.random.default_rng(1).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    got = lt.run(ext, {"x": x}, taps=["stem"], runtime="openvino", ov_precision="f32")
+    np.testing.assert_allclose(got["stem"], lt.run(ext, {"x": x}, taps=["stem"])["stem"], rtol=1e-4, atol=1e-5)
+    assert inlined == []
+    local = lt.compare(ext, None, ext, cand_runtime="openvino", ov_precision="f32", local=True)
+    assert local.ok and inlined  # the part graphs (--local) are edited graphs, read from memory
+
+
+def test_no_ort_opt_on_a_side_openvino_runs_is_refused(files):
+    from layertap.errors import LayertapError
+
+    import layertap as lt
+
+    with pytest.raises(LayertapError, match=r"--no-ort-opt .* OpenVINO runs the candidate"):
+        lt.compare(files["ts"], None, files["ts"], cand_runtime="openvino", ort_optimizations=False)
+    with pytest.raises(LayertapError, match=r"--ref-no-ort-opt .* OpenVINO runs the reference"):
+        lt.compare(files["ts"], None, files["ts"], runtime="openvino", cand_runtime="ort", ref_ort_optimizations=False)
+    mixed = lt.compare(files["ts"], None, files["ts"], runtime="openvino", cand_runtime="ort", ort_optimizations=False)
+    assert mixed.ok and any("graph optimisations disabled" in n for n in mixed.notes)
+    r = _cli("compare", str(files["ts"]), str(files["ts"]), "--cand-runtime", "openvino", "--no-ort-opt")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "OpenVINO runs the candidate" in r.stderr, r.stderr

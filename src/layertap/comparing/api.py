@@ -167,8 +167,8 @@ def compare(
             "--providers (providers=) picks the execution providers of an ONNX reference, and REF here is a PyTorch "
             "model; give the candidate's providers with --cand-providers (cand_providers=)"
         )
-    ref_opt = ort_optimizations if ref_ort_optimizations is None else ref_ort_optimizations
-    ref_rt, cand_rt = side_runtimes(onnx_ref, runtime, cand_runtime, (providers, cand_providers), (ref_opt, ort_optimizations),
+    ref_rt, cand_rt = side_runtimes(onnx_ref, runtime, cand_runtime, (providers, cand_providers),
+                                    (ref_ort_optimizations, ort_optimizations),
                                     ov_precision, ov_device)
     given, n_random = given_samples(args if onnx_ref else _as_args(args), samples)
     options = dict(criterion=criterion, modules=modules, batch_outputs=batch_outputs, memory_budget=memory_budget,
@@ -183,9 +183,11 @@ def compare(
 
 
 def side_runtimes(onnx_ref: bool, runtime: str | None, cand_runtime: str | None, providers: tuple[Any, Any],
-                  optimize: tuple[bool, bool], ov_precision: str | None, ov_device: str | None) -> tuple[Any, Any]:
+                  optimize: tuple[bool | None, bool], ov_precision: str | None, ov_device: str | None) -> tuple[Any, Any]:
     """The reference's runtime (``None`` for a PyTorch reference) and the candidate's, each opened by
-    :func:`~layertap.runtimes.open_runtime`; OpenVINO's options go to the sides that run OpenVINO."""
+    :func:`~layertap.runtimes.open_runtime`; OpenVINO's options go to the sides that run OpenVINO.
+    ``optimize``: ORT's graph optimisations per side (the reference's ``None``: the candidate's);
+    turning them off for a side that OpenVINO runs is refused, not ignored."""
     from ..runtimes import open_runtime
 
     if not onnx_ref and runtime is not None and cand_runtime is not None and runtime != cand_runtime:
@@ -199,7 +201,14 @@ def side_runtimes(onnx_ref: bool, runtime: str | None, cand_runtime: str | None,
 
     def opened(name: str, side: int) -> Any:
         ov = dict(ov_precision=ov_precision, ov_device=ov_device) if name == "openvino" else {}
-        return open_runtime(name, providers=providers[side], optimize=optimize[side], **ov)
+        asked = optimize[side]
+        if name == "openvino" and asked is False:
+            flag = ("--ref-no-ort-opt (ref_ort_optimizations=False)", "the reference") if side == 0 else \
+                ("--no-ort-opt (ort_optimizations=False)", "the candidate")
+            raise LayertapError(f"{flag[0]} turns off ONNX Runtime's graph optimisations, but OpenVINO runs {flag[1]} "
+                                "(its own graph transformations always apply); drop the option, or run that side in "
+                                "ONNX Runtime (--runtime/--cand-runtime ort)")
+        return open_runtime(name, providers=providers[side], optimize=optimize[1] if asked is None else asked, **ov)
 
     return (opened(ref_name, 0) if ref_name else None), opened(cand_name, 1)
 
@@ -215,10 +224,13 @@ def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike |
     cand_side = OrtSide(cand, cand_rt)
     given = [s if isinstance(s, (dict, list, tuple)) else [s] for s in given]
     reference = OnnxReference(ref_side, cand_side, given, n_random, random=_random_from_file(seed), **options)
-    return compare_sides(reference, cand_side, criterion=options["criterion"], weights=reference.weights, local=local,
-                         memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
-                         ort_optimizations=cand_rt.optimize if cand_rt.name == "ort" else True, reference=_shown(ref),
-                         runtimes={"reference": ref_side.describe().to_dict(), "candidate": cand_side.describe().to_dict()})
+    report = compare_sides(reference, cand_side, criterion=options["criterion"], weights=reference.weights, local=local,
+                           memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
+                           ort_optimizations=cand_rt.optimize if cand_rt.name == "ort" else True, reference=_shown(ref),
+                           runtimes={"reference": ref_side.describe().to_dict(), "candidate": cand_side.describe().to_dict()})
+    # again after the runs: what each side ran on (ORT leaves out a provider that fails to load)
+    report.runtimes.update(reference=ref_side.describe().to_dict(), candidate=cand_side.describe().to_dict())
+    return report
 
 
 def _criterion(metric: Any, rtol: Any, atol: Any, min_cosine: Any, min_sqnr_db: Any, check_finite: bool) -> Criterion:
@@ -273,9 +285,11 @@ def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[
     runs = _torch_samples(given, n_random, kwargs, seed)
     cand_side = OrtSide(cand, runtime)
     reference = TorchReference(model, runs, cand_side, method=method, progress=progress, **options)
-    return compare_sides(reference, cand_side, criterion=options["criterion"], weights=reference.weights, local=local,
-                         memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
-                         ort_optimizations=ort_optimizations, runtimes={"candidate": cand_side.describe().to_dict()})
+    report = compare_sides(reference, cand_side, criterion=options["criterion"], weights=reference.weights, local=local,
+                           memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
+                           ort_optimizations=ort_optimizations, runtimes={"candidate": cand_side.describe().to_dict()})
+    report.runtimes.update(candidate=cand_side.describe().to_dict())  # after the runs: what they ran on
+    return report
 
 
 def _path(source: str | os.PathLike | ModelFile) -> Path:
