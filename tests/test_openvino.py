@@ -84,7 +84,7 @@ def test_openvino_at_bf16_finds_the_first_divergence_at_the_first_conv(files):
         pytest.skip("this CPU does not run OpenVINO at bf16")
     import layertap as lt
 
-    report = lt.compare(files["ts"], None, files["ts"], cand_runtime="openvino", ov_precision="bf16")
+    report = lt.compare(files["ts"], None, files["ts"], cand_runtime="openvino", ov_precision="bf16", rtol=1e-3)
     assert not report.ok
     # conv (with the BatchNorm folded into it) rounds its products to bfloat16: ~3e-3 relative, as bf16's 8 bits
     assert report.first_divergence == "stem.1"
@@ -290,3 +290,30 @@ def test_no_ort_opt_on_a_side_openvino_runs_is_refused(files):
     assert mixed.ok and any("graph optimisations disabled" in n for n in mixed.notes)
     r = _cli("compare", str(files["ts"]), str(files["ts"]), "--cand-runtime", "openvino", "--no-ort-opt")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "OpenVINO runs the candidate" in r.stderr, r.stderr
+
+
+def test_a_reduced_precision_is_judged_at_its_rounding_and_a_real_fault_still_fails_at_its_row(files, tmp_path):
+    if not _bf16_runs():
+        pytest.skip("this CPU does not run OpenVINO at bf16")
+    import onnx
+    from onnx import numpy_helper
+
+    import layertap as lt
+
+    report = lt.compare(files["ts"], None, files["ts"], cand_runtime="openvino", ov_precision="bf16")
+    assert report.ok and report.criterion.rtol == 2**-6, report.footer()
+    assert "OpenVINO ran at bfloat16: rows judged at rtol 0.015625 (its rounding); pass --rtol (rtol=) to judge tighter" \
+        in report.notes
+    tight = lt.compare(files["ts"], None, files["ts"], cand_runtime="openvino", ov_precision="bf16", rtol=1e-3)
+    assert not tight.ok and tight.criterion.rtol == 1e-3 and not any("its rounding" in n for n in tight.notes)
+    model = onnx.load(str(files["ts"]))  # the weight of the second Conv times 1.02 in a copy
+    weights = {i.name: i for i in model.graph.initializer}
+    conv = [n for n in model.graph.node if n.op_type == "Conv"][1]
+    w = weights[conv.input[1]]
+    w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * np.float32(1.02), w.name))
+    bad = tmp_path / "fault.onnx"
+    onnx.save(model, str(bad))
+    found = lt.compare(files["ts"], None, bad, cand_runtime="openvino", ov_precision="bf16", allow_different_weights=True)
+    assert not found.ok and conv.output[0] in found.first_divergence_row.onnx, found.footer()
+    r = _cli("compare", str(files["ts"]), str(files["ts"]), "--cand-runtime", "openvino", "--ov-precision", "bf16")
+    assert r.returncode == 0 and "rows judged at rtol 0.015625 (its rounding)" in r.stdout, r.stdout + r.stderr

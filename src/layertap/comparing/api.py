@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import InputSpecError, LayertapError
-from ..metrics import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, Criterion
+from ..metrics import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, ROUNDING_RTOL, Criterion
 from ..onnxfile.modelfile import ModelFile
 from .driver import Progress, compare_sides
 from .onnx_side import FUSION_NOTE, OrtSide
@@ -72,8 +72,8 @@ def compare(
     cand_providers: Sequence[str] | str | None = None,
     metric: str = "rel",
     local: bool = False,
-    rtol: float = DEFAULT_RTOL,
-    atol: float = DEFAULT_ATOL,
+    rtol: float | None = None,
+    atol: float | None = None,
     min_cosine: float = DEFAULT_MIN_COSINE,
     min_sqnr_db: float = DEFAULT_MIN_SQNR_DB,
     check_finite: bool = False,
@@ -115,6 +115,8 @@ def compare(
             e.g. ``["CUDA"]``; default CPU.
         metric: what decides pass/fail: ``rel`` (``max_abs <= atol + rtol *
             max|ref|``), ``cosine`` (``>= min_cosine``) or ``sqnr`` (``>= min_sqnr_db``).
+        rtol, atol: the ``rel`` rule (default 1e-3, 1e-5); when neither is given and a side runs
+            at a reduced precision (OpenVINO at bf16/f16), rtol fits its rounding, and a note says so.
         local: also run each compared call's candidate nodes on the reference's
             own inputs; ``local_rel`` is the error the call makes by itself.
         check_finite: a candidate value that is NaN/inf fails its row (the
@@ -159,6 +161,8 @@ def compare(
     cand = cand if cand is not None else onnx_path
     if cand is None:
         raise LayertapError("compare needs a candidate ONNX file (the third argument)")
+    tolerance_given = rtol is not None or atol is not None
+    rtol, atol = (DEFAULT_RTOL if rtol is None else rtol), (DEFAULT_ATOL if atol is None else atol)
     criterion = _criterion(metric, rtol, atol, min_cosine, min_sqnr_db, check_finite)
     _check_options(rtol, atol, batch_outputs, memory_budget)
     onnx_ref = isinstance(ref, (str, os.PathLike, ModelFile))
@@ -170,16 +174,41 @@ def compare(
     ref_rt, cand_rt = side_runtimes(onnx_ref, runtime, cand_runtime, (providers, cand_providers),
                                     (ref_ort_optimizations, ort_optimizations),
                                     ov_precision, ov_device)
+    criterion, precision_note = rounding_criterion(criterion, tolerance_given, (ref_rt, cand_rt))
     given, n_random = given_samples(args if onnx_ref else _as_args(args), samples)
     options = dict(criterion=criterion, modules=modules, batch_outputs=batch_outputs, memory_budget=memory_budget,
                    allow_different_weights=allow_different_weights)
     if onnx_ref:
-        return _compare_files(ref, cand, given, n_random, ref_rt, cand_rt, options, seed=seed, local=local,
-                              progress=progress)
-    return _compare_torch(
-        ref, cand, given, n_random, cand_rt, options, kwargs=dict(kwargs or {}), method=method,
-        ort_optimizations=ort_optimizations, seed=seed, local=local, progress=progress,
-    )
+        report = _compare_files(ref, cand, given, n_random, ref_rt, cand_rt, options, seed=seed, local=local,
+                                progress=progress)
+    else:
+        report = _compare_torch(
+            ref, cand, given, n_random, cand_rt, options, kwargs=dict(kwargs or {}), method=method,
+            ort_optimizations=ort_optimizations, seed=seed, local=local, progress=progress,
+        )
+    report.notes[:0] = [precision_note] if precision_note else []
+    return report
+
+
+def rounding_criterion(criterion: Criterion, given: bool, runtimes: Sequence[Any]) -> tuple[Criterion, str]:
+    """The rule the rows are judged by when a side's runtime computes at a reduced precision
+    (OpenVINO at bfloat16/float16) and the user set no tolerance: ``rtol`` fitted to that
+    precision's rounding (:meth:`Criterion.for_precision`), and the note saying so.
+
+    Example:
+        >>> from layertap.runtimes import open_runtime
+        >>> rounding_criterion(Criterion(), False, (None, open_runtime("ort")))
+        (Criterion(metric='rel', rtol=0.001, atol=1e-05, min_cosine=0.999, min_sqnr_db=30.0, check_finite=False), '')
+    """
+    if given or criterion.metric != "rel":
+        return criterion, ""
+    for rt in runtimes:
+        info = rt.describe() if rt is not None else None
+        if info is not None and info.precision in ROUNDING_RTOL:
+            fitted = criterion.for_precision(info.precision)
+            return fitted, (f"{info.runtime} ran at {info.precision}: rows judged at rtol {fitted.rtol:g} "
+                            "(its rounding); pass --rtol (rtol=) to judge tighter")
+    return criterion, ""
 
 
 def side_runtimes(onnx_ref: bool, runtime: str | None, cand_runtime: str | None, providers: tuple[Any, Any],

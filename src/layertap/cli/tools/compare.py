@@ -103,7 +103,7 @@ class CompareTool(Tool):
 
         with StepProgress(enabled=sys.stderr.isatty()) as progress:
             report = compare(ref, sample_args, cand, samples=samples, kwargs=kwargs, progress=progress,
-                             method=args.model.method, rtol=args.tolerance.rtol, atol=args.tolerance.atol,
+                             method=args.model.method, **args.tolerance.library(),
                              seed=args.inputs.seed, **opts.library, **args.runtime)
         _write_outputs(args, report, cand)
         self.print_table(report, as_json=args.json)
