@@ -317,3 +317,22 @@ def test_a_reduced_precision_is_judged_at_its_rounding_and_a_real_fault_still_fa
     assert not found.ok and conv.output[0] in found.first_divergence_row.onnx, found.footer()
     r = _cli("compare", str(files["ts"]), str(files["ts"]), "--cand-runtime", "openvino", "--ov-precision", "bf16")
     assert r.returncode == 0 and "rows judged at rtol 0.015625 (its rounding)" in r.stdout, r.stdout + r.stderr
+
+
+def test_layers_lists_an_openvino_irs_tensors_with_their_module_paths(files, tmp_path):
+    import openvino as ov
+
+    xml = tmp_path / "ts.xml"
+    ov.save_model(ov.convert_model(str(files["ts"])), str(xml))
+    r = _cli("layers", str(xml), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    rows = {row["name"]: row for row in out["rows"]}
+    assert rows["x"]["op"] == "input" and rows["x"]["shape"] == [2, 3, 16, 16]
+    relu = rows["/block/block.2/Relu_output_0"]  # the ONNX tensor name, OpenVINO's op type, the module path
+    assert (relu["op"], relu["module"], relu["dtype"], relu["shape"]) == ("Relu", "block.2", "float32", [2, 8, 16, 16])
+    assert out["source"] == "torchscript" and any("an OpenVINO IR" in n for n in out["notes"])
+    bad = tmp_path / "bad.xml"
+    bad.write_text("<net/>")
+    r = _cli("layers", str(bad))
+    assert r.returncode == 2 and "OpenVINO cannot read" in r.stderr and "not an ONNX file" not in r.stderr, r.stderr
