@@ -278,9 +278,8 @@ def test_openvino_reads_an_unedited_file_from_disk_and_an_edited_graph_from_memo
 
 
 def test_no_ort_opt_on_a_side_openvino_runs_is_refused(files):
-    from layertap.errors import LayertapError
-
     import layertap as lt
+    from layertap.errors import LayertapError
 
     with pytest.raises(LayertapError, match=r"--no-ort-opt .* OpenVINO runs the candidate"):
         lt.compare(files["ts"], None, files["ts"], cand_runtime="openvino", ort_optimizations=False)

@@ -298,10 +298,6 @@ class Tolerance:
     atol: float
     given: bool = True  # False: neither was on the command line (compare may fit rtol to a reduced precision)
 
-    def library(self) -> dict[str, float | None]:
-        """``rtol``/``atol`` for ``lt.compare``: ``None`` when not given."""
-        return {"rtol": self.rtol, "atol": self.atol} if self.given else {"rtol": None, "atol": None}
-
 
 class ToleranceArgs(ArgGroup):
     """``--rtol`` / ``--atol``: the pass rule shared by export verification and compare."""

@@ -128,9 +128,8 @@ class OpenVinoRuntime:
         if held is not None and held[0] is model:
             return held[1]
         try:
-            path = model if isinstance(model, Path) else model.origin
-            if path is not None:
-                ov_model = self.core.read_model(str(path))
+            if isinstance(model, Path) or model.origin is not None:
+                ov_model = self.core.read_model(str(model if isinstance(model, Path) else model.origin))
             else:
                 ov_model = self.core.read_model(inline_weights(model.model, model).SerializeToString())
         except RuntimeError as e:
