@@ -172,8 +172,7 @@ def compare(
             "model; give the candidate's providers with --cand-providers (cand_providers=)"
         )
     ref_rt, cand_rt = side_runtimes(onnx_ref, runtime, cand_runtime, (providers, cand_providers),
-                                    (ref_ort_optimizations, ort_optimizations),
-                                    ov_precision, ov_device)
+                                    (ref_ort_optimizations, ort_optimizations), ov_precision, ov_device)
     criterion, precision_note = rounding_criterion(criterion, tolerance_given, (ref_rt, cand_rt))
     given, n_random = given_samples(args if onnx_ref else _as_args(args), samples)
     options = dict(criterion=criterion, modules=modules, batch_outputs=batch_outputs, memory_budget=memory_budget,
@@ -182,10 +181,8 @@ def compare(
         report = _compare_files(ref, cand, given, n_random, ref_rt, cand_rt, options, seed=seed, local=local,
                                 progress=progress)
     else:
-        report = _compare_torch(
-            ref, cand, given, n_random, cand_rt, options, kwargs=dict(kwargs or {}), method=method,
-            ort_optimizations=ort_optimizations, seed=seed, local=local, progress=progress,
-        )
+        report = _compare_torch(ref, cand, given, n_random, cand_rt, options, kwargs=dict(kwargs or {}), method=method,
+                                ort_optimizations=ort_optimizations, seed=seed, local=local, progress=progress)
     report.notes[:0] = [precision_note] if precision_note else []
     return report
 
