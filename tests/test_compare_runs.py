@@ -483,3 +483,28 @@ def test_onnx_reference_draws_token_ids_below_the_embedding_table(torch_mod, tmp
     report = lt.compare(path, None, path, ref_ort_optimizations=False, samples=3)
     assert report.ok and report.samples == 3, str(report)
     assert [r.shape for r in report.rows][0] == [1, 1, 4]
+
+
+def test_onnx_runtime_reports_the_providers_that_ran_not_those_asked_for(tmp_path):
+    import warnings
+
+    import onnx.helper as h
+
+    from layertap.onnxfile.ort import SessionSource
+    from layertap.runtimes.ort import OrtRuntime
+
+    g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g", [h.make_tensor_value_info("x", 1, [2])],
+                     [h.make_tensor_value_info("y", 1, [2])])
+    source = SessionSource(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path)
+    rt = OrtRuntime("cpu")
+    # a provider ORT cannot load here: it builds the session on CPU with only a warning
+    rt.providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engine = rt.open(source)
+    assert engine.run(None, {"x": np.array([-1.0, 2.0], np.float32)})["y"].tolist() == [0.0, 2.0]
+    info = rt.describe()
+    assert info.device == "CPU" and info.note == "CUDA was asked for but did not load: ONNX Runtime ran on CPU"
+    assert info.text().endswith("(CUDA was asked for but did not load: ONNX Runtime ran on CPU)")
+    assert OrtRuntime("cpu").describe().to_dict() == {"runtime": "ONNX Runtime", "version": info.version, "device": "CPU",
+                                                      "precision": "the file's own types"}

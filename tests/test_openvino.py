@@ -84,7 +84,7 @@ def test_openvino_at_bf16_finds_the_first_divergence_at_the_first_conv(files):
         pytest.skip("this CPU does not run OpenVINO at bf16")
     import layertap as lt
 
-    report = lt.compare(files["ts"], None, files["ts"], cand_runtime="openvino", ov_precision="bf16")
+    report = lt.compare(files["ts"], None, files["ts"], cand_runtime="openvino", ov_precision="bf16", rtol=1e-3)
     assert not report.ok
     # conv (with the BatchNorm folded into it) rounds its products to bfloat16: ~3e-3 relative, as bf16's 8 bits
     assert report.first_divergence == "stem.1"
@@ -253,3 +253,85 @@ def test_openvino_compare_and_run_never_import_torch_and_ort_alone_never_imports
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
+
+
+def test_openvino_reads_an_unedited_file_from_disk_and_an_edited_graph_from_memory(files, tmp_path, monkeypatch):
+    import onnx
+
+    import layertap as lt
+    from layertap.runtimes import openvino as ov_rt
+
+    ext = tmp_path / "ext.onnx"  # weights in an external data file beside it
+    onnx.save(onnx.load(str(files["ts"])), str(ext), save_as_external_data=True, location="ext.data", size_threshold=0)
+    inlined: list[str] = []
+    real = ov_rt.inline_weights
+    monkeypatch.setattr(ov_rt, "inline_weights", lambda model, source: inlined.append(model.graph.name) or real(model, source))
+    report = lt.compare(ext, None, ext, cand_runtime="openvino", ov_precision="f32", batch_outputs=3)
+    assert report.ok and report.ort_runs > 2 and inlined == []  # every batch read the file itself
+    assert any(n.startswith("OpenVINO ran ") and "exposing the intermediates in batches" in n for n in report.notes)
+    x = np.random.default_rng(1).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    got = lt.run(ext, {"x": x}, taps=["stem"], runtime="openvino", ov_precision="f32")
+    np.testing.assert_allclose(got["stem"], lt.run(ext, {"x": x}, taps=["stem"])["stem"], rtol=1e-4, atol=1e-5)
+    assert inlined == []
+    local = lt.compare(ext, None, ext, cand_runtime="openvino", ov_precision="f32", local=True)
+    assert local.ok and inlined  # the part graphs (--local) are edited graphs, read from memory
+
+
+def test_no_ort_opt_on_a_side_openvino_runs_is_refused(files):
+    import layertap as lt
+    from layertap.errors import LayertapError
+
+    with pytest.raises(LayertapError, match=r"--no-ort-opt .* OpenVINO runs the candidate"):
+        lt.compare(files["ts"], None, files["ts"], cand_runtime="openvino", ort_optimizations=False)
+    with pytest.raises(LayertapError, match=r"--ref-no-ort-opt .* OpenVINO runs the reference"):
+        lt.compare(files["ts"], None, files["ts"], runtime="openvino", cand_runtime="ort", ref_ort_optimizations=False)
+    mixed = lt.compare(files["ts"], None, files["ts"], runtime="openvino", cand_runtime="ort", ort_optimizations=False)
+    assert mixed.ok and any("graph optimisations disabled" in n for n in mixed.notes)
+    r = _cli("compare", str(files["ts"]), str(files["ts"]), "--cand-runtime", "openvino", "--no-ort-opt")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "OpenVINO runs the candidate" in r.stderr, r.stderr
+
+
+def test_a_reduced_precision_is_judged_at_its_rounding_and_a_real_fault_still_fails_at_its_row(files, tmp_path):
+    if not _bf16_runs():
+        pytest.skip("this CPU does not run OpenVINO at bf16")
+    import onnx
+    from onnx import numpy_helper
+
+    import layertap as lt
+
+    report = lt.compare(files["ts"], None, files["ts"], cand_runtime="openvino", ov_precision="bf16")
+    assert report.ok and report.criterion.rtol == 2**-6, report.footer()
+    assert "OpenVINO ran at bfloat16: rows judged at rtol 0.015625 (its rounding); pass --rtol (rtol=) to judge tighter" \
+        in report.notes
+    tight = lt.compare(files["ts"], None, files["ts"], cand_runtime="openvino", ov_precision="bf16", rtol=1e-3)
+    assert not tight.ok and tight.criterion.rtol == 1e-3 and not any("its rounding" in n for n in tight.notes)
+    model = onnx.load(str(files["ts"]))  # the weight of the second Conv times 1.02 in a copy
+    weights = {i.name: i for i in model.graph.initializer}
+    conv = [n for n in model.graph.node if n.op_type == "Conv"][1]
+    w = weights[conv.input[1]]
+    w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * np.float32(1.02), w.name))
+    bad = tmp_path / "fault.onnx"
+    onnx.save(model, str(bad))
+    found = lt.compare(files["ts"], None, bad, cand_runtime="openvino", ov_precision="bf16", allow_different_weights=True)
+    assert not found.ok and conv.output[0] in found.first_divergence_row.onnx, found.footer()
+    r = _cli("compare", str(files["ts"]), str(files["ts"]), "--cand-runtime", "openvino", "--ov-precision", "bf16")
+    assert r.returncode == 0 and "rows judged at rtol 0.015625 (its rounding)" in r.stdout, r.stdout + r.stderr
+
+
+def test_layers_lists_an_openvino_irs_tensors_with_their_module_paths(files, tmp_path):
+    import openvino as ov
+
+    xml = tmp_path / "ts.xml"
+    ov.save_model(ov.convert_model(str(files["ts"])), str(xml))
+    r = _cli("layers", str(xml), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    rows = {row["name"]: row for row in out["rows"]}
+    assert rows["x"]["op"] == "input" and rows["x"]["shape"] == [2, 3, 16, 16]
+    relu = rows["/block/block.2/Relu_output_0"]  # the ONNX tensor name, OpenVINO's op type, the module path
+    assert (relu["op"], relu["module"], relu["dtype"], relu["shape"]) == ("Relu", "block.2", "float32", [2, 8, 16, 16])
+    assert out["source"] == "torchscript" and any("an OpenVINO IR" in n for n in out["notes"])
+    bad = tmp_path / "bad.xml"
+    bad.write_text("<net/>")
+    r = _cli("layers", str(bad))
+    assert r.returncode == 2 and "OpenVINO cannot read" in r.stderr and "not an ONNX file" not in r.stderr, r.stderr

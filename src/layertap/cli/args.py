@@ -296,6 +296,7 @@ class Tolerance:
 
     rtol: float
     atol: float
+    given: bool = True  # False: neither was on the command line (compare may fit rtol to a reduced precision)
 
 
 class ToleranceArgs(ArgGroup):
@@ -305,13 +306,16 @@ class ToleranceArgs(ArgGroup):
         from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
 
         g = parser.add_argument_group("tolerance")
-        g.add_argument("--rtol", type=nonneg_float, default=DEFAULT_RTOL, metavar="R",
+        g.add_argument("--rtol", type=nonneg_float, default=None, metavar="R",
                        help=f"pass when max|onnx-torch| <= atol + rtol*max|torch| (default {DEFAULT_RTOL:g})")
-        g.add_argument("--atol", type=nonneg_float, default=DEFAULT_ATOL, metavar="A",
+        g.add_argument("--atol", type=nonneg_float, default=None, metavar="A",
                        help=f"absolute tolerance (default {DEFAULT_ATOL:g})")
 
     def parse(self, ns: argparse.Namespace, args: Args) -> None:
-        args.tolerance = Tolerance(ns.rtol, ns.atol)
+        from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
+
+        args.tolerance = Tolerance(DEFAULT_RTOL if ns.rtol is None else ns.rtol, DEFAULT_ATOL if ns.atol is None else ns.atol,
+                                   given=ns.rtol is not None or ns.atol is not None)
 
 
 class RuntimeArgs(ArgGroup):

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import InputSpecError, LayertapError
-from ..metrics import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, Criterion
+from ..metrics import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, ROUNDING_RTOL, Criterion
 from ..onnxfile.modelfile import ModelFile
 from .driver import Progress, compare_sides
 from .onnx_side import FUSION_NOTE, OrtSide
@@ -72,8 +72,8 @@ def compare(
     cand_providers: Sequence[str] | str | None = None,
     metric: str = "rel",
     local: bool = False,
-    rtol: float = DEFAULT_RTOL,
-    atol: float = DEFAULT_ATOL,
+    rtol: float | None = None,
+    atol: float | None = None,
     min_cosine: float = DEFAULT_MIN_COSINE,
     min_sqnr_db: float = DEFAULT_MIN_SQNR_DB,
     check_finite: bool = False,
@@ -116,6 +116,8 @@ def compare(
             e.g. ``["CUDA"]``; default CPU.
         metric: what decides pass/fail: ``rel`` (``max_abs <= atol + rtol *
             max|ref|``), ``cosine`` (``>= min_cosine``) or ``sqnr`` (``>= min_sqnr_db``).
+        rtol, atol: the ``rel`` rule (default 1e-3, 1e-5); when neither is given and a side runs
+            at a reduced precision (OpenVINO at bf16/f16), rtol fits its rounding, and a note says so.
         local: also run each compared call's candidate nodes on the reference's
             own inputs; ``local_rel`` is the error the call makes by itself.
         check_finite: a candidate value that is NaN/inf fails its row (the
@@ -164,6 +166,8 @@ def compare(
     cand = cand if cand is not None else onnx_path
     if cand is None:
         raise LayertapError("compare needs a candidate ONNX file (the third argument)")
+    tolerance_given = rtol is not None or atol is not None
+    rtol, atol = (DEFAULT_RTOL if rtol is None else rtol), (DEFAULT_ATOL if atol is None else atol)
     criterion = _criterion(metric, rtol, atol, min_cosine, min_sqnr_db, check_finite)
     _check_options(rtol, atol, batch_outputs, memory_budget)
     onnx_ref = isinstance(ref, (str, os.PathLike, ModelFile))
@@ -172,9 +176,9 @@ def compare(
             "--providers (providers=) picks the execution providers of an ONNX reference, and REF here is a PyTorch "
             "model; give the candidate's providers with --cand-providers (cand_providers=)"
         )
-    ref_opt = ort_optimizations if ref_ort_optimizations is None else ref_ort_optimizations
-    ref_rt, cand_rt = side_runtimes(onnx_ref, runtime, cand_runtime, (providers, cand_providers), (ref_opt, ort_optimizations),
-                                    ov_precision, ov_device)
+    ref_rt, cand_rt = side_runtimes(onnx_ref, runtime, cand_runtime, (providers, cand_providers),
+                                    (ref_ort_optimizations, ort_optimizations), ov_precision, ov_device)
+    criterion, precision_note = rounding_criterion(criterion, tolerance_given, (ref_rt, cand_rt))
     given, n_random = given_samples(args if onnx_ref else _as_args(args), samples)
     options = dict(criterion=criterion, modules=modules, batch_outputs=batch_outputs, memory_budget=memory_budget,
                    allow_different_weights=allow_different_weights)
@@ -182,18 +186,42 @@ def compare(
         raise LayertapError("steps= decodes one prompt with a PyTorch reference: give the model and one input "
                             "(input_ids), without samples=")
     if onnx_ref:
-        return _compare_files(ref, cand, given, n_random, ref_rt, cand_rt, options, seed=seed, local=local,
-                              progress=progress)
-    return _compare_torch(
-        ref, cand, given, n_random, cand_rt, options, kwargs=dict(kwargs or {}), method=method,
-        ort_optimizations=ort_optimizations, seed=seed, local=local, progress=progress, steps=steps,
-    )
+        report = _compare_files(ref, cand, given, n_random, ref_rt, cand_rt, options, seed=seed, local=local,
+                                progress=progress)
+    else:
+        report = _compare_torch(ref, cand, given, n_random, cand_rt, options, kwargs=dict(kwargs or {}), method=method,
+                                ort_optimizations=ort_optimizations, seed=seed, local=local, progress=progress, steps=steps)
+    report.notes[:0] = [precision_note] if precision_note else []
+    return report
+
+
+def rounding_criterion(criterion: Criterion, given: bool, runtimes: Sequence[Any]) -> tuple[Criterion, str]:
+    """The rule the rows are judged by when a side's runtime computes at a reduced precision
+    (OpenVINO at bfloat16/float16) and the user set no tolerance: ``rtol`` fitted to that
+    precision's rounding (:meth:`Criterion.for_precision`), and the note saying so.
+
+    Example:
+        >>> from layertap.runtimes import open_runtime
+        >>> rounding_criterion(Criterion(), False, (None, open_runtime("ort")))
+        (Criterion(metric='rel', rtol=0.001, atol=1e-05, min_cosine=0.999, min_sqnr_db=30.0, check_finite=False), '')
+    """
+    if given or criterion.metric != "rel":
+        return criterion, ""
+    for rt in runtimes:
+        info = rt.describe() if rt is not None else None
+        if info is not None and info.precision in ROUNDING_RTOL:
+            fitted = criterion.for_precision(info.precision)
+            return fitted, (f"{info.runtime} ran at {info.precision}: rows judged at rtol {fitted.rtol:g} "
+                            "(its rounding); pass --rtol (rtol=) to judge tighter")
+    return criterion, ""
 
 
 def side_runtimes(onnx_ref: bool, runtime: str | None, cand_runtime: str | None, providers: tuple[Any, Any],
-                  optimize: tuple[bool, bool], ov_precision: str | None, ov_device: str | None) -> tuple[Any, Any]:
+                  optimize: tuple[bool | None, bool], ov_precision: str | None, ov_device: str | None) -> tuple[Any, Any]:
     """The reference's runtime (``None`` for a PyTorch reference) and the candidate's, each opened by
-    :func:`~layertap.runtimes.open_runtime`; OpenVINO's options go to the sides that run OpenVINO."""
+    :func:`~layertap.runtimes.open_runtime`; OpenVINO's options go to the sides that run OpenVINO.
+    ``optimize``: ORT's graph optimisations per side (the reference's ``None``: the candidate's);
+    turning them off for a side that OpenVINO runs is refused, not ignored."""
     from ..runtimes import open_runtime
 
     if not onnx_ref and runtime is not None and cand_runtime is not None and runtime != cand_runtime:
@@ -207,7 +235,14 @@ def side_runtimes(onnx_ref: bool, runtime: str | None, cand_runtime: str | None,
 
     def opened(name: str, side: int) -> Any:
         ov = dict(ov_precision=ov_precision, ov_device=ov_device) if name == "openvino" else {}
-        return open_runtime(name, providers=providers[side], optimize=optimize[side], **ov)
+        asked = optimize[side]
+        if name == "openvino" and asked is False:
+            flag = ("--ref-no-ort-opt (ref_ort_optimizations=False)", "the reference") if side == 0 else \
+                ("--no-ort-opt (ort_optimizations=False)", "the candidate")
+            raise LayertapError(f"{flag[0]} turns off ONNX Runtime's graph optimisations, but OpenVINO runs {flag[1]} "
+                                "(its own graph transformations always apply); drop the option, or run that side in "
+                                "ONNX Runtime (--runtime/--cand-runtime ort)")
+        return open_runtime(name, providers=providers[side], optimize=optimize[1] if asked is None else asked, **ov)
 
     return (opened(ref_name, 0) if ref_name else None), opened(cand_name, 1)
 
@@ -223,10 +258,13 @@ def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike |
     cand_side = OrtSide(cand, cand_rt)
     given = [s if isinstance(s, (dict, list, tuple)) else [s] for s in given]
     reference = OnnxReference(ref_side, cand_side, given, n_random, random=_random_from_file(seed), **options)
-    return compare_sides(reference, cand_side, criterion=options["criterion"], weights=reference.weights, local=local,
-                         memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
-                         ort_optimizations=cand_rt.optimize if cand_rt.name == "ort" else True, reference=_shown(ref),
-                         runtimes={"reference": ref_side.describe().to_dict(), "candidate": cand_side.describe().to_dict()})
+    report = compare_sides(reference, cand_side, criterion=options["criterion"], weights=reference.weights, local=local,
+                           memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
+                           ort_optimizations=cand_rt.optimize if cand_rt.name == "ort" else True, reference=_shown(ref),
+                           runtimes={"reference": ref_side.describe().to_dict(), "candidate": cand_side.describe().to_dict()})
+    # again after the runs: what each side ran on (ORT leaves out a provider that fails to load)
+    report.runtimes.update(reference=ref_side.describe().to_dict(), candidate=cand_side.describe().to_dict())
+    return report
 
 
 def _criterion(metric: Any, rtol: Any, atol: Any, min_cosine: Any, min_sqnr_db: Any, check_finite: bool) -> Criterion:
@@ -289,9 +327,11 @@ def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[
         candidate = reference.candidate
     else:
         reference = TorchReference(model, runs, cand_side, method=method, progress=progress, **options)
-    return compare_sides(reference, candidate, criterion=options["criterion"], weights=reference.weights, local=local,
-                         memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
-                         ort_optimizations=ort_optimizations, runtimes={"candidate": cand_side.describe().to_dict()})
+    report = compare_sides(reference, candidate, criterion=options["criterion"], weights=reference.weights, local=local,
+                           memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
+                           ort_optimizations=ort_optimizations, runtimes={"candidate": cand_side.describe().to_dict()})
+    report.runtimes.update(candidate=cand_side.describe().to_dict())  # after the runs: what they ran on
+    return report
 
 
 def _path(source: str | os.PathLike | ModelFile) -> Path:

@@ -86,6 +86,9 @@ class Candidate(Protocol):
     def notes(self, label: str | None, rounding: bool) -> list[str]:
         """How it ran, for the report (``label``: next to another run of the same kind)."""
 
+    def describe(self) -> Any:
+        """What ran it (:class:`~layertap.runtimes.RuntimeInfo`: runtime, version, device, precision)."""
+
     def close(self) -> None: ...
 
 
@@ -180,7 +183,7 @@ class Driver:
     def _add(self, sample: Sample) -> None:
         self.samples.append(sample)
         if self.ref.holds_values and len(sample.batches) <= 1:
-            self.prog.step("ONNX Runtime and compare", total=len(sample.items))
+            self.prog.step(f"{self.cand.describe().runtime} and compare", total=len(sample.items))
             for batch in sample.batches:
                 self._run(sample, batch)
             self._release(sample)
@@ -188,7 +191,7 @@ class Driver:
     def _finish(self) -> None:
         pending = [s for s in self.samples if not self.ref.holds_values or len(s.batches) > 1]
         if pending:
-            self.prog.step("ONNX Runtime and compare", total=sum(len(s.items) for s in pending))
+            self.prog.step(f"{self.cand.describe().runtime} and compare", total=sum(len(s.items) for s in pending))
         for b in range(max((len(s.batches) for s in pending), default=0)):
             for sample in pending:
                 if b < len(sample.batches):
@@ -281,14 +284,16 @@ def run_notes(reference: Reference, candidate: Candidate, spilled: int, *, round
     """
     n = reference.n_samples
     notes = reference.notes(candidate, rounding)
+    runtime = candidate.describe().runtime
     if candidate.runs > n:
-        notes.append(f"ONNX Runtime ran {candidate.runs} times, exposing the intermediates in batches to bound memory")
+        notes.append(f"{runtime} ran {candidate.runs} times, exposing the intermediates in batches to bound memory")
     if spilled:
         size = f"{spilled / 2**20:.0f} MiB" if spilled >= 2**20 else f"{spilled / 2**10:.0f} KiB"
         notes.append(f"{size} of reference values were held on disk (memory_budget)")
     if n > 1 and not hasattr(reference, "merge_rows"):
         notes.append(f"{n} samples; each row shows its worst sample (worst_sample); "
-                     f"{sum(side.sessions for side in (candidate, *reference.own_runs))} ORT session(s) for all of them")
+                     f"{sum(side.sessions for side in (candidate, *reference.own_runs))} "
+                     f"{'ORT ' if runtime == 'ONNX Runtime' else ''}session(s) for all of them")
     return notes
 
 

@@ -41,11 +41,13 @@ class OrtRunner:
     callers use it and drop the model they passed in.
     """
 
-    def __init__(self, proto: "onnx.ModelProto", folder: Path, runtime: "Runtime", file: Path | None = None) -> None:
+    def __init__(self, proto: "onnx.ModelProto", folder: Path, runtime: "Runtime", file: Path | None = None,
+                 origin: Path | None = None) -> None:
         from ..onnxfile.ort import SessionSource
 
         self.file = file  # an OpenVINO IR: run from the file (``proto`` is its tensor names only)
-        self.source = SessionSource(proto, folder, move_weights=True)
+        # ``origin``: the unedited file ``proto`` was read from (see SessionSource)
+        self.source = SessionSource(proto, folder, move_weights=True, origin=origin)
         self.proto = self.source.model
         self.folder = folder
         self.runtime = runtime
@@ -147,7 +149,7 @@ class OrtSide:
         # safety checks every ONNX command applies; a file the caller already read is not read again.
         loaded = model_file(source)
         self.path = loaded.path if isinstance(source, ModelFile) else Path(source)
-        self.runner = OrtRunner(loaded.model, loaded.folder, runtime)
+        self.runner = OrtRunner(loaded.model, loaded.folder, runtime, origin=loaded.path)
         # the runner holds the graph and the weights once: a caller's file keeps the graph alone
         loaded.model = self.runner.proto
         del loaded

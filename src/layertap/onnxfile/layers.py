@@ -8,7 +8,7 @@ from typing import Any
 
 from ..formats import fmt_shape
 from ..tables import Column, Table
-from .modelfile import read_model
+from .modelfile import ModelFile, model_file
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,9 @@ class OnnxLayers(Table):
         return out
 
 
-def onnx_layers(path: str | os.PathLike) -> OnnxLayers:
-    """List the tensors of an ONNX file (weights are not read).
+def onnx_layers(path: "str | os.PathLike | ModelFile") -> OnnxLayers:
+    """List the tensors of an ONNX file (weights are not read), or of a file already read (an
+    OpenVINO IR's tensors as :func:`~layertap.runtimes.openvino.ir_file` reads them).
 
     Example:
         >>> import tempfile
@@ -75,7 +76,7 @@ def onnx_layers(path: str | os.PathLike) -> OnnxLayers:
     from .ort import tensor_types
     from .scopes import ScopeMap
 
-    mf = read_model(path)
+    mf = model_file(path)
     graph = mf.model.graph
     types = tensor_types(mf.model, mf.folder)  # the typing add_outputs uses (ORT for fused ops)
     scopes = ScopeMap.from_model(mf.model)

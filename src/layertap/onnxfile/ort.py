@@ -114,6 +114,9 @@ class SessionSource:
     Args:
         model: the loaded model.
         folder: where its external data files lie.
+        origin: the file ``model`` was read from, when its nodes and weights are still the file's
+            (only outputs added): a runtime that reads files itself (OpenVINO) reads that instead
+            of the graph serialised again with its weights.
 
     Example:
         >>> import numpy as np, onnx.helper as h, onnx.numpy_helper as nh
@@ -128,10 +131,12 @@ class SessionSource:
         (['y', 'm'], 512.0)
     """
 
-    def __init__(self, model: "onnx.ModelProto", folder: Path, *, move_weights: bool = False, threshold: int = 1024) -> None:
+    def __init__(self, model: "onnx.ModelProto", folder: Path, *, move_weights: bool = False, threshold: int = 1024,
+                 origin: Path | None = None) -> None:
         import onnx
 
         self.folder = folder
+        self.origin = origin
         self.names: list[str] = []
         self.arrays: list[np.ndarray] = []
         if move_weights:

@@ -46,7 +46,7 @@ class TappedSession:
         self.runtime = runtime
         self.mf = mf = model_file(path)
         # the weights go to ORT once, as arrays; the proto keeps only the graph
-        self.source = SessionSource(mf.model, mf.folder, move_weights=True)
+        self.source = SessionSource(mf.model, mf.folder, move_weights=True, origin=mf.path)
         mf.model = self.source.model
         adder = OutputAdder(mf, self.source)
         self.pairs = dedupe([p for tap in taps for p in _resolve_tap(adder, tap)])
@@ -58,7 +58,10 @@ class TappedSession:
         try:
             # ``file``: a file the runtime reads itself (an OpenVINO IR, ``mf`` its tensor names)
             tensors = list(dict.fromkeys(t for _, t in self.pairs))
-            self.session = runtime.open(file, tensors) if file is not None else runtime.open(self.source)
+            if file is None and runtime.name == "ort":  # the taps are outputs of the in-memory graph
+                self.session = runtime.open(self.source)
+            else:  # a runtime reading the file itself exposes the tapped tensors by name
+                self.session = runtime.open(file or self.source, tensors)
         except LayertapError:
             raise
         except Exception as e:  # noqa: BLE001 - ORT's own message, one line

@@ -28,25 +28,29 @@ class InputInfo(NamedTuple):
 
 @dataclass(frozen=True)
 class RuntimeInfo:
-    """What ran a side: runtime name, its version, the device and the precision it computed in.
+    """What ran a side: runtime name, its version, the device and the precision it computed in, and
+    a note when that is not what was asked for.
 
     Example:
         >>> RuntimeInfo("OpenVINO", "2026.4.1", "CPU", "bfloat16").text()
         'OpenVINO 2026.4.1 on CPU, bfloat16'
+        >>> RuntimeInfo("ONNX Runtime", "1.24", "CPU", "float32", "CUDA was asked for and did not run").text()
+        'ONNX Runtime 1.24 on CPU, float32 (CUDA was asked for and did not run)'
     """
 
     runtime: str
     version: str
     device: str
     precision: str
+    note: str = ""
 
     def text(self) -> str:
         """One line for the terminal notes and the HTML page."""
-        return f"{self.runtime} {self.version} on {self.device}, {self.precision}"
+        return f"{self.runtime} {self.version} on {self.device}, {self.precision}" + (f" ({self.note})" if self.note else "")
 
     def to_dict(self) -> dict[str, str]:
-        """The four fields, for ``--json``."""
-        return asdict(self)
+        """The fields, for ``--json`` (``note`` only when there is one)."""
+        return {k: v for k, v in asdict(self).items() if k != "note" or v}
 
 
 class Engine(Protocol):

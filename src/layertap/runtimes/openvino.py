@@ -120,14 +120,16 @@ class OpenVinoRuntime:
         return _TYPE_NAMES.get(got, got)
 
     def read(self, model: "SessionSource | Path") -> Any:
-        """The OpenVINO model of ``model``, read once (an ONNX graph in memory, or an ONNX/IR file)."""
+        """The OpenVINO model of ``model``, read once: from its file when it has one (an ONNX/IR path,
+        or a graph whose ``origin`` file is unedited: 25-60 ms on resnet50, against seconds for the
+        graph serialised with its weights and read from bytes, and no 2 GB protobuf limit)."""
         key = id(model)
         held = self._models.get(key)
         if held is not None and held[0] is model:
             return held[1]
         try:
-            if isinstance(model, Path):
-                ov_model = self.core.read_model(str(model))
+            if isinstance(model, Path) or model.origin is not None:
+                ov_model = self.core.read_model(str(model if isinstance(model, Path) else model.origin))
             else:
                 ov_model = self.core.read_model(inline_weights(model.model, model).SerializeToString())
         except RuntimeError as e:

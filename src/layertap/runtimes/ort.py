@@ -52,23 +52,51 @@ class OrtRuntime:
 
         self.providers = resolve_providers(providers)
         self.optimize = optimize
+        self.ran: list[str] | None = None  # the providers the last session runs on (ORT drops one that fails to load)
 
     def open(self, model: "SessionSource | Path", outputs: Sequence["str | onnx.ValueInfoProto"] = (), *,
              only: bool = False) -> OrtEngine:
         source = _source(model) if isinstance(model, Path) else model
-        return OrtEngine(source.session(outputs, only=only, optimize=self.optimize, providers=self.providers))
+        return self._engine(source.session(outputs, only=only, optimize=self.optimize, providers=self.providers))
 
     def open_part(self, source: "SessionSource", part: "onnx.ModelProto") -> OrtEngine:
-        return OrtEngine(source.session_for(part, optimize=self.optimize, providers=self.providers))
+        return self._engine(source.session_for(part, optimize=self.optimize, providers=self.providers))
+
+    def _engine(self, session: Any) -> OrtEngine:
+        self.ran = list(session.get_providers())
+        return OrtEngine(session)
 
     def exposable(self, model: "SessionSource | Path") -> set[str] | None:
         return None  # every tensor of the graph can be a graph output
 
     def describe(self) -> RuntimeInfo:
+        """The providers the sessions ran on (those asked for until one was built), and a note
+        naming any asked for that ORT left out."""
         import onnxruntime as ort
 
-        device = ", ".join(p.removesuffix("ExecutionProvider") for p in self.providers)
-        return RuntimeInfo("ONNX Runtime", ort.__version__, device, "the file's own types")
+        ran = self.ran if self.ran is not None else self.providers
+        return RuntimeInfo("ONNX Runtime", ort.__version__, _short(ran), "the file's own types",
+                           providers_note(self.providers, ran))
+
+
+def providers_note(asked: Sequence[str], ran: Sequence[str]) -> str:
+    """What to say when ORT left out a provider that was asked for (it falls back to the others,
+    silently, when one fails to load); ``""`` when all ran.
+
+    Example:
+        >>> providers_note(["CUDAExecutionProvider", "CPUExecutionProvider"], ["CPUExecutionProvider"])
+        'CUDA was asked for but did not load: ONNX Runtime ran on CPU'
+        >>> providers_note(["CPUExecutionProvider"], ["CPUExecutionProvider"])
+        ''
+    """
+    missing = [p for p in asked if p not in ran]
+    if not missing:
+        return ""
+    return f"{_short(missing)} was asked for but did not load: ONNX Runtime ran on {_short(ran)}"
+
+
+def _short(providers: Sequence[str]) -> str:
+    return ", ".join(p.removesuffix("ExecutionProvider") for p in providers)
 
 
 def _source(path: Path) -> "SessionSource":

@@ -101,12 +101,13 @@ class CompareTool(Tool):
     def run(self, args: Args) -> int:
         opts: CompareOptions = args.own
         cand, ref, sample_args, kwargs, samples = sides(args, opts)
+        tol = args.tolerance  # not given: compare may fit rtol to a side's reduced precision
 
         from ...comparing import compare
 
         with StepProgress(enabled=sys.stderr.isatty()) as progress:
             report = compare(ref, sample_args, cand, samples=samples, kwargs=kwargs, progress=progress,
-                             method=args.model.method, rtol=args.tolerance.rtol, atol=args.tolerance.atol,
+                             method=args.model.method, rtol=tol.rtol if tol.given else None, atol=tol.atol if tol.given else None,
                              seed=args.inputs.seed, **opts.library, **args.runtime)
         _write_outputs(args, report, cand)
         self.print_table(report, as_json=args.json)

@@ -70,7 +70,15 @@ class LayersTool(Tool):
             raise LayertapError(f"--method does not apply to an ONNX file ({m.text})")
         from ...onnxfile.layers import onnx_layers
 
-        table = onnx_layers(m.text)
+        if m.text.lower().endswith(".xml"):  # an OpenVINO IR: its tensors as OpenVINO reads them
+            from ...runtimes import open_runtime
+            from ...runtimes.openvino import ir_file
+
+            table = onnx_layers(ir_file(open_runtime("openvino", ov_precision="f32"), m.text))
+            table.notes.append("an OpenVINO IR: op types are OpenVINO's; its tensors align by name with the ONNX file "
+                               "it came from (compare, run with --runtime openvino)")
+        else:
+            table = onnx_layers(m.text)
         self.print_table(table, args.json)
         if args.report:
             self.write_report(args, table, [("file", m.text)])
