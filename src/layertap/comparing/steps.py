@@ -75,6 +75,9 @@ class StepCandidate:
     def local_graph(self) -> Any:
         return self.side.local_graph()
 
+    def describe(self) -> Any:
+        return self.side.describe()
+
     def notes(self, label: str | None, rounding: bool) -> list[str]:
         return self.side.notes(label, rounding)
 
