@@ -10,10 +10,10 @@ from ..errors import LayertapError
 from .arrays import DTYPES, POOLS, check_choice
 from .backends import BackendSpec
 from .features import Features, load_features
-from .images import Preprocess, from_options, from_timm, from_torchvision
+from ..data.images import Preprocess, choose_recipe
 from .job import Job, Options, check_resumed_ids, discard_empty, prepare_out
 from .shards import FORMATS
-from .sources import Bad, IterSource, MapSource, open_source, reference
+from ..data.sources import Bad, IterSource, MapSource, open_source, reference
 
 ENGINES = ("local", "ray")
 
@@ -210,43 +210,20 @@ def _reference(source: Any, skip_bad: bool) -> Any:
 
 def _preprocess(spec: BackendSpec, image_size: Any, mean: Any, std: Any) -> Preprocess | None:
     """The image recipe: --image-size if given, else the model's zoo config, else the ONNX input size."""
-    if image_size is not None:
-        return from_options(image_size, mean, std)
-    recipe = _zoo_recipe(spec)
-    if recipe is None and spec.is_onnx:
-        size = _onnx_image_size(Path(spec.model))
-        return from_options(size, mean, std) if size else None
-    if recipe is not None and (mean is not None or std is not None):
-        base = from_options(recipe.crop, mean, std)
-        return Preprocess(recipe.resize, recipe.crop, base.mean, base.std, recipe.interpolation, recipe.source + " (mean/std from options)")
-    return recipe
+    def zoo() -> Preprocess | None:
+        if spec.is_onnx:
+            return None
+        from ..pytorch.preprocessing import zoo_recipe
 
+        return zoo_recipe(spec.model)
 
-def _zoo_recipe(spec: BackendSpec) -> Preprocess | None:
-    model = spec.model
-    if isinstance(model, str) and model.startswith("torchvision:"):
-        return from_torchvision(model.split(":", 1)[1])
-    if isinstance(model, str) and model.startswith("timm:"):
-        import timm
-
-        if timm.is_model(model.split(":", 1)[1]):
-            return from_timm(timm.create_model(model.split(":", 1)[1], pretrained=False))
-        return None
-    if getattr(model, "pretrained_cfg", None) and type(model).__module__.startswith("timm"):
-        return from_timm(model)
-    return None
+    return choose_recipe(image_size, mean, std, zoo, lambda: _onnx_image_size(Path(spec.model)) if spec.is_onnx else None)
 
 
 def _onnx_image_size(path: Path) -> tuple[int, int] | None:
     """H, W of an ONNX file's first input when it is a static N x C x H x W."""
     import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
-    inits = {i.name for i in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in inits]
-    if not inputs:
-        return None
-    dims = inputs[0].type.tensor_type.shape.dim
-    if len(dims) == 4 and dims[2].HasField("dim_value") and dims[3].HasField("dim_value"):
-        return dims[2].dim_value, dims[3].dim_value
-    return None
+    from ..onnxfile.feeds import image_input_size
+
+    return image_input_size(onnx.load(str(path), load_external_data=False).graph)

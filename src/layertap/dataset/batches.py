@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import LayertapError
 from .arrays import cast, pool, pooled_axes
-from .sources import Bad, Reference, check_sample
+from ..data.sources import Bad, Reference, check_sample
 
 
 @dataclass

@@ -18,7 +18,7 @@ from .backends import BackendSpec
 from .batches import BatchRunner, Collated, ShardData, collate, keyed_layout
 from .manifest import NAME, Manifest
 from .shards import remove_leftovers, write_shard
-from .sources import IterSource, MapSource, Reference
+from ..data.sources import IterSource, MapSource, Reference
 
 
 @dataclass

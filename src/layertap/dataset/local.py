@@ -19,7 +19,7 @@ from ..errors import LayertapError
 from .backends import pin_threads
 from .batches import Collated, ShardAssembler, ShardData, batch_ranges, chunked, collate
 from .job import Job
-from .sources import Bad, IterSource, reference
+from ..data.sources import Bad, IterSource, reference
 
 
 def run_local(job: Job, progress: bool | None) -> int:

@@ -26,7 +26,7 @@ from .backends import pin_threads
 from .batches import ShardAssembler, ShardData, batch_ranges, shard_count
 from .job import Job
 from .local import progress_bar
-from .sources import MapSource
+from ..data.sources import MapSource
 
 
 def run_ray(job: Job, address: str | None, progress: bool | None) -> int:
