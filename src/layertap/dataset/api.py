@@ -11,7 +11,7 @@ from .arrays import DTYPES, POOLS, check_choice
 from .backends import BackendSpec
 from .features import Features, load_features
 from ..data.images import Preprocess, choose_recipe
-from .job import Job, Options, check_resumed_ids, discard_empty, prepare_out
+from .job import DEFAULT_SHARD_SIZE, Job, Options, check_resumed_ids, discard_empty, parse_shard_size, prepare_out
 from .shards import FORMATS
 from ..data.sources import Bad, IterSource, MapSource, open_source, reference
 
@@ -25,7 +25,7 @@ def extract_dataset(
     out: str | os.PathLike,
     *,
     batch_size: int = 64,
-    shard_size: int = 1024,
+    shard_size: int | str = DEFAULT_SHARD_SIZE,
     format: str = "safetensors",  # noqa: A002 - the CLI's --format
     dtype: str = "float32",
     pool: str = "none",
@@ -45,6 +45,7 @@ def extract_dataset(
     engine: str = "local",
     ray_address: str | None = None,
     progress: bool | None = None,
+    columns: Sequence[str] | None = None,
 ) -> Features:
     """Run a model over a whole dataset and save the tapped tensors in shards.
 
@@ -54,7 +55,10 @@ def extract_dataset(
             ``save_to_disk`` folder; or any sequence / iterable of samples or a DataLoader.
         taps: selectors; each must give a tensor with the batch first.
         out: OUT_DIR (created; must be new or empty, or an extraction to ``resume``).
-        batch_size, shard_size: samples per forward and per shard file.
+        batch_size: samples per forward.
+        shard_size: samples per shard file (``1024``), or the size of a shard's features
+            (``"256MB"``, ``"1GiB"``; the default): the samples per shard then follow from the
+            taps' bytes per sample, and the manifest records the count used (``shard_samples``).
         format: ``safetensors``, ``npy`` or ``zarr``.
         dtype: floating features are stored as ``float32``, ``float16`` or ``bfloat16``.
         pool: ``none``, or ``mean``/``max``/``first`` over spatial (N,C,H,W) or token (N,T,D) axes.
@@ -68,6 +72,8 @@ def extract_dataset(
         weights, config, unsafe_pickle: options of a MODEL spec.
         engine: ``local`` or ``ray`` (Ray Data; ``ray_address`` joins a cluster, else a local one starts).
         progress: show a progress bar (default: when stderr is a terminal).
+        columns: the input columns of a ``datasets`` folder (default: its image or array column,
+            else every array column, as named inputs); a ``label`` column is kept as labels.
 
     Returns:
         :class:`~layertap.dataset.features.Features` over OUT_DIR (see ``lt.load_features``).
@@ -94,7 +100,7 @@ def extract_dataset(
             recipe.append(_preprocess(spec, image_size, mean, std))
         return recipe[0]
 
-    source, out_dir = _open_data(data, out, preprocess)
+    source, out_dir = _open_data(data, out, preprocess, columns, same_shape=opts.pool == "none")
     count = None
     if isinstance(source, MapSource):
         count = len(source) if limit is None else min(limit, len(source))
@@ -105,6 +111,7 @@ def extract_dataset(
         _check_device(device)
     created = not out_dir.exists()
     manifest = prepare_out(out_dir, header, resume)
+    opts.shard_size = manifest.header["options"].get("shard_samples") or opts.shard_size  # a resumed run's
     job = Job(out_dir, source, spec, opts, ref, count, manifest)
     kept = len(manifest.shards)
     if manifest.status != "complete":
@@ -114,13 +121,14 @@ def extract_dataset(
     return feats
 
 
-def _open_data(data: Any, out: str | os.PathLike, preprocess: Callable[[], Preprocess | None]) -> tuple[MapSource | IterSource, Path]:
+def _open_data(data: Any, out: str | os.PathLike, preprocess: Callable[[], Preprocess | None], columns: Sequence[str] | None,
+               same_shape: bool) -> tuple[MapSource | IterSource, Path]:
     """The sample source and OUT_DIR resolved; an OUT_DIR inside the data folder is refused."""
     data_dir = Path(data).resolve() if isinstance(data, (str, os.PathLike)) else None
     out_dir = Path(out).resolve()
     if data_dir is not None and (out_dir == data_dir or data_dir in out_dir.parents):
         raise LayertapError(f"OUT_DIR '{out}' is inside the data folder '{data}'; its shards would be read as samples, write elsewhere")
-    return open_source(data_dir or data, preprocess), out_dir
+    return open_source(data_dir or data, preprocess, columns=columns, same_shape=same_shape), out_dir
 
 
 def _finish(job: Job, created: bool, engine: str, ray_address: str | None, progress: bool | None) -> None:
@@ -162,17 +170,18 @@ def _check_device(device: str) -> None:
     check_device(torch, device)
 
 
-def _options(batch_size: int, shard_size: int, fmt: str, dtype: str, pool: str, limit: int | None, skip_bad: bool, workers: int) -> Options:
-    for name, value in (("batch_size", batch_size), ("shard_size", shard_size)):
-        if not isinstance(value, int) or value < 1:
-            raise LayertapError(f"{name} must be a positive integer, got {value!r}")
+def _options(batch_size: int, shard_size: int | str, fmt: str, dtype: str, pool: str, limit: int | None, skip_bad: bool,
+             workers: int) -> Options:
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise LayertapError(f"batch_size must be a positive integer, got {batch_size!r}")
+    samples, size = parse_shard_size(shard_size)
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise LayertapError(f"limit must be a positive integer, got {limit!r}")
     if not isinstance(workers, int) or workers < 0:
         raise LayertapError(f"workers must be an integer >= 0, got {workers!r}")
     return Options(format=check_choice("--format", fmt, FORMATS), dtype=check_choice("--dtype", dtype, DTYPES),
-                   pool=check_choice("--pool", pool, POOLS), shard_size=shard_size, batch_size=batch_size,
-                   limit=limit, skip_bad=bool(skip_bad), workers=workers)
+                   pool=check_choice("--pool", pool, POOLS), shard_size=samples or 0, batch_size=batch_size,
+                   limit=limit, skip_bad=bool(skip_bad), workers=workers, shard_text=samples or str(shard_size).replace(" ", ""), shard_bytes=size)
 
 
 def _tap_texts(taps: Sequence[Any], model: Any) -> list[str]:
