@@ -34,6 +34,12 @@ class CompareTool(Tool):
 
     name = "compare"
     help = "compare a model or ONNX file with an ONNX file layer by layer and name the first diverging module"
+    examples = (
+        "layertap compare torchvision:resnet18 r18.onnx --input 1x3x224x224",
+        "layertap compare torchvision:resnet18 r18.onnx --inputs images --limit 8 --save-inputs used.npz"
+        "  # real images, preprocessed as the model's weights say; --inputs used.npz repeats it",
+        "layertap compare resnet18.onnx resnet18.onnx --no-ort-opt --samples 2  # ORT with vs without graph optimisations",
+    )
     groups = (ModelArgs(onnx_ok=True), InputArgs(), ToleranceArgs(), JsonArgs(), ReportArgs())
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -67,8 +73,8 @@ class CompareTool(Tool):
                        help="compare even when most parameters differ from the reference's (another checkpoint or "
                             "seed); without it that is refused")
         g.add_argument("--fp16-block-list", metavar="FILE.json",
-                       help="write the ONNX node names that should stay float32, for "
-                            "onnxconverter_common.float16.convert_float_to_float16(node_block_list=...)")
+                       help="write the ONNX node names that should stay float32, for onnxconverter_common's "
+                            "float16 converter (convert_float_to_float16's node_block_list)")
         g.add_argument("--providers", metavar="EP[,EP]", default=None,
                        help="ONNX Runtime execution providers of an ONNX reference (CUDA, TensorRT, OpenVINO, CoreML; default CPU)")
         g.add_argument("--cand-providers", metavar="EP[,EP]", default=None,
