@@ -46,7 +46,7 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         width = max(width, 20)
-        lines = []
+        lines: list[str] = []
         for line in text.splitlines():
             body = line.lstrip()
             lead = indent + line[: len(line) - len(body)]
@@ -55,7 +55,8 @@ class HelpFormatter(argparse.HelpFormatter):
                 cont = [" \\"] * (len(parts) - 1) + [""]
                 lines.extend((lead if i == 0 else lead + "    ") + part + cont[i] for i, part in enumerate(parts))
             else:
-                lines.extend(textwrap.wrap(body, width, initial_indent=lead, subsequent_indent=lead + ("  " if body.startswith("#") else ""),
+                more = lead + ("  " if body.startswith("#") else "")  # a comment's next lines under its text
+                lines.extend(textwrap.wrap(body, width, initial_indent=lead, subsequent_indent=more,
                                            break_long_words=False, break_on_hyphens=False) or [""])
         return "\n".join(lines)
 

@@ -28,7 +28,7 @@ Sample = dict[str, np.ndarray] | list[np.ndarray]
 
 def load_samples(path: str | os.PathLike, input_names: Sequence[str], input_ranks: Sequence[int | None], *,
                  preprocess: Callable[[], Preprocess | None] = lambda: None, columns: Sequence[str] | None = None,
-                 limit: int | None = None) -> list[Sample]:
+                 limit: int | None = None) -> list[dict[str, np.ndarray]]:
     """The samples of ``--inputs PATH`` (at most ``limit``), as dicts by input name.
 
     PATH is one ``.npz`` (one sample per leading index of its arrays) or ``.npy``, or any
@@ -71,7 +71,7 @@ def load_samples(path: str | os.PathLike, input_names: Sequence[str], input_rank
     if len(counts) != 1:
         raise InputSpecError(f"--inputs '{p}': its arrays hold different numbers of samples ({sorted(counts)})")
     n = min(counts.pop(), limit or math.inf)
-    out: list[Sample] = []
+    out: list[dict[str, np.ndarray]] = []
     for i in range(int(n)):
         sample = {}
         for name, rank in zip(input_names, input_ranks):
@@ -107,7 +107,8 @@ def _named(arrays: dict[str, np.ndarray], input_names: Sequence[str], path: Path
 
 
 def _folder_samples(root: Path, input_names: Sequence[str], input_ranks: Sequence[int | None],
-                    preprocess: Callable[[], Preprocess | None], columns: Sequence[str] | None, limit: int | None) -> list[Sample]:
+                    preprocess: Callable[[], Preprocess | None], columns: Sequence[str] | None,
+                    limit: int | None) -> list[dict[str, np.ndarray]]:
     """Every sample of a folder, read as ``extract --data`` reads it, fitted to the inputs."""
     from ..data.sources import Bad, MapSource, open_source
 

@@ -6,14 +6,14 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..data.images import Preprocess, choose_recipe
+from ..data.sources import Bad, IterSource, MapSource, open_source, reference
 from ..errors import LayertapError
 from .arrays import DTYPES, POOLS, check_choice
 from .backends import BackendSpec
 from .features import Features, load_features
-from ..data.images import Preprocess, choose_recipe
 from .job import DEFAULT_SHARD_SIZE, Job, Options, check_resumed_ids, discard_empty, parse_shard_size, prepare_out
 from .shards import FORMATS
-from ..data.sources import Bad, IterSource, MapSource, open_source, reference
 
 ENGINES = ("local", "ray")
 
@@ -181,7 +181,8 @@ def _options(batch_size: int, shard_size: int | str, fmt: str, dtype: str, pool:
         raise LayertapError(f"workers must be an integer >= 0, got {workers!r}")
     return Options(format=check_choice("--format", fmt, FORMATS), dtype=check_choice("--dtype", dtype, DTYPES),
                    pool=check_choice("--pool", pool, POOLS), shard_size=samples or 0, batch_size=batch_size,
-                   limit=limit, skip_bad=bool(skip_bad), workers=workers, shard_text=samples or str(shard_size).replace(" ", ""), shard_bytes=size)
+                   limit=limit, skip_bad=bool(skip_bad), workers=workers,
+                   shard_text=samples or str(shard_size).replace(" ", ""), shard_bytes=size)
 
 
 def _tap_texts(taps: Sequence[Any], model: Any) -> list[str]:

@@ -14,9 +14,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from ..data.sources import Bad, Reference, check_sample
 from ..errors import LayertapError
 from .arrays import cast, pool, pooled_axes
-from ..data.sources import Bad, Reference, check_sample
 
 
 @dataclass

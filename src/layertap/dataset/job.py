@@ -12,14 +12,13 @@ from typing import Any
 
 import numpy as np
 
+from ..data.sources import IterSource, MapSource, Reference
 from ..errors import LayertapError
 from .arrays import numpy_dtype
 from .backends import BackendSpec
 from .batches import BatchRunner, Collated, ShardData, collate, keyed_layout
 from .manifest import NAME, Manifest
 from .shards import remove_leftovers, write_shard
-from ..data.sources import IterSource, MapSource, Reference
-
 
 DEFAULT_SHARD_SIZE = "256MB"
 

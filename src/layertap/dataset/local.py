@@ -17,11 +17,11 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from ..data.sources import Bad, IterSource, reference
 from ..errors import LayertapError
 from .backends import pin_threads
 from .batches import BatchResult, Collated, ShardAssembler, ShardData, batch_ranges, chunked, collate
 from .job import Job
-from ..data.sources import Bad, IterSource, reference
 
 
 def run_local(job: Job, progress: bool | None) -> int:

@@ -21,12 +21,12 @@ import json
 import logging
 from typing import Any
 
+from ..data.sources import MapSource
 from ..errors import LayertapError
 from .backends import pin_threads
 from .batches import ShardAssembler, ShardData, batch_ranges, shard_count
 from .job import Job
 from .local import progress_bar
-from ..data.sources import MapSource
 
 
 def run_ray(job: Job, address: str | None, progress: bool | None) -> int:

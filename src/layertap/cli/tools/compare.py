@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import LayertapError, OnnxFileError
-from ..args import (Args, InputArgs, JsonArgs, ModelArgs, ReportArgs, ToleranceArgs, add_sample_options, is_onnx_path,
-                    positive_int)
+from ..args import Args, InputArgs, JsonArgs, ModelArgs, ReportArgs, ToleranceArgs, add_sample_options, is_onnx_path, positive_int
 from ..console import StepProgress
 from .base import Tool
 
