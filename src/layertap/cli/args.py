@@ -375,7 +375,12 @@ class ReportArgs(ArgGroup):
 
 
 def floats(text: str) -> list[float]:
-    """argparse type: numbers separated by commas or spaces (``0.485,0.456,0.406``)."""
+    """argparse type: numbers separated by commas or spaces (``0.485,0.456,0.406``).
+
+    Example:
+        >>> floats("0.5,0.25 1")
+        [0.5, 0.25, 1.0]
+    """
     try:
         return [float(v) for v in text.replace(",", " ").split()]
     except ValueError:
@@ -383,7 +388,12 @@ def floats(text: str) -> list[float]:
 
 
 def names(text: str) -> list[str]:
-    """argparse type: comma-separated names (``input_ids,attention_mask``)."""
+    """argparse type: comma-separated names (``input_ids,attention_mask``).
+
+    Example:
+        >>> names("input_ids, attention_mask")
+        ['input_ids', 'attention_mask']
+    """
     out = [n.strip() for n in text.split(",") if n.strip()]
     if not out:
         raise argparse.ArgumentTypeError(f"expected names like input_ids,attention_mask, got {text!r}")

@@ -180,7 +180,12 @@ def declared_inputs(graph: "onnx.GraphProto") -> tuple[list[str], list[int | Non
 
 
 def image_input_size(graph: "onnx.GraphProto") -> tuple[int, int] | None:
-    """H, W of the graph's first input when it is a static N x C x H x W (an image model's size)."""
+    """H, W of the graph's first input when it is a static N x C x H x W (an image model's size).
+
+    Example:
+        >>> import onnx.helper as h
+        >>> image_input_size(h.make_graph([], "g", [h.make_tensor_value_info("x", 1, ["n", 3, "h", "w"])], []))
+    """
     inits = {i.name for i in graph.initializer}
     inputs = [i for i in graph.input if i.name not in inits]
     if not inputs:
