@@ -21,6 +21,11 @@ Then the peak RSS of layertap for 128 vs 512 samples, each in a fresh process.
 Prints samples/s, the ratios and the RSS figures. Run:
 
     python benchmarks/bench_dataset.py [--samples 512] [--repeat 2]
+
+``--rss-layer1 1000,2000,4000`` measures instead the peak RSS of unpooled
+resnet50 ``layer1`` features (3.2 MB per sample) over that many JPEGs at the
+default shard size (256MB), each size in a fresh process: it stays flat in the
+dataset size.
 """
 
 from __future__ import annotations
@@ -186,11 +191,81 @@ def peak_rss_child(folder: Path, n: int) -> float:
     return float(json.loads(r.stdout.strip().splitlines()[-1]))
 
 
+def make_images(folder: Path, n: int, size: int = 256) -> Path:
+    """``n`` JPEGs of ``size`` x ``size`` noise (seed 0), in one folder."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(folder / f"img{i:05d}.jpg", quality=90)
+    return folder
+
+
+_RSS_CHILD = """
+import json, resource, sys, tempfile, time
+import layertap as lt
+folder, n, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+with tempfile.TemporaryDirectory(dir=sys.argv[4]) as tmp:
+    t = time.perf_counter()
+    f = lt.extract_dataset("torchvision:resnet50", folder, taps=["layer1"], out=tmp + "/o", limit=n, batch_size=batch,
+                           stop_early=True, progress=False)
+    opts = f.manifest.header["options"]
+    print(json.dumps({"rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "seconds": time.perf_counter() - t,
+                      "shard_samples": opts["shard_samples"], "shards": len(f.manifest.data["shards"])}))
+"""
+
+_RSS_BARE = """
+import json, resource, sys
+import numpy as np, torch, torchvision
+batch = int(sys.argv[1])
+torch.manual_seed(0)
+m = torchvision.models.resnet50(weights=None).eval()
+with torch.inference_mode():
+    x = torch.randn(batch, 3, 224, 224)
+    h = m.layer1(m.maxpool(m.relu(m.bn1(m.conv1(x)))))
+    keep = h.numpy().copy()
+print(json.dumps({"rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def rss_layer1_child(folder: Path, n: int, batch: int) -> dict:
+    """Peak RSS (MiB) of a fresh process that extracts unpooled ``layer1`` features of
+    torchvision:resnet50 (256x56x56 float32: 3.2 MB per sample) from the first ``n`` images,
+    at the default shard size (256MB), with ``stop_early`` (the layers after ``layer1`` hold
+    smaller activations, so they set no peak; skipping them only saves time). The shards go
+    to a temporary folder, removed after."""
+    r = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(folder), str(n), str(batch), str(folder.parent)],
+                       capture_output=True, text=True, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def rss_layer1(sizes: list[int], batch: int) -> None:
+    """Peak RSS of unpooled resnet50 ``layer1`` extraction at the default shard size, per dataset size,
+    next to a bare process that builds resnet50 and runs one batch to ``layer1`` (the floor)."""
+    bare = subprocess.run([sys.executable, "-c", _RSS_BARE, str(batch)], capture_output=True, text=True, check=True)
+    floor = json.loads(bare.stdout.strip().splitlines()[-1])["rss_mib"]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = make_images(Path(tmp) / "images", max(sizes))
+        print(f"resnet50 layer1 unpooled (3.2 MB per sample), JPEGs 256x256, batch {batch}, shard size 256MB (default); "
+              f"bare forward of one batch: {floor:.0f} MiB")
+        for n in sizes:
+            r = rss_layer1_child(folder, n, batch)
+            print(f"{n:6d} samples: peak RSS {r['rss_mib']:6.0f} MiB, {r['shards']} shards of {r['shard_samples']} samples, "
+                  f"{r['seconds']:.0f} s")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--samples", type=int, default=512)
     p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--rss-layer1", metavar="N,N", default=None,
+                   help="only measure the peak RSS of unpooled resnet50 layer1 extraction for these dataset sizes (e.g. 1000,2000,4000)")
+    p.add_argument("--rss-batch", type=int, default=64, help="batch size of --rss-layer1 (default 64, extract's default)")
     a = p.parse_args()
+    if a.rss_layer1:
+        rss_layer1([int(n) for n in a.rss_layer1.split(",")], a.rss_batch)
+        return
     import torch
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "

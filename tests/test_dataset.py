@@ -125,7 +125,12 @@ def test_datasets_image_column_equals_the_image_folder(net, tmp_path):
     a = lt.extract_dataset(net, folder, taps=["conv2"], out=tmp_path / "a", image_size=20, pool="mean", progress=False)
     b = lt.extract_dataset(net, tmp_path / "hf", taps=["conv2"], out=tmp_path / "b", image_size=20, pool="mean", progress=False)
     assert a.ids == files and b.ids == [0, 1, 2, 3]
-    assert b.manifest.data["data"] == {"kind": "datasets", "path": str(tmp_path / "hf"), "column": "image"}
+    assert b.manifest.data["data"] == {"kind": "datasets", "path": str(tmp_path / "hf"), "column": "image",
+                                       "classes": None, "label_column": "label"}
+    # labels kept: the label column's values, and the image folder's class folders
+    assert b.labels.tolist() == [0, 1, 0, 1] and b.classes is None
+    assert a.labels.tolist() == [0, 0, 1, 1] and a.classes == ["cats", "dogs"]
+    assert lt.load_features(tmp_path / "a").labels.tolist() == [0, 0, 1, 1]
     np.testing.assert_allclose(np.asarray(b["conv2"]), np.asarray(a["conv2"]), rtol=1e-6, atol=1e-6)
 
 

@@ -36,6 +36,18 @@ def test_ray_equals_local_byte_for_byte(cluster, tmp_path, caplog):
     assert [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()] == []  # current Ray Data API
 
 
+def test_ray_shard_size_in_bytes_equals_local(cluster, tmp_path):
+    # a size in bytes is resolved before the shards are handed out: the same shards as a local run
+    data = npy_folder(tmp_path / "data", n=10, shape=(3, 8, 8))
+    kw = dict(taps=["conv2"], batch_size=2, shard_size="2KiB", progress=False)
+    model = f"{write_model(tmp_path)}:Net"
+    local = lt.extract_dataset(model, data, out=tmp_path / "local", **kw)
+    on_ray = lt.extract_dataset(model, data, out=tmp_path / "ray", engine="ray", **kw)
+    assert local.manifest.header["options"]["shard_samples"] == on_ray.manifest.header["options"]["shard_samples"] == 2
+    # 16x4x4 float32: 1024 bytes per sample
+    assert same_tree(tmp_path / "local", tmp_path / "ray") == []
+
+
 def test_ray_actors_run_on_the_drivers_thread_count(cluster, tmp_path):
     # Ray starts actors with OMP_NUM_THREADS=num_cpus; a forward on another thread count sums in another order
     first = torch.get_num_threads()

@@ -401,3 +401,41 @@ class ReportArgs(ArgGroup):
 
         parts = [one(a) for a in (args or ())] + [f"{k}={one(v)}" for k, v in (kwargs or {}).items()]
         return ", ".join(parts) or "-"
+
+
+def floats(text: str) -> list[float]:
+    """argparse type: numbers separated by commas or spaces (``0.485,0.456,0.406``).
+
+    Example:
+        >>> floats("0.5,0.25 1")
+        [0.5, 0.25, 1.0]
+    """
+    try:
+        return [float(v) for v in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like 0.485,0.456,0.406, got {text!r}") from None
+
+
+def names(text: str) -> list[str]:
+    """argparse type: comma-separated names (``input_ids,attention_mask``).
+
+    Example:
+        >>> names("input_ids, attention_mask")
+        ['input_ids', 'attention_mask']
+    """
+    out = [n.strip() for n in text.split(",") if n.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected names like input_ids,attention_mask, got {text!r}")
+    return out
+
+
+def add_sample_options(group: Any) -> None:
+    """``--columns``, ``--image-size``, ``--mean``, ``--std``: how samples are read from a folder
+    (``extract --data`` and ``compare --inputs`` read the same sources)."""
+    group.add_argument("--columns", type=names, metavar="A,B",
+                       help="the input columns of a datasets folder (default: its image or array column, else every "
+                            "array column, as named inputs; a label column is kept as labels)")
+    group.add_argument("--image-size", metavar="SIZE|HxW", help="image size when the model's config has none")
+    group.add_argument("--mean", type=floats, metavar="R,G,B",
+                       help="per-channel mean of pixels in [0,1] (default: model config, else 0)")
+    group.add_argument("--std", type=floats, metavar="R,G,B", help="per-channel std (default: model config, else 1)")

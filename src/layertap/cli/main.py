@@ -12,6 +12,7 @@ import contextlib
 import importlib
 import signal
 import sys
+import textwrap
 from typing import Iterator, NoReturn, Sequence
 
 from ..errors import LayertapError, printable
@@ -37,19 +38,90 @@ class _Parser(argparse.ArgumentParser):
         raise LayertapError(f"{message} (see '{self.prog} --help')")
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Help fitted to the terminal width that never splits a word (a long name such as
+    ``convert_float_to_float16`` moves whole to the next line); an example command too long
+    for a line is cut between its arguments and continued with ``\\``, as a shell reads it."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), max(width, 20), break_long_words=False, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        width = max(width, 20)
+        lines: list[str] = []
+        for line in text.splitlines():
+            body = line.lstrip()
+            lead = indent + line[: len(line) - len(body)]
+            if body.startswith("layertap "):  # an example command: cut between arguments, continued with \
+                parts = _command_lines(body, width - len(lead) - 6)
+                cont = [" \\"] * (len(parts) - 1) + [""]
+                lines.extend((lead if i == 0 else lead + "    ") + part + cont[i] for i, part in enumerate(parts))
+            else:
+                more = lead + ("  " if body.startswith("#") else "")  # a comment's next lines under its text
+                lines.extend(textwrap.wrap(body, width, initial_indent=lead, subsequent_indent=more,
+                                           break_long_words=False, break_on_hyphens=False) or [""])
+        return "\n".join(lines)
+
+
+def _command_lines(command: str, width: int) -> list[str]:
+    """A command cut into lines of at most ``width`` where it can be: before an option, never
+    between an option and its value.
+
+    Example:
+        >>> _command_lines("layertap run a.onnx --tap x -o acts.npz", 24)
+        ['layertap run a.onnx', '--tap x -o acts.npz']
+    """
+    units: list[str] = []
+    for word in command.split():
+        if units and not word.startswith("-") and (units[-1].startswith("-") and " " not in units[-1] or not units[-1].startswith("-")):
+            units[-1] += " " + word
+        else:
+            units.append(word)
+    lines: list[str] = []
+    for unit in units:
+        if lines and len(lines[-1]) + 1 + len(unit) <= width:
+            lines[-1] += " " + unit
+        else:
+            lines.append(unit)
+    return lines
+
+
+def examples_epilog(examples: Sequence[str]) -> str | None:
+    """A tool's examples as the epilog of its ``--help``: ``examples:``, then each command indented
+    (a ``  # comment`` after a command goes on the line below it).
+
+    Example:
+        >>> print(examples_epilog(["layertap layers torchvision:resnet18  # every module call"]))
+        examples:
+          layertap layers torchvision:resnet18
+              # every module call
+    """
+    if not examples:
+        return None
+    lines = ["examples:"]
+    for example in examples:
+        command, _, comment = example.partition("  # ")
+        lines.append(f"  {command.strip()}")
+        if comment:
+            lines.append(f"      # {comment.strip()}")
+    return "\n".join(lines)
+
+
 def _load_tool(spec: str):
     module, cls = spec.split(":")
     return getattr(importlib.import_module(f"layertap.cli.tools.{module}"), cls)()
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
-    parser = _Parser(prog="layertap", description="What does layer X of my model output?")
+    parser = _Parser(prog="layertap", description="What does layer X of my model output?", formatter_class=HelpFormatter,
+                     epilog="run 'layertap COMMAND --help' for a command's options and examples")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     tools = {}
     for name, spec in TOOLS.items():
         tool = _load_tool(spec)
-        p = sub.add_parser(name, help=tool.help, description=tool.help)
+        p = sub.add_parser(name, help=tool.help, description=tool.help, formatter_class=HelpFormatter,
+                           epilog=examples_epilog(tool.examples))
         p.add_argument("--debug", action="store_true", help="show tracebacks")
         tool.add_arguments(p)
         tools[name] = tool

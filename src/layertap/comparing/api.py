@@ -44,15 +44,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import InputSpecError, LayertapError
 from ..metrics import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, ROUNDING_RTOL, Criterion
 from ..onnxfile.modelfile import ModelFile
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..data.images import Preprocess
 from .driver import Progress, compare_sides
 from .onnx_side import FUSION_NOTE, OrtSide
 from .rows import CompareReport
-from .samples import given_samples
+from .samples import given_samples, load_samples, save_samples
 
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of intermediates held at once, per side
 
@@ -93,6 +96,12 @@ def compare(
     ov_precision: str | None = None,
     ov_device: str | None = None,
     steps: int | None = None,
+    inputs: str | os.PathLike | None = None,
+    limit: int | None = None,
+    save_inputs: str | os.PathLike | None = None,
+    columns: Sequence[str] | None = None,
+    image_size: Any = None, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
+    preprocess: Preprocess | None = None,
 ) -> CompareReport:
     """Compare a reference with an ONNX candidate layer by layer in ONNX Runtime.
 
@@ -146,6 +155,15 @@ def compare(
             steps on both sides, the reference's tokens forced on both, each side fed its own
             cache; rows are per call and token (``PATH@POS``, ``token``), the first divergence
             names both (:mod:`.steps`).
+        inputs: the samples from a path instead of ``args``/``samples``: any folder
+            ``lt.extract_dataset`` reads (images, ``.npy``/``.npz`` files, a ``datasets`` folder)
+            or one ``.npz`` (see :func:`~layertap.comparing.samples.load_samples`); ``limit``
+            reads the first N; ``columns`` picks a ``datasets`` folder's input columns.
+        image_size, mean, std: image preprocessing when the model's config gives none (a timm
+            model's is used; ``preprocess`` gives the model's recipe, e.g.
+            ``layertap.pytorch.preprocessing.zoo_recipe("torchvision:resnet18")``).
+        save_inputs: write the samples compared to this ``.npz``; ``inputs=`` of it repeats the
+            comparison exactly.
 
     Returns:
         A :class:`CompareReport`: ``.ok``, ``.rows`` (one per module call, in
@@ -171,20 +189,18 @@ def compare(
     criterion = _criterion(metric, rtol, atol, min_cosine, min_sqnr_db, check_finite)
     _check_options(rtol, atol, batch_outputs, memory_budget)
     onnx_ref = isinstance(ref, (str, os.PathLike, ModelFile))
-    if providers is not None and not onnx_ref:
-        raise LayertapError(
-            "--providers (providers=) picks the execution providers of an ONNX reference, and REF here is a PyTorch "
-            "model; give the candidate's providers with --cand-providers (cand_providers=)"
-        )
     ref_rt, cand_rt = side_runtimes(onnx_ref, runtime, cand_runtime, (providers, cand_providers),
                                     (ref_ort_optimizations, ort_optimizations), ov_precision, ov_device)
     criterion, precision_note = rounding_criterion(criterion, tolerance_given, (ref_rt, cand_rt))
+    if steps is not None and (onnx_ref or samples is not None or inputs is not None):
+        raise LayertapError("steps= decodes one prompt with a PyTorch reference: give the model and one input "
+                            "(input_ids), without samples= or inputs=")
+    if inputs is not None or save_inputs is not None:
+        ref, cand, args, samples = _read_inputs(ref, cand, onnx_ref, args, samples, inputs, save_inputs, limit=limit,
+                                                columns=columns, recipe=(preprocess, image_size, mean, std))
     given, n_random = given_samples(args if onnx_ref else _as_args(args), samples)
     options = dict(criterion=criterion, modules=modules, batch_outputs=batch_outputs, memory_budget=memory_budget,
-                   allow_different_weights=allow_different_weights)
-    if steps is not None and (onnx_ref or samples is not None):
-        raise LayertapError("steps= decodes one prompt with a PyTorch reference: give the model and one input "
-                            "(input_ids), without samples=")
+                   allow_different_weights=allow_different_weights, save_inputs=save_inputs)
     if onnx_ref:
         report = _compare_files(ref, cand, given, n_random, ref_rt, cand_rt, options, seed=seed, local=local,
                                 progress=progress)
@@ -224,6 +240,11 @@ def side_runtimes(onnx_ref: bool, runtime: str | None, cand_runtime: str | None,
     turning them off for a side that OpenVINO runs is refused, not ignored."""
     from ..runtimes import open_runtime
 
+    if providers[0] is not None and not onnx_ref:
+        raise LayertapError(
+            "--providers (providers=) picks the execution providers of an ONNX reference, and REF here is a PyTorch "
+            "model; give the candidate's providers with --cand-providers (cand_providers=)"
+        )
     if not onnx_ref and runtime is not None and cand_runtime is not None and runtime != cand_runtime:
         raise LayertapError("with a PyTorch reference only the candidate runs a file: give --runtime or "
                             "--cand-runtime (runtime= or cand_runtime=), not both")
@@ -257,7 +278,10 @@ def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike |
     ref_side = OrtSide(ref, ref_rt)
     cand_side = OrtSide(cand, cand_rt)
     given = [s if isinstance(s, (dict, list, tuple)) else [s] for s in given]
+    save = options.pop("save_inputs")
     reference = OnnxReference(ref_side, cand_side, given, n_random, random=_random_from_file(seed), **options)
+    if save is not None:
+        save_samples(save, reference.feeds)
     report = compare_sides(reference, cand_side, criterion=options["criterion"], weights=reference.weights, local=local,
                            memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
                            ort_optimizations=cand_rt.optimize if cand_rt.name == "ort" else True, reference=_shown(ref),
@@ -319,6 +343,7 @@ def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[
     bound_method(model, method)  # a non-module or an unknown method fails before any work
     runs = _torch_samples(given, n_random, kwargs, seed)
     cand_side = OrtSide(cand, runtime)
+    save = options.pop("save_inputs")
     reference: TorchReference
     candidate: Any = cand_side
     if steps is not None:
@@ -327,11 +352,62 @@ def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[
         candidate = reference.candidate
     else:
         reference = TorchReference(model, runs, cand_side, method=method, progress=progress, **options)
+    if save is not None:
+        save_samples(save, reference.feeds)
     report = compare_sides(reference, candidate, criterion=options["criterion"], weights=reference.weights, local=local,
                            memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
                            ort_optimizations=ort_optimizations, runtimes={"candidate": cand_side.describe().to_dict()})
     report.runtimes.update(candidate=cand_side.describe().to_dict())  # after the runs: what they ran on
     return report
+
+
+def _read_inputs(ref: Any, cand: Any, onnx_ref: bool, args: Any, samples: Any, inputs: str | os.PathLike | None,
+                 save_inputs: str | os.PathLike | None, *, limit: int | None, columns: Sequence[str] | None,
+                 recipe: tuple) -> tuple[Any, Any, Any, Any]:
+    """``(ref, cand, args, samples)`` with ``inputs=PATH`` read for the file whose inputs the samples
+    feed (an ONNX reference's, else the candidate's); the files come back read, so nothing reads them
+    twice. A PyTorch reference gets tensors in the candidate's input order. ``save_inputs`` is checked."""
+    from ..files.writes import check_output_path
+    from ..onnxfile.feeds import declared_inputs
+    from ..onnxfile.modelfile import model_file
+
+    if save_inputs is not None:
+        check_output_path(save_inputs, inputs=(inputs,) if inputs is not None else (), suffixes=(".npz",))
+    if inputs is None:
+        return ref, cand, args, samples
+    if args is not None or samples is not None:
+        raise LayertapError("give the samples one way: inputs=PATH (--inputs), or args/samples (--input/--samples)")
+    cand = model_file(cand)
+    ref = model_file(ref) if onnx_ref else ref
+    names, ranks = declared_inputs((ref if onnx_ref else cand).model.graph)
+    loaded = load_samples(inputs, names, ranks, preprocess=_recipe(ref, cand, onnx_ref, *recipe), columns=columns, limit=limit)
+    if onnx_ref:
+        return ref, cand, None, loaded
+    import numpy as np
+    import torch
+
+    return ref, cand, None, [tuple(torch.from_numpy(np.ascontiguousarray(s[n])) for n in names) for s in loaded]
+
+
+def _recipe(ref: Any, cand: ModelFile, onnx_ref: bool, preprocess: Preprocess | None, image_size: Any, mean: Any, std: Any
+            ) -> Callable[[], Preprocess | None]:
+    """The image recipe, found only when images turn up: ``--image-size``, else ``preprocess`` or the
+    reference's zoo config (timm), else the fixed image size of the file the images feed; ``--mean``/``--std``
+    replace the normalisation."""
+    def recipe() -> Preprocess | None:
+        from ..data.images import choose_recipe
+        from ..onnxfile.feeds import image_input_size
+
+        def zoo() -> Preprocess | None:
+            if preprocess is not None or onnx_ref:
+                return preprocess
+            from ..pytorch.preprocessing import zoo_recipe
+
+            return zoo_recipe(ref)
+
+        return choose_recipe(image_size, mean, std, zoo, lambda: image_input_size((ref if onnx_ref else cand).model.graph))
+
+    return recipe
 
 
 def _path(source: str | os.PathLike | ModelFile) -> Path:

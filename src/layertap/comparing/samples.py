@@ -1,5 +1,6 @@
-"""Many inputs for ``lt.compare``: reading ``--inputs`` and
-merging per-sample rows into one row per module call (worst sample kept).
+"""Many inputs for ``lt.compare``: reading ``--inputs`` (through :mod:`layertap.data.sources`,
+as ``extract --data`` reads), writing ``--save-inputs``, and merging per-sample rows into
+one row per module call (worst sample kept).
 
 numpy only: an ONNX-vs-ONNX comparison never imports torch.
 """
@@ -9,8 +10,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -18,36 +20,49 @@ from ..errors import InputSpecError, LayertapError
 from ..metrics import Criterion
 from .rows import CompareRow
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..data.images import Preprocess
+
 Sample = dict[str, np.ndarray] | list[np.ndarray]
 
 
-def load_samples(path: str | Path, input_names: Sequence[str], input_ranks: Sequence[int | None]) -> list[Sample]:
-    """Samples from a folder of ``.npy``/``.npz`` files (one sample per file, sorted by name)
-    or from one ``.npz`` (one sample per leading index of its arrays).
+def load_samples(path: str | os.PathLike, input_names: Sequence[str], input_ranks: Sequence[int | None], *,
+                 preprocess: Callable[[], Preprocess | None] = lambda: None, columns: Sequence[str] | None = None,
+                 limit: int | None = None) -> list[dict[str, np.ndarray]]:
+    """The samples of ``--inputs PATH`` (at most ``limit``), as dicts by input name.
 
-    A ``.npz`` names its arrays after the inputs (or ``arr_0``.. in input order); a ``.npy``
-    is the single input of a one-input model. In a single ``.npz``, an array with one more
-    dimension than the input holds one sample per leading index; an array of the input's own
-    rank holds one sample per row (each kept with a batch of 1). Raises
-    :class:`InputSpecError` naming an unreadable file or an array that fits no input.
+    PATH is one ``.npz`` (one sample per leading index of its arrays) or ``.npy``, or any
+    folder ``extract --data`` reads (:func:`layertap.data.sources.open_source`): ``.npy``/``.npz``
+    files (one sample each), images (``preprocess()`` gives the recipe) or a ``datasets``
+    folder (``columns`` picks its input columns). A ``.npz`` names its arrays after the inputs
+    (or ``arr_0``.. in input order); a ``.npy`` or a lone column is the single input of a
+    one-input model. In a single ``.npz``, an array with one more dimension than the input
+    holds one sample per leading index; an array of the input's own rank holds one sample per
+    row (each kept with a batch of 1). A sample one dimension short of its input (an image,
+    a token row) gets a batch axis of 1. Raises :class:`InputSpecError` naming an unreadable
+    file or an array that fits no input.
 
     Example:
         >>> import tempfile, os
         >>> d = tempfile.mkdtemp()
         >>> np.savez(os.path.join(d, "all.npz"), x=np.zeros((3, 1, 4), np.float32))
-        >>> [s["x"].shape for s in load_samples(os.path.join(d, "all.npz"), ["x"], [2])]
-        [(1, 4), (1, 4), (1, 4)]
+        >>> [s["x"].shape for s in load_samples(os.path.join(d, "all.npz"), ["x"], [2], limit=2)]
+        [(1, 4), (1, 4)]
     """
+    from ..files.reads import note_input
+
     p = Path(path)
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise LayertapError(f"limit must be a positive integer, got {limit!r}")
     if p.is_dir():
-        files = sorted(f for f in p.iterdir() if f.suffix in (".npy", ".npz"))
-        if not files:
-            raise InputSpecError(f"--inputs folder '{p}' holds no .npy or .npz file")
-        return [_one_file(f, input_names) for f in files]
+        return _folder_samples(p, input_names, input_ranks, preprocess, columns, limit)
     if not p.is_file():
-        raise InputSpecError(f"--inputs '{p}' does not exist (give a folder of .npy/.npz samples or one .npz)")
+        raise InputSpecError(f"--inputs '{p}' does not exist (give a folder of samples, images or a datasets folder, or one .npz)")
+    if columns:
+        raise LayertapError(f"--columns picks columns of a datasets folder, and --inputs '{p}' is a file")
+    note_input(p, "--inputs")
     if p.suffix == ".npy":
-        return [_one_file(p, input_names)]
+        return [_fit(_named(_read(p), input_names, p), input_ranks)]
     arrays = _named(_read(p), input_names, p)
     counts = set()
     for name in input_names:
@@ -55,9 +70,9 @@ def load_samples(path: str | Path, input_names: Sequence[str], input_ranks: Sequ
         counts.add(a.shape[0] if a.ndim else 1)
     if len(counts) != 1:
         raise InputSpecError(f"--inputs '{p}': its arrays hold different numbers of samples ({sorted(counts)})")
-    n = counts.pop()
-    out: list[Sample] = []
-    for i in range(n):
+    n = min(counts.pop(), limit or math.inf)
+    out: list[dict[str, np.ndarray]] = []
+    for i in range(int(n)):
         sample = {}
         for name, rank in zip(input_names, input_ranks):
             a = arrays[name]
@@ -76,7 +91,7 @@ def _read(path: Path) -> dict[str, np.ndarray]:
         raise InputSpecError(f"cannot read sample file '{path}': {' '.join(str(e).split())[:200]}") from None
 
 
-def _named(arrays: dict[str, np.ndarray], input_names: Sequence[str], path: Path) -> dict[str, np.ndarray]:
+def _named(arrays: dict[str, np.ndarray], input_names: Sequence[str], path: Path | str) -> dict[str, np.ndarray]:
     """Arrays keyed by input name: by name, else ``arr_0``.. / a lone array in input order."""
     if set(input_names) <= set(arrays):
         return {n: arrays[n] for n in input_names}
@@ -85,13 +100,57 @@ def _named(arrays: dict[str, np.ndarray], input_names: Sequence[str], path: Path
         return dict(zip(input_names, values))
     missing = [n for n in input_names if n not in arrays]
     raise InputSpecError(
-        f"sample file '{path}' holds {', '.join(sorted(arrays)) or 'nothing'} but the model's inputs are "
-        f"{', '.join(input_names)} (missing {', '.join(missing)}); name the arrays after the inputs"
+        f"{path if isinstance(path, str) else f'sample file {str(path)!r}'} holds {', '.join(sorted(arrays)) or 'nothing'} "
+        f"but the model's inputs are "
+        f"{', '.join(input_names)} (missing {', '.join(missing)}); name the arrays (or --columns) after the inputs"
     )
 
 
-def _one_file(path: Path, input_names: Sequence[str]) -> Sample:
-    return _named(_read(path), input_names, path)
+def _folder_samples(root: Path, input_names: Sequence[str], input_ranks: Sequence[int | None],
+                    preprocess: Callable[[], Preprocess | None], columns: Sequence[str] | None,
+                    limit: int | None) -> list[dict[str, np.ndarray]]:
+    """Every sample of a folder, read as ``extract --data`` reads it, fitted to the inputs."""
+    from ..data.sources import Bad, MapSource, open_source
+
+    source = open_source(root, preprocess, columns=columns, same_shape=True, flag="--inputs")
+    assert isinstance(source, MapSource)  # a path opens as a folder
+    out = []
+    for i in range(len(source) if limit is None else min(limit, len(source))):
+        sample = source.load(i)
+        if isinstance(sample, Bad):
+            raise InputSpecError(sample.error)
+        arrays = sample if isinstance(sample, dict) else {"arr_0": sample}
+        what = f"sample file '{root / source.ids[i]}'" if source.kind != "datasets" else f"row {source.ids[i]} of '{root}'"
+        out.append(_fit(_named(arrays, input_names, what), input_ranks))
+    return out
+
+
+def _fit(sample: dict[str, np.ndarray], ranks: Sequence[int | None]) -> dict[str, np.ndarray]:
+    """A sample one dimension short of an input (no batch axis) gets a batch of 1."""
+    return {k: a[None] if rank is not None and a.ndim == rank - 1 else a for (k, a), rank in zip(sample.items(), ranks)}
+
+
+def save_samples(path: str | os.PathLike, feeds: Sequence[dict[str, np.ndarray]]) -> Path:
+    """Write the samples a comparison ran as one ``.npz``: per input, its samples stacked on a new
+    leading axis, so ``--inputs FILE.npz`` (``inputs=``) feeds exactly the same values again.
+
+    Example:
+        >>> import tempfile, os
+        >>> f = os.path.join(tempfile.mkdtemp(), "in.npz")
+        >>> _ = save_samples(f, [{"x": np.zeros((1, 4), np.float32)}, {"x": np.ones((1, 4), np.float32)}])
+        >>> [s["x"].tolist() for s in load_samples(f, ["x"], [2])]
+        [[[0.0, 0.0, 0.0, 0.0]], [[1.0, 1.0, 1.0, 1.0]]]
+    """
+    from ..files.arrays import save_arrays
+
+    stacked = {}
+    for name in feeds[0]:
+        shapes = {tuple(f[name].shape) for f in feeds}
+        if len(shapes) > 1:
+            raise LayertapError(f"--save-inputs: input {name!r} has samples of different shapes "
+                                f"({', '.join('x'.join(map(str, s)) for s in sorted(shapes)[:3])}); one .npz holds samples of one shape")
+        stacked[name] = np.stack([f[name] for f in feeds])
+    return save_arrays(path, stacked)
 
 
 def given_samples(args: Any, samples: Any) -> tuple[list[Any], int]:

@@ -6,14 +6,14 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..data.images import Preprocess, choose_recipe
+from ..data.sources import Bad, IterSource, MapSource, open_source, reference
 from ..errors import LayertapError
 from .arrays import DTYPES, POOLS, check_choice
 from .backends import BackendSpec
 from .features import Features, load_features
-from .images import Preprocess, from_options, from_timm, from_torchvision
-from .job import Job, Options, check_resumed_ids, discard_empty, prepare_out
+from .job import DEFAULT_SHARD_SIZE, Job, Options, check_resumed_ids, discard_empty, parse_shard_size, prepare_out
 from .shards import FORMATS
-from .sources import Bad, IterSource, MapSource, open_source, reference
 
 ENGINES = ("local", "ray")
 
@@ -25,7 +25,7 @@ def extract_dataset(
     out: str | os.PathLike,
     *,
     batch_size: int = 64,
-    shard_size: int = 1024,
+    shard_size: int | str = DEFAULT_SHARD_SIZE,
     format: str = "safetensors",  # noqa: A002 - the CLI's --format
     dtype: str = "float32",
     pool: str = "none",
@@ -48,6 +48,7 @@ def extract_dataset(
     runtime: str | None = None,
     ov_precision: str | None = None,
     ov_device: str | None = None,
+    columns: Sequence[str] | None = None,
 ) -> Features:
     """Run a model over a whole dataset and save the tapped tensors in shards.
 
@@ -57,7 +58,10 @@ def extract_dataset(
             ``save_to_disk`` folder; or any sequence / iterable of samples or a DataLoader.
         taps: selectors; each must give a tensor with the batch first.
         out: OUT_DIR (created; must be new or empty, or an extraction to ``resume``).
-        batch_size, shard_size: samples per forward and per shard file.
+        batch_size: samples per forward.
+        shard_size: samples per shard file (``1024``), or the size of a shard's features
+            (``"256MB"``, ``"1GiB"``; the default): the samples per shard then follow from the
+            taps' bytes per sample, and the manifest records the count used (``shard_samples``).
         format: ``safetensors``, ``npy`` or ``zarr``.
         dtype: floating features are stored as ``float32``, ``float16`` or ``bfloat16``.
         pool: ``none``, or ``mean``/``max``/``first`` over spatial (N,C,H,W) or token (N,T,D) axes.
@@ -73,6 +77,8 @@ def extract_dataset(
         progress: show a progress bar (default: when stderr is a terminal).
         runtime, ov_precision, ov_device: what runs an ``.onnx`` file: ``"ort"`` (ONNX Runtime, the
             default) or ``"openvino"``, with OpenVINO's precision (``f32``/``bf16``/``f16``) and device.
+        columns: the input columns of a ``datasets`` folder (default: its image or array column,
+            else every array column, as named inputs); a ``label`` column is kept as labels.
 
     Returns:
         :class:`~layertap.dataset.features.Features` over OUT_DIR (see ``lt.load_features``).
@@ -100,7 +106,7 @@ def extract_dataset(
             recipe.append(_preprocess(spec, image_size, mean, std))
         return recipe[0]
 
-    source, out_dir = _open_data(data, out, preprocess)
+    source, out_dir = _open_data(data, out, preprocess, columns, same_shape=opts.pool == "none")
     count = None
     if isinstance(source, MapSource):
         count = len(source) if limit is None else min(limit, len(source))
@@ -111,6 +117,7 @@ def extract_dataset(
         _check_device(device)
     created = not out_dir.exists()
     manifest = prepare_out(out_dir, header, resume)
+    opts.shard_size = manifest.header["options"].get("shard_samples") or opts.shard_size  # a resumed run's
     job = Job(out_dir, source, spec, opts, ref, count, manifest)
     kept = len(manifest.shards)
     if manifest.status != "complete":
@@ -135,13 +142,14 @@ def _runtime(model: Any, runtime: str | None, ov_precision: str | None, ov_devic
     return given
 
 
-def _open_data(data: Any, out: str | os.PathLike, preprocess: Callable[[], Preprocess | None]) -> tuple[MapSource | IterSource, Path]:
+def _open_data(data: Any, out: str | os.PathLike, preprocess: Callable[[], Preprocess | None], columns: Sequence[str] | None,
+               same_shape: bool) -> tuple[MapSource | IterSource, Path]:
     """The sample source and OUT_DIR resolved; an OUT_DIR inside the data folder is refused."""
     data_dir = Path(data).resolve() if isinstance(data, (str, os.PathLike)) else None
     out_dir = Path(out).resolve()
     if data_dir is not None and (out_dir == data_dir or data_dir in out_dir.parents):
         raise LayertapError(f"OUT_DIR '{out}' is inside the data folder '{data}'; its shards would be read as samples, write elsewhere")
-    return open_source(data_dir or data, preprocess), out_dir
+    return open_source(data_dir or data, preprocess, columns=columns, same_shape=same_shape), out_dir
 
 
 def _finish(job: Job, created: bool, engine: str, ray_address: str | None, progress: bool | None) -> None:
@@ -183,17 +191,19 @@ def _check_device(device: str) -> None:
     check_device(torch, device)
 
 
-def _options(batch_size: int, shard_size: int, fmt: str, dtype: str, pool: str, limit: int | None, skip_bad: bool, workers: int) -> Options:
-    for name, value in (("batch_size", batch_size), ("shard_size", shard_size)):
-        if not isinstance(value, int) or value < 1:
-            raise LayertapError(f"{name} must be a positive integer, got {value!r}")
+def _options(batch_size: int, shard_size: int | str, fmt: str, dtype: str, pool: str, limit: int | None, skip_bad: bool,
+             workers: int) -> Options:
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise LayertapError(f"batch_size must be a positive integer, got {batch_size!r}")
+    samples, size = parse_shard_size(shard_size)
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise LayertapError(f"limit must be a positive integer, got {limit!r}")
     if not isinstance(workers, int) or workers < 0:
         raise LayertapError(f"workers must be an integer >= 0, got {workers!r}")
     return Options(format=check_choice("--format", fmt, FORMATS), dtype=check_choice("--dtype", dtype, DTYPES),
-                   pool=check_choice("--pool", pool, POOLS), shard_size=shard_size, batch_size=batch_size,
-                   limit=limit, skip_bad=bool(skip_bad), workers=workers)
+                   pool=check_choice("--pool", pool, POOLS), shard_size=samples or 0, batch_size=batch_size,
+                   limit=limit, skip_bad=bool(skip_bad), workers=workers,
+                   shard_text=samples or str(shard_size).replace(" ", ""), shard_bytes=size)
 
 
 def _tap_texts(taps: Sequence[Any], model: Any) -> list[str]:
@@ -231,43 +241,20 @@ def _reference(source: Any, skip_bad: bool) -> Any:
 
 def _preprocess(spec: BackendSpec, image_size: Any, mean: Any, std: Any) -> Preprocess | None:
     """The image recipe: --image-size if given, else the model's zoo config, else the ONNX input size."""
-    if image_size is not None:
-        return from_options(image_size, mean, std)
-    recipe = _zoo_recipe(spec)
-    if recipe is None and spec.is_onnx:
-        size = _onnx_image_size(Path(spec.model))
-        return from_options(size, mean, std) if size else None
-    if recipe is not None and (mean is not None or std is not None):
-        base = from_options(recipe.crop, mean, std)
-        return Preprocess(recipe.resize, recipe.crop, base.mean, base.std, recipe.interpolation, recipe.source + " (mean/std from options)")
-    return recipe
+    def zoo() -> Preprocess | None:
+        if spec.is_onnx:
+            return None
+        from ..pytorch.preprocessing import zoo_recipe
 
+        return zoo_recipe(spec.model)
 
-def _zoo_recipe(spec: BackendSpec) -> Preprocess | None:
-    model = spec.model
-    if isinstance(model, str) and model.startswith("torchvision:"):
-        return from_torchvision(model.split(":", 1)[1])
-    if isinstance(model, str) and model.startswith("timm:"):
-        import timm
-
-        if timm.is_model(model.split(":", 1)[1]):
-            return from_timm(timm.create_model(model.split(":", 1)[1], pretrained=False))
-        return None
-    if getattr(model, "pretrained_cfg", None) and type(model).__module__.startswith("timm"):
-        return from_timm(model)
-    return None
+    return choose_recipe(image_size, mean, std, zoo, lambda: _onnx_image_size(Path(spec.model)) if spec.is_onnx else None)
 
 
 def _onnx_image_size(path: Path) -> tuple[int, int] | None:
     """H, W of an ONNX file's first input when it is a static N x C x H x W."""
     import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
-    inits = {i.name for i in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in inits]
-    if not inputs:
-        return None
-    dims = inputs[0].type.tensor_type.shape.dim
-    if len(dims) == 4 and dims[2].HasField("dim_value") and dims[3].HasField("dim_value"):
-        return dims[2].dim_value, dims[3].dim_value
-    return None
+    from ..onnxfile.feeds import image_input_size
+
+    return image_input_size(onnx.load(str(path), load_external_data=False).graph)

@@ -2,8 +2,10 @@
 
 Pooling and casting happen in numpy, after the backend, so PyTorch, ONNX
 Runtime, local and Ray runs all go through the same arithmetic. bfloat16 uses
-``ml_dtypes`` (an onnx dependency); formats without a bfloat16 type (npy, zarr)
-store its raw 16 bits as uint16 and the manifest says ``bfloat16``.
+``ml_dtypes`` (an onnx dependency): safetensors stores BF16, an ``.npy`` names
+``bfloat16`` in its header (``np.load`` reads it once ml_dtypes is imported),
+zarr stores the raw 16 bits as uint16; the manifest says ``bfloat16`` and how
+to read it (``batches.BFLOAT16_READ``).
 """
 
 from __future__ import annotations

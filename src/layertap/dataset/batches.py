@@ -14,9 +14,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from ..data.sources import Bad, Reference, check_sample
 from ..errors import LayertapError
 from .arrays import cast, pool, pooled_axes
-from .sources import Bad, Reference, check_sample
 
 
 @dataclass
@@ -131,8 +131,29 @@ class BatchRunner:
 
 
 def keyed_layout(layout: list[dict], fmt: str) -> list[dict]:
-    """The manifest's tap records: a file-safe ``key`` per tap (safetensors keeps the name)."""
-    return [{**t, "key": t["name"] if fmt == "safetensors" else f"t{i}"} for i, t in enumerate(layout)]
+    """The manifest's tap records: a file-safe ``key`` per tap (safetensors keeps the name, an
+    npy shard names each file after its tap, escaped like an npz member), and how to read a
+    bfloat16 tap outside layertap.
+
+    Example:
+        >>> keyed_layout([{"name": "/fc/Gemm_output_0", "dtype": "bfloat16"}], "npy")[0]["key"]
+        '%2Ffc%2FGemm_output_0'
+    """
+    from ..files.arrays import file_stem
+
+    out = []
+    for i, t in enumerate(layout):
+        key = {"safetensors": t["name"], "npy": file_stem(t["name"])}.get(fmt, f"t{i}")
+        out.append({**t, "key": key, **({"read": BFLOAT16_READ[fmt]} if t["dtype"] == "bfloat16" else {})})
+    return out
+
+
+#: how each format's bfloat16 arrays read outside layertap (the manifest's tap records say it)
+BFLOAT16_READ = {
+    "safetensors": "safetensors keeps BF16: safetensors.numpy.load_file (after import ml_dtypes) or torch",
+    "npy": "np.load gives bfloat16 once ml_dtypes is imported (import ml_dtypes; np.load(f))",
+    "zarr": "stored as uint16 bits: zarr.open(f)[...].view(ml_dtypes.bfloat16)",
+}
 
 
 @dataclass

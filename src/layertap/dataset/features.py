@@ -90,6 +90,8 @@ class Features:
         taps: tap names in manifest order.
         manifest: the parsed ``manifest.json``.
         skipped: samples left out with ``skip_bad`` (``{"id", "index", "error"}``).
+        labels: one int per row (an image folder's class folder, a ``label`` column), or None.
+        classes: the class name of each label (folder names, a ``ClassLabel``'s names), or None.
         written, kept: from ``lt.extract_dataset``, the shards that call wrote and the
             ones an earlier run had written (``resume``); None from ``lt.load_features``.
     """
@@ -102,6 +104,8 @@ class Features:
         m = manifest.data
         self.ids: list = list(m["ids"])
         self.skipped: list = list(m.get("skipped", []))
+        self.labels: np.ndarray | None = np.asarray(m["labels"], dtype=np.int64) if "labels" in m else None
+        self.classes: list[str] | None = (m.get("data") or {}).get("classes")
         self.taps: list[str] = [t["name"] for t in m.get("taps") or []]
         self.complete = m["status"] == "complete"
         self.written: int | None = None

@@ -12,13 +12,15 @@ from typing import Any
 
 import numpy as np
 
+from ..data.sources import IterSource, MapSource, Reference
 from ..errors import LayertapError
 from .arrays import numpy_dtype
 from .backends import BackendSpec
 from .batches import BatchRunner, Collated, ShardData, collate, keyed_layout
 from .manifest import NAME, Manifest
 from .shards import remove_leftovers, write_shard
-from .sources import IterSource, MapSource, Reference
+
+DEFAULT_SHARD_SIZE = "256MB"
 
 
 @dataclass
@@ -28,11 +30,13 @@ class Options:
     format: str = "safetensors"
     dtype: str = "float32"
     pool: str = "none"
-    shard_size: int = 1024
+    shard_size: int = 0  # samples per shard; 0 until a size in bytes is resolved (resolve_shard_size)
     batch_size: int = 64
     limit: int | None = None
     skip_bad: bool = False
     workers: int = 0
+    shard_text: int | str = DEFAULT_SHARD_SIZE  # --shard-size as given: a sample count or a size
+    shard_bytes: int | None = None
 
     def recorded(self, taps: list[str], device: str, threads: int | None) -> dict:
         """The options as the manifest records them (``workers`` changes no value).
@@ -40,10 +44,54 @@ class Options:
         ``threads`` is PyTorch's intra-op thread count (None for ONNX files):
         how many threads split a convolution decides the order of its float
         sums, so every engine and every resumed run uses the recorded count.
+        ``shard_samples`` is the samples per shard used (a size in bytes is
+        resolved from the taps' bytes per sample once the first batch has run).
         """
         return {"taps": list(taps), "format": self.format, "dtype": self.dtype, "pool": self.pool,
-                "shard_size": self.shard_size, "batch_size": self.batch_size, "limit": self.limit,
-                "skip_bad": self.skip_bad, "device": device, "threads": threads}
+                "shard_size": self.shard_text, "shard_samples": self.shard_size or None, "batch_size": self.batch_size,
+                "limit": self.limit, "skip_bad": self.skip_bad, "device": device, "threads": threads}
+
+
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_shard_size(value: int | str) -> tuple[int | None, int | None]:
+    """``--shard-size`` as ``(samples, None)`` for a count or ``(None, bytes)`` for a size.
+
+    Example:
+        >>> parse_shard_size(1024), parse_shard_size("256MB"), parse_shard_size("1GiB"), parse_shard_size("512")
+        ((1024, None), (None, 256000000), (None, 1073741824), (512, None))
+    """
+    import re
+
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value >= 1:
+            return value, None
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
+        unit = m.group(2).lower() if m else ""
+        if m and not unit and "." not in m.group(1) and int(m.group(1)) >= 1:
+            return int(m.group(1)), None
+        if m and unit in _UNITS and float(m.group(1)) * _UNITS[unit] >= 1:
+            return None, int(float(m.group(1)) * _UNITS[unit])
+    raise LayertapError(
+        f"bad --shard-size {value!r}: give a number of samples (1024) or a size with its unit (256MB, 1GiB; "
+        "units B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+    )
+
+
+def samples_per_shard(shard_bytes: int, layout: list[dict], batch_size: int) -> int:
+    """How many samples' features fit in ``shard_bytes`` (whole batches when one or more fit).
+
+    Example:
+        >>> samples_per_shard(256 * 10**6, [{"shape": [256, 56, 56], "dtype": "float32"}], 64)
+        64
+    """
+    from .arrays import numpy_dtype
+
+    per_sample = sum(int(np.prod(t["shape"], dtype=np.int64)) * numpy_dtype(t["dtype"]).itemsize for t in layout)
+    n = max(1, shard_bytes // max(per_sample, 1))
+    return n // batch_size * batch_size if n >= batch_size else n
 
 
 @dataclass
@@ -88,12 +136,28 @@ class Job:
                 rows = np.empty((0, *t["shape"]), numpy_dtype(t["dtype"]))
             arrays[t["key"]], dtypes[t["key"]] = rows, t["dtype"]
         file = write_shard(self.out, shard.index, self.options.format, arrays, dtypes)
-        return {"index": shard.index, "file": file, "source": list(shard.source), "ids": list(shard.ids), "skipped": list(shard.skipped)}
+        record = {"index": shard.index, "file": file, "source": list(shard.source), "ids": list(shard.ids), "skipped": list(shard.skipped)}
+        labels = getattr(self.source, "labels", None)
+        if labels is not None:
+            a, b = shard.source
+            skipped = {x["index"] for x in shard.skipped}
+            record["labels"] = [labels[i] for i in range(a, b) if i not in skipped]
+        return record
 
     def set_layout(self, runner: BatchRunner) -> None:
-        """Record the taps' shapes and dtypes once the first batch has run."""
+        """Record the taps' shapes and dtypes once the first batch has run (and the samples per shard)."""
         if runner.layout is not None:
             self.manifest.set_taps(keyed_layout(runner.layout, self.options.format))
+            self.resolve_shard_size(runner.layout)
+
+    def resolve_shard_size(self, layout: list[dict]) -> None:
+        """Samples per shard from a size in bytes and the taps' bytes per sample, recorded in the manifest."""
+        if self.options.shard_size:
+            return
+        assert self.options.shard_bytes is not None
+        self.options.shard_size = samples_per_shard(self.options.shard_bytes, layout, self.options.batch_size)
+        self.manifest.header["options"]["shard_samples"] = self.options.shard_size
+        self.manifest.write()
 
 
 def prepare_out(out: Path, header: dict, resume: bool) -> Manifest:
@@ -110,8 +174,13 @@ def prepare_out(out: Path, header: dict, resume: bool) -> Manifest:
         if not resume:
             state = "a complete" if m.status == "complete" else "an interrupted"
             raise LayertapError(f"'{out}' already holds {state} extraction; pass --resume to continue it, or choose a new OUT_DIR")
-        # the thread count is this machine's, not a user option: the resumed shards use the first run's
+        # the thread count is this machine's, not a user option: the resumed shards use the first run's;
+        # so is the samples per shard a size in bytes gave
         header["options"]["threads"] = m.header["options"].get("threads")
+        if "shard_samples" not in m.header["options"]:  # written before sizes in bytes: counts only
+            header["options"].pop("shard_samples", None)
+        elif header["options"].get("shard_samples") is None:
+            header["options"]["shard_samples"] = m.header["options"]["shard_samples"]
         m.check_same(header)
         remove_leftovers(out)
         return m

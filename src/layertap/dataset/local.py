@@ -3,8 +3,8 @@
 Loading overlaps compute (``workers`` DataLoader worker processes for the
 PyTorch backend; threads for ONNX Runtime, which keeps torch out), and shards
 are written by a background thread, so the model never waits for the disk.
-The writer's queue holds one shard: memory stays at about two shards plus the
-batches in flight.
+A shard is handed to the writer once the one before is on disk: memory stays
+at about two shards (one written, one filled) plus the batches in flight.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
+import numpy as np
+
+from ..data.sources import Bad, IterSource, reference
 from ..errors import LayertapError
 from .backends import pin_threads
-from .batches import Collated, ShardAssembler, ShardData, batch_ranges, chunked, collate
+from .batches import BatchResult, Collated, ShardAssembler, ShardData, batch_ranges, chunked, collate
 from .job import Job
-from .sources import Bad, IterSource, reference
 
 
 def run_local(job: Job, progress: bool | None) -> int:
@@ -35,26 +37,53 @@ def _run(job: Job, progress: bool | None) -> int:
     backend = job.backend.build()
     runner = job.runner(backend)
     writer = BackgroundWriter(job)
-    assembler = ShardAssembler(job.options.shard_size, job.wanted, writer.submit, job.options.skip_bad)
+    rows = _Rows(job, writer)
     seen = 0
     try:
         with Bar(job, progress) as bar:
             for collated in _batches(job, backend.kind == "pytorch"):
                 result = runner.run(collated)
                 job.set_layout(runner)
-                assembler.add(result)
+                rows.add(result)
                 n = len(collated.indices) + len(collated.bad)
                 seen = max(seen, max(collated.indices + [b.index for b in collated.bad]) + 1)
                 bar.advance(n)
         count = job.count if job.count is not None else seen
         if count == 0:
             raise LayertapError("the data gave no samples")
-        assembler.close(count)
+        rows.close(count)
     except BaseException:
         writer.close(quiet=True)
         raise
     writer.close()
     return count
+
+
+class _Rows:
+    """The shard assembler, made once the samples per shard are known (a size in bytes needs the
+    first batch's features); rows of batches before that wait here."""
+
+    def __init__(self, job: Job, writer: "BackgroundWriter") -> None:
+        self.job, self.writer = job, writer
+        self.assembler: ShardAssembler | None = None
+        self.waiting: list[BatchResult] = []
+
+    def add(self, result: BatchResult) -> None:
+        self.waiting.append(result)
+        if self.job.options.shard_size:
+            if self.assembler is None:
+                opts = self.job.options
+                self.assembler = ShardAssembler(opts.shard_size, self.job.wanted, self.writer.submit, opts.skip_bad)
+            for r in self.waiting:
+                self.assembler.add(r)
+            self.waiting.clear()
+
+    def close(self, count: int) -> None:
+        if self.assembler is None:  # every sample was bad: one shard of skipped samples
+            self.job.options.shard_size = max(count, 1)
+            self.add(BatchResult(np.zeros(0, np.int64), [], {}, []))
+        assert self.assembler is not None
+        self.assembler.close(count)
 
 
 class BackgroundWriter:
@@ -68,20 +97,24 @@ class BackgroundWriter:
         self.thread.start()
 
     def submit(self, shard: ShardData) -> None:
+        """Hand a shard over once the one before is on disk: memory holds this one and the next being filled."""
+        self.queue.join()
         self._raise()
         self.queue.put(shard)
 
     def _loop(self) -> None:
         while True:
             shard = self.queue.get()
-            if shard is None:
-                return
-            if self.error is not None:
-                continue
             try:
-                self.job.manifest.add_shard(self.job.write(shard))
+                if shard is None:
+                    return
+                if self.error is None:
+                    self.job.manifest.add_shard(self.job.write(shard))
             except BaseException as e:  # noqa: BLE001 - handed to the main thread
                 self.error = e
+            finally:
+                del shard  # its buffers go before the next one arrives
+                self.queue.task_done()
 
     def _raise(self) -> None:
         if self.error is not None:
@@ -101,7 +134,8 @@ def _batches(job: Job, torch_backend: bool) -> Iterator[Collated]:
         yield from _iter_batches(job)
         return
     assert job.count is not None
-    ranges = batch_ranges(job.count, job.options.batch_size, job.options.shard_size, job.wanted)
+    # before a size in bytes is resolved no shard exists yet: every batch is wanted
+    ranges = batch_ranges(job.count, job.options.batch_size, job.options.shard_size or job.options.batch_size, job.wanted)
     workers = job.options.workers
     if torch_backend:
         yield from _dataloader(job, ranges, workers)
@@ -157,7 +191,7 @@ def _iter_batches(job: Job) -> Iterator[Collated]:
     src = job.source
     assert isinstance(src, IterSource)
     limit = job.options.limit
-    size, bs = job.options.shard_size, job.options.batch_size
+    bs = job.options.batch_size
 
     def samples() -> Iterator[tuple[int, Any]]:
         for i, s in src.samples():
@@ -169,6 +203,7 @@ def _iter_batches(job: Job) -> Iterator[Collated]:
         if job.reference is None:
             first = next((s for _, s in chunk if not isinstance(s, Bad)), None)
             job.reference = reference(None, first, next((i for i, s in chunk if s is first), None))
+        size = job.options.shard_size or bs  # resolved after the first batch (a size in bytes)
         first_k, last_k = chunk[0][0] // size, chunk[-1][0] // size
         if not any(job.wanted(k) for k in range(first_k, last_k + 1)):
             continue

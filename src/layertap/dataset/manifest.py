@@ -29,7 +29,8 @@ _FLAGS = {
 class Manifest:
     """The manifest of one OUT_DIR; shard records are kept by shard index.
 
-    A record is ``{"index", "file", "source": [a, b], "ids": [...], "skipped": [...]}``:
+    A record is ``{"index", "file", "source": [a, b], "ids": [...], "skipped": [...]}`` (and
+    ``"labels"`` beside ``ids`` when the source has labels: then ``data.classes`` is in the header):
     shard ``index`` holds the samples ``a <= i < b`` of the source, less the skipped ones.
     """
 
@@ -61,13 +62,15 @@ class Manifest:
             m = cls(out, {k: d[k] for k in ("model", "data", "options", "preprocessing")}, d["status"])
             m.taps = d["taps"]
             m.total = d.get("source_count")
-            ids, skipped = d["ids"], d.get("skipped", [])
+            ids, skipped, labels = d["ids"], d.get("skipped", []), d.get("labels")
             for s in d["shards"]:
                 a, b = s["source"]
                 m.shards[s["index"]] = {
                     "index": s["index"], "file": s["file"], "source": [a, b], "ids": ids[s["start"]:s["stop"]],
                     "skipped": [x for x in skipped if a <= x["index"] < b],
                 }
+                if labels is not None:
+                    m.shards[s["index"]]["labels"] = labels[s["start"]:s["stop"]]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise LayertapError(f"'{path}' is not a layertap manifest ({type(e).__name__}: {e}); use a new OUT_DIR") from None
         return m
@@ -78,11 +81,14 @@ class Manifest:
         shards: list[dict] = []
         ids: list[Any] = []
         skipped: list[dict] = []
+        labels: list[int] | None = [] if self.header.get("data", {}).get("classes", False) is not False else None
         for k in sorted(self.shards):
             r = self.shards[k]
             shards.append({"index": k, "file": r["file"], "start": len(ids), "stop": len(ids) + len(r["ids"]), "source": r["source"]})
             ids.extend(r["ids"])
             skipped.extend(r["skipped"])
+            if labels is not None:
+                labels.extend(r.get("labels", []))
         from .. import __version__
 
         return {
@@ -94,6 +100,7 @@ class Manifest:
             "source_count": self.total,
             "shards": shards,
             "ids": ids,
+            **({"labels": labels} if labels is not None else {}),
             "skipped": skipped,
         }
 

@@ -21,12 +21,12 @@ import json
 import logging
 from typing import Any
 
+from ..data.sources import MapSource
 from ..errors import LayertapError
 from .backends import pin_threads
 from .batches import ShardAssembler, ShardData, batch_ranges, shard_count
 from .job import Job
 from .local import progress_bar
-from .sources import MapSource
 
 
 def run_ray(job: Job, address: str | None, progress: bool | None) -> int:
@@ -38,10 +38,26 @@ def run_ray(job: Job, address: str | None, progress: bool | None) -> int:
         )
     ray = _ray()
     _connect(ray, address)
+    if not job.options.shard_size:
+        _probe_layout(job)
     todo = [k for k in range(shard_count(job.count, job.options.shard_size)) if job.wanted(k)]
     if todo:
         _run_shards(ray, job, todo, progress)
     return job.count
+
+
+def _probe_layout(job: Job) -> None:
+    """The taps' bytes per sample, from the first samples run here on the CPU, to size the shards
+    before they are handed out (a size in bytes)."""
+    import dataclasses
+
+    runner = job.runner(dataclasses.replace(job.backend, device="cpu").build())
+    for a in range(0, job.count or 0, job.options.batch_size):
+        runner.run(job.load_batch(a, min(a + job.options.batch_size, job.count or 0)))
+        if runner.layout is not None:
+            job.set_layout(runner)
+            return
+    raise LayertapError("no sample of the data can be read")
 
 
 def _ray() -> Any:

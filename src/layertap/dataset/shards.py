@@ -54,10 +54,21 @@ def write_shard(out: Path, index: int, fmt: str, arrays: dict[str, np.ndarray], 
             _write_safetensors(tmp, arrays, dtypes)
         elif fmt == "npy":
             for key, a in arrays.items():
-                np.save(tmp / f"{key}.npy", _bits(a, dtypes[key]), allow_pickle=False)
+                _write_npy(tmp / f"{key}.npy", a)
         else:
             _write_zarr(tmp, arrays, dtypes)
     return name
+
+
+def _write_npy(path: Path, a: np.ndarray) -> None:
+    """``np.save``, but a bfloat16 array keeps its type name in the header (numpy would write raw
+    ``V2`` bytes): ``np.load`` then gives bfloat16 wherever ml_dtypes is imported."""
+    if a.dtype.name != "bfloat16":
+        np.save(path, a, allow_pickle=False)
+        return
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "bfloat16", "fortran_order": False, "shape": a.shape})
+        np.ascontiguousarray(a).reshape(-1).view(np.uint8).tofile(f)
 
 
 def _bits(a: np.ndarray, dtype: str) -> np.ndarray:
@@ -151,8 +162,9 @@ def open_array(out: Path, file: str, fmt: str, key: str, dtype: str, shape: tupl
             return np.empty(shp, numpy_dtype(dtype))
         return np.memmap(path, dtype=numpy_dtype(dtype), mode="r", offset=start + b, shape=shp)
     if fmt == "npy":
+        want = numpy_dtype(dtype)  # imports ml_dtypes for a bfloat16 header
         a = np.load(path / f"{key}.npy", mmap_mode="r", allow_pickle=False)
-        return a.view(numpy_dtype(dtype)) if dtype == "bfloat16" else a
+        return a.view(want) if a.dtype != want else a  # uint16 bits in shards of earlier versions
     arr = _zarr().open_group(str(path), mode="r")[key]
     return _BitsView(arr, numpy_dtype(dtype)) if dtype == "bfloat16" else arr
 

@@ -30,8 +30,29 @@ def npz_member(name: str) -> str:
     )
     if not unsafe:
         return name
-    encoded = urllib.parse.quote(name, safe="/#[]:.,=+-_ ")
-    return "/".join("%2E%2E" if p == ".." else p for p in encoded.split("/"))
+    return _escaped(name, "/")
+
+
+def file_stem(name: str) -> str:
+    """A file name for an array name, escaped as :func:`npz_member` escapes, and a ``/`` too
+    (a file in a folder has no sub-paths): ``np.load(folder / (file_stem(name) + ".npy"))``.
+
+    Example:
+        >>> file_stem("layer1.0"), file_stem("/layer1/Relu_output_0"), file_stem("..")
+        ('layer1.0', '%2Flayer1%2FRelu_output_0', '%2E%2E')
+    """
+    unsafe = (
+        any(c in name for c in "/\\%") or name in ("", ".", "..") or any(ord(c) < 32 or ord(c) == 127 for c in name)
+    )  # "%" too: an escaped name never equals another name kept as it is
+    return _escaped(name, "") if unsafe else name
+
+
+def _escaped(name: str, keep: str) -> str:
+    """``name`` percent-encoded but for ``keep`` and the characters tap and tensor names use; a
+    ``..`` part (or a whole name of dots) encoded."""
+    encoded = urllib.parse.quote(name, safe=keep + "#[]:.,=+-_ ")
+    parts = encoded.split("/") if keep else [encoded]
+    return "/".join(p.replace(".", "%2E") if p in (".", "..") else p for p in parts)
 
 
 def save_arrays(path: str | os.PathLike, arrays: dict, notify: Callable[[str], None] | None = None) -> Path:

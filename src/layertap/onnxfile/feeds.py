@@ -187,6 +187,43 @@ def integer_bounds(graph: "onnx.GraphProto", names: Sequence[str]) -> dict[str, 
     return {name: bounds.high(name) for name in names}
 
 
+def declared_inputs(graph: "onnx.GraphProto") -> tuple[list[str], list[int | None]]:
+    """The graph's input names (initializers left out) and their ranks (None: no declared shape).
+
+    Example:
+        >>> import onnx.helper as h
+        >>> g = h.make_graph([], "g", [h.make_tensor_value_info("x", 1, [1, 3, 8, 8])], [])
+        >>> declared_inputs(g), image_input_size(g)
+        ((['x'], [4]), (8, 8))
+    """
+    inits = {i.name for i in graph.initializer}
+    names, ranks = [], []
+    for i in graph.input:
+        if i.name in inits:
+            continue
+        names.append(i.name)
+        tt = i.type.tensor_type
+        ranks.append(len(tt.shape.dim) if tt.HasField("shape") else None)
+    return names, ranks
+
+
+def image_input_size(graph: "onnx.GraphProto") -> tuple[int, int] | None:
+    """H, W of the graph's first input when it is a static N x C x H x W (an image model's size).
+
+    Example:
+        >>> import onnx.helper as h
+        >>> image_input_size(h.make_graph([], "g", [h.make_tensor_value_info("x", 1, ["n", 3, "h", "w"])], []))
+    """
+    inits = {i.name for i in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in inits]
+    if not inputs:
+        return None
+    dims = inputs[0].type.tensor_type.shape.dim
+    if len(dims) == 4 and dims[2].HasField("dim_value") and dims[3].HasField("dim_value"):
+        return dims[2].dim_value, dims[3].dim_value
+    return None
+
+
 class _GatherBounds:
     """Upper bounds for integer inputs: the size of the table a ``Gather`` indexes with them."""
 

@@ -1,7 +1,7 @@
 """Samples for ``layertap fix``: the comparison samples and the calibration samples, as feeds of
 the float32 file (input name -> array with its batch axis), checked against the file's declared
 inputs before any conversion. Folders are read as ``extract --data`` reads them
-(:mod:`layertap.dataset.sources`: images, ``.npy``/``.npz`` files, ``datasets`` folders); one
+(:mod:`layertap.data.sources`: images, ``.npy``/``.npz`` files, ``datasets`` folders); one
 ``.npz`` holds one sample per leading index."""
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def read_samples(path: str | os.PathLike, declared: list[Declared], what: str, l
         return as_feeds(samples[:limit], declared, what)
     if not p.exists():
         raise LayertapError(f"{what} '{p}' does not exist (give a folder of images, .npy/.npz files, a datasets folder, or one .npz)")
-    from ..dataset.sources import Bad, MapSource, open_source
+    from ..data.sources import Bad, MapSource, open_source
 
     source = cast(MapSource, open_source(p, lambda: _preprocess(declared)))  # a path always opens by index
     n = len(source) if limit is None else min(limit, len(source))
@@ -107,7 +107,7 @@ def read_samples(path: str | os.PathLike, declared: list[Declared], what: str, l
 
 def _preprocess(declared: list[Declared]) -> Any:
     """Images fit the first 4-D input's height and width (``N,C,H,W`` with fixed H and W)."""
-    from ..dataset.images import from_options
+    from ..data.images import from_options
 
     for d in declared:
         if len(d.dims) == 4 and all(isinstance(x, int) and x > 0 for x in d.dims[2:]):

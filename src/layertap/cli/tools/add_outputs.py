@@ -25,6 +25,10 @@ class AddOutputsOptions:
 class AddOutputsTool(Tool):
     name = "add-outputs"
     help = "write a copy of an ONNX file with intermediate tensors (by name or module path) as outputs"
+    examples = (
+        "layertap add-outputs resnet18.onnx -o tapped.onnx --module layer3.1 --module layer2.0.relu#1",
+        "layertap add-outputs resnet18.onnx -o tapped.onnx --tensor relu_5",
+    )
     output = OutputArgs(required=True, suffixes=(".onnx",), help="OUT.onnx (never the input)")
     groups = (output,)
 

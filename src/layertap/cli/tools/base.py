@@ -18,7 +18,8 @@ JSON_OUT: Any = None
 class Tool:
     """One ``layertap`` subcommand: a name, its argument groups, and ``run``.
 
-    Subclasses set ``name``, ``help`` and ``groups`` and implement ``run``,
+    Subclasses set ``name``, ``help``, ``groups`` and ``examples`` (command lines shown at the
+    end of ``--help``; ``"  # why"`` after a command explains it) and implement ``run``,
     which returns the exit status (0 ok, 1 numbers disagree). User errors are
     raised as :class:`~layertap.errors.LayertapError` (exit 2).
 
@@ -31,6 +32,7 @@ class Tool:
     name: str = ""
     help: str = ""
     groups: Sequence[ArgGroup] = ()
+    examples: Sequence[str] = ()
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         for group in self.groups:

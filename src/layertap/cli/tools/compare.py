@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import LayertapError, OnnxFileError, printable
-from ..args import Args, InputArgs, JsonArgs, ModelArgs, ReportArgs, RuntimeArgs, ToleranceArgs, is_onnx_path, positive_int
+from ..args import (Args, InputArgs, JsonArgs, ModelArgs, ReportArgs, RuntimeArgs, ToleranceArgs, add_sample_options, is_onnx_path,
+                    positive_int)
 from ..console import StepProgress
 from .base import Tool
 
@@ -23,7 +24,7 @@ class CompareOptions:
     cand: str
     inputs: str | None  # --inputs: a samples folder or .npz
     samples: int | None
-    outputs: dict[str, Path]  # "plot", "fp16": checked paths
+    outputs: dict[str, Path]  # "plot", "fp16", "inputs" (--save-inputs): checked paths
     node_data: str | None
     library: dict[str, Any]  # compare()'s keyword options
 
@@ -33,6 +34,12 @@ class CompareTool(Tool):
 
     name = "compare"
     help = "compare a model or ONNX file with an ONNX file layer by layer and name the first diverging module"
+    examples = (
+        "layertap compare torchvision:resnet18 r18.onnx --input 1x3x224x224",
+        "layertap compare torchvision:resnet18 r18.onnx --inputs images --limit 8 --save-inputs used.npz"
+        "  # real images, preprocessed as the model's weights say; --inputs used.npz repeats it",
+        "layertap compare resnet18.onnx resnet18.onnx --no-ort-opt --samples 2  # ORT with vs without graph optimisations",
+    )
     groups = (ModelArgs(onnx_ok=True), InputArgs(), ToleranceArgs(), JsonArgs(), ReportArgs(), RuntimeArgs(cand=True))
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -43,7 +50,12 @@ class CompareTool(Tool):
         g.add_argument("--module", action="append", default=None, metavar="PATH",
                        help="compare only this module and its submodules (repeatable)")
         g.add_argument("--inputs", metavar="PATH",
-                       help="samples: a folder of .npy/.npz files (one sample each) or one .npz (one sample per leading index)")
+                       help="samples: any folder extract --data reads (images preprocessed as the model's config says, "
+                            ".npy/.npz files, a datasets folder) or one .npz (one sample per leading index)")
+        g.add_argument("--limit", type=positive_int, metavar="N", help="with --inputs: only the first N samples")
+        g.add_argument("--save-inputs", metavar="FILE.npz",
+                       help="write the samples compared to FILE.npz; --inputs FILE.npz repeats the comparison exactly")
+        add_sample_options(g)
         g.add_argument("--samples", type=positive_int, default=None, metavar="N",
                        help="N seeded random samples from the input specs; rows show each module's worst sample")
         g.add_argument("--metric", choices=("rel", "cosine", "sqnr"), default="rel",
@@ -61,8 +73,8 @@ class CompareTool(Tool):
                        help="compare even when most parameters differ from the reference's (another checkpoint or "
                             "seed); without it that is refused")
         g.add_argument("--fp16-block-list", metavar="FILE.json",
-                       help="write the ONNX node names that should stay float32, for "
-                            "onnxconverter_common.float16.convert_float_to_float16(node_block_list=...)")
+                       help="write the ONNX node names that should stay float32, for onnxconverter_common's "
+                            "float16 converter (convert_float_to_float16's node_block_list)")
         g.add_argument("--providers", metavar="EP[,EP]", default=None,
                        help="ONNX Runtime execution providers of an ONNX reference (CUDA, TensorRT, OpenVINO, CoreML; default CPU)")
         g.add_argument("--cand-providers", metavar="EP[,EP]", default=None,
@@ -94,6 +106,9 @@ class CompareTool(Tool):
             raise OnnxFileError(f"ONNX file '{ns.model}' does not exist")
         if ns.inputs is not None and ns.samples is not None:
             raise LayertapError("give --inputs or --samples, not both")
+        for flag, value in (("--limit", ns.limit), ("--columns", ns.columns), ("--image-size", ns.image_size)):
+            if value is not None and ns.inputs is None:
+                raise LayertapError(f"{flag} applies to the samples of --inputs PATH; give --inputs too")
         args.reads = (ns.onnx, ns.model) if ref_onnx else (ns.onnx,)
         outputs = _check_outputs(ns, args.reads)
         return CompareOptions(ns.onnx, ns.inputs, ns.samples, outputs, ns.node_data, _options(ns))
@@ -179,6 +194,8 @@ def _check_outputs(ns: argparse.Namespace, inputs: tuple[str, ...]) -> dict[str,
         out["plot"] = check_output_path(ns.plot, inputs=inputs, suffixes=(".png",))
     if ns.fp16_block_list is not None:
         out["fp16"] = check_output_path(ns.fp16_block_list, inputs=inputs, suffixes=(".json",))
+    if ns.save_inputs is not None:
+        out["inputs"] = check_output_path(ns.save_inputs, inputs=inputs + ((ns.inputs,) if ns.inputs else ()), suffixes=(".npz",))
     return out
 
 
@@ -234,21 +251,14 @@ def _options(ns: argparse.Namespace) -> dict[str, Any]:
         memory_budget=ns.memory_budget << 20,
         allow_different_weights=ns.allow_different_weights,
         **({"steps": ns.steps} if ns.steps is not None else {}),
+        inputs=ns.inputs,
+        limit=ns.limit,
+        columns=ns.columns,
+        image_size=ns.image_size,
+        mean=ns.mean,
+        std=ns.std,
+        save_inputs=ns.save_inputs,
     )
-
-
-def _declared(mf: Any) -> tuple[list[str], list[int | None]]:
-    """Input names and ranks of an ONNX file already read (graph only)."""
-    model = mf.model
-    inits = {i.name for i in model.graph.initializer}
-    names, ranks = [], []
-    for i in model.graph.input:
-        if i.name in inits:
-            continue
-        names.append(i.name)
-        tt = i.type.tensor_type
-        ranks.append(len(tt.shape.dim) if tt.HasField("shape") else None)
-    return names, ranks
 
 
 def _onnx_inputs(args: Args, opts: CompareOptions, ref: Any) -> tuple[Any, dict, Any]:
@@ -256,9 +266,7 @@ def _onnx_inputs(args: Args, opts: CompareOptions, ref: Any) -> tuple[Any, dict,
     from ...inputs import spec_arrays
 
     if opts.inputs is not None:
-        from ...comparing.samples import load_samples
-
-        return None, {}, load_samples(opts.inputs, *_declared(ref))
+        return None, {}, None  # compare reads --inputs (options.library)
     specs = args.inputs.specs
     if not specs:
         return None, {}, opts.samples
@@ -271,16 +279,17 @@ def _onnx_inputs(args: Args, opts: CompareOptions, ref: Any) -> tuple[Any, dict,
 
 def _torch_inputs(args: Args, opts: CompareOptions, cand: _Candidate) -> tuple[Any, Any, dict, Any]:
     """``(model, args, kwargs, samples)`` for a PyTorch reference."""
+    if opts.inputs is not None:  # compare reads --inputs, with the zoo's image recipe
+        from ...pytorch.preprocessing import zoo_recipe
+
+        spec = args.model.text
+        opts.library["preprocess"] = zoo_recipe(spec) if spec.startswith("torchvision:") else None  # timm: the module's
+        from ..console import status
+
+        with status(f"loading {spec}"):
+            model, _ = args.model.load()
+        return model, None, {}, None
     model, info, first, kwargs = args.model.load_with_inputs(args.inputs)
-    if opts.inputs is not None:
-        import torch
-
-        from ...comparing.samples import load_samples
-
-        names, ranks = _declared(cand.file())
-        loaded = load_samples(opts.inputs, names, ranks)
-        tensors = [tuple(torch.from_numpy(np_array(s, n)) for n in names) for s in loaded]
-        return model, None, {}, tensors
     if opts.samples is not None and opts.samples > 1:
         from ...pytorch.example_inputs import make_inputs
 
@@ -289,12 +298,6 @@ def _torch_inputs(args: Args, opts: CompareOptions, cand: _Candidate) -> tuple[A
         drawn += [make_inputs(info, args.inputs.specs, model=model, method=method, seed=seed + i) for i in range(1, opts.samples)]
         return model, None, {}, [_as_sample(a, k) for a, k in drawn]
     return model, first, kwargs, None
-
-
-def np_array(sample: Any, name: str) -> Any:
-    import numpy as np
-
-    return np.ascontiguousarray(sample[name])
 
 
 def _as_sample(args: tuple, kwargs: dict) -> Any:

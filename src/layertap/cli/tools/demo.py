@@ -249,6 +249,10 @@ STEPS: list[Callable[[DemoContext], None]] = [
 class DemoTool(Tool):
     name = "demo"
     help = "show layertap end to end on torchvision resnet18 (random weights)"
+    examples = (
+        "layertap demo",
+        "layertap demo --out demo-files  # keep the files it writes",
+    )
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--out", metavar="DIR", help="folder for the files the demo writes (created if needed; "

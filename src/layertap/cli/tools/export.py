@@ -34,6 +34,10 @@ class ExportTool(Tool):
 
     name = "export"
     help = "export a model to ONNX with taps as extra named outputs, verified in ONNX Runtime"
+    examples = (
+        "layertap export torchvision:resnet18 -o r18.onnx --tap layer1 --tap layer2.0.relu --tap feat=avgpool",
+        "layertap export examples/mymodels.py:Net --input 8x3x32x32 --static --exporter torchscript -o net.onnx",
+    )
     output = OutputArgs(required=True, suffixes=(".onnx",), help="FILE.onnx")
     groups = (
         ModelArgs(),

@@ -35,6 +35,11 @@ def to_numpy(tensors: dict) -> tuple[dict, list[str]]:
 class ExtractTool(Tool):
     name = "extract"
     help = "run a model once (or over a dataset with --data) and save the tapped tensors"
+    examples = (
+        "layertap extract torchvision:resnet18 --tap layer4.0.conv1 --tap layer2.0.relu#1 -o acts.npz",
+        "layertap extract torchvision:resnet18 --tap layer4 --data images -o feats --pool mean  # a whole dataset",
+        "layertap extract r18.onnx --tap layer3 --data images -o onnx-feats --pool max --format zarr --limit 12",
+    )
     output = OutputArgs(
         required=True, suffixes=(".npz", ".safetensors"), help="FILE.npz or FILE.safetensors"
         " (keys are the tap names); with --data: OUT_DIR", when=lambda ns: ns.data is None,

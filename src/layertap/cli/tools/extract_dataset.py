@@ -6,14 +6,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from ..args import ArgGroup, Args, ReportArgs, nonneg_int, positive_int
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(v) for v in text.replace(",", " ").split()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers like 0.485,0.456,0.406, got {text!r}") from None
+from ..args import ArgGroup, Args, ReportArgs, add_sample_options, nonneg_int, positive_int
 
 
 @dataclass(frozen=True)
@@ -27,7 +20,7 @@ class DatasetOptions:
     format: str
     dtype: str
     pool: str
-    shard_size: int
+    shard_size: int | str  # samples, or a size (256MB)
     resume: bool
     limit: int | None
     device: str
@@ -36,6 +29,7 @@ class DatasetOptions:
     mean: list[float] | None
     std: list[float] | None
     ray: str | None
+    columns: list[str] | None
 
 
 class DatasetArgs(ArgGroup):
@@ -43,6 +37,7 @@ class DatasetArgs(ArgGroup):
 
     def add(self, parser: argparse.ArgumentParser) -> None:
         from ...dataset.arrays import DTYPES, POOLS
+        from ...dataset.job import DEFAULT_SHARD_SIZE
         from ...dataset.shards import FORMATS
 
         g = parser.add_argument_group("dataset (with --data; -o is then an OUT_DIR)")
@@ -52,21 +47,25 @@ class DatasetArgs(ArgGroup):
         g.add_argument("--format", choices=FORMATS, default="safetensors", help="shard format (default safetensors)")
         g.add_argument("--dtype", choices=DTYPES, default="float32", help="dtype of floating features (default float32)")
         g.add_argument("--pool", choices=POOLS, default="none", help="pool spatial (NCHW) or token (NTD) axes (default none)")
-        g.add_argument("--shard-size", type=positive_int, default=1024, metavar="SIZE", help="samples per shard file (default 1024)")
+        g.add_argument("--shard-size", default=DEFAULT_SHARD_SIZE, metavar="N|SIZE",
+                       help=f"samples per shard file (1024), or the size of a shard's features (256MB, 1GiB; default "
+                            f"{DEFAULT_SHARD_SIZE}: samples per shard from the taps' bytes per sample)")
         g.add_argument("--resume", action="store_true", help="continue an interrupted run in OUT_DIR (same options)")
         g.add_argument("--limit", type=positive_int, metavar="N", help="only the first N samples")
         g.add_argument("--device", default="cpu", metavar="cpu|cuda", help="PyTorch device (default cpu)")
         g.add_argument("--skip-bad", action="store_true", help="skip unreadable samples (listed in the manifest) instead of stopping")
-        g.add_argument("--image-size", metavar="SIZE|HxW", help="image size when the model's config has none")
-        g.add_argument("--mean", type=_floats, metavar="R,G,B", help="per-channel mean of pixels in [0,1] (default: model config, else 0)")
-        g.add_argument("--std", type=_floats, metavar="R,G,B", help="per-channel std (default: model config, else 1)")
+        add_sample_options(g)
         g.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                        help="run on Ray Data: a local Ray without ADDRESS, else join the cluster at ADDRESS (e.g. auto, ray://head:10001)")
 
     def parse(self, ns: argparse.Namespace, args: Args) -> None:
         if ns.data is not None:
-            args.dataset = DatasetOptions(ns.data, ns.output, ns.batch_size, ns.workers, ns.format, ns.dtype, ns.pool, ns.shard_size,
-                                          ns.resume, ns.limit, ns.device, ns.skip_bad, ns.image_size, ns.mean, ns.std, ns.ray)
+            from ...dataset.job import parse_shard_size
+
+            samples, _ = parse_shard_size(ns.shard_size)  # a typo fails before the model loads
+            args.dataset = DatasetOptions(ns.data, ns.output, ns.batch_size, ns.workers, ns.format, ns.dtype, ns.pool,
+                                          samples or ns.shard_size, ns.resume, ns.limit, ns.device, ns.skip_bad, ns.image_size,
+                                          ns.mean, ns.std, ns.ray, ns.columns)
 
 
 def run_dataset(args: Args) -> int:
@@ -82,7 +81,8 @@ def run_dataset(args: Args) -> int:
             dtype=d.dtype, pool=d.pool, resume=d.resume, limit=d.limit, workers=d.workers, device=d.device,
             method=m.method, stop_early=args.own, skip_bad=d.skip_bad, image_size=d.image_size, mean=d.mean,
             std=d.std, weights=m.weights, config=m.config, unsafe_pickle=m.unsafe_pickle,
-            engine="ray" if d.ray is not None else "local", ray_address=d.ray or None, **args.runtime,
+            engine="ray" if d.ray is not None else "local", ray_address=d.ray or None, columns=d.columns,
+            **args.runtime,
         )
     except (KeyboardInterrupt, Terminated) as stop:
         stop.kept = _kept_note(args)  # type: ignore[union-attr]  # main's exit line says it

@@ -15,6 +15,11 @@ META_ABOVE = 1 << 30
 class LayersTool(Tool):
     name = "layers"
     help = "list the modules of a model (with shapes when inputs are known), or the tensors of an ONNX file"
+    examples = (
+        "layertap layers torchvision:resnet18  # every module call (default input 1x3x224x224)",
+        "layertap layers resnet18.onnx  # every tensor: name, op, module, call, dtype, shape",
+        "layertap layers timm:resnet10t --json",
+    )
     groups = (ModelArgs(onnx_ok=True), InputArgs(), JsonArgs(), ReportArgs())
 
     def parse_own(self, ns: argparse.Namespace, args: Args) -> None:

@@ -37,6 +37,10 @@ class RunTable(Table):
 class RunTool(Tool):
     name = "run"
     help = "run an ONNX file in ONNX Runtime, exposing tensors or module taps in memory"
+    examples = (
+        "layertap run r18.onnx --input 5x3x224x224 --tap layer2.0.relu#1 -o acts.npz  # any batch size",
+        "layertap run resnet18.onnx --tap layer3.1 --input 1x3x224x224 -o acts.npz",
+    )
     output = OutputArgs(required=False, suffixes=(".npz", ".safetensors"), help="FILE.npz")
     groups = (InputArgs(), TapArgs(selectors=False), output, JsonArgs(), RuntimeArgs())
 

@@ -1,25 +1,25 @@
-"""Image preprocessing for dataset extraction: Pillow and numpy only (no torch).
+"""Image preprocessing for ``extract --data`` and ``compare --inputs``: Pillow and numpy only (no torch).
 
 One recipe covers the zoos' eval transforms: resize the shorter side, centre
 crop, scale to [0, 1], normalise. It is taken from the model's own config
 where layertap knows it (torchvision weights transforms, timm's
-``resolve_data_config``), else from ``--image-size/--mean/--std``. Doing it
+``resolve_data_config``: :mod:`layertap.pytorch.preprocessing`), else from
+``--image-size/--mean/--std`` (:func:`choose_recipe` decides). Doing it
 here, not with torchvision transforms, keeps the ONNX backend free of torch
 and gives every engine (local, Ray) the same bytes.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ..errors import LayertapError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-_RESAMPLE = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
+RESAMPLE = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
 
 
 @dataclass(frozen=True)
@@ -139,37 +139,24 @@ def _channels(flag: str, values: Sequence[float] | None, default: float) -> tupl
     return vals
 
 
-def from_torchvision(name: str) -> Preprocess | None:
-    """The eval transform torchvision's weights enum records for ``name`` (no download)."""
-    import torchvision
+def choose_recipe(image_size: Any, mean: Sequence[float] | None, std: Sequence[float] | None,
+                  zoo: Callable[[], Preprocess | None], input_size: Callable[[], tuple[int, int] | None]) -> Preprocess | None:
+    """The image recipe: ``image_size`` if given, else the model's zoo config (``zoo()``), else
+    the model file's fixed input size (``input_size()``, pixels in [0, 1] unless mean/std).
 
-    try:
-        t = torchvision.models.get_model_weights(name).DEFAULT.transforms()
-    except Exception:  # noqa: BLE001 - models without weights metadata have no recipe
-        return None
-    crop, resize = getattr(t, "crop_size", None), getattr(t, "resize_size", None)
-    if not crop or not resize:
-        return None
-    interp = getattr(getattr(t, "interpolation", None), "value", "bilinear")
-    return Preprocess(
-        resize=int(resize[0]), crop=(int(crop[0]), int(crop[-1])), mean=tuple(t.mean), std=tuple(t.std),
-        interpolation=str(interp), source=f"torchvision weights {name}",
-    )
+    ``mean``/``std`` replace the zoo's normalisation. None: no recipe is known.
 
-
-def from_timm(model: Any) -> Preprocess | None:
-    """timm's ``resolve_data_config`` for ``model`` as the same recipe (centre-crop mode)."""
-    import timm.data
-
-    cfg = timm.data.resolve_data_config({}, model=model)
-    _, h, w = cfg["input_size"]
-    mode = cfg.get("crop_mode", "center")
-    pct = float(cfg.get("crop_pct") or 1.0)
-    if mode != "center" or h != w:
-        return None  # squash / border modes are not this recipe
-    resize = int(math.floor(h / pct))
-    interp = cfg.get("interpolation", "bilinear")
-    return Preprocess(
-        resize=resize, crop=(h, w), mean=tuple(cfg["mean"]), std=tuple(cfg["std"]),
-        interpolation=interp if interp in _RESAMPLE else "bilinear", source="timm resolve_data_config",
-    )
+    Example:
+        >>> choose_recipe(None, None, None, lambda: None, lambda: (8, 8)).crop
+        (8, 8)
+    """
+    if image_size is not None:
+        return from_options(image_size, mean, std)
+    recipe = zoo()
+    if recipe is None:
+        size = input_size()
+        return from_options(size, mean, std) if size else None
+    if mean is not None or std is not None:
+        base = from_options(recipe.crop, mean, std)
+        return Preprocess(recipe.resize, recipe.crop, base.mean, base.std, recipe.interpolation, recipe.source + " (mean/std from options)")
+    return recipe

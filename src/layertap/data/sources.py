@@ -7,6 +7,10 @@ iterator or a ``DataLoader`` is an *iterable* source: read in order, once.
 A sample is one array (the model's single input, no batch axis) or a dict
 name -> array (named inputs). A sample that cannot be read or does not fit
 comes back as :class:`Bad`, so the caller decides: stop naming it, or skip it.
+
+Labels are kept beside the samples, never fed: an image folder's class
+folders (``classes`` are the folder names, sorted) or a ``datasets`` ``label``
+column (a ``ClassLabel``'s names are the classes).
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ class MapSource:
     kind = "sequence"
     path: str | None = None
     preprocess: Preprocess | None = None
+    labels: list[int] | None = None  # per sample, when the source has them
+    classes: list[str] | None = None  # label -> class name, when known
 
     def __init__(self, ids: Sequence[Any]) -> None:
         self.ids = list(ids)
@@ -74,11 +80,33 @@ class MapSource:
             return Bad(i, self.ids[i], f"cannot read sample {self.ids[i]!r}: {type(e).__name__}: {first_line(e)}")
 
     def describe(self) -> dict:
-        return {"kind": self.kind, "path": self.path}
+        """The source as the manifest records it (its classes when it has labels)."""
+        d: dict[str, Any] = {"kind": self.kind, "path": self.path}
+        if self.labels is not None:
+            d["classes"] = self.classes
+        return d
+
+
+def folder_labels(files: Sequence[str]) -> tuple[list[int] | None, list[str] | None]:
+    """Labels of files that all lie in class folders (the first folder of each path), and the
+    class names (sorted); ``(None, None)`` when they lie loose.
+
+    Example:
+        >>> folder_labels(["dogs/a.png", "cats/b.png", "cats/x/c.png"]), folder_labels(["a.png"])
+        (([1, 0, 0], ['cats', 'dogs']), (None, None))
+    """
+    if not files or not all("/" in f for f in files):
+        return None, None
+    classes = sorted({f.split("/", 1)[0] for f in files})
+    index = {c: i for i, c in enumerate(classes)}
+    return [index[f.split("/", 1)[0]] for f in files], classes
 
 
 class ImageFolder(MapSource):
-    """PNG/JPEG/... files under a folder (recursively), ids = paths relative to it."""
+    """PNG/JPEG/... files under a folder (recursively), ids = paths relative to it.
+
+    Images all in sub-folders are labelled by their first folder (:func:`folder_labels`).
+    """
 
     kind = "images"
 
@@ -87,6 +115,7 @@ class ImageFolder(MapSource):
         self.root = root
         self.path = str(root)
         self.preprocess = preprocess
+        self.labels, self.classes = folder_labels(files)
 
     def _read(self, i: int) -> Any:
         from PIL import Image
@@ -105,6 +134,7 @@ class ArrayFolder(MapSource):
         super().__init__(files)
         self.root = root
         self.path = str(root)
+        self.labels, self.classes = folder_labels(files)
 
     def _read(self, i: int) -> Any:
         file = self.root / self.ids[i]
@@ -118,23 +148,35 @@ class ArrayFolder(MapSource):
 
 
 class HFDataset(MapSource):
-    """A Hugging Face ``datasets`` folder written by ``save_to_disk``; ids are row indices."""
+    """A Hugging Face ``datasets`` folder written by ``save_to_disk``; ids are row indices.
+
+    One column is the model's single input; several (``input_ids``, ``attention_mask``, ...)
+    are named inputs, by column name.
+    """
 
     kind = "datasets"
 
-    def __init__(self, root: Path, ds: Any, column: str, images: bool, preprocess: Preprocess | None) -> None:
+    def __init__(self, root: Path, ds: Any, columns: list[str], images: bool, preprocess: Preprocess | None) -> None:
         super().__init__(range(len(ds)))
         self.root = root
         self.path = str(root)
-        self.column = column
+        self.columns = columns
         self.preprocess = preprocess if images else None
-        self.ds = ds if images else ds.with_format("numpy", columns=[column])
+        self.ds = ds if images else ds.with_format("numpy", columns=columns)
+        self.label_column = _label_column(ds, columns)
+        if self.label_column is not None:
+            self.labels = [int(v) for v in ds.data.column(self.label_column).to_pylist()]
+            self.classes = getattr(ds.features[self.label_column], "names", None)
 
     def _read(self, i: int) -> Any:
-        return self.ds[i][self.column]
+        row = self.ds[i]
+        return row[self.columns[0]] if len(self.columns) == 1 else {c: row[c] for c in self.columns}
 
     def describe(self) -> dict:
-        return {**super().describe(), "column": self.column}
+        d = {**super().describe(), "column": self.columns[0] if len(self.columns) == 1 else self.columns}
+        if self.label_column is not None:
+            d["label_column"] = self.label_column
+        return d
 
 
 class SequenceSource(MapSource):
@@ -267,13 +309,27 @@ def _shape(shape: Sequence[int]) -> str:
 
 
 # -- opening ------------------------------------------------------------------
-def open_source(data: Any, preprocess: Callable[[], Preprocess | None]) -> MapSource | IterSource:
+def open_source(data: Any, preprocess: Callable[[], Preprocess | None], *, columns: Sequence[str] | None = None,
+                same_shape: bool = False, flag: str = "--data") -> MapSource | IterSource:
     """The source for ``data``: a folder path, a sequence, an iterable or a DataLoader.
 
     ``preprocess`` is called only when images are found (it may need the model).
+    ``columns`` picks a ``datasets`` folder's input columns; ``same_shape``
+    refuses token columns of ragged length up front; ``flag`` names the option in messages.
+
+    Example:
+        >>> import tempfile, os
+        >>> d = tempfile.mkdtemp()
+        >>> for c in ("cats", "dogs"):
+        ...     os.mkdir(os.path.join(d, c)); np.save(os.path.join(d, c, "a.npy"), np.zeros(2))
+        >>> src = open_source(d, lambda: None)
+        >>> src.ids, src.load(1)
+        (['cats/a.npy', 'dogs/a.npy'], array([0., 0.]))
     """
     if isinstance(data, (str, os.PathLike)):
-        return _open_folder(Path(data), preprocess)
+        return _open_folder(Path(data), preprocess, _Opening(flag, list(columns) if columns else None, same_shape))
+    if columns:
+        raise LayertapError(f"columns={list(columns)!r} picks columns of a datasets folder, and data is a {type(data).__name__}")
     if type(data).__name__ == "DataLoader" and type(data).__module__.startswith("torch"):
         return IterSource(data, _maybe(preprocess), batched=True)
     if hasattr(data, "__len__") and hasattr(data, "__getitem__") and not isinstance(data, (dict, np.ndarray)):
@@ -283,6 +339,13 @@ def open_source(data: Any, preprocess: Callable[[], Preprocess | None]) -> MapSo
     raise LayertapError(f"data must be a folder, a sequence or an iterable of samples, got a {type(data).__name__}")
 
 
+@dataclass(frozen=True)
+class _Opening:
+    flag: str
+    columns: list[str] | None
+    same_shape: bool
+
+
 def _maybe(preprocess: Callable[[], Preprocess | None]) -> Preprocess | None:
     try:
         return preprocess()
@@ -290,16 +353,19 @@ def _maybe(preprocess: Callable[[], Preprocess | None]) -> Preprocess | None:
         return None  # only needed if the items turn out to be images
 
 
-def _open_folder(root: Path, preprocess: Callable[[], Preprocess | None]) -> MapSource:
+def _open_folder(root: Path, preprocess: Callable[[], Preprocess | None], how: _Opening) -> MapSource:
+    flag = how.flag
     if not root.exists():
-        raise LayertapError(f"--data '{root}' does not exist")
+        raise LayertapError(f"{flag} '{root}' does not exist")
     if not root.is_dir():
-        raise LayertapError(f"--data '{root}' is a file; give a folder of images, .npy/.npz files or a datasets folder")
+        raise LayertapError(f"{flag} '{root}' is a file; give a folder of images, .npy/.npz files or a datasets folder")
     if (root / "dataset_dict.json").is_file():
         splits = sorted(p.name for p in root.iterdir() if p.is_dir())
-        raise LayertapError(f"--data '{root}' is a DatasetDict; pick a split folder: {', '.join(str(root / s) for s in splits)}")
+        raise LayertapError(f"{flag} '{root}' is a DatasetDict; pick a split folder: {', '.join(str(root / s) for s in splits)}")
     if (root / "state.json").is_file() and (root / "dataset_info.json").is_file():
-        return _open_hf(root, preprocess)
+        return _open_hf(root, preprocess, how)
+    if how.columns:
+        raise LayertapError(f"--columns picks columns of a datasets folder, and {flag} '{root}' is a folder of files")
     files = sorted(
         p.relative_to(root).as_posix() for p in root.rglob("*")
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
@@ -307,7 +373,9 @@ def _open_folder(root: Path, preprocess: Callable[[], Preprocess | None]) -> Map
     images = [f for f in files if f.lower().endswith(IMAGE_SUFFIXES)]
     arrays = [f for f in files if f.lower().endswith(ARRAY_SUFFIXES)]
     if images and arrays:
-        raise LayertapError(f"--data '{root}' holds both images ({images[0]}) and arrays ({arrays[0]}); put them in separate folders")
+        raise LayertapError(f"{flag} '{root}' holds both images ({images[0]}) and arrays ({arrays[0]}); put them in separate folders")
+    found = arrays or images
+    _check_classes(root, found, flag)
     if arrays:
         return ArrayFolder(root, arrays)
     if images:
@@ -316,44 +384,102 @@ def _open_folder(root: Path, preprocess: Callable[[], Preprocess | None]) -> Map
             raise LayertapError("no preprocessing is known for this model; pass --image-size SIZE (and --mean/--std)")
         return ImageFolder(root, images, recipe)
     raise LayertapError(
-        f"--data '{root}' is empty: no images ({', '.join(IMAGE_SUFFIXES[:3])}...), .npy/.npz files or datasets folder"
+        f"{flag} '{root}' is empty: no images ({', '.join(IMAGE_SUFFIXES[:3])}...), .npy/.npz files or datasets folder"
     )
 
 
-def _open_hf(root: Path, preprocess: Callable[[], Preprocess | None]) -> HFDataset:
+def _check_classes(root: Path, files: list[str], flag: str) -> None:
+    """Samples in class folders, or all loose: a mix would give some samples no label."""
+    loose = [f for f in files if "/" not in f]
+    if loose and len(loose) < len(files):
+        folders = sorted({f.split("/", 1)[0] + "/" for f in files if "/" in f})
+        raise LayertapError(
+            f"{flag} '{root}' mixes class folders ({', '.join(folders[:3])}{', ...' if len(folders) > 3 else ''}) with loose "
+            f"files ({', '.join(loose[:3])}{', ...' if len(loose) > 3 else ''}); move every sample into a class folder, or none"
+        )
+
+
+def _open_hf(root: Path, preprocess: Callable[[], Preprocess | None], how: _Opening) -> HFDataset:
     try:
         import datasets
     except ImportError:
-        raise LayertapError(f"--data '{root}' is a Hugging Face datasets folder; pip install datasets") from None
+        raise LayertapError(f"{how.flag} '{root}' is a Hugging Face datasets folder; pip install datasets") from None
     try:
         ds = datasets.load_from_disk(str(root))
     except Exception as e:  # noqa: BLE001
         raise LayertapError(f"cannot read datasets folder '{root}': {first_line(e)}") from None
     if len(ds) == 0:
-        raise LayertapError(f"--data '{root}' is an empty dataset (0 rows)")
-    column, images = _pick_column(ds, root)
+        raise LayertapError(f"{how.flag} '{root}' is an empty dataset (0 rows)")
+    columns, images = _pick_columns(ds, root, how.columns)
+    if how.same_shape:
+        _check_lengths(ds, root, columns)
     recipe = preprocess() if images else None
     if images and recipe is None:
         raise LayertapError("no preprocessing is known for this model; pass --image-size SIZE (and --mean/--std)")
-    return HFDataset(root, ds, column, images, recipe)
+    return HFDataset(root, ds, columns, images, recipe)
 
 
 _PREFERRED = ("pixel_values", "image", "img", "input", "inputs", "x", "array")
+_LABELS = ("label", "labels")
 
 
-def _pick_column(ds: Any, root: Path) -> tuple[str, bool]:
-    """The input column: an Image feature, else an array-valued one (preferred names first)."""
+def _pick_columns(ds: Any, root: Path, wanted: list[str] | None) -> tuple[list[str], bool]:
+    """The input columns: those asked for; else an Image column, else an array-valued one
+    (preferred names first), else every array-valued one (tokenised text: named inputs)."""
     import datasets
 
     feats = ds.features
+    if wanted:
+        from ..errors import unknown_name
+
+        for name in wanted:
+            if name not in feats:
+                raise LayertapError(unknown_name("column", name, list(feats), hint=f"datasets folder '{root}' has the columns "
+                                                 f"{', '.join(feats)}; pass --columns with some of them"))
+        images = [c for c in wanted if isinstance(feats[c], datasets.Image)]
+        if images and len(wanted) > 1:
+            raise LayertapError(f"--columns {','.join(wanted)}: an image column ({images[0]}) is fed alone; pick it only")
+        return list(wanted), bool(images)
     images = [c for c, f in feats.items() if isinstance(f, datasets.Image)]
-    arrays = [c for c, f in feats.items() if not isinstance(f, (datasets.Value, datasets.ClassLabel, datasets.Image))]
+    arrays = [c for c, f in feats.items() if not isinstance(f, (datasets.Value, datasets.ClassLabel, datasets.Image)) and c not in _LABELS]
     for pool, is_image in ((images, True), (arrays, False)):
         for name in _PREFERRED:
             if name in pool:
-                return name, is_image
+                return [name], is_image
         if len(pool) == 1:
-            return pool[0], is_image
+            return pool, is_image
+    if arrays:
+        return arrays, False
     raise LayertapError(
-        f"datasets folder '{root}' has no single image or array column to feed the model (columns: {', '.join(feats)})"
+        f"datasets folder '{root}' has no image or array column to feed the model (columns: {', '.join(feats)}); "
+        "pass --columns NAME[,NAME]"
     )
+
+
+def _label_column(ds: Any, inputs: list[str]) -> str | None:
+    """The ``label``/``labels`` column (class ids), unless it is fed to the model."""
+    import datasets
+
+    for name in _LABELS:
+        f = ds.features.get(name)
+        if name not in inputs and (isinstance(f, datasets.ClassLabel) or getattr(f, "dtype", "").startswith(("int", "uint"))):
+            return name
+    return None
+
+
+def _check_lengths(ds: Any, root: Path, columns: list[str]) -> None:
+    """Token columns whose rows differ in length cannot be stacked: say so before any run."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for name in columns:
+        col = ds.data.column(name)
+        if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
+            continue
+        lo, hi = (v.as_py() for v in pc.min_max(pc.list_value_length(col)).values())
+        if lo != hi:
+            raise LayertapError(
+                f"column {name!r} of datasets folder '{root}' holds rows of different lengths ({lo} to {hi}) and samples "
+                "must share one shape: pad when tokenising (tokenizer(..., padding='max_length', max_length=N))"
+                " or pass --pool mean|max|first (extract)"
+            )
