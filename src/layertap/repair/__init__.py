@@ -1,7 +1,8 @@
 """Repairs: ``lt.fix`` (keep the fewest modules in float32 that make a float16/int8 conversion
 meet a target) and ``lt.repro`` (a minimal package that reproduces one module's mismatch).
 
-Imports core, ``pytorch/``, ``onnxfile/``, ``runtimes/``, ``exporting/`` and ``comparing/``; only ``cli/`` and ``layertap/__init__.py`` import it.
+Imports core, ``pytorch/``, ``onnxfile/``, ``runtimes/``, ``exporting/`` and ``comparing/``;
+only ``cli/`` and ``layertap/__init__.py`` import it.
 """
 
 from __future__ import annotations

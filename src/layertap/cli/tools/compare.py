@@ -10,8 +10,18 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import LayertapError, OnnxFileError, printable
-from ..args import (Args, InputArgs, JsonArgs, ModelArgs, ReportArgs, RuntimeArgs, ToleranceArgs, add_sample_options, is_onnx_path,
-                    positive_int)
+from ..args import (
+    Args,
+    InputArgs,
+    JsonArgs,
+    ModelArgs,
+    ReportArgs,
+    RuntimeArgs,
+    ToleranceArgs,
+    add_sample_options,
+    is_onnx_path,
+    positive_int,
+)
 from ..console import StepProgress
 from .base import Tool
 
