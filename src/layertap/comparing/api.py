@@ -181,20 +181,13 @@ def compare(
         >>> lt.compare(path, None, path, ref_ort_optimizations=False).ok
         True
     """
-    cand = cand if cand is not None else onnx_path
-    if cand is None:
-        raise LayertapError("compare needs a candidate ONNX file (the third argument)")
-    tolerance_given = rtol is not None or atol is not None
-    rtol, atol = (DEFAULT_RTOL if rtol is None else rtol), (DEFAULT_ATOL if atol is None else atol)
-    criterion = _criterion(metric, rtol, atol, min_cosine, min_sqnr_db, check_finite)
-    _check_options(rtol, atol, batch_outputs, memory_budget)
+    cand = _candidate(cand, onnx_path)
+    criterion, tolerance_given = _judging(metric, rtol, atol, min_cosine, min_sqnr_db, check_finite, batch_outputs, memory_budget)
     onnx_ref = isinstance(ref, (str, os.PathLike, ModelFile))
     ref_rt, cand_rt = side_runtimes(onnx_ref, runtime, cand_runtime, (providers, cand_providers),
                                     (ref_ort_optimizations, ort_optimizations), ov_precision, ov_device)
     criterion, precision_note = rounding_criterion(criterion, tolerance_given, (ref_rt, cand_rt))
-    if steps is not None and (onnx_ref or samples is not None or inputs is not None):
-        raise LayertapError("steps= decodes one prompt with a PyTorch reference: give the model and one input "
-                            "(input_ids), without samples= or inputs=")
+    _check_steps_use(steps, onnx_ref or samples is not None or inputs is not None)
     if inputs is not None or save_inputs is not None:
         ref, cand, args, samples = _read_inputs(ref, cand, onnx_ref, args, samples, inputs, save_inputs, limit=limit,
                                                 columns=columns, recipe=(preprocess, image_size, mean, std))
@@ -289,6 +282,32 @@ def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike |
     # again after the runs: what each side ran on (ORT leaves out a provider that fails to load)
     report.runtimes.update(reference=ref_side.describe().to_dict(), candidate=cand_side.describe().to_dict())
     return report
+
+
+def _judging(metric: Any, rtol: Any, atol: Any, min_cosine: Any, min_sqnr_db: Any, check_finite: bool, batch_outputs: Any,
+             memory_budget: Any) -> tuple[Criterion, bool]:
+    """The rule rows are judged by (defaults filled in) and whether the user set a tolerance;
+    the numeric options checked."""
+    given = rtol is not None or atol is not None
+    rtol, atol = (DEFAULT_RTOL if rtol is None else rtol), (DEFAULT_ATOL if atol is None else atol)
+    criterion = _criterion(metric, rtol, atol, min_cosine, min_sqnr_db, check_finite)
+    _check_options(rtol, atol, batch_outputs, memory_budget)
+    return criterion, given
+
+
+def _candidate(cand: Any, onnx_path: Any) -> Any:
+    """The candidate file (``onnx_path``: its former keyword); none is a user error."""
+    cand = cand if cand is not None else onnx_path
+    if cand is None:
+        raise LayertapError("compare needs a candidate ONNX file (the third argument)")
+    return cand
+
+
+def _check_steps_use(steps: int | None, other_samples: bool) -> None:
+    """``steps=`` decodes one prompt against a PyTorch reference; anything else is refused."""
+    if steps is not None and other_samples:
+        raise LayertapError("steps= decodes one prompt with a PyTorch reference: give the model and one input "
+                            "(input_ids), without samples= or inputs=")
 
 
 def _criterion(metric: Any, rtol: Any, atol: Any, min_cosine: Any, min_sqnr_db: Any, check_finite: bool) -> Criterion:

@@ -107,9 +107,7 @@ def extract_dataset(
         return recipe[0]
 
     source, out_dir = _open_data(data, out, preprocess, columns, same_shape=opts.pool == "none")
-    count = None
-    if isinstance(source, MapSource):
-        count = len(source) if limit is None else min(limit, len(source))
+    count = (len(source) if limit is None else min(limit, len(source))) if isinstance(source, MapSource) else None
     header = {"model": spec.describe(), "data": source.describe(), "options": opts.recorded(tap_texts, device, _threads(spec)),
               "preprocessing": recipe[0].to_dict() if recipe and recipe[0] is not None and source.preprocess is not None else None}
     ref = _reference(source, skip_bad)
