@@ -51,6 +51,23 @@ def test_builder_int4_first_divergence_at_first_quantised_matmul(llama, llama_ge
     assert rows["model.layers.0.post_attention_layernorm"].local_rel < 1e-5
 
 
+LINEARS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+           "mlp.up_proj", "mlp.down_proj"]
+
+
+def test_builder_local_error_for_every_module(llama, llama_genai_fp32, llama_genai_int4):
+    # the inputs no module returns (attention's context, act(gate) * up, the residual sums) come from PyTorch
+    exact = {r.name: r for r in _prefill(llama, llama_genai_fp32, local=True).rows}
+    assert [m for m in EVERY_MODULE if exact[m].local_rel is None or exact[m].local_rel > 1e-5] == []
+    int4 = {r.name: r for r in _prefill(llama, llama_genai_int4, local=True).rows}
+    linears = ["lm_head"] + [f"model.layers.{n}.{m}" for n in (0, 1) for m in LINEARS]
+    assert [m for m in linears if not int4[m].local_rel > 1e-2] == []  # each MatMulNBits' own int4 error
+    floats = ["model.norm"] + [f"model.layers.{n}.{m}" for n in (0, 1)
+                               for m in ("input_layernorm", "post_attention_layernorm", "mlp.act_fn")]
+    assert [m for m in floats if not int4[m].local_rel < 1e-5] == []
+    assert all(int4[m].local_rel is not None for m in EVERY_MODULE)
+
+
 def test_builder_layers_and_run_name_pytorch_paths(llama_genai_int4):
     table = lt.onnx_layers(llama_genai_int4)
     modules = {r.module for r in table.rows}

@@ -70,6 +70,12 @@ class LocalGraph:
         """Nodes and entering tensors of a call (its module scope, else the nodes making ``tensors``)."""
         if path and self.smap.source != "none":
             nodes, entering, _ = self.smap.call_nodes(path, call)
+            made = {o for i in nodes for o in self.cand.graph.node[i].output}
+            # a value a fused node of the next scope holds (a decoder layer's residual sum): that node too
+            outside = {self.producer[t] for t in tensors if t not in made and t in self.producer}
+            if nodes and outside:
+                nodes = sorted({*nodes, *outside})
+                return nodes, self.facts.entering(nodes)
             if nodes:
                 return nodes, entering
         nodes = sorted({self.producer[t] for t in tensors if t in self.producer})
