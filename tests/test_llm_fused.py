@@ -68,6 +68,15 @@ def test_builder_local_error_for_every_module(llama, llama_genai_fp32, llama_gen
     assert all(int4[m].local_rel is not None for m in EVERY_MODULE)
 
 
+def test_builder_int4_local_error_per_token_row(llama, llama_genai_int4):
+    report = lt.compare(llama, prompt_ids(6), llama_genai_int4, steps=2, local=True, modules=["model.layers.0"])
+    local = {r.name: r.local_rel for r in report.rows}
+    for token in ("0..5", "6", "7"):  # the prompt's row, then each decode step's
+        assert [m for m in LINEARS if not local[f"model.layers.0.{m}@{token}"] > 1e-2] == []
+        assert local[f"model.layers.0.post_attention_layernorm@{token}"] < 1e-5
+        assert local[f"model.layers.0.mlp.act_fn@{token}"] < 1e-5
+
+
 def test_builder_layers_and_run_name_pytorch_paths(llama_genai_int4):
     table = lt.onnx_layers(llama_genai_int4)
     modules = {r.module for r in table.rows}
