@@ -84,8 +84,22 @@ def test_builder_layers_and_run_name_pytorch_paths(llama_genai_int4):
     assert not any("attn." in m and "self_attn" not in m for m in modules if m)
     packed = next(r for r in table.rows if r.name == "/model/layers.1/attn/qkv_proj/MatMul/output_0")
     assert packed.module == "model.layers.1.self_attn"  # the one MatMul of three projections: their parent's
-    with pytest.raises(lt.LayertapError, match=r"token positions \(@POS\) are read on a PyTorch model.*'model.layers.0'"):
-        lt.run(llama_genai_int4, taps=["model.layers.0@-1"])
+
+
+def test_run_token_selectors_on_a_builder_file(llama, llama_genai_fp32, tmp_path):
+    ids = prompt_ids()
+    got = lt.run(llama_genai_fp32, {"input_ids": ids.numpy()}, taps=["model.layers.1@-1", "n=model.norm@3"])
+    assert "model.layers.1" not in got and got["model.layers.1@-1"].shape == (1, 64)
+    with lt.tap(llama, ["model.layers.1@-1", "model.norm@3"]) as taps:
+        llama(ids)
+    np.testing.assert_allclose(got["model.layers.1@-1"], taps["model.layers.1@-1"], atol=1e-5)
+    np.testing.assert_allclose(got["n"], taps["model.norm@3"], atol=1e-5)
+    with pytest.raises(lt.LayertapError, match=r"token position 7 is outside the sequence 'model.layers.1' holds \(0\.\.6"):
+        lt.run(llama_genai_fp32, {"input_ids": ids.numpy()}, taps=["model.layers.1@7"])
+    # an added output is the whole sequence: add-outputs says what to add instead
+    with pytest.raises(lt.LayertapError, match=r"add 'model.layers.1' and take \[:, -1\] of its value"):
+        lt.add_outputs(llama_genai_fp32, tmp_path / "out.onnx", modules=["model.layers.1@-1"])
+    assert not (tmp_path / "out.onnx").exists()
 
 
 def test_decoder_layer_of_a_cache_file_is_its_hidden_state(llama_dynamo_cache):
