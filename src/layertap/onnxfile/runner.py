@@ -14,10 +14,10 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import LayertapError, OnnxFileError, SelectorError, unknown_name
+from ..selectors import Tap
 from .feeds import make_feeds
 from .modelfile import ModelFile, model_file
 from .ort import SessionSource, one_line
-from ..selectors import Tap
 from .outputs import OutputAdder, dedupe
 
 
@@ -51,7 +51,8 @@ class TappedSession:
         mf.model = self.source.model
         adder = OutputAdder(mf, self.source)
         self.positions: dict[str, tuple[str, int]] = {}  # a PATH@POS tap's name -> (its whole value's name, POS)
-        pairs, plain = [], set()
+        pairs: list[tuple[str, str]] = []
+        plain: set[str] = set()
         for tap in taps:
             got = self._resolve(adder, tap)
             plain.update(n for n, _ in got if _whole(tap) == tap)
