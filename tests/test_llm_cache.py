@@ -131,14 +131,29 @@ def test_export_dynamic_sequence_runs_at_other_lengths(llama, tmp_path):
                                    atol=1e-5)
 
 
-def test_bad_cache_inputs_are_one_line_errors(llama_genai_fp32, llama_dynamo_cache):
+def test_run_dynamo_cache_file_sizes_its_empty_past_from_the_graph(llama, llama_dynamo_cache):
+    # no config next to the file and a symbolic past: KV heads and head size come from the present outputs
+    ids, notes = prompt_ids(7), []
+    out = lt.run(llama_dynamo_cache, {"input_ids": ids.numpy()}, notify=notes.append)
+    assert any("prefill: empty past (past_key_values_*: 1x2x0x16 float32)" in n for n in notes), notes
+    logits = next(v for v in out.values() if v.shape == (1, 7, 256))
+    np.testing.assert_allclose(logits, _logits(llama, ids), atol=1e-5)
+
+
+def test_bad_cache_inputs_are_one_line_errors(llama_genai_fp32, llama_dynamo_cache, tmp_path):
+    import onnx
+
     ids = prompt_ids(4).numpy()
     with pytest.raises(LayertapError, match=r"the past is given only in part: past_key_values.0.value, "):
         lt.run(llama_genai_fp32, {"input_ids": ids, "past_key_values.0.key": np.zeros((1, 2, 0, 16), np.float32)})
-    # no config next to a dynamo file, no declared KV sizes: the message names the inputs and what to pass
+    # no config, and neither the past nor the present declares the KV sizes: the message names the inputs
+    model = onnx.load(str(llama_dynamo_cache))
+    for value in [*model.graph.output, *model.graph.value_info]:
+        value.type.tensor_type.ClearField("shape")
+    onnx.save(model, str(tmp_path / "shapeless.onnx"))
     with pytest.raises(LayertapError, match=r"KV head count and head size of the cache inputs \(past_key_values_0, "
                                             r"past_key_values_1, \.\.\. declared .*--input past_key_values_0=1xHEADSx0x"):
-        lt.run(llama_dynamo_cache, {"input_ids": ids})
+        lt.run(tmp_path / "shapeless.onnx", {"input_ids": ids})
 
 
 def test_cli_compare_steps_prints_the_token_grid(cli, llama_genai_int4):

@@ -51,6 +51,32 @@ def test_builder_int4_first_divergence_at_first_quantised_matmul(llama, llama_ge
     assert rows["model.layers.0.post_attention_layernorm"].local_rel < 1e-5
 
 
+LINEARS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+           "mlp.up_proj", "mlp.down_proj"]
+
+
+def test_builder_local_error_for_every_module(llama, llama_genai_fp32, llama_genai_int4):
+    # the inputs no module returns (attention's context, act(gate) * up, the residual sums) come from PyTorch
+    exact = {r.name: r for r in _prefill(llama, llama_genai_fp32, local=True).rows}
+    assert [m for m in EVERY_MODULE if exact[m].local_rel is None or exact[m].local_rel > 1e-5] == []
+    int4 = {r.name: r for r in _prefill(llama, llama_genai_int4, local=True).rows}
+    linears = ["lm_head"] + [f"model.layers.{n}.{m}" for n in (0, 1) for m in LINEARS]
+    assert [m for m in linears if not int4[m].local_rel > 1e-2] == []  # each MatMulNBits' own int4 error
+    floats = ["model.norm"] + [f"model.layers.{n}.{m}" for n in (0, 1)
+                               for m in ("input_layernorm", "post_attention_layernorm", "mlp.act_fn")]
+    assert [m for m in floats if not int4[m].local_rel < 1e-5] == []
+    assert all(int4[m].local_rel is not None for m in EVERY_MODULE)
+
+
+def test_builder_int4_local_error_per_token_row(llama, llama_genai_int4):
+    report = lt.compare(llama, prompt_ids(6), llama_genai_int4, steps=2, local=True, modules=["model.layers.0"])
+    local = {r.name: r.local_rel for r in report.rows}
+    for token in ("0..5", "6", "7"):  # the prompt's row, then each decode step's
+        assert [m for m in LINEARS if not local[f"model.layers.0.{m}@{token}"] > 1e-2] == []
+        assert local[f"model.layers.0.post_attention_layernorm@{token}"] < 1e-5
+        assert local[f"model.layers.0.mlp.act_fn@{token}"] < 1e-5
+
+
 def test_builder_layers_and_run_name_pytorch_paths(llama_genai_int4):
     table = lt.onnx_layers(llama_genai_int4)
     modules = {r.module for r in table.rows}
@@ -58,8 +84,22 @@ def test_builder_layers_and_run_name_pytorch_paths(llama_genai_int4):
     assert not any("attn." in m and "self_attn" not in m for m in modules if m)
     packed = next(r for r in table.rows if r.name == "/model/layers.1/attn/qkv_proj/MatMul/output_0")
     assert packed.module == "model.layers.1.self_attn"  # the one MatMul of three projections: their parent's
-    with pytest.raises(lt.LayertapError, match=r"token positions \(@POS\) are read on a PyTorch model.*'model.layers.0'"):
-        lt.run(llama_genai_int4, taps=["model.layers.0@-1"])
+
+
+def test_run_token_selectors_on_a_builder_file(llama, llama_genai_fp32, tmp_path):
+    ids = prompt_ids()
+    got = lt.run(llama_genai_fp32, {"input_ids": ids.numpy()}, taps=["model.layers.1@-1", "n=model.norm@3"])
+    assert "model.layers.1" not in got and got["model.layers.1@-1"].shape == (1, 64)
+    with lt.tap(llama, ["model.layers.1@-1", "model.norm@3"]) as taps:
+        llama(ids)
+    np.testing.assert_allclose(got["model.layers.1@-1"], taps["model.layers.1@-1"], atol=1e-5)
+    np.testing.assert_allclose(got["n"], taps["model.norm@3"], atol=1e-5)
+    with pytest.raises(lt.LayertapError, match=r"token position 7 is outside the sequence 'model.layers.1' holds \(0\.\.6"):
+        lt.run(llama_genai_fp32, {"input_ids": ids.numpy()}, taps=["model.layers.1@7"])
+    # an added output is the whole sequence: add-outputs says what to add instead
+    with pytest.raises(lt.LayertapError, match=r"add 'model.layers.1' and take \[:, -1\] of its value"):
+        lt.add_outputs(llama_genai_fp32, tmp_path / "out.onnx", modules=["model.layers.1@-1"])
+    assert not (tmp_path / "out.onnx").exists()
 
 
 def test_decoder_layer_of_a_cache_file_is_its_hidden_state(llama_dynamo_cache):

@@ -367,10 +367,10 @@ def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[
     candidate: Any = cand_side
     if steps is not None:
         reference = StepReference(model, runs, cand_side, steps=check_steps(steps), method=method, progress=progress,
-                                  **options)
+                                  local=local, **options)
         candidate = reference.candidate
     else:
-        reference = TorchReference(model, runs, cand_side, method=method, progress=progress, **options)
+        reference = TorchReference(model, runs, cand_side, method=method, progress=progress, local=local, **options)
     if save is not None:
         save_samples(save, reference.feeds)
     report = compare_sides(reference, candidate, criterion=options["criterion"], weights=reference.weights, local=local,

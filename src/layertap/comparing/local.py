@@ -25,6 +25,7 @@ import numpy as np
 from .align import Item
 from .nchwc import block, blocked_tensors, unblock
 from .rows import CompareRow, pair_tensors, same_shape
+from .torch_side import input_key
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -69,6 +70,12 @@ class LocalGraph:
         """Nodes and entering tensors of a call (its module scope, else the nodes making ``tensors``)."""
         if path and self.smap.source != "none":
             nodes, entering, _ = self.smap.call_nodes(path, call)
+            made = {o for i in nodes for o in self.cand.graph.node[i].output}
+            # a value a fused node of the next scope holds (a decoder layer's residual sum): that node too
+            outside = {self.producer[t] for t in tensors if t not in made and t in self.producer}
+            if nodes and outside:
+                nodes = sorted({*nodes, *outside})
+                return nodes, self.facts.entering(nodes)
             if nodes:
                 return nodes, entering
         nodes = sorted({self.producer[t] for t in tensors if t in self.producer})
@@ -153,12 +160,49 @@ class LocalGraph:
         for t in entering:
             chain = self.source(t)
             k, value = next(((k, v) for k, v in enumerate(ref_of(s) for s in chain) if v is not None), (0, None))
+            if value is None and (made := self.from_inputs(t)) is not None:
+                inputs = {i: ref_of(i) for i in self.facts.entering(sorted(made))}
+                if all(v is not None for v in inputs.values()):
+                    converting.update(made)
+                    fed.update({i: v for i, v in inputs.items() if v is not None})
+                    continue
             if value is None:
                 return f"its input {t} has no reference value (the boundary cannot be matched)"
             s = chain[k]
             converting.update(self.producer[c] for c in chain[:k])
             fed[s] = value
         return fed, converting
+
+    def from_inputs(self, t: str) -> set[int] | None:
+        """The nodes computing ``t`` from graph inputs alone, none of them in a module (a fused
+        decoder's attention-mask lengths), or ``None``: the part runs them on the same inputs."""
+        nodes: set[int] = set()
+        todo = [t]
+        while todo:
+            name = todo.pop()
+            if name in self.inits or name in self.graph_inputs or not name:
+                continue
+            n = self.producer.get(name)
+            if n is None or self.smap.module_of_node(n) is not None or len(nodes) > 64:
+                return None
+            if n not in nodes:
+                nodes.add(n)
+                todo.extend(self.cand.graph.node[n].input)
+        return nodes or None
+
+    def has_value(self, t: str, ref_of: RefLookup) -> bool:
+        """Whether a call's part can be fed ``t``: a reference value (through conversions), or nodes from graph inputs."""
+        return t in self.graph_inputs or any(ref_of(s) is not None for s in self.source(t)) or self.from_inputs(t) is not None
+
+    def fits(self, t: str, value: np.ndarray) -> bool:
+        """Whether ``value`` can be tensor ``t``: its declared dims (where known) and element count agree."""
+        vi = self.types.get(t)
+        if vi is None or not vi.type.tensor_type.HasField("shape"):
+            return True
+        dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        if all(dims):
+            return math.prod(dims) == value.size
+        return len(dims) == value.ndim and all(d in (0, v) for d, v in zip(dims, value.shape))
 
     def as_reference(self, name: str, value: np.ndarray, shape: Sequence[int]) -> np.ndarray:
         """A locally computed output in the reference's layout (NCHW for a blocked tensor)."""
@@ -274,6 +318,8 @@ def local_errors(graph: LocalGraph, batch: list[Item], rows: list[CompareRow], p
         nodes, entering = graph.part(it.mc.path, it.mc.call, tensors_of(it, row))
         if not nodes:
             continue
+        if isinstance(ref_of, TorchLookup):
+            ref_of.pair(graph, it, entering)
         pairs[k] = pairs_of(it, row)
         jobs.append((k, nodes, entering, [name for _, name in pairs[k]]))
         keeper = _KEEPER.get()
@@ -324,26 +370,56 @@ class FileLookup:
         return self.ref_values.get(self.ref_name(t))
 
 
-def torch_ref_inputs(builder: Any, feed: dict[str, np.ndarray]) -> tuple[PairsOf, RefLookup]:
+def torch_ref_inputs(builder: Any, feed: dict[str, np.ndarray], items: Sequence[Item] = (),
+                     named: dict[str, str] | None = None) -> tuple[PairsOf, RefLookup]:
     """A PyTorch reference's values for :func:`local_errors`, from the value store: a row's
     (PyTorch value, ONNX tensor it was compared with), and an ONNX tensor's PyTorch value
-    (the one another row paired with it, or the graph input)."""
-    where = {name: key for key, name in builder.onnx_of.items()}
-
-    def ref_of(t: str) -> np.ndarray | None:
-        if t in feed:
-            return feed[t]
-        key = where.get(t)
-        if key is None:
-            return None
-        arrays = builder.store.get(key[0])
-        return np.asarray(arrays[key[1]]) if key[1] < len(arrays) else None
-
+    (see :class:`TorchLookup`)."""
     def pairs_of(it: Item, row: CompareRow) -> list[tuple[np.ndarray, str]]:
         ref = builder.store.get(it.mc.key)
         return [(np.asarray(ref[i]), name) for (key, i), name in builder.onnx_of.items() if key == it.mc.key and i < len(ref)]
 
-    return pairs_of, ref_of
+    return pairs_of, TorchLookup(builder, feed, items, named or {})
+
+
+class TorchLookup:
+    """An ONNX tensor's PyTorch value (:data:`RefLookup`): the graph input, the value another row
+    paired with it, or a call's input kept by the recorder (``inputs=True``): one the file names
+    as a module's input (``named``: tensor -> module path), or one :func:`local_errors` paired
+    with the single tensor a call's part reads that has no other value (:meth:`call_inputs`)."""
+
+    def __init__(self, builder: Any, feed: dict[str, np.ndarray], items: Sequence[Item], named: dict[str, str]) -> None:
+        self.builder, self.feed = builder, feed
+        self.where = {name: key for key, name in builder.onnx_of.items()}
+        self.keys = {it.mc.path: it.mc.key for it in items if it.mc.call == 0}
+        self.named = named
+        self.paired: dict[str, np.ndarray] = {}
+
+    def __call__(self, t: str) -> np.ndarray | None:
+        if t in self.feed:
+            return self.feed[t]
+        if t in self.paired:
+            return self.paired[t]
+        key = self.where.get(t)
+        if key is not None:
+            arrays = self.builder.store.get(key[0])
+            return np.asarray(arrays[key[1]]) if key[1] < len(arrays) else None
+        fresh = self.call_inputs(self.keys[self.named[t]]) if self.named.get(t) in self.keys else []
+        return fresh[0] if len(fresh) == 1 else None
+
+    def call_inputs(self, key: int) -> list[np.ndarray]:
+        """The inputs of call ``key`` that no module returned (kept with ``inputs=True``)."""
+        store = self.builder.store
+        return [np.asarray(a) for a in store.get(input_key(key))] if store.has(input_key(key)) else []
+
+    def pair(self, graph: "LocalGraph", it: Item, entering: Sequence[str]) -> None:
+        """The one tensor of ``entering`` with no value gets the call's one input of its size."""
+        missing = [t for t in entering if not graph.has_value(t, self)]
+        if len(missing) != 1:
+            return
+        fits = [a for a in self.call_inputs(it.mc.key) if graph.fits(missing[0], a)]
+        if len(fits) == 1:
+            self.paired[missing[0]] = fits[0]
 
 
 # ---------------------------------------------------------------------------

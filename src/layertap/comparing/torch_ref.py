@@ -35,11 +35,11 @@ class TorchReference:
 
     def __init__(self, model: Any, runs: list[tuple[tuple, dict]], cand: OrtSide, *, method: str | Callable[..., Any],
                  criterion: Criterion, modules: Sequence[str] | None, batch_outputs: int | None, memory_budget: int,
-                 allow_different_weights: bool, progress: Any) -> None:
+                 allow_different_weights: bool, progress: Any, local: bool = False) -> None:
         from ..onnxfile.metadata import own_outputs
         from ..onnxfile.scopes import ScopeMap
 
-        self.model, self.method, self.runs_args, self.prog = model, method, runs, progress
+        self.model, self.method, self.runs_args, self.prog, self.local = model, method, runs, progress, local
         self.n_samples, self.criterion = len(runs), criterion
         self.cand, self.batch_outputs, self.budget = cand, batch_outputs, memory_budget
         self.view = ScopeView(ScopeMap.from_model(cand.proto), {p for p, _ in model.named_modules() if p})
@@ -62,7 +62,7 @@ class TorchReference:
         prog = self.prog if self.prog is not None else Silent()
         prog.step("PyTorch forward")
         a, k = self.runs_args[index]
-        calls, root = run_torch(self.model, a, k, self.method, store, self.wanted)
+        calls, root = run_torch(self.model, a, k, self.method, store, self.wanted, inputs=self.local)
         prog.advance()
         items = [self._refuse_blocked(it) for it in plan_items(calls, root, self.view, self.outputs, self.include_root)
                  if self.wanted(it.mc.path) or it.mc is root]
@@ -80,8 +80,15 @@ class TorchReference:
 
     def local_inputs(self, sample: Sample, batch: list[Item], ref_values: dict[str, np.ndarray],
                      cand_values: dict[str, np.ndarray]) -> tuple[PairsOf, RefLookup, Callable[[Item, CompareRow], Sequence[str]]]:
-        pairs_of, ref_of = torch_ref_inputs(sample.builder, sample.feed)
+        pairs_of, ref_of = torch_ref_inputs(sample.builder, sample.feed, sample.items, self._named_inputs())
         return pairs_of, ref_of, lambda it, row: row.onnx
+
+    def _named_inputs(self) -> dict[str, str]:
+        """ONNX tensors the file computes as a module's input (a fused skip-norm's residual sum)."""
+        from ..onnxfile.llm_names import is_fused_llm, skip_norm_inputs
+
+        graph = self.cand.proto.graph
+        return skip_norm_inputs(graph) if is_fused_llm(graph) else {}
 
     def notes(self, candidate: Any, rounding: bool) -> list[str]:
         notes = candidate.notes(None, rounding)

@@ -41,6 +41,17 @@ def to_numpy(t: "torch.Tensor") -> np.ndarray:
     return tensor_to_numpy(t, copy=True)
 
 
+def input_key(key: int) -> int:
+    """The store key of call ``key``'s inputs (kept with ``inputs=True``): negative, apart from outputs."""
+    return -1 - key
+
+
+def _shallow_tensors(values: list[Any]) -> Iterator[Any]:
+    """The arguments and the members of tuple/list arguments (a cache object's tensors are not inputs)."""
+    for v in values:
+        yield from (v if isinstance(v, (tuple, list)) else (v,))
+
+
 def one_line(e: BaseException) -> str:
     return " ".join(str(e).split())[:400]
 
@@ -64,10 +75,12 @@ class _TorchRecorder(CallHooks):
         [('0', 0), ('1', 0)]
     """
 
-    def __init__(self, model: Any, store: ArrayStore, wanted: Callable[[str], bool]) -> None:
+    def __init__(self, model: Any, store: ArrayStore, wanted: Callable[[str], bool], inputs: bool = False) -> None:
         super().__init__(model)
         self.store = store
         self.wanted = wanted
+        self.wants_inputs = inputs
+        self._pending: dict[tuple[str, int], list[np.ndarray]] = {}  # a running call's fresh inputs
         self.calls: list[ModuleCall] = []
         self._last: tuple[list[Any], list[np.ndarray], list[int]] = ([], [], [])  # tensors, arrays, versions
         self._made_by: dict[int, tuple[Any, tuple[int, int]]] = {}  # id(tensor) -> (weakref, (key, index))
@@ -82,11 +95,31 @@ class _TorchRecorder(CallHooks):
             self._last = ([], [], [])
             self._made_by = {}
 
+    def on_inputs(self, mod: Any, path: str, call: int, args: tuple, kwargs: dict) -> None:
+        """Keep the floating inputs no earlier call returned (a value between modules: ``act(gate) * up``,
+        an attention's context, a residual sum); the local error of a call reads them."""
+        if not self.wanted(path):
+            return
+        import torch
+
+        fresh = []
+        for t in _shallow_tensors([*args, *kwargs.values()]):
+            if not isinstance(t, torch.Tensor):
+                continue
+            seen = self._made_by.get(id(t))
+            if t.is_floating_point() and not (seen is not None and seen[0]() is t):
+                fresh.append(to_numpy(t))
+        if fresh:
+            self._pending[(path, call)] = fresh
+
     def on_return(self, mod: Any, path: str, call: int, output: Any) -> None:
         mc = ModuleCall(len(self.calls), path, call, type(mod).__name__)
         self.calls.append(mc)
         if self.wanted(mc.path):
             self._record(mc, output)
+        fresh = self._pending.pop((path, call), None)
+        if fresh:
+            self.store.put(input_key(mc.key), fresh)
 
     def _record(self, mc: ModuleCall, output: Any) -> None:
         from ..pytorch.values import flatten
@@ -131,8 +164,10 @@ def run_torch(
     method: str | Callable[..., Any],
     store: ArrayStore,
     wanted: Callable[[str], bool],
+    inputs: bool = False,
 ) -> tuple[list[ModuleCall], ModuleCall]:
-    """Run the model once; record every module call in return order.
+    """Run the model once; record every module call in return order (``inputs``: also the
+    inputs no module returned, under :func:`input_key`).
 
     Returns the calls and the root call (the model's result, stored last).
     """
@@ -143,7 +178,7 @@ def run_torch(
 
     fn = bound_method(model, method)
     what = f"{type(model).__name__}.{method}" if isinstance(method, str) else method_name(method)
-    recorder = _TorchRecorder(model, store, wanted)
+    recorder = _TorchRecorder(model, store, wanted, inputs)
     with recorder.hooks(), torch.no_grad():
         try:
             out = fn(*args, **kwargs)

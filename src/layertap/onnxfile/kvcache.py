@@ -45,7 +45,8 @@ class KvLayout:
     ``past``: the past inputs in layer-major order (layer 0 key, layer 0 value, layer 1 key, ...);
     ``present``: the output that carries each past input's next value (``{}`` when unknown);
     ``ids`` / ``mask`` / ``positions``: the token, mask and position inputs (``None`` when absent);
-    ``dtype``: the past's element type; ``dims``: the declared past shape (ints or names).
+    ``dtype``: the past's element type; ``dims``: the declared past shape (ints or names; the KV head
+    count and head size taken from the declared present output where the past leaves them symbolic).
 
     Example:
         >>> lay = KvLayout(["past_key_values.0.key", "past_key_values.0.value"], {}, "input_ids", None, None,
@@ -100,7 +101,12 @@ def kv_layout(graph: "onnx.GraphProto") -> KvLayout | None:
     present = _present_for(past, outs)
     first = next(i for i in inputs if i.name == past[0])
     tt = first.type.tensor_type
-    dims = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in tt.shape.dim)
+    dims = _dims(first)
+    if present and len(dims) == 4:  # a symbolic past: the present (the same heads and head size) may say more
+        shown = next((v for v in [*graph.output, *graph.value_info] if v.name == present[past[0]]), None)
+        more = _dims(shown) if shown is not None else ()
+        if len(more) == 4:
+            dims = tuple(more[k] if k in (1, 3) and not _known(d) and _known(more[k]) else d for k, d in enumerate(dims))
     import onnx
 
     dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else "float32"
@@ -109,6 +115,16 @@ def kv_layout(graph: "onnx.GraphProto") -> KvLayout | None:
         return next((n for n in names if n in options), None)
 
     return KvLayout(past, present, pick(IDS_NAMES), pick(MASK_NAMES), pick(POSITION_NAMES), dtype, dims)
+
+
+def _known(dim: int | str) -> bool:
+    return isinstance(dim, int) and dim > 0
+
+
+def _dims(value: "onnx.ValueInfoProto") -> tuple[int | str, ...]:
+    """A value's declared dims: ints where known, else their names."""
+    tt = value.type.tensor_type
+    return tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in tt.shape.dim)
 
 
 def _ordered_past(names: list[str]) -> list[str]:

@@ -157,6 +157,24 @@ def fused_calls(graph: "onnx.GraphProto") -> tuple[list[Call], list[str | None]]
     return calls, node_paths
 
 
+def skip_norm_inputs(graph: "onnx.GraphProto") -> dict[str, str]:
+    """Residual output (3) of each skip-norm -> its norm module: the sum the PyTorch norm takes as input.
+
+    Example:
+        >>> from onnx import helper
+        >>> n = helper.make_node("SkipSimplifiedLayerNormalization", ["a", "b", "w"], ["y", "", "", "sum"],
+        ...                      name="/model/layers.0/post_attention_layernorm/SkipLayerNorm", domain="com.microsoft")
+        >>> skip_norm_inputs(helper.make_graph([n], "g", [], []))
+        {'sum': 'model.layers.0.post_attention_layernorm'}
+    """
+    out = {}
+    for node in graph.node:
+        path = module_path(node.name)
+        if node.op_type == _SKIP_NORM and len(node.output) > 3 and node.output[3] and path:
+            out[node.output[3]] = path
+    return out
+
+
 def _layer_outputs(graph: "onnx.GraphProto", node_paths: list[str | None]) -> dict[str, str]:
     """Decoder layer path -> the skip-norm residual output that carries that layer's output."""
     out: dict[str, str] = {}

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import LayertapError, OnnxFileError, SelectorError, unknown_name
+from ..selectors import Tap
 from .feeds import make_feeds
 from .modelfile import ModelFile, model_file
 from .ort import SessionSource, one_line
@@ -49,12 +50,20 @@ class TappedSession:
         self.source = SessionSource(mf.model, mf.folder, move_weights=True, origin=mf.path)
         mf.model = self.source.model
         adder = OutputAdder(mf, self.source)
-        self.pairs = dedupe([p for tap in taps for p in _resolve_tap(adder, tap)])
+        self.positions: dict[str, tuple[str, int]] = {}  # a PATH@POS tap's name -> (its whole value's name, POS)
+        pairs: list[tuple[str, str]] = []
+        plain: set[str] = set()
+        for tap in taps:
+            got = self._resolve(adder, tap)
+            plain.update(n for n, _ in got if _whole(tap) == tap)
+            pairs.extend(got)
+        self.pairs = dedupe(pairs)
+        self.hidden = {whole for whole, _ in self.positions.values()} - plain  # read only to be sliced
         if not self.pairs and not list(adder.outputs):
             raise OnnxFileError(f"'{path}' has no graph outputs, so there is nothing to run; pass --tap NAME to pick tensors")
         self.own = list(adder.outputs)
         self.added = adder.apply(self.pairs)
-        self.tap_names = list(dict.fromkeys(name for name, _ in self.pairs))
+        self.tap_names = list(dict.fromkeys([*(n for n, _ in self.pairs if n not in self.hidden), *self.positions]))
         try:
             # ``file``: a file the runtime reads itself (an OpenVINO IR, ``mf`` its tensor names)
             tensors = list(dict.fromkeys(t for _, t in self.pairs))
@@ -66,6 +75,17 @@ class TappedSession:
             raise
         except Exception as e:  # noqa: BLE001 - ORT's own message, one line
             raise OnnxFileError(f"{runtime.describe().runtime} cannot load '{self.path}': {one_line(e)}") from None
+
+    def _resolve(self, adder: OutputAdder, text: str) -> list[tuple[str, str]]:
+        """A tap's (name, tensor) pairs; a ``PATH@POS`` tap reads PATH's whole value, sliced in :meth:`run`."""
+        whole = _whole(text)
+        pairs = _resolve_tap(adder, whole)
+        if whole != text:
+            tap = Tap.parse(text)
+            assert tap.pos is not None  # _whole changed only a tap with a position
+            for name, _ in pairs:
+                self.positions[tap.name if len(pairs) == 1 else f"{name}@{tap.pos}"] = (name, tap.pos)
+        return pairs
 
     def run(
         self, inputs: Mapping[str, Any] | Sequence[Any] | None = None, *, seed: int = 0, notify: Callable[[str], None] | None = None
@@ -92,7 +112,9 @@ class TappedSession:
         for name, tensor in self.pairs:  # a tap on a graph output: also under the tap's own name
             if name not in result:
                 result[name] = got[name if name in got else tensor]
-        return _flatten_sequences(result, notify)
+        for name, (whole, pos) in self.positions.items():
+            result[name] = _at_position(result[whole], pos, whole)
+        return _flatten_sequences({k: v for k, v in result.items() if k not in self.hidden}, notify)
 
 
 def _flatten_sequences(values: dict[str, Any], notify: Callable[[str], None] | None = None) -> dict[str, np.ndarray]:
@@ -116,6 +138,33 @@ def _flatten_sequences(values: dict[str, Any], notify: Callable[[str], None] | N
         else:
             out[name] = v
     return out
+
+
+def _whole(text: str) -> str:
+    """A ``PATH@POS`` tap's text without its position (any other text unchanged)."""
+    try:
+        tap = Tap.parse(text)
+    except SelectorError:
+        return text
+    return text if tap.pos is None else tap.with_pos(None).canonical
+
+
+def _at_position(value: np.ndarray, pos: int, name: str) -> np.ndarray:
+    """Token position ``pos`` of a ``[batch, sequence, hidden]`` value (negative: from the end).
+
+    Example:
+        >>> _at_position(np.arange(6.0).reshape(1, 3, 2), -1, "h").tolist()
+        [[4.0, 5.0]]
+    """
+    if np.ndim(value) != 3:
+        shape = "x".join(map(str, np.shape(value)))
+        raise OnnxFileError(f"tap {name}@{pos}: a token position is read along axis 1 of a [batch, sequence, hidden] "
+                            f"value, and {name!r} is {shape or 'a scalar'}; tap {name!r} and index its value")
+    length = value.shape[1]
+    if not -length <= pos < length:
+        raise OnnxFileError(f"token position {pos} is outside the sequence {name!r} holds (0..{length - 1}, "
+                            f"or -{length}..-1 from the end)")
+    return value[:, pos]
 
 
 def _resolve_tap(adder: OutputAdder, text: str) -> list[tuple[str, str]]:
@@ -147,7 +196,5 @@ def _resolve_tap(adder: OutputAdder, text: str) -> list[tuple[str, str]]:
     raise OnnxFileError(unknown_name("tap (module or tensor)", text, pool, hint=hint))
 
 
-def _parse(text: str):
-    from ..selectors import Tap
-
+def _parse(text: str) -> Tap:
     return Tap.parse(text)

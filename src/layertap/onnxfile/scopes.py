@@ -253,9 +253,9 @@ class ScopeMap:
         tap = Tap.parse(tap)
         if tap.pos is not None:
             raise OnnxFileError(
-                f"tap {tap.canonical!r}: token positions (@POS) are read on a PyTorch model (lt.extract/lt.tap, "
-                f"method='generate'); on an ONNX file tap {tap.with_pos(None).canonical!r} "
-                "and take [:, POS] of its value"
+                f"tap {tap.canonical!r}: a graph output holds a module's whole sequence, not one token position: "
+                f"add {tap.with_pos(None).canonical!r} and take [:, {tap.pos}] of its value (layertap run reads "
+                f"{tap.canonical!r} itself)"
             )
         if tap.path == "":
             return self._resolve_root(tap)

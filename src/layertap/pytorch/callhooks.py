@@ -81,6 +81,8 @@ class CallHooks:
         [('0', 0), ('1', 0), ('0', 1)]
     """
 
+    wants_inputs = False  # True: the pre hooks also get the call's arguments (on_inputs)
+
     def __init__(self, model: Any) -> None:
         self.model = model
         self.paths: dict[int, str] = {module_key(m): p for p, m in model.named_modules() if p}
@@ -95,7 +97,10 @@ class CallHooks:
         try:
             for path, mod in self.model.named_modules():
                 if path and not isinstance(mod, torch.jit.ScriptModule):  # PyTorch refuses hooks there
-                    handles.append(mod.register_forward_pre_hook(self._pre))
+                    if self.wants_inputs:
+                        handles.append(mod.register_forward_pre_hook(self._pre_args, with_kwargs=True))
+                    else:
+                        handles.append(mod.register_forward_pre_hook(self._pre))
                     handles.append(mod.register_forward_hook(self._post))
             yield
         finally:
@@ -105,12 +110,21 @@ class CallHooks:
     def on_start(self, mod: Any, path: str, call: int) -> None:
         """Called as call ``call`` of the module at ``path`` starts."""
 
+    def on_inputs(self, mod: Any, path: str, call: int, args: tuple, kwargs: dict) -> None:
+        """Called after :meth:`on_start` with the call's arguments (only when ``wants_inputs``)."""
+
     def on_return(self, mod: Any, path: str, call: int, output: Any) -> None:
         """Called as call ``call`` of the module at ``path`` returns ``output``."""
 
     def _pre(self, mod: Any, _args: Any) -> None:
         key = module_key(mod)
         self.on_start(mod, self.paths[key], self.counter.start(key))
+
+    def _pre_args(self, mod: Any, args: tuple, kwargs: dict) -> None:
+        key = module_key(mod)
+        path, call = self.paths[key], self.counter.start(key)
+        self.on_start(mod, path, call)
+        self.on_inputs(mod, path, call, args, kwargs)
 
     def _post(self, mod: Any, _args: Any, output: Any) -> None:
         key = module_key(mod)
