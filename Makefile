@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
 	$(PY) -m pip install -q -e '.[test]'
+	# ONNX Runtime GenAI's model builder writes the decoder files the LLM tests compare; --no-deps keeps
+	# the onnxruntime installed above (its own pin would replace it)
+	$(PY) -m pip install -q --no-deps onnxruntime-genai
 	touch $(STAMP)
 
 demo: $(STAMP)
