@@ -130,14 +130,19 @@ class CompareTool(Tool):
 
         from ...comparing import compare
 
-        with StepProgress(enabled=sys.stderr.isatty()) as progress:
-            report = compare(ref, sample_args, cand, samples=samples, kwargs=kwargs, progress=progress,
-                             method=args.model.method, rtol=tol.rtol if tol.given else None, atol=tol.atol if tol.given else None,
-                             seed=args.inputs.seed, **opts.library, **args.runtime)
-        _write_outputs(args, report, cand)
-        self.print_table(report, as_json=args.json)
-        if "fp16" in opts.outputs:
-            _block_list(args, report, cand, ref, (sample_args, samples))
+        library, used = _keeping_inputs(opts)
+        try:
+            with StepProgress(enabled=sys.stderr.isatty()) as progress:
+                report = compare(ref, sample_args, cand, samples=samples, kwargs=kwargs, progress=progress,
+                                 method=args.model.method, rtol=tol.rtol if tol.given else None,
+                                 atol=tol.atol if tol.given else None, seed=args.inputs.seed, **library, **args.runtime)
+            _write_outputs(args, report, cand)
+            self.print_table(report, as_json=args.json)
+            if "fp16" in opts.outputs:
+                _block_list(args, report, cand, ref, (sample_args, samples) if used is None else (None, used.load(cand, args.model.is_onnx)))
+        finally:
+            if used is not None:
+                used.close()
         if not args.json:
             for path in opts.outputs.values():
                 self.say(f"wrote {path}")
@@ -213,6 +218,46 @@ def _write_outputs(args: Args, report: Any, cand: Any) -> None:
     opts: CompareOptions = args.own
     if "plot" in opts.outputs:
         report.plot(opts.outputs["plot"])
+
+
+class _UsedInputs:
+    """The samples ``--inputs`` fed to the comparison, kept (in a temporary ``.npz`` unless
+    ``--save-inputs`` names one) so that ``--fp16-block-list`` judges its conversions on the same values."""
+
+    def __init__(self, saved: str | None) -> None:
+        import tempfile
+
+        self.folder = None if saved is not None else tempfile.mkdtemp(prefix="layertap-inputs-")
+        self.path = saved if saved is not None else str(Path(self.folder or ".") / "inputs.npz")
+
+    def load(self, cand: Any, by_name: bool) -> list[Any]:
+        """Dicts by input name (an ONNX reference), else arguments in the candidate's input order."""
+        from ...comparing.samples import load_samples
+        from ...onnxfile.feeds import declared_inputs
+
+        names, ranks = declared_inputs(cand.model.graph)
+        loaded = load_samples(self.path, names, ranks)
+        if by_name:
+            return list(loaded)
+        import torch  # a PyTorch reference: torch is loaded already
+
+        return [tuple(torch.from_numpy(s[n]) for n in names) for s in loaded]
+
+    def close(self) -> None:
+        if self.folder is not None:
+            import shutil
+
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _keeping_inputs(opts: CompareOptions) -> tuple[dict[str, Any], _UsedInputs | None]:
+    """The library options, with the samples read from ``--inputs`` kept when ``--fp16-block-list`` needs them."""
+    library = dict(opts.library)
+    if "fp16" not in opts.outputs or library.get("inputs") is None:
+        return library, None
+    used = _UsedInputs(None if library.get("save_inputs") is None else str(library["save_inputs"]))
+    library["save_inputs"] = used.path
+    return library, used
 
 
 def _block_list(args: Args, report: Any, cand: Any, ref: Any, samples: tuple[Any, Any]) -> None:
