@@ -32,7 +32,8 @@ class ReproTool(Tool):
         g.add_argument("--module", default=None, metavar="PATH[#CALL]",
                        help="the module call to package (default: the first divergence)")
         g.add_argument("--inputs", metavar="PATH",
-                       help="the sample: a folder of .npy/.npz files or one .npz (its first sample is used)")
+                       help="samples: a folder of .npy/.npz files or one .npz; the one where the call's error "
+                            "is worst is packaged")
 
     def parse_own(self, ns: argparse.Namespace, args: Args) -> CompareOptions:
         ref_onnx = is_onnx_path(ns.model)
@@ -46,23 +47,23 @@ class ReproTool(Tool):
         opts: CompareOptions = args.own
         cand, ref, sample_args, kwargs, samples = sides(args, opts)
         if samples is not None:
-            sample_args = _first(samples)
+            samples = _given(samples)
         from ...repair.repro import repro
 
         with StepProgress(enabled=sys.stderr.isatty()) as progress:
             report = repro(ref, sample_args, cand, out=opts.outputs["out"], module=opts.library["module"],
                            kwargs=kwargs, method=args.model.method, rtol=args.tolerance.rtol, atol=args.tolerance.atol,
-                           command=_command(args), progress=progress)
+                           command=_command(args), progress=progress, samples=samples)
         for line in report.lines():
             print(line)
         return 0 if report.reproduced else 1
 
 
-def _first(samples: Any) -> Any:
-    """The one sample a package holds: the first of those given."""
+def _given(samples: Any) -> list:
+    """The samples of ``--inputs``: all are compared, the worst one for the call is packaged."""
     if isinstance(samples, int):
         raise LayertapError("repro packages one sample; pass it with --input or --inputs")
-    return list(samples)[0]
+    return list(samples)
 
 
 def _command(args: Args) -> str:
