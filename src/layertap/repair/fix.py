@@ -13,7 +13,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 from ..errors import LayertapError
 from ..tables import Column, Report
-from .configs import Target, write_configs
+from .configs import Target, check_script, write_configs
 from .convert import FORMATS, Converter
 from .data import Declared, as_feeds, random_feeds, read_samples
 from .search import FixStep, ModuleNodes, Trials, graph_order, out_of_range, rank, search
@@ -127,7 +127,8 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
         calib: int8 calibration samples (a folder / ``.npz`` or a list); default the comparison samples.
         target: ``cosine:0.999``, ``rel:1e-2``, ``sqnr:30`` or ``top1:0.99`` on the model's outputs.
         keep: module paths always kept in float32. ``max_float``: at most this many modules kept.
-        config_out: a folder for the kept set in each toolchain's form (:func:`.configs.write_configs`).
+        config_out: a folder for the kept set in each toolchain's form (:func:`.configs.write_configs`);
+            for float16 also ``convert.py``, which makes FIXED.onnx again (run once here to check it).
         naive: one module at a time in graph order, no ranking (what the ranking is measured against).
         out: where FIXED.onnx goes (``None``: no file, the report only).
         rank_report: a comparison of a plain conversion with REF to rank by (else one is made).
@@ -180,6 +181,8 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
             _publish(trials.files[best.step], out_path)
         if config_out is not None:
             write_configs(config_out, best.kept, nodes, to)
+            if to == "fp16":
+                notes.append(check_script(config_out, ref_path, trials.files[best.step], folder))
         return FixReport(trials.steps, target=goal, to=to, nodes=nodes, float32=base, tool=trials.converter.tool,
                          notes=notes)
 

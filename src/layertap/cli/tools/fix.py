@@ -55,7 +55,8 @@ class FixTool(Tool):
                        help="module path always kept in float32 (repeatable), e.g. layer4.2")
         g.add_argument("--config-out", metavar="DIR",
                        help="write the kept set for each toolchain: modules.json, onnxconverter_common.json, "
-                            "ort_quantization.json, polygraphy.txt, modelopt.json")
+                            "ort_quantization.json, polygraphy.txt, modelopt.json; fp16: also convert.py, which "
+                            "makes FIXED.onnx again (checked)")
 
     def parse_own(self, ns: argparse.Namespace, args: Args) -> FixOptions:
         from ...repair.configs import Target
