@@ -262,13 +262,16 @@ def test_config_out_convert_py_remakes_fixed_onnx_where_the_options_alone_do_not
     alone = tmp_path / "alone.onnx"
     onnx.save(float16.convert_float_to_float16(onnx.load(str(fp32)), **options), str(alone))
     assert not _cosine(fp32, alone, samples).ok  # the options alone do not make FIXED.onnx
-    assert any("makes FIXED.onnx from the float32 file (checked)" in n for n in report.notes), report.notes
+    assert any("convert.py makes FIXED.onnx again (checked)" in n for n in report.notes), report.notes
     again = tmp_path / "again.onnx"
     run = subprocess.run([sys.executable, "-I", "convert.py", str(fp32), str(again)], cwd=cfg, capture_output=True,
                          text=True, timeout=300)
-    assert run.returncode == 0 and "1 weights/outputs restored after the converter (y)" in run.stdout, run.stdout + run.stderr
+    assert run.returncode == 0 and "restored in float32: y" in run.stdout, run.stdout + run.stderr
     assert again.read_bytes() == out.read_bytes()
     tree = __import__("ast").parse((cfg / "convert.py").read_text())
     imported = {a.name.split(".")[0] for n in tree.body if isinstance(n, __import__("ast").Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in tree.body if isinstance(n, __import__("ast").ImportFrom) and n.module}
     assert imported <= {"__future__", "json", "sys", "pathlib", "onnx", "onnxconverter_common", "numpy"}, imported
+    text = report.render(width=80)  # the terminal table and its lines at 80 columns: nothing wraps
+    assert all(len(line.rstrip()) <= 80 for line in text.splitlines()), text
+    assert "ORT ms" in text and "kept in float32: 1 module (1 nodes): 1" in text, text

@@ -210,3 +210,23 @@ def test_repro_of_several_samples_packages_the_worst_one(files, tmp_path):
     one = lt.repro(f["torchscript"]["net"], {"x": samples[0]}, f["torchscript"]["q"], out=tmp_path / "one",
                    module="act#1")
     assert one.sample is None and one.error < record["error"] / 10, one
+
+
+def test_fix_and_repro_help_read_whole_at_80_columns(monkeypatch):
+    """No help line past 80 columns, no word broken at a hyphen, each command one or two lines in the list."""
+    from layertap.cli.main import build_parser
+
+    monkeypatch.setenv("COLUMNS", "80")
+    parser, _ = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    listing = parser.format_help()
+    for name in ("fix", "repro"):
+        text = sub.choices[name].format_help()
+        assert all(len(line) <= 80 and not line.endswith("-") for line in text.splitlines()), text
+        assert "Exit 0" in text and "2: bad input" in text
+        lines = listing.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith(f"    {name} "))
+        more = next(k for k, line in enumerate(lines[at + 1:]) if not line.startswith("      "))
+        assert more <= 1, listing  # at most one continuation line
+    repro_help = sub.choices["repro"].format_help()
+    assert "max|cand-ref|" in repro_help and "onnx-torch" not in repro_help

@@ -49,7 +49,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     tools = {}
     for name, spec in TOOLS.items():
         tool = _load_tool(spec)
-        p = sub.add_parser(name, help=tool.help, description=tool.help)
+        p = sub.add_parser(name, help=tool.help, description=tool.description or tool.help)
         p.add_argument("--debug", action="store_true", help="show tracebacks")
         tool.add_arguments(p)
         tools[name] = tool

@@ -147,7 +147,7 @@ def check_script(folder: str | os.PathLike, ref: Path, fixed: Path, scratch: Pat
         return f"convert.py failed (exit {proc.returncode}): {first_line(proc.stderr.strip() or proc.stdout)}"
     if made.read_bytes() != Path(fixed).read_bytes():
         return "convert.py's file differs from FIXED.onnx (checked): use FIXED.onnx"
-    return f"convert.py in {folder} makes FIXED.onnx from the float32 file (checked): {proc.stdout.strip()}"
+    return f"{Path(folder) / 'convert.py'} makes FIXED.onnx again (checked); {proc.stdout.strip()}"
 
 
 def _json(obj: object) -> str:
@@ -187,8 +187,8 @@ def main(argv):
     converted = float16.convert_float_to_float16(copy, **options)
     restored = restore_float32(model, converted, options["node_block_list"])
     onnx.save(converted, argv[2])
-    print(f"{len(options['node_block_list'])} nodes kept in float32, {len(restored)} weights/outputs restored "
-          f"after the converter ({', '.join(restored[:3]) or 'none'}{', ...' if len(restored) > 3 else ''})")
+    more = f" (+{len(restored) - 3})" if len(restored) > 3 else ""
+    print(f"restored in float32: {', '.join(restored[:3]) or 'nothing'}{more}")
     return 0
 
 

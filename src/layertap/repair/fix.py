@@ -61,8 +61,9 @@ class FixReport(Report):
         Column("nodes", "Nodes", justify="right", drop=2),
         Column("metric", "Metric", fmt=fmt_metric, justify="right", no_wrap=True),
         Column("ok", "Target", fmt=lambda ok: "met" if ok else "-"),
-        Column("size", "Size", fmt=_size, justify="right", no_wrap=True, drop=1),
-        Column("latency_ms", "ORT ms", fmt=lambda v: f"{v:.2f}", justify="right", drop=1),
+        Column("size", "MB", fmt=lambda n: "-" if n is None else f"{n / 1e6:.2f}", justify="right", no_wrap=True,
+               drop=1),
+        Column("latency_ms", "ORT ms", fmt=lambda v: f"{v:.2f}", justify="right", no_wrap=True, drop=1),
     ]
 
     def __init__(self, steps: Sequence[FixStep], *, target: Any, to: str, nodes: Sequence[str] = (),
@@ -99,16 +100,19 @@ class FixReport(Report):
         b = self.best
         if b is None:
             return lines
-        first = self.rows[0]
-        plain = f"{self.target.metric} {fmt_metric(first.metric)} -> {fmt_metric(b.metric)}"
-        what = f"{b.n_kept} module{'s' if b.n_kept != 1 else ''} kept in float32 ({b.nodes} nodes): {_names(b.kept)}"
+        # short lines: each fits an 80-column terminal but for the module names
+        n = len(self.rows)
+        tried = f"{n} conversion{'s' if n != 1 else ''}; {self.target.metric} {fmt_metric(self.rows[0].metric)} -> " \
+                f"{fmt_metric(b.metric)}"
+        what = (f"{b.n_kept} module{'s' if b.n_kept != 1 else ''} ({b.nodes} nodes): {_names(b.kept)}" if b.n_kept
+                else "none (the plain conversion)")
         if self.float32 is not None:
             lines.append(f"float32 file: {_size(self.float32.size)}, {self.float32.latency_ms:.2f} ms")
         if self.ok:
-            lines.append(f"target {self.target} met after {len(self.rows)} conversions: {what}; {plain}")
+            lines += [f"target {self.target} met ({tried})", f"kept in float32: {what}"]
         else:
-            lines.append(f"no set within the limit meets target {self.target} ({len(self.rows)} conversions); "
-                         f"FIXED.onnx holds the best set found: {what}; {plain}")
+            lines += [f"no set within the limit meets target {self.target} ({tried})",
+                      f"FIXED.onnx holds the best set found, kept in float32: {what}"]
         return lines
 
 

@@ -30,6 +30,7 @@ class Tool:
 
     name: str = ""
     help: str = ""
+    description: str = ""  # the command's own --help text, when longer than its line in `layertap --help`
     groups: Sequence[ArgGroup] = ()
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from ...errors import LayertapError, OnnxFileError
 from ..args import Args, InputArgs, ModelArgs, ToleranceArgs, is_onnx_path
-from ..console import StepProgress
+from ..console import StepProgress, stdout_console
 from .base import Tool
 from .compare import CompareOptions, sides
 
@@ -20,9 +20,13 @@ class ReproTool(Tool):
     """Exit 0 when the package reproduces the mismatch, 1 when it does not (kept, marked), 2 on bad input."""
 
     name = "repro"
-    help = ("write a minimal package (the module's nodes of each file, its inputs, the expected output, repro.py) "
-            "that reproduces the first diverging module, or --module")
-    groups = (ModelArgs(onnx_ok=True), InputArgs(), ToleranceArgs())
+    help = "write a minimal package that reproduces one module call's mismatch"
+    description = ("write a minimal package that reproduces one module call's mismatch (the first divergence, or "
+                   "--module): that call's nodes of each file, the tensors entering it, the reference's output, and "
+                   "repro.py (numpy, onnx and onnxruntime only). Exit 0: it reproduces; 1: the call alone does not "
+                   "(the package is kept, marked); 2: bad input")
+    groups = (ModelArgs(onnx_ok=True), InputArgs(),
+              ToleranceArgs("repro.py exits 1 while max|cand-ref| > atol + rtol*max|ref|"))
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("onnx", metavar="CAND.onnx", help="the candidate file (never modified)")
@@ -30,7 +34,8 @@ class ReproTool(Tool):
         g.add_argument("-o", "--out", required=True, metavar="DIR",
                        help="the package folder: new, empty, or a previous repro package (replaced)")
         g.add_argument("--module", default=None, metavar="PATH[#CALL]",
-                       help="the module call to package (default: the first divergence)")
+                       help="the module call to package, e.g. layer3.1 or act#1 (its second call); "
+                            "default: the first divergence")
         g.add_argument("--inputs", metavar="PATH",
                        help="samples: a folder of .npy/.npz files or one .npz; the one where the call's error "
                             "is worst is packaged")
@@ -54,8 +59,9 @@ class ReproTool(Tool):
             report = repro(ref, sample_args, cand, out=opts.outputs["out"], module=opts.library["module"],
                            kwargs=kwargs, method=args.model.method, rtol=args.tolerance.rtol, atol=args.tolerance.atol,
                            command=_command(args), progress=progress, samples=samples)
+        console = stdout_console()  # wraps at words on a terminal (the files line is long)
         for line in report.lines():
-            print(line)
+            console.print(line, markup=False, highlight=False)
         return 0 if report.reproduced else 1
 
 
