@@ -11,7 +11,7 @@ from typing import Any
 
 from ...errors import LayertapError, OnnxFileError
 from ..args import Args, InputArgs, ModelArgs, ToleranceArgs, is_onnx_path
-from ..console import StepProgress, stdout_console
+from ..console import StepProgress
 from .base import Tool
 from .compare import CompareOptions, sides
 
@@ -59,9 +59,8 @@ class ReproTool(Tool):
             report = repro(ref, sample_args, cand, out=opts.outputs["out"], module=opts.library["module"],
                            kwargs=kwargs, method=args.model.method, rtol=args.tolerance.rtol, atol=args.tolerance.atol,
                            command=_command(args), progress=progress, samples=samples)
-        console = stdout_console()  # wraps at words on a terminal (the files line is long)
         for line in report.lines():
-            console.print(line, markup=False, highlight=False)
+            print(line)
         return 0 if report.reproduced else 1
 
 
