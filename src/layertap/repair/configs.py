@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import LayertapError, first_line
+from ..errors import LayertapError
 from ..files.writes import atomic_write_bytes
 from ..metrics import error_stats, similarity
 from .convert import FP16_OPTIONS, _float_outputs, restore_float32
@@ -144,7 +144,8 @@ def check_script(folder: str | os.PathLike, ref: Path, fixed: Path, scratch: Pat
     cmd = [sys.executable, "-I", "convert.py", str(Path(ref).absolute()), str(made)]
     proc = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0 or not made.is_file():
-        return f"convert.py failed (exit {proc.returncode}): {first_line(proc.stderr.strip() or proc.stdout)}"
+        said = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+        return f"convert.py failed (exit {proc.returncode}): {said}"
     if made.read_bytes() != Path(fixed).read_bytes():
         return "convert.py's file differs from FIXED.onnx (checked): use FIXED.onnx"
     return f"{Path(folder) / 'convert.py'} makes FIXED.onnx again (checked); {proc.stdout.strip()}"

@@ -35,7 +35,8 @@ class FixTool(Tool):
 
     name = "fix"
     help = "convert to float16/int8 keeping the fewest modules in float32 that meet a target, each set verified"
-    description = (f"{help}. Exit 0: the target is met; 1: no set tried meets it (FIXED.onnx then holds the best "
+    description = ("convert to float16/int8 keeping the fewest modules in float32 that meet a target, each set "
+                   "verified. Exit 0: the target is met; 1: no set tried meets it (FIXED.onnx then holds the best "
                    "one); 2: bad input")
     groups = (ModelArgs(onnx_ok=True), InputArgs(),
               OutputArgs(required=True, suffixes=(".onnx",), help="FIXED.onnx: the conversion with the kept set"),
