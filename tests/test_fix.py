@@ -266,7 +266,7 @@ def test_config_out_convert_py_remakes_fixed_onnx_where_the_options_alone_do_not
     again = tmp_path / "again.onnx"
     run = subprocess.run([sys.executable, "-I", "convert.py", str(fp32), str(again)], cwd=cfg, capture_output=True,
                          text=True, timeout=300)
-    assert run.returncode == 0 and "restored in float32: y" in run.stdout, run.stdout + run.stderr
+    assert run.returncode == 0 and "float32 restored: y" in run.stdout, run.stdout + run.stderr
     assert again.read_bytes() == out.read_bytes()
     tree = __import__("ast").parse((cfg / "convert.py").read_text())
     imported = {a.name.split(".")[0] for n in tree.body if isinstance(n, __import__("ast").Import) for a in n.names}

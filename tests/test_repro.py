@@ -176,8 +176,9 @@ def test_repro_that_does_not_reproduce_is_kept_and_marked(files, tmp_path):
     """A ReLU's own QDQ error is within a loose tolerance: exit 1, the package kept and marked."""
     f = files[0]["dynamo"]
     pkg = tmp_path / "pkg"
-    r = run_cli("repro", str(f["net"]), str(f["q"]), "-o", str(pkg), "--module", "act#1", "--rtol", "0.5")
+    r = run_cli("repro", str(f["net"]), str(f["q"]), "-o", "pkg", "--module", "act#1", "--rtol", "0.5", cwd=str(tmp_path))
     assert r.returncode == 1 and "does not reproduce" in r.stdout, r.stdout + r.stderr
+    assert "package kept in pkg," in r.stdout and max(map(len, r.stdout.splitlines())) <= 80, r.stdout
     assert "Does not reproduce" in (pkg / "README.md").read_text()
     assert json.loads((pkg / "repro.json").read_text())["reproduced"] is False
     assert _fresh_run(pkg).returncode == 0

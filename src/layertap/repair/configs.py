@@ -189,7 +189,7 @@ def main(argv):
     restored = restore_float32(model, converted, options["node_block_list"])
     onnx.save(converted, argv[2])
     more = f" (+{len(restored) - 3})" if len(restored) > 3 else ""
-    print(f"restored in float32: {', '.join(restored[:3]) or 'nothing'}{more}")
+    print(f"float32 restored: {', '.join(restored[:3]) or 'nothing'}{more}")
     return 0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -42,7 +43,7 @@ class ReproReport:
     Example:
         >>> r = ReproReport("layer3.1", 4.9e-4, True, ["cand.onnx", "repro.py"], Path("pkg"))
         >>> r.ok, r.lines()[0]
-        (True, "wrote pkg: layer3.1 alone, fed the reference's inputs, has rel error 0.00049")
+        (True, "wrote pkg: layer3.1 alone, fed the reference's inputs: rel error 0.00049")
     """
 
     module: str
@@ -62,12 +63,16 @@ class ReproReport:
     def lines(self) -> list[str]:
         """The report in a few lines, as the CLI prints it."""
         err = "n/a" if self.error is None else f"{self.error:.3g}"
-        head = (f"wrote {self.out}: {printable(self.module)} alone, fed the reference's inputs, has rel error {err}"
+        shown = _shown(self.out)
+        head = ([f"wrote {shown}: {printable(self.module)} alone, fed the reference's inputs: rel error {err}"]
                 if self.reproduced else
-                f"{printable(self.module)} alone does not reproduce the mismatch (rel error {err}); package kept in "
-                f"{self.out}, marked in README.md")
+                [f"{printable(self.module)} alone does not reproduce the mismatch (rel error {err})",
+                 f"package kept in {shown}, marked in README.md"])
         picked = [] if self.sample is None else [f"sample {self.sample} packaged: the call's error is worst there"]
-        return [head, f"files: {', '.join(self.files)}", *picked, *self.notes]
+        # lines that fit 80 columns (file names are never split)
+        files = textwrap.wrap(f"files: {', '.join(self.files)}", 80, subsequent_indent="  ", break_long_words=False,
+                              break_on_hyphens=False)
+        return [*head, *files, *picked, *self.notes]
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
@@ -254,6 +259,14 @@ def _check_out(out: str | os.PathLike, inputs: Sequence[Path]) -> Path:
     if not target.parent.is_dir():
         raise LayertapError(f"-o {out}: its folder {target.parent} does not exist")
     return target
+
+
+def _shown(folder: Path) -> str:
+    """The package folder as the user would type it: relative when it lies under the working folder."""
+    try:
+        return str(Path(folder).absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(folder)
 
 
 def _source_path(source: Any) -> Path | None:
