@@ -174,8 +174,7 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
             required = out_of_range(report, to, modules)
             trials.require(required)
             if required:
-                notes.append(f"kept in float32 in every set: {', '.join(required)} (reference values beyond float16's "
-                             "range, and the modules that read them)")
+                notes.append(f"kept in float32 in every set (values beyond float16's range): {', '.join(required)}")
             forced = list(dict.fromkeys(forced + required))
             search(trials, graph_order(modules, groups) if naive else groups, forced, max_float, naive=naive)
         best = trials.best()
