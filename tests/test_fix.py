@@ -238,3 +238,41 @@ def test_a_model_the_converter_breaks_is_exit_2_with_its_reason(tmp_path, capsys
     assert rc == 2 and err.count("\n") == 1
     assert "onnxconverter-common" in err and "ONNX Runtime cannot load" in err and "/a/Cast" in err
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_config_out_convert_py_remakes_fixed_onnx_where_the_options_alone_do_not(torch_mod, tmp_path):
+    """The kept Linear has weights above 65504 and makes the model's output: the converter with the
+    written options alone clamps and casts them; convert.py (run in a fresh interpreter) restores them."""
+    from onnxconverter_common import float16
+
+    import layertap as lt
+
+    nn = torch_mod.nn
+    torch_mod.manual_seed(0)
+    net = nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 32)).eval()
+    with torch_mod.no_grad():
+        net[1].weight.mul_(1e6)  # weights up to 1.8e5, outputs near 1e6
+    fp32, cfg, out = tmp_path / "big.onnx", tmp_path / "cfg", tmp_path / "fixed.onnx"
+    torch_mod.onnx.export(net, (torch_mod.randn(1, 32),), str(fp32), input_names=["x"], output_names=["y"], dynamo=False)
+    cfg.mkdir()
+    samples = _samples()
+    report = lt.fix(fp32, to="fp16", out=out, samples=samples, config_out=cfg)
+    assert report.ok and report.kept == ["1"], report
+    options = json.loads((cfg / "onnxconverter_common.json").read_text())
+    alone = tmp_path / "alone.onnx"
+    onnx.save(float16.convert_float_to_float16(onnx.load(str(fp32)), **options), str(alone))
+    assert not _cosine(fp32, alone, samples).ok  # the options alone do not make FIXED.onnx
+    assert any("convert.py makes FIXED.onnx again (checked)" in n for n in report.notes), report.notes
+    again = tmp_path / "again.onnx"
+    run = subprocess.run([sys.executable, "-I", "convert.py", str(fp32), str(again)], cwd=cfg, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0 and "float32 restored: y" in run.stdout, run.stdout + run.stderr
+    assert again.read_bytes() == out.read_bytes()
+    tree = __import__("ast").parse((cfg / "convert.py").read_text())
+    imported = {a.name.split(".")[0] for n in tree.body if isinstance(n, __import__("ast").Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in tree.body if isinstance(n, __import__("ast").ImportFrom) and n.module}
+    assert imported <= {"__future__", "json", "sys", "pathlib", "onnx", "onnxconverter_common", "numpy"}, imported
+    text = report.render(width=80)  # the terminal table and its lines at 80 columns: nothing wraps
+    lines = [line for line in report.footer() if "convert.py" not in line]  # that one names the temporary folder
+    assert len(lines) == 4 and all(line in text.splitlines() for line in lines), text
+    assert "ORT ms" in text and "kept in float32: 1 module (1 nodes): 1" in text, text

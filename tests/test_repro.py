@@ -20,6 +20,7 @@ onnx = pytest.importorskip("onnx")
 
 import layertap as lt  # noqa: E402
 from conftest import run_cli  # noqa: E402
+from layertap.errors import LayertapError  # noqa: E402
 
 EXPORTERS = ["dynamo", "torchscript"]
 
@@ -175,8 +176,58 @@ def test_repro_that_does_not_reproduce_is_kept_and_marked(files, tmp_path):
     """A ReLU's own QDQ error is within a loose tolerance: exit 1, the package kept and marked."""
     f = files[0]["dynamo"]
     pkg = tmp_path / "pkg"
-    r = run_cli("repro", str(f["net"]), str(f["q"]), "-o", str(pkg), "--module", "act#1", "--rtol", "0.5")
+    r = run_cli("repro", str(f["net"]), str(f["q"]), "-o", "pkg", "--module", "act#1", "--rtol", "0.5", cwd=str(tmp_path))
     assert r.returncode == 1 and "does not reproduce" in r.stdout, r.stdout + r.stderr
+    assert "package kept in pkg," in r.stdout and max(map(len, r.stdout.splitlines())) <= 80, r.stdout
     assert "Does not reproduce" in (pkg / "README.md").read_text()
     assert json.loads((pkg / "repro.json").read_text())["reproduced"] is False
     assert _fresh_run(pkg).returncode == 0
+
+
+def test_repro_unknown_module_of_a_file_path_fails_before_any_run(files, tmp_path):
+    """Files passed as paths: their module scopes are read first, so nothing runs for a typo."""
+    f, _, _, _, x = files
+    steps = []
+    recorder = type("Recorder", (), {"__getattr__": lambda self, name: lambda *a, **k: steps.append(name)})()
+    with pytest.raises(LayertapError, match=r"unknown module 'actt'; did you mean: act"):
+        lt.repro(str(f["dynamo"]["net"]), {"x": x}, str(f["dynamo"]["q"]), out=tmp_path / "pkg", module="actt",
+                 progress=recorder)
+    assert steps == [] and not (tmp_path / "pkg").exists()
+
+
+def test_repro_of_several_samples_packages_the_worst_one(files, tmp_path):
+    """Of three samples the second saturates the int8 quantiser: it is the one packaged, and named."""
+    f, _, _, _, x = files
+    rng = np.random.default_rng(1)
+    samples = np.stack([x, 30 * rng.standard_normal(x.shape, dtype=np.float32), rng.standard_normal(x.shape, dtype=np.float32)])
+    np.savez(tmp_path / "xs.npz", x=samples)
+    pkg = tmp_path / "pkg"
+    r = run_cli("repro", str(f["torchscript"]["net"]), str(f["torchscript"]["q"]), "-o", str(pkg), "--inputs",
+                str(tmp_path / "xs.npz"), "--module", "act#1")
+    assert r.returncode == 0 and "sample 1 packaged" in r.stdout, r.stdout + r.stderr
+    record = json.loads((pkg / "repro.json").read_text())
+    assert (record["sample"], record["samples"]) == (1, 3) and record["error"] > 0.5, record
+    assert "Sample 1 of the 3 given" in (pkg / "README.md").read_text()
+    one = lt.repro(f["torchscript"]["net"], {"x": samples[0]}, f["torchscript"]["q"], out=tmp_path / "one",
+                   module="act#1")
+    assert one.sample is None and one.error < record["error"] / 10, one
+
+
+def test_fix_and_repro_help_read_whole_at_80_columns(monkeypatch):
+    """No help line past 80 columns, no word broken at a hyphen, each command one or two lines in the list."""
+    from layertap.cli.main import build_parser
+
+    monkeypatch.setenv("COLUMNS", "80")
+    parser, _ = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    listing = parser.format_help()
+    for name in ("fix", "repro"):
+        text = sub.choices[name].format_help()
+        assert all(len(line) <= 80 and not line.endswith("-") for line in text.splitlines()), text
+        assert "Exit 0" in text and "2: bad input" in text
+        lines = listing.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith(f"    {name} "))
+        more = next(k for k, line in enumerate(lines[at + 1:]) if not line.startswith("      "))
+        assert more <= 1, listing  # at most one continuation line
+    repro_help = sub.choices["repro"].format_help()
+    assert "max|cand-ref|" in repro_help and "onnx-torch" not in repro_help

@@ -300,14 +300,18 @@ class Tolerance:
 
 
 class ToleranceArgs(ArgGroup):
-    """``--rtol`` / ``--atol``: the pass rule shared by export verification and compare."""
+    """``--rtol`` / ``--atol``: the pass rule shared by export verification and compare; ``rule`` words
+    it for a command whose sides are not ONNX vs torch."""
+
+    def __init__(self, rule: str = "pass when max|onnx-torch| <= atol + rtol*max|torch|") -> None:
+        self.rule = rule
 
     def add(self, parser: argparse.ArgumentParser) -> None:
         from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
 
         g = parser.add_argument_group("tolerance")
         g.add_argument("--rtol", type=nonneg_float, default=None, metavar="R",
-                       help=f"pass when max|onnx-torch| <= atol + rtol*max|torch| (default {DEFAULT_RTOL:g})")
+                       help=f"{self.rule} (default {DEFAULT_RTOL:g})")
         g.add_argument("--atol", type=nonneg_float, default=None, metavar="A",
                        help=f"absolute tolerance (default {DEFAULT_ATOL:g})")
 

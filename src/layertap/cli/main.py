@@ -120,7 +120,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     tools = {}
     for name, spec in TOOLS.items():
         tool = _load_tool(spec)
-        p = sub.add_parser(name, help=tool.help, description=tool.help, formatter_class=HelpFormatter,
+        p = sub.add_parser(name, help=tool.help, description=tool.description or tool.help, formatter_class=HelpFormatter,
                            epilog=examples_epilog(tool.examples))
         p.add_argument("--debug", action="store_true", help="show tracebacks")
         tool.add_arguments(p)

@@ -189,7 +189,7 @@ def compare(
     criterion, precision_note = rounding_criterion(criterion, tolerance_given, (ref_rt, cand_rt))
     _check_steps_use(steps, onnx_ref or samples is not None or inputs is not None)
     if inputs is not None or save_inputs is not None:
-        ref, cand, args, samples = _read_inputs(ref, cand, onnx_ref, args, samples, inputs, save_inputs, limit=limit,
+        ref, cand, args, samples = read_inputs(ref, cand, onnx_ref, args, samples, inputs, save_inputs, limit=limit,
                                                 columns=columns, recipe=(preprocess, image_size, mean, std))
     given, n_random = given_samples(args if onnx_ref else _as_args(args), samples)
     options = dict(criterion=criterion, modules=modules, batch_outputs=batch_outputs, memory_budget=memory_budget,
@@ -380,7 +380,7 @@ def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[
     return report
 
 
-def _read_inputs(ref: Any, cand: Any, onnx_ref: bool, args: Any, samples: Any, inputs: str | os.PathLike | None,
+def read_inputs(ref: Any, cand: Any, onnx_ref: bool, args: Any, samples: Any, inputs: str | os.PathLike | None,
                  save_inputs: str | os.PathLike | None, *, limit: int | None, columns: Sequence[str] | None,
                  recipe: tuple) -> tuple[Any, Any, Any, Any]:
     """``(ref, cand, args, samples)`` with ``inputs=PATH`` read for the file whose inputs the samples

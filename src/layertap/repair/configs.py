@@ -1,12 +1,16 @@
 """What ``layertap fix`` aims for and what it writes: the target (``cosine:0.999``, ``rel:1e-2``,
 ``sqnr:30``, ``top1:0.99``) measured on a model's outputs over every sample, and the kept set in
-each toolchain's form (``--config-out DIR``). Numpy only."""
+each toolchain's form (``--config-out DIR``), with ``convert.py`` for float16: the converter's
+options alone do not restore what :func:`.convert.restore_float32` restores. Numpy only."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -16,7 +20,7 @@ import numpy as np
 from ..errors import LayertapError
 from ..files.writes import atomic_write_bytes
 from ..metrics import error_stats, similarity
-from .convert import FP16_OPTIONS
+from .convert import FP16_OPTIONS, _float_outputs, restore_float32
 
 TARGETS = ("cosine", "rel", "sqnr", "top1")
 # file name -> what it holds (written by :func:`write_configs`)
@@ -110,12 +114,85 @@ def write_configs(folder: str | os.PathLike, modules: Sequence[str], nodes: Sequ
                           + "".join(f"{n}:float32\n" for n in names[1:]),
         "modelopt.json": _json({"quantize_mode": to, "nodes_to_exclude": names}),
     }
+    if to == "fp16":
+        texts["convert.py"] = convert_script()
     out = []
-    for name in CONFIG_FILES:
+    for name in texts:
         atomic_write_bytes(root / name, texts[name].encode())
         out.append(root / name)
     return out
 
 
+def convert_script() -> str:
+    """``convert.py``: onnxconverter-common with ``onnxconverter_common.json``, then the same restoring
+    step ``fix`` runs (:func:`.convert.restore_float32`, its source copied in). Imports onnx and
+    onnxconverter-common only.
+
+    Example:
+        >>> text = convert_script()
+        >>> "def restore_float32(" in text and "node_block_list" in text
+        True
+    """
+    helpers = "\n\n".join(inspect.getsource(f) for f in (restore_float32, _float_outputs))
+    return _CONVERT_PY.replace("# HELPERS", helpers)
+
+
+def check_script(folder: str | os.PathLike, ref: Path, fixed: Path, scratch: Path) -> str:
+    """Run ``convert.py`` in a fresh interpreter on ``ref`` and compare its file with ``fixed`` byte
+    for byte; returns a line for the report (a mismatch or a failure is said, never hidden)."""
+    made = scratch / "convert_check.onnx"
+    cmd = [sys.executable, "-I", "convert.py", str(Path(ref).absolute()), str(made)]
+    proc = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0 or not made.is_file():
+        said = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+        return f"convert.py failed (exit {proc.returncode}): {said}"
+    if made.read_bytes() != Path(fixed).read_bytes():
+        return "convert.py's file differs from FIXED.onnx (checked): use FIXED.onnx"
+    return f"{Path(folder) / 'convert.py'} makes FIXED.onnx again (checked); {proc.stdout.strip()}"
+
+
 def _json(obj: object) -> str:
     return json.dumps(obj, indent=1) + "\n"
+
+
+_CONVERT_PY = '''"""Make FIXED.onnx again: REF converted to float16 by onnxconverter-common with the options and
+node_block_list of onnxconverter_common.json, then the float32 weights and outputs of the kept nodes
+restored (the converter rounds and clamps them at max_finite_val, and casts a kept node's model
+output to float16). Those options alone do not make FIXED.onnx when that step changes something.
+
+    python convert.py REF.onnx FIXED.onnx
+
+Needs onnx and onnxconverter-common only.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import onnx
+from onnxconverter_common import float16
+
+
+# HELPERS
+
+
+def main(argv):
+    if len(argv) != 3:
+        print(__doc__)
+        return 2
+    options = json.loads((Path(__file__).resolve().parent / "onnxconverter_common.json").read_text())
+    model = onnx.load(argv[1])
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    converted = float16.convert_float_to_float16(copy, **options)
+    restored = restore_float32(model, converted, options["node_block_list"])
+    onnx.save(converted, argv[2])
+    more = f" (+{len(restored) - 3})" if len(restored) > 3 else ""
+    print(f"float32 restored: {', '.join(restored[:3]) or 'nothing'}{more}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
+'''

@@ -13,7 +13,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 from ..errors import LayertapError
 from ..tables import Column, Report
-from .configs import Target, write_configs
+from .configs import Target, check_script, write_configs
 from .convert import FORMATS, Converter
 from .data import Declared, as_feeds, random_feeds, read_samples
 from .search import FixStep, ModuleNodes, Trials, graph_order, out_of_range, rank, search
@@ -61,8 +61,9 @@ class FixReport(Report):
         Column("nodes", "Nodes", justify="right", drop=2),
         Column("metric", "Metric", fmt=fmt_metric, justify="right", no_wrap=True),
         Column("ok", "Target", fmt=lambda ok: "met" if ok else "-"),
-        Column("size", "Size", fmt=_size, justify="right", no_wrap=True, drop=1),
-        Column("latency_ms", "ORT ms", fmt=lambda v: f"{v:.2f}", justify="right", drop=1),
+        Column("size", "MB", fmt=lambda n: "-" if n is None else f"{n / 1e6:.2f}", justify="right", no_wrap=True,
+               drop=1),
+        Column("latency_ms", "ORT ms", fmt=lambda v: f"{v:.2f}", justify="right", no_wrap=True, drop=1),
     ]
 
     def __init__(self, steps: Sequence[FixStep], *, target: Any, to: str, nodes: Sequence[str] = (),
@@ -99,16 +100,19 @@ class FixReport(Report):
         b = self.best
         if b is None:
             return lines
-        first = self.rows[0]
-        plain = f"{self.target.metric} {fmt_metric(first.metric)} -> {fmt_metric(b.metric)}"
-        what = f"{b.n_kept} module{'s' if b.n_kept != 1 else ''} kept in float32 ({b.nodes} nodes): {_names(b.kept)}"
+        # short lines: each fits an 80-column terminal but for the module names
+        n = len(self.rows)
+        tried = f"{n} conversion{'s' if n != 1 else ''}; {self.target.metric} {fmt_metric(self.rows[0].metric)} -> " \
+                f"{fmt_metric(b.metric)}"
+        what = (f"{b.n_kept} module{'s' if b.n_kept != 1 else ''} ({b.nodes} nodes): {_names(b.kept)}" if b.n_kept
+                else "none (the plain conversion)")
         if self.float32 is not None:
             lines.append(f"float32 file: {_size(self.float32.size)}, {self.float32.latency_ms:.2f} ms")
         if self.ok:
-            lines.append(f"target {self.target} met after {len(self.rows)} conversions: {what}; {plain}")
+            lines += [f"target {self.target} met ({tried})", f"kept in float32: {what}"]
         else:
-            lines.append(f"no set within the limit meets target {self.target} ({len(self.rows)} conversions); "
-                         f"FIXED.onnx holds the best set found: {what}; {plain}")
+            lines += [f"no set within the limit meets target {self.target} ({tried})",
+                      f"FIXED.onnx holds the best set found, kept in float32: {what}"]
         return lines
 
 
@@ -127,7 +131,8 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
         calib: int8 calibration samples (a folder / ``.npz`` or a list); default the comparison samples.
         target: ``cosine:0.999``, ``rel:1e-2``, ``sqnr:30`` or ``top1:0.99`` on the model's outputs.
         keep: module paths always kept in float32. ``max_float``: at most this many modules kept.
-        config_out: a folder for the kept set in each toolchain's form (:func:`.configs.write_configs`).
+        config_out: a folder for the kept set in each toolchain's form (:func:`.configs.write_configs`);
+            for float16 also ``convert.py``, which makes FIXED.onnx again (run once here to check it).
         naive: one module at a time in graph order, no ranking (what the ranking is measured against).
         out: where FIXED.onnx goes (``None``: no file, the report only).
         rank_report: a comparison of a plain conversion with REF to rank by (else one is made).
@@ -169,8 +174,7 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
             required = out_of_range(report, to, modules)
             trials.require(required)
             if required:
-                notes.append(f"kept in float32 in every set: {', '.join(required)} (reference values beyond float16's "
-                             "range, and the modules that read them)")
+                notes.append(f"kept in float32 in every set (values beyond float16's range): {', '.join(required)}")
             forced = list(dict.fromkeys(forced + required))
             search(trials, graph_order(modules, groups) if naive else groups, forced, max_float, naive=naive)
         best = trials.best()
@@ -180,6 +184,8 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
             _publish(trials.files[best.step], out_path)
         if config_out is not None:
             write_configs(config_out, best.kept, nodes, to)
+            if to == "fp16":
+                notes.append(check_script(config_out, ref_path, trials.files[best.step], folder))
         return FixReport(trials.steps, target=goal, to=to, nodes=nodes, float32=base, tool=trials.converter.tool,
                          notes=notes)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -37,11 +38,12 @@ class ReproReport:
         out: the package folder.
         ref_error: the reference's part against ``expected.npz`` (``None`` without ``ref.onnx``).
         notes: what the package lacks, or why it does not reproduce.
+        sample: of several samples, the one packaged (where the call's error is worst).
 
     Example:
         >>> r = ReproReport("layer3.1", 4.9e-4, True, ["cand.onnx", "repro.py"], Path("pkg"))
         >>> r.ok, r.lines()[0]
-        (True, "wrote pkg: layer3.1 alone, fed the reference's inputs, has rel error 0.00049")
+        (True, "wrote pkg: layer3.1 alone, fed the reference's inputs: rel error 0.00049")
     """
 
     module: str
@@ -51,6 +53,7 @@ class ReproReport:
     out: Path
     ref_error: float | None = None
     notes: list[str] = field(default_factory=list)
+    sample: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -60,11 +63,16 @@ class ReproReport:
     def lines(self) -> list[str]:
         """The report in a few lines, as the CLI prints it."""
         err = "n/a" if self.error is None else f"{self.error:.3g}"
-        head = (f"wrote {self.out}: {printable(self.module)} alone, fed the reference's inputs, has rel error {err}"
+        shown = _shown(self.out)
+        head = ([f"wrote {shown}: {printable(self.module)} alone, fed the reference's inputs: rel error {err}"]
                 if self.reproduced else
-                f"{printable(self.module)} alone does not reproduce the mismatch (rel error {err}); package kept in "
-                f"{self.out}, marked in README.md")
-        return [head, f"files: {', '.join(self.files)}", *self.notes]
+                [f"{printable(self.module)} alone does not reproduce the mismatch (rel error {err})",
+                 f"package kept in {shown}, marked in README.md"])
+        picked = [] if self.sample is None else [f"sample {self.sample} packaged: the call's error is worst there"]
+        # lines that fit 80 columns (file names are never split)
+        files = textwrap.wrap(f"files: {', '.join(self.files)}", 80, subsequent_indent="  ", break_long_words=False,
+                              break_on_hyphens=False)
+        return [*head, *files, *picked, *self.notes]
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
@@ -73,7 +81,7 @@ class ReproReport:
 def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None = None, *, out: str | os.PathLike = "repro",
           module: str | None = None, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL, kwargs: dict | None = None,
           method: str = "forward", ort_optimizations: bool = True, allow_different_weights: bool = False,
-          command: str | None = None, progress: Any = None) -> ReproReport:
+          command: str | None = None, progress: Any = None, samples: Sequence[Any] | None = None) -> ReproReport:
     """Write a minimal package that reproduces one module call's mismatch between ``ref`` and ``cand``.
 
     Args:
@@ -84,6 +92,8 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
         module: ``PATH`` or ``PATH#CALL``; default the first divergence.
         rtol, atol: the tolerance ``repro.py`` holds the part to.
         command: the command line the README names (default: this call).
+        samples: several samples instead of ``args``: all are compared, and the one where the
+            call's error is worst is packaged (README.md and repro.json name it).
 
     Returns:
         A :class:`ReproReport` (``.module``, ``.error``, ``.files``, ``.reproduced``).
@@ -108,11 +118,18 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
     if cand is None:
         raise LayertapError("repro needs a candidate ONNX file (the third argument)")
     path, call = _parse_module(module)
+    ref, cand = _read_onnx(ref), _read_onnx(cand)
     if path is not None:
-        _check_known(ref, path)
+        _check_known(ref, cand, path)
     target = _check_out(out, [p for p in (_source_path(ref), _source_path(cand)) if p is not None])
     options = dict(rtol=rtol, atol=atol, kwargs=kwargs, method=method, ort_optimizations=ort_optimizations,
                    allow_different_weights=allow_different_weights, progress=progress)
+    sample = None
+    if samples is not None and len(samples) > 1:
+        ref, cand, path, call, sample = _worst_sample(compare, ref, cand, samples, path, call, options)
+        args = samples[sample]
+    elif samples is not None:
+        args = samples[0]
     report, part = _kept(compare, ref, args, cand, path, call, options)
     first = report.first_divergence_row
     if path is None and (part is None or (part.path, part.call) != _call_of(first)):
@@ -125,7 +142,33 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
     if part is None:
         raise LayertapError(_no_part_message(report, path, call))
     row = next(r for r in report.rows if (r.path, r.call) == (part.path, part.call))
-    return _package(ref, cand, part, row, target, rtol, atol, command or _call_text(ref, cand, module))
+    given = None if sample is None or samples is None else (sample, len(samples))
+    return _package(ref, cand, part, row, target, rtol, atol, command or _call_text(ref, cand, module), given)
+
+
+def _worst_sample(compare: Any, ref: Any, cand: Any, samples: Sequence[Any], path: str | None, call: int,
+                  options: dict) -> tuple[Any, Any, str | None, int, int]:
+    """Compare over every sample; the call to package (``path#call``, else the first divergence) and the
+    sample where its error is worst (the row's ``worst_sample``). The files are read again afterwards."""
+    report = compare(ref, None, cand, samples=list(samples), **options)
+    row = (next((r for r in report.rows if (r.path, r.call) == (path, call)), None) if path is not None
+           else report.first_divergence_row)
+    if row is None and path is None:
+        raise LayertapError(_agree_message(report))
+    if row is None:
+        raise LayertapError(_no_part_message(report, path, call))
+    # a file compare read holds no inline weights after it: the next run reads it again
+    again = [_source_path(x) if isinstance(x, ModelFile) else x for x in (ref, cand)]
+    return again[0], again[1], row.path, row.call, row.worst_sample or 0
+
+
+def _read_onnx(source: Any) -> Any:
+    """An ONNX file given as a path, read once (graph only), so its module paths are known before any run."""
+    from ..onnxfile.modelfile import read_model
+
+    if isinstance(source, (str, os.PathLike)) and str(source).lower().endswith(".onnx"):
+        return read_model(source)
+    return source
 
 
 def _kept(compare: Any, ref: Any, args: Any, cand: Any, path: str | None, call: int, options: dict) -> tuple[Any, Any]:
@@ -139,7 +182,8 @@ def _kept(compare: Any, ref: Any, args: Any, cand: Any, path: str | None, call: 
     return report, keeper.part
 
 
-def _package(ref: Any, cand: Any, part: Any, row: Any, target: Path, rtol: float, atol: float, command: str) -> ReproReport:
+def _package(ref: Any, cand: Any, part: Any, row: Any, target: Path, rtol: float, atol: float, command: str,
+             sample: tuple[int, int] | None = None) -> ReproReport:
     """Write the package in a temporary folder next to ``target``, check it, then move it into place."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     umask = os.umask(0)
@@ -149,12 +193,13 @@ def _package(ref: Any, cand: Any, part: Any, row: Any, target: Path, rtol: float
         notes = write_package(tmp, cand, ref, part, row, rtol=rtol, atol=atol)
         check = check_package(tmp, rtol=rtol, atol=atol)
         notes += check.notes
-        finish_package(tmp, part, row, check, notes, command)
+        finish_package(tmp, part, row, check, notes, command, sample)
         files = sorted(p.name for p in tmp.iterdir() if p.name != MARKER)
         _move_into_place(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return ReproReport(row.name, check.error, check.reproduced, files, target, check.ref_error, notes)
+    return ReproReport(row.name, check.error, check.reproduced, files, target, check.ref_error, notes,
+                       None if sample is None else sample[0])
 
 
 def _move_into_place(tmp: Path, target: Path) -> None:
@@ -184,20 +229,18 @@ def _parse_module(module: str | None) -> tuple[str | None, int]:
     return path, int(k) if sep else 0
 
 
-def _check_known(ref: Any, path: str) -> None:
-    """An unknown ``--module`` fails before any run, where the reference's modules are at hand
-    (a PyTorch model, or a file already read); otherwise the comparison's rows decide."""
+def _check_known(ref: Any, cand: Any, path: str) -> None:
+    """An unknown ``--module`` fails before any run: the PyTorch model's modules, else the module
+    scopes of the reference file (of the candidate when the reference has none)."""
     if hasattr(ref, "named_modules"):
         known = [name for name, _ in ref.named_modules() if name]
-    elif isinstance(ref, ModelFile):
+    else:
         from ..onnxfile.scopes import ScopeMap
 
-        smap = ScopeMap.from_model(ref.model)
-        if smap.source == "none":
+        maps = [ScopeMap.from_model(f.model) for f in (ref, cand) if isinstance(f, ModelFile)]
+        known = next((m.modules() for m in maps if m.source != "none"), [])
+        if not known:
             return
-        known = smap.modules()
-    else:
-        return
     if path not in known and not any(k.startswith(path + ".") for k in known):
         raise LayertapError(unknown_name("module", path, known, "a PyTorch module path; `layertap layers` lists them"))
 
@@ -216,6 +259,14 @@ def _check_out(out: str | os.PathLike, inputs: Sequence[Path]) -> Path:
     if not target.parent.is_dir():
         raise LayertapError(f"-o {out}: its folder {target.parent} does not exist")
     return target
+
+
+def _shown(folder: Path) -> str:
+    """The package folder as the user would type it: relative when it lies under the working folder."""
+    try:
+        return str(Path(folder).absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(folder)
 
 
 def _source_path(source: Any) -> Path | None:

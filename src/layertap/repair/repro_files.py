@@ -143,14 +143,16 @@ def _run_ref(folder: Path, rtol: float, atol: float) -> tuple[float, bool]:
     return max((s.rel_err for s in stats), default=0.0), all(s.ok for s in stats)
 
 
-def finish_package(folder: Path, part: Any, row: Any, check: Check, notes: list[str], command: str) -> None:
-    """``README.md`` (command, versions, the error seen) and ``repro.json`` (the marker)."""
+def finish_package(folder: Path, part: Any, row: Any, check: Check, notes: list[str], command: str,
+                   sample: tuple[int, int] | None = None) -> None:
+    """``README.md`` (command, versions, the error seen, the sample of several) and ``repro.json`` (the marker)."""
     files = sorted(p.name for p in folder.iterdir())
     versions = {"python": platform.python_version(), **_versions()}
-    (folder / "README.md").write_text(_readme(row, part, check, notes, command, versions, files), encoding="utf-8")
+    text = _readme(row, part, check, notes, command, versions, files, sample)
+    (folder / "README.md").write_text(text, encoding="utf-8")
     record = dict(module=row.name, path=part.path, call=part.call, reproduced=check.reproduced, error=check.error,
                   ref_error=check.ref_error, files=sorted({*files, "README.md"}), command=command, versions=versions,
-                  notes=notes)
+                  notes=notes, sample=None if sample is None else sample[0], samples=1 if sample is None else sample[1])
     (folder / MARKER).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
@@ -166,7 +168,7 @@ def _versions() -> dict[str, str]:
 
 
 def _readme(row: Any, part: Any, check: Check, notes: list[str], command: str, versions: dict[str, str],
-            files: list[str]) -> str:
+            files: list[str], sample: tuple[int, int] | None = None) -> str:
     verdict = ("The candidate's part of this call, fed the reference's own inputs, differs from the reference's "
                "output: `python repro.py` exits 1 and prints the error below." if check.reproduced else
                "**Does not reproduce**: the candidate's part of this call alone, fed the reference's inputs, does not "
@@ -180,6 +182,9 @@ def _readme(row: Any, part: Any, check: Check, notes: list[str], command: str, v
     }
     lines = [f"# Repro: module `{row.name}`", "", verdict, "", "Made by:", "", "```", command, "```", "",
              "The error seen:", "", "```", check.output, "```", ""]
+    if sample is not None:
+        lines[-6:-6] = [f"Sample {sample[0]} of the {sample[1]} given (counted from 0): the one where this call's "
+                        "error is worst.", ""]
     if check.ref_error is not None:
         lines += [f"`ref.onnx` on `inputs.npz` against `expected.npz`: rel error {check.ref_error:.3g} "
                   f"({'agrees' if check.ref_agrees else 'DISAGREES'}).", ""]

@@ -31,6 +31,7 @@ class Tool:
 
     name: str = ""
     help: str = ""
+    description: str = ""  # the command's own --help text, when longer than its line in `layertap --help`
     groups: Sequence[ArgGroup] = ()
     examples: Sequence[str] = ()
 

@@ -139,7 +139,8 @@ class CompareTool(Tool):
             _write_outputs(args, report, cand)
             self.print_table(report, as_json=args.json)
             if "fp16" in opts.outputs:
-                _block_list(args, report, cand, ref, (sample_args, samples) if used is None else (None, used.load(cand, args.model.is_onnx)))
+                given = (sample_args, samples) if used is None else (None, used.load(cand, args.model.is_onnx))
+                _block_list(args, report, cand, ref, given)
         finally:
             if used is not None:
                 used.close()

@@ -35,6 +35,14 @@ class FixTool(Tool):
 
     name = "fix"
     help = "convert to float16/int8 keeping the fewest modules in float32 that meet a target, each set verified"
+    description = ("convert to float16/int8 keeping the fewest modules in float32 that meet a target, each set "
+                   "verified. Exit 0: the target is met; 1: no set tried meets it (FIXED.onnx then holds the best "
+                   "one); 2: bad input")
+    examples = (
+        "layertap fix resnet18.onnx --to fp16 -o resnet18-fixed.onnx --samples 2 --config-out fix-cfg",
+        "layertap fix torchvision:resnet50 --to int8 -o r50-int8.onnx --calib images/ --target top1:0.99",
+        "layertap fix m.onnx --to fp16 -o m16.onnx --keep layer4.2 --max-float 8  # layer4.2 always kept in float32",
+    )
     groups = (ModelArgs(onnx_ok=True), InputArgs(),
               OutputArgs(required=True, suffixes=(".onnx",), help="FIXED.onnx: the conversion with the kept set"),
               JsonArgs(), ReportArgs())
@@ -42,20 +50,23 @@ class FixTool(Tool):
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         g = parser.add_argument_group("repair")
         g.add_argument("--to", choices=("fp16", "int8"), required=True,
-                       help="fp16: onnxconverter-common (keep_io_types); int8: onnxruntime.quantization QDQ, calibrated")
+                       help="fp16: onnxconverter-common (keep_io_types); int8: onnxruntime.quantization QDQ, "
+                            "calibrated on --calib")
         g.add_argument("--inputs", metavar="PATH",
                        help="samples to judge on: a folder of images, .npy/.npz files or a datasets folder, or one .npz")
         g.add_argument("--samples", type=positive_int, default=None, metavar="N",
                        help="N seeded random samples (default 8 when no --inputs)")
         g.add_argument("--calib", metavar="PATH", help="int8 calibration samples (as --inputs; default the samples judged on)")
         g.add_argument("--target", default="cosine:0.999", metavar="METRIC:VALUE",
-                       help="on the model's outputs over every sample: cosine:0.999 (default), rel:1e-2, sqnr:30, top1:0.99")
+                       help="what the model's outputs must reach on every sample: cosine:0.999 (default), "
+                            "rel:1e-2, sqnr:30, top1:0.99 (arg-max agreement)")
         g.add_argument("--max-float", type=nonneg_int, default=None, metavar="N", help="keep at most N modules in float32")
         g.add_argument("--keep", action="append", default=[], metavar="PATH",
                        help="module path always kept in float32 (repeatable), e.g. layer4.2")
         g.add_argument("--config-out", metavar="DIR",
                        help="write the kept set for each toolchain: modules.json, onnxconverter_common.json, "
-                            "ort_quantization.json, polygraphy.txt, modelopt.json")
+                            "ort_quantization.json, polygraphy.txt, modelopt.json; fp16: also convert.py, which "
+                            "makes FIXED.onnx again (checked)")
 
     def parse_own(self, ns: argparse.Namespace, args: Args) -> FixOptions:
         from ...repair.configs import Target

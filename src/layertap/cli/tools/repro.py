@@ -20,9 +20,18 @@ class ReproTool(Tool):
     """Exit 0 when the package reproduces the mismatch, 1 when it does not (kept, marked), 2 on bad input."""
 
     name = "repro"
-    help = ("write a minimal package (the module's nodes of each file, its inputs, the expected output, repro.py) "
-            "that reproduces the first diverging module, or --module")
-    groups = (ModelArgs(onnx_ok=True), InputArgs(), ToleranceArgs())
+    help = "write a minimal package that reproduces one module call's mismatch"
+    description = ("write a minimal package that reproduces one module call's mismatch (the first divergence, or "
+                   "--module): that call's nodes of each file, the tensors entering it, the reference's output, and "
+                   "repro.py (numpy, onnx and onnxruntime only). Exit 0: it reproduces; 1: the call alone does not "
+                   "(the package is kept, marked); 2: bad input")
+    examples = (
+        "layertap repro resnet18.onnx resnet18-fp16.onnx -o r18-repro --module layer3.1 --rtol 1e-4",
+        "layertap repro torchvision:resnet18 r18-int8.onnx -o repro  # the first divergence, PyTorch vs the file",
+        "layertap repro m.onnx m-fp16.onnx -o pkg --inputs samples.npz  # packages the sample where the call is worst",
+    )
+    groups = (ModelArgs(onnx_ok=True), InputArgs(),
+              ToleranceArgs("repro.py exits 1 while max|cand-ref| > atol + rtol*max|ref|"))
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("onnx", metavar="CAND.onnx", help="the candidate file (never modified)")
@@ -30,9 +39,11 @@ class ReproTool(Tool):
         g.add_argument("-o", "--out", required=True, metavar="DIR",
                        help="the package folder: new, empty, or a previous repro package (replaced)")
         g.add_argument("--module", default=None, metavar="PATH[#CALL]",
-                       help="the module call to package (default: the first divergence)")
+                       help="the module call to package, e.g. layer3.1 or act#1 (its second call); "
+                            "default: the first divergence")
         g.add_argument("--inputs", metavar="PATH",
-                       help="the sample: a folder of .npy/.npz files or one .npz (its first sample is used)")
+                       help="samples: a folder of .npy/.npz files or one .npz; the one where the call's error "
+                            "is worst is packaged")
 
     def parse_own(self, ns: argparse.Namespace, args: Args) -> CompareOptions:
         ref_onnx = is_onnx_path(ns.model)
@@ -45,24 +56,30 @@ class ReproTool(Tool):
     def run(self, args: Args) -> int:
         opts: CompareOptions = args.own
         cand, ref, sample_args, kwargs, samples = sides(args, opts)
+        if opts.inputs is not None:  # every sample of --inputs, read as compare reads them
+            from ...comparing.api import read_inputs
+
+            recipe = (opts.library.get("preprocess"), None, None, None)
+            ref, cand, _, samples = read_inputs(ref, cand, args.model.is_onnx, None, None, opts.inputs, None, limit=None,
+                                                columns=None, recipe=recipe)
         if samples is not None:
-            sample_args = _first(samples)
+            samples = _given(samples)
         from ...repair.repro import repro
 
         with StepProgress(enabled=sys.stderr.isatty()) as progress:
             report = repro(ref, sample_args, cand, out=opts.outputs["out"], module=opts.library["module"],
                            kwargs=kwargs, method=args.model.method, rtol=args.tolerance.rtol, atol=args.tolerance.atol,
-                           command=_command(args), progress=progress)
+                           command=_command(args), progress=progress, samples=samples)
         for line in report.lines():
             print(line)
         return 0 if report.reproduced else 1
 
 
-def _first(samples: Any) -> Any:
-    """The one sample a package holds: the first of those given."""
+def _given(samples: Any) -> list:
+    """The samples of ``--inputs``: all are compared, the worst one for the call is packaged."""
     if isinstance(samples, int):
         raise LayertapError("repro packages one sample; pass it with --input or --inputs")
-    return list(samples)[0]
+    return list(samples)
 
 
 def _command(args: Args) -> str:
