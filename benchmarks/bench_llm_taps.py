@@ -28,14 +28,10 @@ from typing import Callable
 import torch
 
 import layertap as lt
+from bench_llm import SIZES  # a sibling script: benchmarks/ is on sys.path when run as a script
 from layertap.selectors import Tap
 
-MODELS = {
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=256, max_position_embeddings=128),
-    "small": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
-                  num_key_value_heads=4, vocab_size=1024, max_position_embeddings=256),
-}
+MODELS = SIZES  # the same random Llamas as bench_llm.py
 NEW_TOKENS = 16
 GOAL = 1.10
 
