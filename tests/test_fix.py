@@ -122,8 +122,7 @@ def test_int8_tiny_cnn_calibrated_on_a_folder_and_excluded_nodes_taken_by_quanti
     from layertap.repair.search import _run_all, _session
 
     path, folder = cnn
-    cfg = tmp_path / "cfg"
-    cfg.mkdir()
+    cfg = tmp_path / "cfg"  # not there yet: fix makes it
     out, page = tmp_path / "cnn8.onnx", tmp_path / "fix.html"
     target = "cosine:0.99999"  # random weights: plain int8 already gives 0.99998
     rc = _main("fix", path, "--to", "int8", "-o", out, "--calib", folder, "--inputs", folder, "--target", target,
@@ -276,3 +275,14 @@ def test_config_out_convert_py_remakes_fixed_onnx_where_the_options_alone_do_not
     lines = [line for line in report.footer() if "convert.py" not in line]  # that one names the temporary folder
     assert len(lines) == 4 and all(line in text.splitlines() for line in lines), text
     assert "ORT ms" in text and "kept in float32: 1 module (1 nodes): 1" in text, text
+
+
+def test_config_out_in_a_missing_folder_or_on_a_file_is_exit_2(cnn, tmp_path, capsys):
+    path, _ = cnn
+    afile = tmp_path / "taken.json"
+    afile.write_text("{}")
+    for bad, says in ((tmp_path / "no" / "cfg", "does not exist"), (afile, "is a file")):
+        assert _main("fix", path, "--to", "fp16", "-o", tmp_path / "f.onnx", "--config-out", bad) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1
+    assert not (tmp_path / "f.onnx").exists() and afile.read_text() == "{}"

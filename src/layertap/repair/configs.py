@@ -91,6 +91,22 @@ class Target:
         return f"{self.metric}:{self.value:.10g}"
 
 
+def check_config_out(folder: str | os.PathLike) -> Path:
+    """``--config-out``: a folder, or a new one inside an existing folder (made when the configs are written).
+
+    Example:
+        >>> import tempfile, os
+        >>> check_config_out(os.path.join(tempfile.mkdtemp(), "cfg")).name
+        'cfg'
+    """
+    root = Path(folder)
+    if root.exists() and not root.is_dir():
+        raise LayertapError(f"--config-out '{folder}' is a file; give a folder (made if it does not exist)")
+    if not root.exists() and not root.parent.is_dir():
+        raise LayertapError(f"--config-out '{folder}': its parent folder '{root.parent}' does not exist; create it first")
+    return root
+
+
 def write_configs(folder: str | os.PathLike, modules: Sequence[str], nodes: Sequence[str], to: str) -> list[Path]:
     """The kept set in each toolchain's form, each file written atomically; returns the paths.
 
@@ -100,9 +116,8 @@ def write_configs(folder: str | os.PathLike, modules: Sequence[str], nodes: Sequ
         >>> [p.name for p in paths][:2], json.loads(paths[1].read_text())["node_block_list"]
         (['modules.json', 'onnxconverter_common.json'], ['/fc/Gemm'])
     """
-    root = Path(folder)
-    if not root.is_dir():
-        raise LayertapError(f"--config-out '{root}' is not a folder; create it first")
+    root = check_config_out(folder)
+    root.mkdir(exist_ok=True)
     names = list(nodes)
     texts = {
         "modules.json": _json({"precision": "float32", "modules": list(modules), "converted_to": to}),

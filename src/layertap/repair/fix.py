@@ -211,8 +211,10 @@ def _check_out(out: str | os.PathLike | None, ref: Path, config_out: Any) -> Pat
     from ..files.writes import check_output_path
 
     note_input(ref)
-    if config_out is not None and not Path(config_out).is_dir():
-        raise LayertapError(f"--config-out '{config_out}' is not a folder; create it first")
+    if config_out is not None:
+        from .configs import check_config_out
+
+        check_config_out(config_out)
     return None if out is None else check_output_path(out, inputs=(str(ref),), suffixes=(".onnx",))
 
 

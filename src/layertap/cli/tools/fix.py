@@ -81,8 +81,10 @@ class FixTool(Tool):
         for what, path in (("--inputs", ns.inputs), ("--calib", ns.calib)):
             if path is not None and not Path(path).exists():
                 raise LayertapError(f"{what} '{path}' does not exist")
-        if ns.config_out is not None and not Path(ns.config_out).is_dir():
-            raise LayertapError(f"--config-out '{ns.config_out}' is not a folder; create it first")
+        if ns.config_out is not None:
+            from ...repair.configs import check_config_out
+
+            check_config_out(ns.config_out)
         args.reads = tuple(p for p in (ns.model if is_onnx_path(ns.model) else None, ns.inputs, ns.calib) if p)
         return FixOptions(ns.to, ns.inputs, ns.samples, ns.calib, target, ns.max_float, ns.keep, ns.config_out)
 
