@@ -117,6 +117,7 @@ def test_compare_cli_names_each_sides_runtime_in_json_notes_and_html(files, tmp_
     assert any(n.startswith("candidate: ") and "OpenVINO" in n and "float32" in n for n in out["notes"])
     html = page.read_text()
     assert "OpenVINO" in html and "ONNX Runtime" in html and "float32" in html
+    assert ("ORT runs" not in html) and (out["ort_runs"] == 1 or "OpenVINO runs" in html)  # the runs card names the runtime
 
 
 def test_run_and_extract_data_with_openvino_give_onnx_runtimes_values(files, tmp_path):

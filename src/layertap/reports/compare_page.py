@@ -83,7 +83,10 @@ def _cards(report: Any, rows: Sequence[Any]) -> str:
     items += [("rtol", f"{getattr(report, 'rtol', float('nan')):g}"), ("atol", f"{getattr(report, 'atol', float('nan')):g}")]
     if _metric(report) != "rel":
         items.append(("metric", _metric(report)))
-    for attr, label in (("samples", "samples"), ("ort_runs", "ORT runs")):
+    # the candidate's runtime names its runs (OpenVINO runs are not ONNX Runtime's)
+    runtime = (getattr(report, "runtimes", None) or {}).get("candidate", {}).get("runtime", "ONNX Runtime")
+    runs = "ORT runs" if runtime == "ONNX Runtime" else f"{runtime} runs"
+    for attr, label in (("samples", "samples"), ("ort_runs", runs)):
         value = getattr(report, attr, None)
         if value is not None and not callable(value) and value != 1:
             items.append((label, value if not isinstance(value, (list, tuple)) else len(value)))
