@@ -52,6 +52,28 @@ def test_names_stay_whole_and_lines_fit_at_80():
     assert "not shown at 80 columns: Kind, Extra" in text
 
 
+def test_a_note_squeezed_below_half_a_word_is_listed_not_folded_every_few_letters():
+    """Beside a 44-character path and two numbers, 80 columns leave a note 7 characters: it
+    would read ``checke d numeric ally``; it is listed under the table instead."""
+    path = "model.layers.0.self_attn.rotary_embedding@0..4"
+
+    @dataclass
+    class R:
+        name: str
+        err: str
+        status: str
+        note: str
+
+    class T(Table):
+        columns = [Column("name", "Module", name=True), Column("err", "Rel err", no_wrap=True),
+                   Column("status", "Status", no_wrap=True), Column("note", "Note")]
+
+    text = T([R(path, "2.93e-07", "no counterpart", "fused into the next node (checked numerically)")]).render(width=80)
+    assert max(len(line) for line in text.splitlines()) <= 80 and path in text
+    assert "numerically" not in text and "not shown at 80 columns: Note" in text
+    assert "numerically" in T([R("fc", "0", "pass", "checked numerically")]).render(width=80)
+
+
 def test_wide_enough_shows_every_column():
     text = _table().render(width=200)
     assert "Extra" in text and "Kind" in text and "not shown" not in text

@@ -99,6 +99,7 @@ class Table:
             victim = max(droppable, key=lambda i: self.columns[i].drop)
             shown.remove(victim)
             hidden.append(victim)
+        hidden += _squeezed_prose(self.columns, cells, shown, width)
         yield self._rich_table(cells, shown, width)
         if hidden:
             from rich.text import Text
@@ -210,6 +211,19 @@ def _whole_names(columns: Sequence[Column], cells: list[list[str]], shown: list[
             keep.add(i)
             room -= _widest(columns, cells, i)
     return keep
+
+
+def _squeezed_prose(columns: Sequence[Column], cells: list[list[str]], shown: list[int], width: int) -> list[int]:
+    """Prose columns (notes) left narrower than half a word's room beside whole names and numbers:
+    removed from ``shown`` and returned, since text folded every few letters cannot be read."""
+    prose = [i for i in shown if not (columns[i].name or columns[i].no_wrap)]
+    fixed = sum(_widest(columns, cells, i) for i in shown if i not in prose)
+    room = width - 1 - 3 * len(shown) - fixed
+    if not prose or room >= len(prose) * PROSE_WORD // 2 or _natural_width(columns, cells, shown) <= width:
+        return []
+    for i in prose:
+        shown.remove(i)
+    return prose
 
 
 def _natural_width(columns: Sequence[Column], cells: list[list[str]], shown: list[int]) -> int:
