@@ -32,6 +32,7 @@ CSS = """
 .lt table.grid{border-collapse:collapse;font-size:.9em;min-width:100%}
 .lt table.grid th,.lt table.grid td{border-bottom:1px solid #e6e9ef;padding:.25em .6em;text-align:left;vertical-align:top}
 .lt table.grid th{background:#f0f2f5;position:sticky;top:0}
+.lt table.grid th.num{text-align:right}
 .lt table.grid td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .lt table.grid tr.bad td{background:#fdf0f0}
 .lt table.grid tr.first td{background:#fbdcdc;font-weight:600}
@@ -165,7 +166,7 @@ def grid_table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, numeric
         >>> "<td class=\\"num\\">2</td>" in grid_table(["a", "n"], [["x", "2"]], numeric=[1])
         True
     """
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    head = "".join(f'<th class="num">{esc(h)}</th>' if j in numeric else f"<th>{esc(h)}</th>" for j, h in enumerate(headers))
     body = []
     for i, cells in enumerate(rows):
         cls = row_classes[i] if row_classes is not None and row_classes[i] else ""
