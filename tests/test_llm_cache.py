@@ -91,7 +91,7 @@ def test_steps_int4_divergence_named_with_token(llama, llama_genai_int4):
                for line in report.footer())
     html = report._repr_html_()
     grid = html[html.index("error by layer and token"):html.index("module tree")]
-    assert "<th>0..6</th><th>7</th><th>8</th>" in grid and '<span class="bad">' in grid
+    assert '<th class="num">0..6</th><th class="num">7</th><th class="num">8</th>' in grid and '<span class="bad">' in grid
 
 
 def test_steps_refuse_a_file_without_cache(tmp_path, llama):
