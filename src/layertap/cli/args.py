@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import LayertapError
+from ..runtimes import is_ir
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..inputs import InputSpec
@@ -144,7 +145,7 @@ class ModelArgs(ArgGroup):
 
 def is_onnx_path(text: str) -> bool:
     """Whether a MODEL/REF argument names an ONNX file, or an OpenVINO IR (``.xml``) run in its place (by its suffix)."""
-    return text.lower().endswith((".onnx", ".xml"))
+    return text.lower().endswith(".onnx") or is_ir(text)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ..errors import InputSpecError, LayertapError, OnnxFileError
+from ..runtimes import is_ir
 from .torch_side import one_line, to_numpy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -206,16 +207,6 @@ class OrtSide:
 
     def close(self) -> None:
         self.runner.close()
-
-
-def is_ir(source: Any) -> bool:
-    """Whether a compare side names an OpenVINO IR (``.xml``, its weights in the ``.bin`` beside it).
-
-    Example:
-        >>> is_ir("m.xml"), is_ir("m.onnx")
-        (True, False)
-    """
-    return isinstance(source, (str, os.PathLike)) and str(source).lower().endswith(".xml")
 
 
 def absorb_unexposable(items: Sequence[Any], side: OrtSide, *, reference: bool = False) -> None:

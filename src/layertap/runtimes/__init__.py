@@ -53,6 +53,16 @@ def open_runtime(runtime: str = "ort", *, providers: Sequence[str] | str | None 
     return OpenVinoRuntime(ov_device or "CPU", ov_precision)
 
 
+def is_ir(source: Any) -> bool:
+    """Whether a file argument names an OpenVINO IR (``.xml``, its weights in the ``.bin`` beside it).
+
+    Example:
+        >>> is_ir("m.xml"), is_ir("m.onnx")
+        (True, False)
+    """
+    return isinstance(source, (str, os.PathLike)) and str(source).lower().endswith(".xml")
+
+
 def run(
     path: str | os.PathLike,
     inputs: Mapping[str, Any] | Sequence[Any] | None = None,
@@ -92,7 +102,7 @@ def run(
     from ..onnxfile.runner import TappedSession
 
     engine = open_runtime(runtime, providers=providers, ov_precision=ov_precision, ov_device=ov_device)
-    if str(path).lower().endswith(".xml"):
+    if is_ir(path):
         from .openvino import ir_file
 
         session = TappedSession(ir_file(engine, path), engine, taps, file=Path(path))

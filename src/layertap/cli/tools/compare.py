@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import LayertapError, OnnxFileError, printable
+from ...runtimes import is_ir
 from ..args import (
     Args,
     InputArgs,
@@ -195,7 +196,7 @@ def _read(path: str) -> Any:
     """An ONNX file read once (graph only); an OpenVINO IR stays a path, for OpenVINO to read."""
     from ...onnxfile.modelfile import read_model
 
-    return path if path.lower().endswith(".xml") else read_model(path)
+    return path if is_ir(path) else read_model(path)
 
 
 def _check_outputs(ns: argparse.Namespace, inputs: tuple[str, ...]) -> dict[str, Path]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ...errors import LayertapError
+from ...runtimes import is_ir
 from ..args import Args, InputArgs, JsonArgs, ModelArgs, ReportArgs, is_onnx_path
 from .base import Tool
 
@@ -75,7 +76,7 @@ class LayersTool(Tool):
             raise LayertapError(f"--method does not apply to an ONNX file ({m.text})")
         from ...onnxfile.layers import onnx_layers
 
-        if m.text.lower().endswith(".xml"):  # an OpenVINO IR: its tensors as OpenVINO reads them
+        if is_ir(m.text):  # an OpenVINO IR: its tensors as OpenVINO reads them
             from ...runtimes import open_runtime
             from ...runtimes.openvino import ir_file
 
