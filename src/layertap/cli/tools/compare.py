@@ -140,7 +140,7 @@ class CompareTool(Tool):
             _write_outputs(args, report, cand)
             self.print_table(report, as_json=args.json)
             if "fp16" in opts.outputs:
-                given = (sample_args, samples) if used is None else (None, used.load(cand, args.model.is_onnx))
+                given = (sample_args, samples) if used is None else (None, used.load(ref, cand, args.model.is_onnx))
                 _block_list(args, report, cand, ref, given)
         finally:
             if used is not None:
@@ -232,18 +232,13 @@ class _UsedInputs:
         self.folder = None if saved is not None else tempfile.mkdtemp(prefix="layertap-inputs-")
         self.path = saved if saved is not None else str(Path(self.folder or ".") / "inputs.npz")
 
-    def load(self, cand: Any, by_name: bool) -> list[Any]:
-        """Dicts by input name (an ONNX reference), else arguments in the candidate's input order."""
-        from ...comparing.samples import load_samples
-        from ...onnxfile.feeds import declared_inputs
+    def load(self, ref: Any, cand: Any, onnx_ref: bool) -> list[Any]:
+        """The samples as compare's ``inputs=`` reads them (dicts by input name for an ONNX
+        reference, else arguments in the candidate's input order)."""
+        from ...comparing.api import read_inputs
 
-        names, ranks = declared_inputs(cand.model.graph)
-        loaded = load_samples(self.path, names, ranks)
-        if by_name:
-            return list(loaded)
-        import torch  # a PyTorch reference: torch is loaded already
-
-        return [tuple(torch.from_numpy(s[n]) for n in names) for s in loaded]
+        return list(read_inputs(ref, cand, onnx_ref, None, None, self.path, None, limit=None, columns=None,
+                                recipe=(None, None, None, None))[3])
 
     def close(self) -> None:
         if self.folder is not None:
