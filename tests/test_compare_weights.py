@@ -292,3 +292,74 @@ def test_ort_optimised_copy_that_lost_the_fold_records(files):
     assert report.weights.matched == 2 and report.weights.differing == [], report.weights.to_dict()  # the Linear
     with pytest.raises(LayertapError, match=r"^the file.s weights are not the model.s: 0\.weight differs \(rel "):
         lt.compare(_net(1), _x(), opt)
+
+
+def _candidate_runs(monkeypatch, cand: Path) -> list[str]:
+    """Records, in order, each run of the candidate file and each parameter the weight check read (with its thread)."""
+    import threading
+
+    from layertap.comparing import onnx_side, weights
+
+    events: list[str] = []
+    run = onnx_side.OrtSide.run
+    monkeypatch.setattr(onnx_side.OrtSide, "run", lambda self, names, feed: (
+        events.append("candidate run") if self.path == cand else None) or run(self, names, feed))
+    differs = weights._differs
+    monkeypatch.setattr(weights, "_differs", lambda name, r, c: (
+        events.append(f"checked on {threading.current_thread().name}")) or differs(name, r, c))
+    return events
+
+
+@pytest.mark.parametrize("reference", ["model", "file"])
+def test_weight_check_runs_on_its_thread_and_refuses_before_the_candidate_runs(files, monkeypatch, reference):
+    """The check runs beside the sides' work, on a worker thread; another checkpoint is still refused
+    before the candidate's first run, and the same checkpoint's rows come after the whole check."""
+    import layertap as lt
+    from layertap.comparing.weights import DifferentWeightsError
+
+    cand = files["dynamo"]["a"]
+    events = _candidate_runs(monkeypatch, cand)
+    other = _net(1) if reference == "model" else files["dynamo"]["b"]
+    x = _x() if reference == "model" else _x().numpy()
+    with pytest.raises(DifferentWeightsError):
+        lt.compare(other, x, cand)
+    assert events and "candidate run" not in events, events
+    assert set(events) == {"checked on layertap-weight-check"}, events
+    events.clear()
+    same = _net(0) if reference == "model" else files["dynamo"]["fp16"]
+    report = lt.compare(same, x, cand) if reference == "model" else lt.compare(same, x, cand, metric="cosine")
+    assert report.weights.matched == 6 and report.ok, report.weights.to_dict()
+    checks = [i for i, e in enumerate(events) if e.startswith("checked")]
+    assert len(checks) == 6 and checks[-1] < events.index("candidate run"), events
+
+
+def test_weight_check_stops_when_asked():
+    """A comparison that ends early (an error, a signal) stops its check at the next parameter."""
+    import threading
+
+    from layertap.comparing.weights import PendingCheck, judge
+
+    read: list[str] = []
+
+    class Param:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def read(self):
+            read.append(self.name)
+            return np.zeros(3, np.float32), 0.0
+
+    stop = threading.Event()
+    stop.set()
+    assert judge([("w", Param("w").read, Param("w"))], "model", "file", stop=stop).matched == 0 and read == []
+    started = threading.Event()
+
+    def slow(stop: threading.Event):
+        started.set()
+        stop.wait(10)  # a long check that notices the request
+        return judge([(n, Param(n).read, Param(n)) for n in "abc"], "model", "file", stop=stop)
+
+    pending = PendingCheck(slow, allow=False)
+    assert started.wait(10)
+    pending.cancel()
+    assert pending.result().matched == 0 and read == []

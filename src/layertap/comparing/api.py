@@ -275,7 +275,7 @@ def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike |
     reference = OnnxReference(ref_side, cand_side, given, n_random, random=_random_from_file(seed), **options)
     if save is not None:
         save_samples(save, reference.feeds)
-    report = compare_sides(reference, cand_side, criterion=options["criterion"], weights=reference.weights, local=local,
+    report = compare_sides(reference, cand_side, criterion=options["criterion"], local=local,
                            memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
                            ort_optimizations=cand_rt.optimize if cand_rt.name == "ort" else True, reference=_shown(ref),
                            runtimes={"reference": ref_side.describe().to_dict(), "candidate": cand_side.describe().to_dict()})
@@ -373,7 +373,7 @@ def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[
         reference = TorchReference(model, runs, cand_side, method=method, progress=progress, local=local, **options)
     if save is not None:
         save_samples(save, reference.feeds)
-    report = compare_sides(reference, candidate, criterion=options["criterion"], weights=reference.weights, local=local,
+    report = compare_sides(reference, candidate, criterion=options["criterion"], local=local,
                            memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
                            ort_optimizations=ort_optimizations, runtimes={"candidate": cand_side.describe().to_dict()})
     report.runtimes.update(candidate=cand_side.describe().to_dict())  # after the runs: what they ran on

@@ -77,6 +77,9 @@ class Candidate(Protocol):
     @property
     def sessions(self) -> int: ...
 
+    def prepare(self, names: list[str]) -> None:
+        """Build what a run exposing ``names`` needs (a session), ahead of :meth:`run`."""
+
     def run(self, names: list[str], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One run on ``feed`` handing out the tensors ``names``."""
 
@@ -116,6 +119,10 @@ class Reference(Protocol):
                      cand_values: dict[str, np.ndarray]) -> tuple[PairsOf, RefLookup, Callable[[Item, CompareRow], Sequence[str]]]:
         """For ``local=True``: a row's (reference value, candidate tensor) pairs, a candidate
         tensor's reference value, and the candidate tensors whose nodes make a row's call."""
+
+    def checked_weights(self, beside: Callable[[], Any] | None = None) -> WeightCheck:
+        """The weight check of the two sides, which may run on a worker thread while ``beside()``
+        runs in the caller's; raises :class:`~.weights.DifferentWeightsError` for another checkpoint."""
 
     def notes(self, candidate: Candidate, rounding: bool) -> list[str]: ...
 
@@ -205,6 +212,8 @@ class Driver:
             self._parts = self.cand.local_graph()
         ref_values = self.ref.values(sample, batch, self._parts)
         names = list(dict.fromkeys(n for it in batch for n in it.tensors))
+        # the candidate's session builds beside the weight check; another checkpoint is refused before it runs
+        self.ref.checked_weights(beside=(lambda: self.cand.prepare(names)) if names else None)
         values = self.cand.run(names, sample.feed) if names else {}
         if self.cand.blocked and ref_values:
             unblock_values(values, batch, ref_values, self.cand.blocked)
@@ -218,6 +227,7 @@ class Driver:
               values: dict[str, np.ndarray]) -> list[CompareRow]:
         """Rows of a batch; reference values computed for it stay in the store only for their own row."""
         store, streamed = sample.builder.store, not self.ref.holds_values
+        sample.builder.prejudge(_plain_pairs(batch, ref_values if streamed else None, store, values))
         rows = []
         for it in batch:
             if streamed and it.status is None:
@@ -245,6 +255,27 @@ class Driver:
         self.cand.close()
 
 
+def _plain_pairs(batch: list[Item], ref_values: dict[str, np.ndarray] | None, store: ArrayStore,
+                 values: dict[str, np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The (reference, candidate) arrays of a batch's calls with one tensor of one shape on each
+    side, as :meth:`RowBuilder.row` will judge them (``ref_values``: a reference computed per
+    batch, else its held store); values spilled to disk stay for the row to read."""
+    pairs = []
+    for it in batch:
+        if it.status is not None or len(it.tensors) != 1:
+            continue
+        if ref_values is not None:
+            refs = [ref_values[t] for t in it.ref_tensors if t in ref_values]
+        elif store.on_disk(it.mc.key):
+            continue
+        else:
+            refs = store.get(it.mc.key)
+        got = values.get(it.tensors[0])
+        if len(refs) == 1 and got is not None and refs[0].shape == got.shape:
+            pairs.append((refs[0], got))
+    return pairs
+
+
 def unblock_values(values: dict[str, np.ndarray], batch: list[Item], ref_values: dict[str, np.ndarray],
                    blocked: set[str]) -> None:
     """Candidate tensors in ORT's NCHWc layout, in place as NCHW shaped like the reference tensor they answer."""
@@ -260,13 +291,14 @@ def unblock_values(values: dict[str, np.ndarray], batch: list[Item], ref_values:
                 done.add(c)
 
 
-def compare_sides(ref: Reference, cand: Candidate, *, criterion: Criterion, weights: WeightCheck,
+def compare_sides(ref: Reference, cand: Candidate, *, criterion: Criterion,
                   local: bool, memory_budget: int, progress: Progress | None, **fields: Any) -> CompareReport:
     """Run the two sides (:class:`Driver`) and make the report; ``fields`` go to :class:`CompareReport`."""
     driver = Driver(ref, cand, local, progress)
     # a reference whose samples are steps of one run (decode steps) keeps every sample's rows
     merge = getattr(ref, "merge_rows", merge_samples)
     rows, firsts = merge(driver.run(memory_budget), criterion)
+    weights = ref.checked_weights()
     first = next((r for r in rows if r.ok is False), None)
     weights.annotate(rows)
     notes = run_notes(ref, cand, driver.spilled, rounding=could_be_rounding(first, criterion))

@@ -22,6 +22,7 @@ Alignment (:func:`align_files`), per row of the reference:
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -40,7 +41,7 @@ from .onnx_side import OrtSide, absorb_unexposable, check_feed_shapes
 from .rows import ABSORBED, NO_COUNTERPART, CompareRow
 from .samples import Sample as Given
 from .torch_side import ArrayStore, ModuleCall
-from .weights import WeightCheck, check_file_weights
+from .weights import PendingCheck, WeightCheck, check_file_weights
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -252,7 +253,15 @@ class OnnxReference:
                  modules: Sequence[str] | None, batch_outputs: int | None, memory_budget: int,
                  allow_different_weights: bool) -> None:
         self.side, self.cand, self.own_runs = ref, cand, (ref,)
-        self.weights = _weights(ref, cand).enforce(allow_different_weights)
+        # the weight check runs beside the sessions' builds; checked_weights() waits for it before the
+        # candidate runs, and a file the rows cannot be planned for is first checked for other weights
+        self._weights = PendingCheck(lambda stop: _weights(ref, cand, stop), allow_different_weights)
+        with self._weights.named_first():
+            self._plan(samples, n_random, random, criterion, modules, batch_outputs, memory_budget)
+
+    def _plan(self, samples: Sequence[Given], n_random: int, random: Callable[..., list[Given]], criterion: Criterion,
+              modules: Sequence[str] | None, batch_outputs: int | None, memory_budget: int) -> None:
+        ref, cand = self.side, self.cand
         if n_random:
             bounds = integer_bounds(ref.proto.graph, [name for name, _ in ref.inputs])  # ids below each table's size
             samples = [*samples, *random(ref.inputs, ref.runner.input_shapes(), bounds, n_random)]
@@ -294,19 +303,24 @@ class OnnxReference:
         notes = ["the reference carries no module scopes: rows are its tensors, matched by name"] if self.mode == "names" else []
         return notes + self.side.notes("reference", rounding) + candidate.notes("candidate", rounding)
 
+    def checked_weights(self, beside: Callable[[], Any] | None = None) -> WeightCheck:
+        """The weight check, once ``beside()`` ran too; raises :class:`~.weights.DifferentWeightsError` for two checkpoints."""
+        return self._weights.result(beside)
+
     def close(self) -> None:
+        self._weights.cancel()
         self.store.close()
         self.side.close()
 
 
-def _weights(ref: OrtSide, cand: OrtSide) -> WeightCheck:
+def _weights(ref: OrtSide, cand: OrtSide, stop: threading.Event | None = None) -> WeightCheck:
     """The weight check of two files; one file run two ways holds one set of weights."""
     try:
         if os.path.samefile(ref.path, cand.path):
             return WeightCheck(ref="reference", cand="candidate")
     except OSError:
         pass
-    return check_file_weights(ref.runner.source, cand.runner.source)
+    return check_file_weights(ref.runner.source, cand.runner.source, stop)
 
 
 def refuse_same_run(a: Path, b: Path, ref_runtime: Any, cand_runtime: Any) -> None:

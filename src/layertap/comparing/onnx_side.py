@@ -94,15 +94,19 @@ class OrtRunner:
                 out[i.name] = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in dims)
         return out
 
-    def run(self, names: list[str], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One run exposing ``names``; the session is reused while the names stay the same
-        (one session for every sample of a batch)."""
+    def prepare(self, names: list[str]) -> Any:
+        """The session exposing ``names``: the last one while the names stay the same (one
+        session for every sample of a batch), else a new one."""
         key = tuple(names)
         if self._session is None or self._session[0] != key:
             self._session = None  # drop the old session (and its exposed-output graph) first
             self._session = (key, self._new_session(names))
             self.sessions += 1
-        sess = self._session[1]
+        return self._session[1]
+
+    def run(self, names: list[str], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One run exposing ``names`` (in the session :meth:`prepare` keeps)."""
+        sess = self.prepare(names)
         try:
             values = sess.run(names, feed)
         except Exception as e:  # noqa: BLE001
@@ -171,6 +175,10 @@ class OrtSide:
     @property
     def sessions(self) -> int:
         return self.runner.sessions
+
+    def prepare(self, names: list[str]) -> None:
+        """Build the session that exposes ``names`` ahead of :meth:`run` (see :meth:`OrtRunner.prepare`)."""
+        self.runner.prepare(names)
 
     def run(self, names: list[str], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One run exposing ``names`` (see :meth:`OrtRunner.run`)."""

@@ -59,9 +59,15 @@ class StepCandidate:
     def sessions(self) -> int:
         return self.side.sessions
 
+    def _wanted(self, names: list[str]) -> list[str]:
+        return list(dict.fromkeys([*names, *self.layout.present.values()]))
+
+    def prepare(self, names: list[str]) -> None:
+        self.side.prepare(self._wanted(names))
+
     def run(self, names: list[str], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One run exposing ``names`` and the present outputs (kept for the step after ``feed``'s)."""
-        wanted = list(dict.fromkeys([*names, *self.layout.present.values()]))
+        wanted = self._wanted(names)
         values = self.side.run(wanted, feed)
         self.presents[id(feed)] = {p: values[c] for p, c in self.layout.present.items()}
         return values

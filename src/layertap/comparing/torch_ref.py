@@ -19,7 +19,7 @@ from .local import PairsOf, RefLookup, torch_ref_inputs
 from .onnx_side import OrtSide, ScopeView, absorb_unexposable, check_feed_shapes, check_same_model, feed_from_args
 from .rows import NO_COUNTERPART, CompareRow
 from .torch_side import ArrayStore, run_torch
-from .weights import check_model_weights
+from .weights import PendingCheck, WeightCheck, check_model_weights
 
 #: said when a PyTorch reference meets a file with ORT's NCHWc kernels
 NCHWC_NOTE = ("the file holds ONNX Runtime's NCHWc kernels (saved at ORT_ENABLE_ALL), whose tensors are in a blocked "
@@ -49,12 +49,15 @@ class TorchReference:
         check_same_model(self.view, model, cand.path)
         self.wanted, self.include_root = module_filter(modules, [p for p, _ in model.named_modules()])
         self.outputs = own_outputs(cand.proto)
-        self.weights = check_model_weights(model, self.view, cand.runner.source).enforce(allow_different_weights)
+        # the weight check starts after the forward, beside the candidate's session build (see PendingCheck)
+        self._weights = PendingCheck(lambda stop: check_model_weights(model, self.view, cand.runner.source, stop),
+                                     allow_different_weights, start=False)
         # Inputs first: a wrong number or shape of arguments should not cost a forward.
-        self.feeds = [feed_from_args(cand.inputs, a, k, layout=self.layout, config=getattr(model, "config", None))
-                      for a, k in runs]
-        for feed in self.feeds:
-            check_feed_shapes(feed, cand.runner.input_shapes())
+        with self._weights.named_first():
+            self.feeds = [feed_from_args(cand.inputs, a, k, layout=self.layout, config=getattr(model, "config", None))
+                          for a, k in runs]
+            for feed in self.feeds:
+                check_feed_shapes(feed, cand.runner.input_shapes())
 
     def sample(self, index: int, budget: int) -> Sample:
         """Run the forward of sample ``index`` into a store of ``budget`` bytes; plan its batches."""
@@ -104,8 +107,12 @@ class TorchReference:
             notes.append(NCHWC_NOTE)
         return notes
 
+    def checked_weights(self, beside: Callable[[], Any] | None = None) -> WeightCheck:
+        """The weight check, run beside ``beside()``; raises :class:`~.weights.DifferentWeightsError` on another checkpoint."""
+        return self._weights.result(beside)
+
     def close(self) -> None:
-        pass
+        self._weights.cancel()
 
     def _refuse_blocked(self, item: Item) -> Item:
         """A call answered by a tensor in ORT's NCHWc layout is not compared with PyTorch's NCHW value."""

@@ -1,4 +1,4 @@
-"""Same model, or refuse: the reference's parameters against the candidate file's, before any layer runs.
+"""Same model, or refuse: the reference's parameters against the candidate file's, before the candidate runs.
 
 Parameters found on both sides by name (a PyTorch state dict against the file's initializers, or
 the initializers of two files) are compared through each side's number format
@@ -19,9 +19,11 @@ is a PyTorch model.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -144,15 +146,88 @@ class WeightCheck:
                 "differing": {m.name: (None if math.isinf(m.rel) else m.rel) for m in self.differing}}
 
 
+class PendingCheck:
+    """A weight check on a worker thread, so that it costs little time of its own: it reads
+    every parameter once (on resnet50 as long as a forward) while the sides do work that leaves
+    a core free (ONNX Runtime's session builds, one thread each; numpy and ONNX Runtime let go of
+    the GIL). Not beside a PyTorch forward: its OpenMP threads stall when a third thread takes a
+    core (measured slower on 2 cores), so the PyTorch reference starts it after its forward.
+    :meth:`result` waits for it and refuses another checkpoint (:meth:`WeightCheck.enforce`)
+    before the candidate runs; :meth:`cancel` stops it between parameters when the comparison
+    ends early.
+
+    Example:
+        >>> pending = PendingCheck(lambda stop: WeightCheck(matched=3), allow=False, start=False)
+        >>> pending.result().matched
+        3
+    """
+
+    def __init__(self, check: Callable[[threading.Event], WeightCheck], allow: bool, *, start: bool = True) -> None:
+        self._stop = threading.Event()
+        self._allow = allow
+        self._outcome: WeightCheck | BaseException | None = None
+        self._thread = threading.Thread(target=self._work, args=(check,), name="layertap-weight-check", daemon=True)
+        self._started = False
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start the check (once)."""
+        if not self._started:
+            self._started = True
+            self._thread.start()
+
+    def _work(self, check: Callable[[threading.Event], WeightCheck]) -> None:
+        try:
+            self._outcome = check(self._stop)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread by result()
+            self._outcome = e
+
+    def result(self, beside: Callable[[], Any] | None = None) -> WeightCheck:
+        """The check (started if it was not, and waited for), after ``beside()`` ran meanwhile in
+        this thread; raises what the check raised, or :class:`DifferentWeightsError`."""
+        self.start()
+        if beside is not None:
+            beside()
+        self._thread.join()
+        outcome = self._outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+        assert outcome is not None, "the weight check thread ended without an outcome"
+        return outcome.enforce(self._allow)
+
+    def cancel(self) -> None:
+        """Stop the check at its next parameter (the comparison ended without it)."""
+        self._stop.set()
+
+    @contextlib.contextmanager
+    def named_first(self) -> Iterator[None]:
+        """A :class:`LayertapError` raised in the block (an input of the wrong shape) gives way to
+        the refusal of another checkpoint or architecture, its likely cause; any other error
+        stops the check."""
+        try:
+            yield
+        except LayertapError:
+            self.result()
+            raise
+        except BaseException:
+            self.cancel()
+            raise
+
+
 def judge(pairs: Iterable[tuple[str, Any, "FileParam"]], ref: str, cand: str,
-          unknowable: Callable[[str, Reading, Reading], bool] | None = None) -> WeightCheck:
+          unknowable: Callable[[str, Reading, Reading], bool] | None = None,
+          stop: threading.Event | None = None) -> WeightCheck:
     """Compare ``(name, read reference, candidate parameter)`` pairs, one parameter in memory at a time.
 
     ``read reference`` returns the reference's ``(value, allowance)``, or ``None`` to skip the name;
-    ``unknowable(name, ref, cand)`` may skip a parameter that differs for a reason the file no longer shows.
+    ``unknowable(name, ref, cand)`` may skip a parameter that differs for a reason the file no longer shows;
+    ``stop``, once set, ends the check early (its result is then unused).
     """
     check = WeightCheck(ref=ref, cand=cand)
     for name, read_ref, param in pairs:
+        if stop is not None and stop.is_set():
+            break
         got = read_ref()
         if got is None:
             continue
@@ -192,30 +267,31 @@ def _differs(name: str, ref: Reading, cand: Reading) -> Mismatch | str | None:
 # ---------------------------------------------------------------------------
 # the two kinds of reference
 # ---------------------------------------------------------------------------
-def check_file_weights(ref: "SessionSource", cand: "SessionSource") -> WeightCheck:
+def check_file_weights(ref: "SessionSource", cand: "SessionSource", stop: threading.Event | None = None) -> WeightCheck:
     """Two files' parameters (from the sessions' sources, which hold their weights), matched by name."""
     from ..onnxfile.weights import file_params
 
-    return check_files(file_params(ref), file_params(cand))
+    return check_files(file_params(ref), file_params(cand), stop)
 
 
-def check_model_weights(model: Any, view: Any, cand: "SessionSource") -> WeightCheck:
+def check_model_weights(model: Any, view: Any, cand: "SessionSource", stop: threading.Event | None = None) -> WeightCheck:
     """A PyTorch model against the file ``cand`` holds; ``view``: the file's scopes under the model's paths
     (its wrapper prefix, the Conv modules a BatchNorm was folded into)."""
     from ..onnxfile.weights import file_params
 
     absorbed = {cp.path: cp.absorbed_by for cp in view.counterparts() if cp.absorbed_by}
-    return check_model(model, file_params(cand), view.prefix, absorbed)
+    return check_model(model, file_params(cand), view.prefix, absorbed, stop)
 
 
-def check_files(ref: dict[str, "FileParam"], cand: dict[str, "FileParam"]) -> WeightCheck:
+def check_files(ref: dict[str, "FileParam"], cand: dict[str, "FileParam"], stop: threading.Event | None = None) -> WeightCheck:
     """Two files' parameters, matched by name; a weight folded on one side only is skipped."""
     pairs = [(name, p.read, cand[name]) for name, p in ref.items()
              if name in cand and (p.folded is None) == (cand[name].folded is None)]
-    return judge(pairs, "reference", "candidate")
+    return judge(pairs, "reference", "candidate", stop=stop)
 
 
-def check_model(model: Any, cand: dict[str, "FileParam"], prefix: str, absorbed: dict[str, str]) -> WeightCheck:
+def check_model(model: Any, cand: dict[str, "FileParam"], prefix: str, absorbed: dict[str, str],
+                stop: threading.Event | None = None) -> WeightCheck:
     """A PyTorch model's state dict against a file's parameters.
 
     ``prefix``: the module scope prefix the file adds (an export wrapper's attribute);
@@ -229,7 +305,7 @@ def check_model(model: Any, cand: dict[str, "FileParam"], prefix: str, absorbed:
         pairs.append((name, _torch_reader(model, name, tensor, param, absorbed), param))
     # a file that records any fold records them all: only a file without such records may hide one
     unmarked = None if any(p.folded for p in cand.values()) else _UnmarkedFolds(_conv_paths(model))
-    return judge(pairs, "model", "file", unmarked)
+    return judge(pairs, "model", "file", unmarked, stop)
 
 
 def _conv_paths(model: Any) -> set[str]:

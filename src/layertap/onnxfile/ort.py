@@ -198,6 +198,9 @@ class SessionSource:
         so.log_severity_level = _FATAL  # ORT's own error lines would reach stderr; its exception keeps the text
         if not optimize:
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        # ORT's worker threads spin-wait for work by default, taking cores from what layertap does
+        # between runs (PyTorch's forward, numpy's statistics on worker threads)
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(self.folder.resolve()))
         if names:
             so.add_external_initializers(list(names), [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays])
