@@ -510,40 +510,6 @@ def test_onnx_runtime_reports_the_providers_that_ran_not_those_asked_for(tmp_pat
                                                       "precision": "the file's own types"}
 
 
-@pytest.mark.parametrize("reference", ["model", "file"])
-def test_rows_judged_on_worker_threads_equal_rows_judged_one_by_one(r18, monkeypatch, reference):
-    """A batch's tensors are judged on worker threads (every core) before its rows are made; the
-    rows are those of judging each in turn in the caller's thread."""
-    import dataclasses
-    import threading
-
-    import layertap as lt
-    from layertap.comparing import align
-    from layertap.metrics import Criterion
-
-    model, x, ts, d = r18
-    fp16 = _fp16(ts, d / "ts16.onnx")
-    feeds = [{"x": x.numpy() * s} for s in (1.0, 3.0)]
-    threads: list[str] = []
-    judge = Criterion.judge
-    monkeypatch.setattr(Criterion, "judge", lambda self, r, g: threads.append(threading.current_thread().name)
-                        or judge(self, r, g))
-
-    def run():
-        if reference == "model":
-            return lt.compare(model, None, ts, samples=[x, x * 3])
-        return lt.compare(ts, None, fp16, samples=feeds, metric="cosine")
-
-    threaded = run()
-    if align._judge_pool() is not None:  # more than one core: the judging left the caller's thread
-        assert sum(t.startswith("layertap-judge") for t in threads) > len(threads) // 2, set(threads)
-    threads.clear()
-    monkeypatch.setattr(align, "_judge_pool", lambda: None)
-    each = run()
-    assert set(threads) == {threading.main_thread().name}
-    assert [dataclasses.asdict(r) for r in each.rows] == [dataclasses.asdict(r) for r in threaded.rows]
-
-
 def test_sessions_do_not_spin(r18):
     """layertap's ORT sessions wait for work without spinning: a spinning pool takes the cores the
     other side's run and the statistics need between runs (see benchmarks/bench_compare.py)."""

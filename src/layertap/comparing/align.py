@@ -7,9 +7,6 @@ Used by :mod:`layertap.comparing`.
 
 from __future__ import annotations
 
-import functools
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence, TypeVar
 
@@ -188,13 +185,6 @@ def _ambiguous(shapes: list[tuple]) -> bool:
     return len(set(shapes)) < len(shapes)
 
 
-@functools.lru_cache(maxsize=1)
-def _judge_pool() -> ThreadPoolExecutor | None:
-    """The threads that judge a batch's tensors (one per core, at most 4); ``None`` on one core."""
-    n = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
-    return ThreadPoolExecutor(n, thread_name_prefix="layertap-judge") if n > 1 else None
-
-
 #: the note of a call whose candidate tensor differs (see :meth:`RowBuilder.row` and :func:`blame_rewritten`)
 REWRITE_DIFFERS = "its candidate tensor differs from the reference's value beyond the tolerance"
 
@@ -344,26 +334,8 @@ class RowBuilder:
     def _judge(self, ref: np.ndarray, got: np.ndarray) -> ErrorStats:
         hit = self._judged.get((id(ref), id(got)))
         if hit is None:
-            hit = self._judged[(id(ref), id(got))] = (ref, got, self._stats(ref, got))
+            hit = self._judged[(id(ref), id(got))] = (ref, got, self.criterion.judge(ref, _as_ref_type(ref, got)))
         return hit[2]
-
-    def _stats(self, ref: np.ndarray, got: np.ndarray) -> ErrorStats:
-        return self.criterion.judge(ref, _as_ref_type(ref, got))
-
-    def prejudge(self, pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
-        """Judge ``(reference, candidate)`` pairs of equal shape on worker threads, ahead of
-        :meth:`row`, which then finds them judged. numpy's reductions and ONNX Runtime's casts
-        let go of the GIL, so a batch is judged on every core instead of one (the statistics
-        are the same: each pair is still judged whole, by one thread)."""
-        pool = _judge_pool()
-        todo = {(id(r), id(g)): (r, g) for r, g in pairs if (id(r), id(g)) not in self._judged}
-        if pool is None or len(todo) < 2:
-            return
-        # the largest first, so that no thread is left with a big one at the end
-        order = sorted(todo.items(), key=lambda kv: -kv[1][0].size)
-        futures = [(key, r, g, pool.submit(self._stats, r, g)) for key, (r, g) in order]
-        for key, r, g, future in futures:
-            self._judged[key] = (r, g, future.result())
 
     def forget_values(self) -> None:
         """Let go of the arrays judged so far (after each batch: its values go)."""

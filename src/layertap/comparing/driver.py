@@ -227,7 +227,6 @@ class Driver:
               values: dict[str, np.ndarray]) -> list[CompareRow]:
         """Rows of a batch; reference values computed for it stay in the store only for their own row."""
         store, streamed = sample.builder.store, not self.ref.holds_values
-        sample.builder.prejudge(_plain_pairs(batch, ref_values if streamed else None, store, values))
         rows = []
         for it in batch:
             if streamed and it.status is None:
@@ -253,27 +252,6 @@ class Driver:
         self.stores.clear()
         self.ref.close()
         self.cand.close()
-
-
-def _plain_pairs(batch: list[Item], ref_values: dict[str, np.ndarray] | None, store: ArrayStore,
-                 values: dict[str, np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The (reference, candidate) arrays of a batch's calls with one tensor of one shape on each
-    side, as :meth:`RowBuilder.row` will judge them (``ref_values``: a reference computed per
-    batch, else its held store); values spilled to disk stay for the row to read."""
-    pairs = []
-    for it in batch:
-        if it.status is not None or len(it.tensors) != 1:
-            continue
-        if ref_values is not None:
-            refs = [ref_values[t] for t in it.ref_tensors if t in ref_values]
-        elif store.on_disk(it.mc.key):
-            continue
-        else:
-            refs = store.get(it.mc.key)
-        got = values.get(it.tensors[0])
-        if len(refs) == 1 and got is not None and refs[0].shape == got.shape:
-            pairs.append((refs[0], got))
-    return pairs
 
 
 def unblock_values(values: dict[str, np.ndarray], batch: list[Item], ref_values: dict[str, np.ndarray],

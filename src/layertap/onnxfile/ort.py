@@ -199,7 +199,7 @@ class SessionSource:
         if not optimize:
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         # ORT's worker threads spin-wait for work by default, taking cores from what layertap does
-        # between runs (PyTorch's forward, numpy's statistics on worker threads)
+        # between runs (PyTorch's forward, the weight check on its own thread, numpy's statistics)
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(self.folder.resolve()))
         if names:
