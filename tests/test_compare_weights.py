@@ -363,3 +363,21 @@ def test_weight_check_stops_when_asked():
     assert started.wait(10)
     pending.cancel()
     assert pending.result().matched == 0 and read == []
+
+
+@pytest.mark.parametrize("shape", [(70000,), (512, 256, 1, 1), (64, 3, 7, 7), (3, 40000)])
+def test_blockwise_check_agrees_with_the_whole_array_rule(shape):
+    """:func:`within` (block by block) says what ``all(|c - r| <= (ra + ca) * 1.01)`` says, with
+    allowances as numbers, whole arrays and per-channel arrays, wherever the one bad element is."""
+    from layertap.comparing.weights import within
+
+    rng = np.random.default_rng(0)
+    r = rng.standard_normal(shape).astype(np.float32)
+    per_channel = (1 + np.abs(rng.standard_normal((shape[0],) + (1,) * (len(shape) - 1)))).astype(np.float32) * 1e-3
+    for r_allow, c_allow in [(0.0, 1e-3), (np.abs(r) * np.float32(1e-3), 0.0), (per_channel, np.float32(1e-7))]:
+        for where in (None, 0, r.size // 2, r.size - 1):
+            c = r * (1 + rng.uniform(-1e-5, 1e-5, shape)).astype(np.float32)  # well within every allowance
+            if where is not None:
+                c.reshape(-1)[where] += np.float32(1.0)
+            naive = bool(np.all(np.abs(c - r) <= (np.asarray(r_allow) + np.asarray(c_allow)) * np.float32(1.01)))
+            assert within(r, c, r_allow, c_allow) == naive == (where is None)

@@ -85,7 +85,12 @@ def format_allowance(fmt: str, value: np.ndarray) -> np.ndarray | float:
     unit = _UNIT.get(fmt, 0.0)
     if not unit:
         return 0.0
-    return np.abs(value) * np.float32(unit) + np.float32(_FLOOR.get(fmt, 0.0))
+    out = np.abs(value).astype(np.float32, copy=False)
+    out *= np.float32(unit)  # in place: one array the size of the value, not three
+    floor = _FLOOR.get(fmt, 0.0)
+    if floor:
+        out += np.float32(floor)
+    return out
 
 
 def file_params(source: "SessionSource") -> dict[str, FileParam]:
