@@ -519,3 +519,103 @@ def test_sessions_do_not_spin(r18):
     mf = read_model(r18[2])
     sess = SessionSource(mf.model, mf.folder, move_weights=True).session()
     assert sess.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+# -- the runs beside the rows ------------------------------------------------------------------
+def _pipeline_events(budget: int, nbytes: int, n: int = 3):
+    """Driver._pipeline over ``n`` jobs whose runs hand out ``nbytes``: what ran where, in order.
+    The rows of a job wait (up to 10 s, when the two jobs' values fit the budget) for the next
+    job's run to start: with the runs beside the rows they never wait long, one at a time never
+    see it start."""
+    import threading
+
+    from layertap.comparing.driver import Driver, Job
+
+    events: list[tuple[str, int, str]] = []
+    running = [threading.Event() for _ in range(n)]
+    driver = Driver(reference=None, candidate=None, local=False, progress=None)  # type: ignore[arg-type]
+
+    def fetch(job):
+        running[job.batch[0]].set()
+        events.append(("run", job.batch[0], threading.current_thread().name))
+        return {}, {"t": np.zeros(nbytes, np.uint8)}
+
+    def judge(job, ref_values, values):
+        i = job.batch[0]
+        if i + 1 < n:
+            events.append(("next run beside", i, str(running[i + 1].wait(10 if budget >= 2 * nbytes else 0))))
+        events.append(("rows", i, threading.current_thread().name))
+
+    driver._fetch, driver._judge = fetch, judge  # type: ignore[method-assign]
+    driver._pipeline(iter([Job(object(), [i]) for i in range(n)]), budget)  # type: ignore[arg-type]
+    return events
+
+
+def test_each_run_goes_beside_the_rows_of_the_run_before():
+    """Runs on the worker thread, rows in the caller's; a job's run goes on while the job before is judged."""
+    import threading
+
+    events = _pipeline_events(budget=1 << 20, nbytes=1000)
+    main = threading.current_thread().name
+    assert [e for e in events if e[0] == "rows"] == [("rows", i, main) for i in range(3)]
+    assert [e for e in events if e[0] == "run"] == [("run", i, "layertap-compare-runs") for i in range(3)]
+    assert [e for e in events if e[0] == "next run beside"] == [("next run beside", 0, "True"), ("next run beside", 1, "True")]
+
+
+def test_runs_whose_values_take_over_half_the_budget_wait_for_the_rows_before():
+    """Two jobs' values are held at once only while they fit the memory budget: else rows come first."""
+    events = _pipeline_events(budget=1500, nbytes=1000)
+    order = [(kind, i) for kind, i, _ in events if kind != "next run beside"]
+    assert order == [("run", 0), ("rows", 0), ("run", 1), ("rows", 1), ("run", 2), ("rows", 2)]
+    assert [e[2] for e in events if e[0] == "next run beside"] == ["False", "False"]
+
+
+@pytest.mark.parametrize("reference", ["file", "model"])
+def test_rows_made_beside_the_runs_are_those_of_one_job_at_a_time(r18, monkeypatch, reference):
+    """Every field of every row over several samples is what running and judging one job at a time gives."""
+    import dataclasses
+
+    import layertap as lt
+    from layertap.comparing.driver import Driver
+
+    model, x, ts, d = r18
+    cand = _fp16(ts, d / "ts16-overlap.onnx")
+    def run():
+        if reference == "file":
+            return lt.compare(ts, None, cand, samples=[{"x": x.numpy() * s} for s in (1.0, -2.0, 0.5)], metric="cosine")
+        return lt.compare(model, x, cand, samples=[x, x * -2.0, x * 0.5], metric="cosine")
+
+    overlapped = run()
+
+    def one_at_a_time(self, jobs, budget):
+        for job in jobs:
+            self._judge(job, *self._fetch(job))
+
+    monkeypatch.setattr(Driver, "_pipeline", one_at_a_time)
+    alone = run()
+    assert overlapped.samples == 3 and overlapped.ort_runs == alone.ort_runs
+    assert [dataclasses.asdict(r) for r in overlapped.rows] == [dataclasses.asdict(r) for r in alone.rows]
+    assert overlapped.first_divergence_counts == alone.first_divergence_counts and overlapped.notes == alone.notes
+
+
+def test_background_work_runs_on_one_long_lived_thread_per_kind():
+    """One worker thread per kind of work, reused job after job (a new thread's memory arena pays a
+    page fault per page), jobs in order, errors raised in the caller's thread; a forked child starts its own."""
+    import os
+    import threading
+
+    from layertap.comparing.background import Background
+
+    first = Background(threading.get_ident, name="layertap-test").result()
+    assert Background(threading.get_ident, name="layertap-test").result() == first != threading.get_ident()
+    seen: list[int] = []
+    jobs = [Background(lambda i=i: seen.append(i), name="layertap-test") for i in range(5)]
+    for job in jobs:
+        job.result()
+    assert seen == list(range(5))
+    with pytest.raises(KeyError, match="gone"):
+        Background(lambda: {}["gone"], name="layertap-test").result()
+    pid = os.fork()
+    if pid == 0:  # the child has no threads but its own: the job must still run
+        os._exit(0 if Background(lambda: 7, name="layertap-test").result() == 7 else 1)
+    assert os.waitpid(pid, 0)[1] == 0

@@ -370,14 +370,49 @@ def test_blockwise_check_agrees_with_the_whole_array_rule(shape):
     """:func:`within` (block by block) says what ``all(|c - r| <= (ra + ca) * 1.01)`` says, with
     allowances as numbers, whole arrays and per-channel arrays, wherever the one bad element is."""
     from layertap.comparing.weights import within
+    from layertap.onnxfile.weights import Allowance
 
     rng = np.random.default_rng(0)
     r = rng.standard_normal(shape).astype(np.float32)
     per_channel = (1 + np.abs(rng.standard_normal((shape[0],) + (1,) * (len(shape) - 1)))).astype(np.float32) * 1e-3
-    for r_allow, c_allow in [(0.0, 1e-3), (np.abs(r) * np.float32(1e-3), 0.0), (per_channel, np.float32(1e-7))]:
+    for r_allow, c_allow in [(Allowance(), Allowance(floor=1e-3)), (Allowance(rel=1e-3), Allowance()),
+                             (Allowance(floor=per_channel), Allowance(rel=2.0**-11, floor=1e-7))]:
         for where in (None, 0, r.size // 2, r.size - 1):
             c = r * (1 + rng.uniform(-1e-5, 1e-5, shape)).astype(np.float32)  # well within every allowance
             if where is not None:
                 c.reshape(-1)[where] += np.float32(1.0)
-            naive = bool(np.all(np.abs(c - r) <= (np.asarray(r_allow) + np.asarray(c_allow)) * np.float32(1.01)))
+            whole = (np.abs(r) * np.float32(r_allow.rel) + np.float32(0) + np.asarray(r_allow.floor, np.float32)
+                     + np.abs(c) * np.float32(c_allow.rel) + np.asarray(c_allow.floor, np.float32))
+            naive = bool(np.all(np.abs(c - r) <= whole * np.float32(1.01)))
             assert within(r, c, r_allow, c_allow) == naive == (where is None)
+
+
+def test_external_weights_are_read_mapped_from_their_file_unless_it_cannot_hold_them(tmp_path):
+    """A weight in external data is read mapped from its file (read-only: nothing copied, the file
+    untouched), the same values as onnx reads; a data file too short for it is left to onnx's reader."""
+    import onnx.helper as h
+    from onnx import numpy_helper
+
+    from layertap.onnxfile.modelfile import read_model
+    from layertap.onnxfile.ort import SessionSource
+    from layertap.onnxfile.weights import file_params
+
+    w = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float16)
+    g = h.make_graph([h.make_node("MatMul", ["x", "fc.weight"], ["y"])], "g", [h.make_tensor_value_info("x", 10, [1, 64])],
+                     [h.make_tensor_value_info("y", 10, [1, 32])], [numpy_helper.from_array(w, "fc.weight")])
+    path = tmp_path / "m.onnx"
+    onnx.save_model(h.make_model(g), str(path), save_as_external_data=True, location="m.data", size_threshold=0)
+    before = (tmp_path / "m.data").read_bytes()
+    mf = read_model(path)
+    value, allowance = file_params(SessionSource(mf.model, mf.folder))["fc.weight"].read()
+    assert value.dtype == np.float32 and np.array_equal(value, w.astype(np.float32))
+    assert np.allclose(allowance.of(value), np.abs(value) * 2.0**-11 + 1.2e-7)
+    from layertap.onnxfile.weights import _mapped
+
+    mapped = _mapped(mf.model.graph.initializer[0], mf.folder)
+    assert mapped is not None and not mapped.flags.writeable and np.array_equal(mapped, w)
+    assert (tmp_path / "m.data").read_bytes() == before
+    (tmp_path / "m.data").write_bytes(before[:100])  # shorter than the weight
+    assert _mapped(mf.model.graph.initializer[0], mf.folder) is None
+    with pytest.raises(Exception):  # noqa: B017 - onnx's own error for a truncated data file
+        file_params(SessionSource(mf.model, mf.folder))["fc.weight"].read()

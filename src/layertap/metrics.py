@@ -186,7 +186,10 @@ def _judge_f32(ref: np.ndarray, got: np.ndarray, rtol: float, atol: float
 
 
 #: elements per block of :func:`_judge_f32_blocked`: a block of the reference, the candidate and
-#: their difference (3 x 128 KiB) stays in the CPU's cache for all nine reductions
+#: their difference (3 x 128 KiB) stays in the CPU's cache for all nine reductions. Not larger,
+#: though 4x larger blocks take 15% less time: each block's dot products add up in float32, and
+#: over 2^17 elements their rounding moves a cosine of 1 - 1e-14 by 1e-7, the size of the
+#: thresholds users judge float16 files at
 _BLOCK = 1 << 15
 
 
@@ -202,21 +205,22 @@ def _judge_f32_blocked(r: np.ndarray, g: np.ndarray, rtol: float, atol: float
         >>> round(stats.max_abs, 6), stats.ok, round(cos, 6), round(sqnr, 1)
         (0.001, True, 1.0, 60.0)
     """
-    d = np.empty(_BLOCK, np.float32)
+    d = np.empty(min(_BLOCK, r.size), np.float32)
     max_abs = scale = na = nb = ab = noise = 0.0
+    top, bottom, dot = np.maximum.reduce, np.minimum.reduce, np.dot  # the ufuncs themselves: no Python wrapper per call
     with np.errstate(invalid="ignore", over="ignore"):
         for start in range(0, r.size, _BLOCK):
             rb, gb = r[start:start + _BLOCK], g[start:start + _BLOCK]
             db = np.subtract(gb, rb, out=d[:rb.size])
-            edges = (float(db.max()), float(db.min()), float(rb.max()), float(rb.min()))
+            edges = (float(top(db)), float(bottom(db)), float(top(rb)), float(bottom(rb)))
             if not all(map(math.isfinite, edges)):
                 return None  # NaN/inf: the exact path
             max_abs = max(max_abs, abs(edges[0]), abs(edges[1]))
             scale = max(scale, abs(edges[2]), abs(edges[3]))
-            na += float(np.dot(rb, rb))
-            nb += float(np.dot(gb, gb))
-            ab += float(np.dot(rb, gb))
-            noise += float(np.dot(db, db))
+            na += float(dot(rb, rb))
+            nb += float(dot(gb, gb))
+            ab += float(dot(rb, gb))
+            noise += float(dot(db, db))
     similar = _ratios(na, nb, ab, noise)
     if similar is None:
         return None

@@ -88,12 +88,13 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
                 cand_cps = {(c.path, c.call): c for c in cand_map.counterparts()} if cand_map.source != "none" else {}
             return cand_cps.get((path, call))
 
+        elsewhere = _elsewhere(ref_made, cand_made, through)
         for cp in ref_map.counterparts():
             if not wanted(cp.path):
                 continue
             counts[cp.path] = ref_map.calls(cp.path)
             mc = ModuleCall(len(items), cp.path, cp.call, _op(ref_made, cp.tensors))
-            items.append(_scope_item(mc, cp, cand_call, by_name, _elsewhere(ref_made, cand_made, through)))
+            items.append(_scope_item(mc, cp, cand_call, by_name, elsewhere))
         items = fused_first(items)
         mode = "scopes"
     else:
@@ -253,8 +254,9 @@ class OnnxReference:
                  modules: Sequence[str] | None, batch_outputs: int | None, memory_budget: int,
                  allow_different_weights: bool) -> None:
         self.side, self.cand, self.own_runs = ref, cand, (ref,)
-        # the weight check runs beside the sessions' builds; checked_weights() waits for it before the
-        # candidate runs, and a file the rows cannot be planned for is first checked for other weights
+        # the weight check runs beside the planning and the sessions' builds; the driver waits for it
+        # before the candidate runs, and a file the rows cannot be planned for is first checked for
+        # other weights
         self._weights = PendingCheck(lambda stop: _weights(ref, cand, stop), allow_different_weights)
         with self._weights.named_first():
             self._plan(samples, n_random, random, criterion, modules, batch_outputs, memory_budget)
@@ -287,12 +289,22 @@ class OnnxReference:
         """Sample ``index``: the one plan, with its feeds (nothing runs until :meth:`values`)."""
         return Sample(self.items, self.builder, self.batches, self.cand_feeds[index], self.feeds[index])
 
+    def prepare(self, batch: list[Item], parts: Any) -> None:
+        """Build the session that runs :meth:`values` of ``batch`` (ahead of it, beside the candidate's)."""
+        names = self._names(batch, parts)
+        if names:
+            self.side.prepare(names)
+
     def values(self, sample: Sample, batch: list[Item], parts: Any) -> dict[str, np.ndarray]:
         """The reference's tensors of a batch (and those feeding its calls' parts, for local errors)."""
+        names = self._names(batch, parts)
+        return self.side.run(names, sample.ref_feed or {}) if names else {}
+
+    def _names(self, batch: list[Item], parts: Any) -> list[str]:
         names = list(dict.fromkeys(t for it in batch for t in it.ref_tensors))
         if parts is not None:
             names += [t for t in ref_needs(parts, batch, self.known) if t not in names]
-        return self.side.run(names, sample.ref_feed or {}) if names else {}
+        return names
 
     def local_inputs(self, sample: Sample, batch: list[Item], ref_values: dict[str, np.ndarray],
                      cand_values: dict[str, np.ndarray]) -> tuple[PairsOf, RefLookup, Callable[[Item, CompareRow], Sequence[str]]]:
@@ -302,6 +314,9 @@ class OnnxReference:
     def notes(self, candidate: Any, rounding: bool) -> list[str]:
         notes = ["the reference carries no module scopes: rows are its tensors, matched by name"] if self.mode == "names" else []
         return notes + self.side.notes("reference", rounding) + candidate.notes("candidate", rounding)
+
+    def start_weight_check(self) -> None:
+        pass  # it started with the reference, beside the planning
 
     def checked_weights(self, beside: Callable[[], Any] | None = None) -> WeightCheck:
         """The weight check, once ``beside()`` ran too; raises :class:`~.weights.DifferentWeightsError` for two checkpoints."""

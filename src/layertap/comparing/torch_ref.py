@@ -78,6 +78,9 @@ class TorchReference:
 
         return Sample(items, builder, plan_batches(items, cost, self.batch_outputs, self.budget), self.feeds[index])
 
+    def prepare(self, batch: list[Item], parts: Any) -> None:
+        pass  # nothing runs per batch: the forward ran when the sample was planned
+
     def values(self, sample: Sample, batch: list[Item], parts: Any) -> dict[str, np.ndarray]:
         return {}  # the forward's values are in the sample's store
 
@@ -106,6 +109,10 @@ class TorchReference:
         if self.cand.blocked:
             notes.append(NCHWC_NOTE)
         return notes
+
+    def start_weight_check(self) -> None:
+        """Start the weight check: after the forward, beside the candidate's session build."""
+        self._weights.start()
 
     def checked_weights(self, beside: Callable[[], Any] | None = None) -> WeightCheck:
         """The weight check, run beside ``beside()``; raises :class:`~.weights.DifferentWeightsError` on another checkpoint."""

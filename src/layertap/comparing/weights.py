@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import LayertapError
 from ..formats import fmt_float, fmt_shape
+from ..onnxfile.weights import Allowance, format_allowance
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..onnxfile.ort import SessionSource
@@ -148,13 +149,13 @@ class WeightCheck:
 
 class PendingCheck:
     """A weight check on a worker thread, so that it costs little time of its own: it reads
-    every parameter once (on resnet50 as long as a forward) while the sides do work that leaves
-    a core free (ONNX Runtime's session builds, one thread each; numpy and ONNX Runtime let go of
-    the GIL). Not beside a PyTorch forward: its OpenMP threads stall when a third thread takes a
-    core (measured slower on 2 cores), so the PyTorch reference starts it after its forward.
-    :meth:`result` waits for it and refuses another checkpoint (:meth:`WeightCheck.enforce`)
-    before the candidate runs; :meth:`cancel` stops it between parameters when the comparison
-    ends early.
+    every parameter once (on resnet50 about as long as a session build) while the sides do work
+    that leaves a core free (ONNX Runtime's session builds, one thread each; numpy and ONNX
+    Runtime let go of the GIL). Not beside a PyTorch forward: its OpenMP threads stall when a
+    third thread takes a core (measured slower on 2 cores), so the PyTorch reference starts it
+    after its forward. :meth:`result` waits for it and refuses another checkpoint
+    (:meth:`WeightCheck.enforce`) before the candidate runs; :meth:`cancel` stops it between
+    parameters when the comparison ends early.
 
     Example:
         >>> pending = PendingCheck(lambda stop: WeightCheck(matched=3), allow=False, start=False)
@@ -163,25 +164,15 @@ class PendingCheck:
     """
 
     def __init__(self, check: Callable[[threading.Event], WeightCheck], allow: bool, *, start: bool = True) -> None:
+        from .background import Background
+
         self._stop = threading.Event()
         self._allow = allow
-        self._outcome: WeightCheck | BaseException | None = None
-        self._thread = threading.Thread(target=self._work, args=(check,), name="layertap-weight-check", daemon=True)
-        self._started = False
-        if start:
-            self.start()
+        self._job = Background(lambda: check(self._stop), name="layertap-weight-check", start=start)
 
     def start(self) -> None:
         """Start the check (once)."""
-        if not self._started:
-            self._started = True
-            self._thread.start()
-
-    def _work(self, check: Callable[[threading.Event], WeightCheck]) -> None:
-        try:
-            self._outcome = check(self._stop)
-        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread by result()
-            self._outcome = e
+        self._job.start()
 
     def result(self, beside: Callable[[], Any] | None = None) -> WeightCheck:
         """The check (started if it was not, and waited for), after ``beside()`` ran meanwhile in
@@ -189,12 +180,7 @@ class PendingCheck:
         self.start()
         if beside is not None:
             beside()
-        self._thread.join()
-        outcome = self._outcome
-        if isinstance(outcome, BaseException):
-            raise outcome
-        assert outcome is not None, "the weight check thread ended without an outcome"
-        return outcome.enforce(self._allow)
+        return self._job.result().enforce(self._allow)
 
     def cancel(self) -> None:
         """Stop the check at its next parameter (the comparison ended without it)."""
@@ -251,7 +237,7 @@ def _differs(name: str, ref: Reading, cand: Reading) -> Mismatch | str | None:
             return Mismatch(name, module, math.inf, (tuple(r.shape), tuple(c.shape)))
         if [d for d in r.shape if d != 1] != [d for d in c.shape if d != 1]:
             return _SKIP  # the same number of values in another layout: a converter's, not compared
-        c, c_allow = c.reshape(r.shape), np.reshape(c_allow, r.shape) if np.ndim(c_allow) else c_allow
+        c, c_allow = c.reshape(r.shape), c_allow.reshaped(c.shape, r.shape)
     if r.size == 0 or within(r, c, r_allow, c_allow):
         return None
     scale = float(np.max(np.abs(r)))
@@ -263,27 +249,32 @@ def _differs(name: str, ref: Reading, cand: Reading) -> Mismatch | str | None:
 _BLOCK = 1 << 15
 
 
-def within(r: np.ndarray, c: np.ndarray, r_allow: np.ndarray | float, c_allow: np.ndarray | float) -> bool:
+def within(r: np.ndarray, c: np.ndarray, r_allow: Allowance, c_allow: Allowance) -> bool:
     """Whether every ``|c - r|`` is at most a hair over the two formats' rounding (their own float32
-    arithmetic rounds too): ``(r_allow + c_allow) * 1.01``, each allowance one number or an array
-    that broadcasts to ``r`` 's shape. Block by block along the first axis, so that no temporary
-    the size of the parameter is made (measured 1.5x faster on resnet50's weights).
+    arithmetic rounds too): ``(r_allow + c_allow) * 1.01``, each allowance applied to its own side's
+    values. Block by block along the first axis, so that no temporary the size of the parameter
+    is made (neither the difference nor an allowance: measured 1.5x faster on resnet50's weights).
 
     Example:
+        >>> from layertap.onnxfile.weights import Allowance
         >>> r = np.linspace(-1, 1, 4 * _BLOCK, dtype=np.float32).reshape(4, -1)
-        >>> within(r, r + np.float32(1e-6), 2e-6, 0.0), within(r, r + np.float32(1e-5), 2e-6, 0.0)
+        >>> two_millionths = Allowance(floor=2e-6)
+        >>> within(r, r + np.float32(1e-6), two_millionths, Allowance()), within(r, r + np.float32(1e-5), two_millionths, Allowance())
         (True, False)
-        >>> within(r, r * np.float32(1.0001), np.abs(r) * np.float32(1e-4), 0.0)
+        >>> within(r, r * np.float32(1.0001), Allowance(rel=1e-4), Allowance())
         True
     """
     if r.ndim == 0 or r.size <= 2 * _BLOCK:
-        return bool(np.all(np.abs(c - r) <= (np.asarray(r_allow) + np.asarray(c_allow)) * np.float32(1.01)))
-    ra, ca = (np.broadcast_to(a, r.shape) if np.ndim(a) else np.asarray(a) for a in (r_allow, c_allow))
+        allowed = (r_allow.of(r) + c_allow.of(c)) * np.float32(1.01)
+        return bool(np.all(np.abs(c - r) <= allowed))
     step = max(1, _BLOCK * r.shape[0] // r.size)
     for start in range(0, r.shape[0], step):
         rows = slice(start, start + step)
-        allowed = ((ra[rows] if ra.ndim else ra) + (ca[rows] if ca.ndim else ca)) * np.float32(1.01)
-        if not bool(np.all(np.abs(c[rows] - r[rows]) <= allowed)):
+        rb, cb = r[rows], c[rows]
+        allowed = r_allow.part(rb, rows, r.shape)
+        allowed += c_allow.part(cb, rows, r.shape)
+        allowed *= np.float32(1.01)
+        if not bool(np.all(np.abs(cb - rb) <= allowed)):
             return False
     return True
 
@@ -362,7 +353,7 @@ class _UnmarkedFolds:
         norms = np.einsum("ij,ij->i", rows, rows)
         scale = np.divide(np.einsum("ij,ij->i", rows, got), norms, out=np.zeros_like(norms), where=norms > 0)
         residual = np.abs(got - rows * scale[:, None])
-        allowed = np.reshape(np.broadcast_to(c_allow, c.shape), got.shape) + np.abs(got) * np.float32(_RECOMPUTED)
+        allowed = np.reshape(c_allow.of(c), got.shape) + np.abs(got) * np.float32(_RECOMPUTED)
         if bool(np.all(residual <= allowed)):
             self.scaled.add(module)
             return True
@@ -371,11 +362,9 @@ class _UnmarkedFolds:
 
 def _torch_reader(model: Any, name: str, tensor: Any, param: FileParam, absorbed: dict[str, str]) -> Any:
     def read() -> Reading | None:
-        from ..onnxfile.weights import format_allowance
-
         value = tensor.detach().cpu().float().numpy()
         if param.folded is None:
-            return value, format_allowance(str(tensor.dtype).removeprefix("torch."), value)
+            return value, format_allowance(str(tensor.dtype).removeprefix("torch."))
         return _folded_value(model, name, value, param.folded, absorbed)
 
     return read
@@ -398,12 +387,9 @@ def _folded_value(model: Any, name: str, value: np.ndarray, op: str, absorbed: d
     if bn.weight is not None:
         scale, shift = scale * arr(bn.weight), arr(bn.bias)
     if leaf == "weight":
-        folded = value * scale.reshape(-1, *([1] * (value.ndim - 1)))
-        allowance = np.abs(folded)
-        allowance *= np.float32(_RECOMPUTED)  # in place: no second array the size of the weight
-        return folded, allowance
+        return value * scale.reshape(-1, *([1] * (value.ndim - 1))), Allowance(rel=_RECOMPUTED)
     centred = (value - arr(bn.running_mean)) * scale
-    return centred + shift, (np.abs(centred) + np.abs(shift)) * np.float32(_RECOMPUTED)
+    return centred + shift, Allowance(floor=(np.abs(centred) + np.abs(shift)) * np.float32(_RECOMPUTED))
 
 
 def _batchnorm(model: Any, path: str | None) -> Any:

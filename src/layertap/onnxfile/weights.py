@@ -46,7 +46,60 @@ _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 # names the exporters make up for tensors that have none: they say nothing about which parameter it is
 _ANONYMOUS = re.compile(r"^(?:.*::.*|_?val_\d+|\d+|Constant_\d+.*)$")
 
-Reading = tuple[np.ndarray, "np.ndarray | float"]
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """How far from its original float32 value a faithful conversion may move each element of a
+    value: ``|value| * rel + floor``.
+
+    Kept as these parts, not as an array the size of the value: the weight check applies it block
+    by block (:func:`layertap.comparing.weights.within`), so no temporary the size of a weight is made.
+
+    Attributes:
+        rel: the part relative to each element's magnitude (half a float format's relative step).
+        floor: the part that does not scale with it: one number, or an array that broadcasts to the
+            value's shape (a quantiser's half step per channel, a recomputed bias's rounding).
+
+    Example:
+        >>> a = Allowance(rel=0.5, floor=0.25) + Allowance(floor=0.25)
+        >>> a.rel, a.floor, a.of(np.array([2.0, -4.0], np.float32)).tolist()
+        (0.5, 0.5, [1.5, 2.5])
+    """
+
+    rel: float = 0.0
+    floor: "np.ndarray | float" = 0.0
+
+    def __add__(self, other: "Allowance") -> "Allowance":
+        """The allowance of two roundings of one value, one after the other."""
+        floor = self.floor + other.floor if np.ndim(self.floor) or np.ndim(other.floor) else float(self.floor) + float(other.floor)
+        return Allowance(self.rel + other.rel, floor)
+
+    def of(self, value: np.ndarray) -> np.ndarray:
+        """The allowance of every element of ``value``, as one float32 array: ``|value| * rel + floor``."""
+        return self.part(value, slice(None), value.shape)
+
+    def part(self, value: np.ndarray, rows: slice, shape: tuple[int, ...]) -> np.ndarray:
+        """:meth:`of` for the rows ``rows`` (first axis) of a value of ``shape``, given those rows' values."""
+        out = np.abs(value).astype(np.float32, copy=False)
+        if self.rel:
+            out *= np.float32(self.rel)  # in place, as every step: one array the size of the rows
+        else:
+            out[...] = 0
+        if np.ndim(self.floor):
+            out += np.broadcast_to(np.asarray(self.floor, np.float32), shape)[rows]
+        elif self.floor:
+            out += np.float32(self.floor)
+        return out
+
+    def reshaped(self, shape: tuple[int, ...], to: tuple[int, ...]) -> "Allowance":
+        """The allowance of a value of ``shape`` reshaped to ``to`` (an array floor follows its elements)."""
+        if not np.ndim(self.floor):
+            return self
+        return Allowance(self.rel, np.reshape(np.broadcast_to(self.floor, shape), to))
+
+
+Reading = tuple[np.ndarray, Allowance]
 
 
 @dataclass(frozen=True)
@@ -73,24 +126,19 @@ class FileParam:
         return self._read()
 
 
-def format_allowance(fmt: str, value: np.ndarray) -> np.ndarray | float:
-    """How far rounding to the float type named ``fmt`` may move each element of ``value`` (its float32 values).
+def format_allowance(fmt: str) -> Allowance:
+    """How far rounding to the float type named ``fmt`` may move each element of a float32 value.
 
     Example:
-        >>> round(float(format_allowance("float16", np.array([2048.0], np.float32))[0]), 6)  # half of float16's step 2 there
+        >>> round(float(format_allowance("float16").of(np.array([2048.0], np.float32))[0]), 6)  # half of float16's step 2 there
         1.0
-        >>> format_allowance("int64", np.zeros(2))
-        0.0
+        >>> format_allowance("int64")
+        Allowance(rel=0.0, floor=0.0)
     """
     unit = _UNIT.get(fmt, 0.0)
     if not unit:
-        return 0.0
-    out = np.abs(value).astype(np.float32, copy=False)
-    out *= np.float32(unit)  # in place: one array the size of the value, not three
-    floor = _FLOOR.get(fmt, 0.0)
-    if floor:
-        out += np.float32(floor)
-    return out
+        return Allowance()
+    return Allowance(unit, _FLOOR.get(fmt, 0.0))
 
 
 def file_params(source: "SessionSource") -> dict[str, FileParam]:
@@ -104,7 +152,7 @@ def file_params(source: "SessionSource") -> dict[str, FileParam]:
         ...     [h.make_tensor_value_info("x", 10, [1, 2])], [h.make_tensor_value_info("y", 10, [1, 2])], [w])
         >>> p = file_params(SessionSource(h.make_model(g), Path(".")))["fc.weight"]
         >>> value, allowance = p.read()
-        >>> p.fmt, value.dtype, float(allowance.max()) < 1e-4
+        >>> p.fmt, value.dtype, float(allowance.of(value).max()) < 1e-4
         ('float16', dtype('float32'), True)
     """
     graph = source.model.graph
@@ -142,7 +190,7 @@ def _cast(node: "onnx.NodeProto", params: Mapping[str, FileParam], folded: Mappi
 
     def read() -> Reading:
         value, allowance = stored.read()
-        return value, allowance + format_allowance(target, value)  # a narrowing Cast rounds once more
+        return value, allowance + format_allowance(target)  # a narrowing Cast rounds once more
 
     return FileParam(node.output[0], stored.shape, stored.fmt, folded.get(node.output[0]), read)
 
@@ -162,9 +210,11 @@ def _np_type(elem: int) -> Any:
 
 def _read_float(array: Callable[[str], np.ndarray], name: str) -> Reading:
     """A float initializer as float32, with its format's rounding."""
+    from .ort import as_float32
+
     a = array(name)
-    value = a if a.dtype == np.float32 else a.astype(np.float32)
-    return value, format_allowance(a.dtype.name, value)
+    value = a if a.dtype == np.float32 else as_float32(a) if a.dtype == np.float16 else a.astype(np.float32)
+    return value, format_allowance(a.dtype.name)
 
 
 def _dequantized(node: "onnx.NodeProto", inits: Mapping[str, Any], array: Callable[[str], np.ndarray],
@@ -196,7 +246,7 @@ def _dequantized(node: "onnx.NodeProto", inits: Mapping[str, Any], array: Callab
         else:
             scale, zp = scale.reshape(()), np.reshape(zp, ())
         value = (x.astype(np.float32) - zp) * scale
-        return value, np.broadcast_to(np.abs(scale) * np.float32(0.5), value.shape)
+        return value, Allowance(floor=np.abs(scale) * np.float32(0.5))
 
     return FileParam(name, tuple(q.dims), f"{qtype} QDQ", folded.get(out), read)
 
@@ -236,7 +286,37 @@ def _array(t: "onnx.TensorProto", held: Mapping[str, np.ndarray], folder: Path) 
         return held[t.name]
     if t.data_location != onnx.TensorProto.EXTERNAL:
         return numpy_helper.to_array(t)
+    mapped = _mapped(t, folder)
+    if mapped is not None:
+        return mapped
     # onnx fills the tensor it loads external data into: load into a copy, so the graph stays weightless
     copy = onnx.TensorProto()
     copy.CopyFrom(t)
     return numpy_helper.to_array(copy, base_dir=str(folder))
+
+
+#: element types whose external data numpy maps as it lies on disk (little-endian, one element per item)
+_MAPPABLE = {1: np.float32, 10: np.float16, 11: np.float64, 2: np.uint8, 3: np.int8, 5: np.int16, 4: np.uint16,
+             6: np.int32, 12: np.uint32, 7: np.int64, 13: np.uint64}
+
+
+def _mapped(t: "onnx.TensorProto", folder: Path) -> np.ndarray | None:
+    """An external tensor's values mapped read-only from its data file (pages are read as the check
+    reaches them, nothing is copied), or ``None`` for what :func:`numpy_helper.to_array` must read
+    (other types, a big-endian machine, a file shorter than the tensor: its error is onnx's)."""
+    dtype = _MAPPABLE.get(t.data_type)
+    if dtype is None or np.little_endian is False:
+        return None
+    info = {kv.key: kv.value for kv in t.external_data}
+    try:
+        offset = int(info.get("offset") or 0)
+        count = int(np.prod(t.dims, dtype=np.int64)) if len(t.dims) else 1
+        nbytes = count * np.dtype(dtype).itemsize
+        if info.get("length") and int(info["length"]) != nbytes:
+            return None
+        path = folder / info["location"]  # inside the folder: read_model refused any other place
+        if count == 0 or path.stat().st_size < offset + nbytes:
+            return None
+        return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=tuple(t.dims)).view(np.ndarray)
+    except (KeyError, ValueError, OSError):
+        return None
