@@ -330,15 +330,17 @@ class Driver:
             self.stores.remove(store)
 
     def close(self) -> None:
-        if self._inflight is not None:
-            self._inflight.wait()  # its runs use the sessions closed below
-            self._inflight = None
-        for store in self.stores:
-            self.spilled = max(self.spilled, store.spilled)
-            store.close()
-        self.stores.clear()
-        self.ref.close()
-        self.cand.close()
+        try:
+            if self._inflight is not None:
+                self._inflight.wait()  # its runs use the sessions closed below
+                self._inflight = None
+        finally:  # a second interrupt while waiting still removes the values held on disk
+            for store in self.stores:
+                self.spilled = max(self.spilled, store.spilled)
+                store.close()
+            self.stores.clear()
+            self.ref.close()
+            self.cand.close()
 
 
 def _nbytes(*groups: dict[str, np.ndarray]) -> int:
