@@ -281,6 +281,7 @@ class OnnxReference:
             return len(it.ref_tensors), 2 * sum(sizes.get(t, 1 << 20) for t in it.ref_tensors)
 
         self.batches = plan_batches(self.items, cost, batch_outputs, memory_budget)
+        self._batch_names: dict[tuple[int, int], list[str]] = {}
         self.store = ArrayStore(memory_budget)
         self.builder = RowBuilder(self.items, self.store, criterion, counts, find_fusions=False)
         self.known = set(_producers(ref.proto.graph))
@@ -301,9 +302,14 @@ class OnnxReference:
         return self.side.run(names, sample.ref_feed or {}) if names else {}
 
     def _names(self, batch: list[Item], parts: Any) -> list[str]:
-        names = list(dict.fromkeys(t for it in batch for t in it.ref_tensors))
-        if parts is not None:
-            names += [t for t in ref_needs(parts, batch, self.known) if t not in names]
+        """The tensors a batch's run exposes: once per batch (:attr:`batches` are this plan's, for every sample)."""
+        key = (id(batch), id(parts))
+        names = self._batch_names.get(key)
+        if names is None:
+            names = list(dict.fromkeys(t for it in batch for t in it.ref_tensors))
+            if parts is not None:
+                names += [t for t in ref_needs(parts, batch, self.known) if t not in names]
+            self._batch_names[key] = names
         return names
 
     def local_inputs(self, sample: Sample, batch: list[Item], ref_values: dict[str, np.ndarray],

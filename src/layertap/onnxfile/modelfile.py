@@ -126,15 +126,28 @@ def _external_refs(model: "onnx.ModelProto") -> Iterator[ExternalRef]:
     import onnx
 
     for t in all_tensors(model):
-        if t.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        info = {kv.key: kv.value for kv in t.external_data}
-        try:
-            offset = int(info.get("offset", 0) or 0)
-            length = int(info["length"]) if info.get("length") else None
-        except ValueError:
-            raise OnnxFileError(f"tensor {t.name!r} has a malformed external-data offset/length") from None
-        yield ExternalRef(t.name, info.get("location", ""), offset, length)
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            yield external_ref(t)
+
+
+def external_ref(t: "onnx.TensorProto") -> ExternalRef:
+    """Where an external tensor's data lies (location as written, offset, length); a malformed
+    offset or length is an :class:`OnnxFileError`.
+
+    Example:
+        >>> import onnx
+        >>> t = onnx.TensorProto(name="w", data_location=onnx.TensorProto.EXTERNAL)
+        >>> _ = t.external_data.add(key="location", value="w.data"); _ = t.external_data.add(key="offset", value="64")
+        >>> external_ref(t)
+        ExternalRef(tensor='w', location='w.data', offset=64, length=None)
+    """
+    info = {kv.key: kv.value for kv in t.external_data}
+    try:
+        offset = int(info.get("offset", 0) or 0)
+        length = int(info["length"]) if info.get("length") else None
+    except ValueError:
+        raise OnnxFileError(f"tensor {t.name!r} has a malformed external-data offset/length") from None
+    return ExternalRef(t.name, info.get("location", ""), offset, length)
 
 
 def _check_external(model_path: Path, refs: list[ExternalRef]) -> None:

@@ -219,7 +219,7 @@ def _take_inline_weights(model: "onnx.ModelProto", threshold: int) -> tuple[list
 
     names, arrays = [], []
     for t in model.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL or _nbytes(t) < threshold:
+        if t.data_location == onnx.TensorProto.EXTERNAL or tensor_nbytes(t) < threshold:
             continue
         arr = np.ascontiguousarray(numpy_helper.to_array(t))
         if arr.dtype == object or arr.dtype.kind == "V":  # strings, ml_dtypes' bfloat16/float8: ORT cannot take them
@@ -234,9 +234,15 @@ def _take_inline_weights(model: "onnx.ModelProto", threshold: int) -> tuple[list
     return names, arrays
 
 
-def _nbytes(t: "onnx.TensorProto") -> int:
+def tensor_nbytes(t: "onnx.TensorProto") -> int:
     """The size of a tensor's values from its shape and type (``ByteSize`` walks the whole proto: 7 ms
-    for resnet50's inline weights); a type of unknown size counts a byte per element."""
+    for resnet50's inline weights); a type of unknown size counts a byte per element.
+
+    Example:
+        >>> import onnx.helper as h
+        >>> tensor_nbytes(h.make_tensor("w", 10, [4, 8], [0.0] * 32))  # float16
+        64
+    """
     import math
 
     import onnx

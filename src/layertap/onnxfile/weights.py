@@ -47,7 +47,6 @@ _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 _ANONYMOUS = re.compile(r"^(?:.*::.*|_?val_\d+|\d+|Constant_\d+.*)$")
 
 
-
 @dataclass(frozen=True)
 class Allowance:
     """How far from its original float32 value a faithful conversion may move each element of a
@@ -81,11 +80,11 @@ class Allowance:
 
     def part(self, value: np.ndarray, rows: slice, shape: tuple[int, ...]) -> np.ndarray:
         """:meth:`of` for the rows ``rows`` (first axis) of a value of ``shape``, given those rows' values."""
-        out = np.abs(value).astype(np.float32, copy=False)
         if self.rel:
+            out = np.abs(value).astype(np.float32, copy=False)
             out *= np.float32(self.rel)  # in place, as every step: one array the size of the rows
         else:
-            out[...] = 0
+            out = np.zeros(value.shape, np.float32)
         if np.ndim(self.floor):
             out += np.broadcast_to(np.asarray(self.floor, np.float32), shape)[rows]
         elif self.floor:
@@ -295,28 +294,28 @@ def _array(t: "onnx.TensorProto", held: Mapping[str, np.ndarray], folder: Path) 
     return numpy_helper.to_array(copy, base_dir=str(folder))
 
 
-#: element types whose external data numpy maps as it lies on disk (little-endian, one element per item)
-_MAPPABLE = {1: np.float32, 10: np.float16, 11: np.float64, 2: np.uint8, 3: np.int8, 5: np.int16, 4: np.uint16,
-             6: np.int32, 12: np.uint32, 7: np.int64, 13: np.uint64}
-
-
 def _mapped(t: "onnx.TensorProto", folder: Path) -> np.ndarray | None:
     """An external tensor's values mapped read-only from its data file (pages are read as the check
     reaches them, nothing is copied), or ``None`` for what :func:`numpy_helper.to_array` must read
-    (other types, a big-endian machine, a file shorter than the tensor: its error is onnx's)."""
-    dtype = _MAPPABLE.get(t.data_type)
-    if dtype is None or np.little_endian is False:
-        return None
-    info = {kv.key: kv.value for kv in t.external_data}
+    (packed or ml_dtypes types, a big-endian machine, a file shorter than the tensor: its error is onnx's)."""
+    import onnx
+
+    from ..errors import OnnxFileError
+    from .modelfile import external_ref
+    from .ort import tensor_nbytes
+
     try:
-        offset = int(info.get("offset") or 0)
-        count = int(np.prod(t.dims, dtype=np.int64)) if len(t.dims) else 1
-        nbytes = count * np.dtype(dtype).itemsize
-        if info.get("length") and int(info["length"]) != nbytes:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))
+        ref = external_ref(t)
+    except (KeyError, TypeError, ValueError, OnnxFileError):
+        return None
+    nbytes = tensor_nbytes(t)
+    if dtype.kind not in "fiub" or not np.little_endian or not nbytes or ref.length not in (None, nbytes):
+        return None
+    path = folder / ref.location  # inside the folder: read_model refused any other place
+    try:
+        if path.stat().st_size < ref.offset + nbytes:
             return None
-        path = folder / info["location"]  # inside the folder: read_model refused any other place
-        if count == 0 or path.stat().st_size < offset + nbytes:
-            return None
-        return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=tuple(t.dims)).view(np.ndarray)
-    except (KeyError, ValueError, OSError):
+        return np.memmap(path, dtype=dtype, mode="r", offset=ref.offset, shape=tuple(t.dims)).view(np.ndarray)
+    except (ValueError, OSError):
         return None
