@@ -472,6 +472,24 @@ def test_signal_during_export_removes_work_folder(tmp_path, sig):
     assert not leftovers(tmp_path), leftovers(tmp_path)
 
 
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_signal_after_a_forward_removes_the_values_it_spilled(tmp_path, monkeypatch, sig):
+    """A signal right after a PyTorch forward whose values spilled to disk (a small --memory-budget), before
+    the compare holds that sample: the spilled values go with everything else."""
+    out = tmp_path / "r18.onnx"
+    assert cli("export", "torchvision:resnet18", "--input", "1x3x64x64", "--exporter", "torchscript", "--no-verify",
+               "-o", str(out)).returncode == 0
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    r = _signalled(tmp_path, "layertap.comparing.torch_ref", "run_torch", sig,
+                   ["compare", "torchvision:resnet18", str(out), "--input", "1x3x64x64", "--samples", "3",
+                    "--memory-budget", "1"])
+    one_error(r.returncode, r.stderr, r.stdout, expect=sig, status=128 + getattr(signal, sig))
+    spilled = [q.name for q in temp.iterdir() if q.name.startswith("layertap")]  # torch keeps caches of its own there
+    assert not spilled, spilled
+
+
 # -- 6. model code that exits or prints ---------------------------------------------
 EXITS = {
     "import": "import sys\nsys.exit(0)\n",

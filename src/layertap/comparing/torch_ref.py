@@ -49,6 +49,7 @@ class TorchReference:
         check_same_model(self.view, model, cand.path)
         self.wanted, self.include_root = module_filter(modules, [p for p, _ in model.named_modules()])
         self.outputs = own_outputs(cand.proto)
+        self._stores: list[ArrayStore] = []  # every sample's store (the driver releases each as its rows are made)
         # the weight check starts after the forward, beside the candidate's session build (see PendingCheck)
         self._weights = PendingCheck(lambda stop: check_model_weights(model, self.view, cand.runner.source, stop),
                                      allow_different_weights, start=False)
@@ -62,6 +63,7 @@ class TorchReference:
     def sample(self, index: int, budget: int) -> Sample:
         """Run the forward of sample ``index`` into a store of ``budget`` bytes; plan its batches."""
         store = ArrayStore(budget)
+        self._stores.append(store)  # closed by close() too: a signal before the driver holds it leaves no spilled values
         prog = self.prog if self.prog is not None else Silent()
         prog.step("PyTorch forward")
         a, k = self.runs_args[index]
@@ -120,6 +122,8 @@ class TorchReference:
 
     def close(self) -> None:
         self._weights.cancel()
+        for store in self._stores:
+            store.close()
 
     def _refuse_blocked(self, item: Item) -> Item:
         """A call answered by a tensor in ORT's NCHWc layout is not compared with PyTorch's NCHW value."""
