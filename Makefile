@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/layertap demo
 
-test: $(STAMP) lint
+test: $(STAMP) trained lint
 	$(PY) -m pytest -q -n 2 --dist loadfile --doctest-modules tests src/layertap
 
 # ruff and mypy are configured in pyproject.toml (what they check and why)
