@@ -8,7 +8,10 @@ only inside its functions.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import select
+import signal
 import sys
 from typing import Any, Iterator
 
@@ -31,9 +34,40 @@ def stdout_console() -> Any:
     """
     from rich.console import Console
 
+    class StdoutConsole(Console):
+        def on_broken_pipe(self) -> None:
+            # rich's own answer is SystemExit(1), which reads as the model's sys.exit; the
+            # CLI ends quietly on this error instead (cli.main: stdout_closed, quiet_exit)
+            raise BrokenPipeError(errno.EPIPE, "stdout was closed")
+
     if sys.stdout.isatty() or os.environ.get("COLUMNS", "").strip().isdigit():
-        return Console()
-    return Console(width=PIPED_WIDTH)
+        return StdoutConsole()
+    return StdoutConsole(width=PIPED_WIDTH)
+
+
+def stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (``layertap layers m.onnx | head``).
+
+    Example:
+        >>> stdout_closed()  # a terminal, a file or a pipe still read
+        False
+    """
+    try:
+        poller = select.poll()
+        poller.register(1, 0)  # POLLERR is reported whatever the mask: a pipe's write end with no reader
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows) or no descriptor 1
+        return False
+
+
+def quiet_exit() -> int:
+    """End as ``git log | head`` does once stdout's reader has gone: no message, status
+    128 + SIGPIPE; stdout now points at the null device, so the interpreter's last flush of
+    what was still buffered is not reported as an error."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    return 128 + getattr(signal, "SIGPIPE", 13)
 
 
 def rule(console: Any, title: str) -> None:

@@ -2,13 +2,16 @@
 
 Exit status: 0 success, 1 the numbers disagree, 2 bad input or usage. A user
 error prints one line ``layertap: error: ...`` on stderr and no traceback
-unless ``--debug`` is given.
+unless ``--debug`` is given. A stdout whose reader has gone (``layertap layers
+m.onnx | head``) ends the command quietly with status 141 (128 + SIGPIPE), as
+``git log | head`` does.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import signal
 import sys
@@ -16,6 +19,7 @@ import textwrap
 from typing import Iterator, NoReturn, Sequence
 
 from ..errors import LayertapError, printable
+from .console import quiet_exit, stdout_closed
 
 # subcommand -> "module:Class" under layertap.cli.tools; imported when the parser is built
 TOOLS = {
@@ -142,7 +146,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise LayertapError(f"unrecognized arguments: {' '.join(extra)} (see 'layertap {ns.command} --help')")
         ns.argv = argv  # a command that keeps partial results names the command line that continues it
         with _signals_raise(), _operation(), _warnings_one_line(), _json_stdout(getattr(ns, "json", False)):
-            return _run_tool(tools[ns.command], ns)
+            code = _run_tool(tools[ns.command], ns)
+        sys.stdout.flush()  # output still buffered fails here, where a closed pipe ends quietly
+        return code
+    except BrokenPipeError as e:
+        if stdout_closed():  # `layertap ... | head`: the reader has what it wanted
+            return quiet_exit()
+        if debug:
+            raise
+        return _unexpected(e)
     except LayertapError as e:
         if debug:
             raise
@@ -159,8 +171,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BaseException as e:
         if debug:
             raise
-        _error(f"{type(e).__name__}: {_first_line(e)} (rerun with --debug for the traceback)")
-        return 2
+        return _unexpected(e)
+
+
+def _unexpected(e: BaseException) -> int:
+    """An error that is neither the user's nor a signal, as one line (--debug shows its traceback)."""
+    _error(f"{type(e).__name__}: {_first_line(e)} (rerun with --debug for the traceback)")
+    return 2
 
 
 def _kept(stop: BaseException) -> str:
@@ -174,6 +191,8 @@ def _run_tool(tool, ns: argparse.Namespace) -> int:
     try:
         return int(tool.run(tool.parse(ns)) or 0)
     except SystemExit as e:
+        if stdout_closed():  # rich, in the model's code too, exits on a write to a closed pipe
+            raise BrokenPipeError(errno.EPIPE, "stdout was closed") from None
         raise LayertapError(
             f"the model code called sys.exit({e.code!r}) while 'layertap {ns.command}' was running it; "
             "layertap stopped (exit 2): make the model's import, factory and forward return instead of exiting"

@@ -9,7 +9,7 @@ from typing import Any, Iterator, Sequence
 
 from ...errors import printable
 from ..args import ArgGroup, Args
-from ..console import say, status, stdout_console
+from ..console import say, status, stdout_closed, stdout_console
 
 #: where ``--json`` output goes while stdout is redirected to stderr (set by cli.main)
 JSON_OUT: Any = None
@@ -87,4 +87,6 @@ def running(info: Any, method: str, args: tuple, kwargs: dict, *, spinner: bool 
         except LayertapError:
             raise
         except Exception as e:
+            if isinstance(e, BrokenPipeError) and stdout_closed():  # the model printed to a closed pipe
+                raise
             raise run_failed(e, info, method, args, kwargs) from e
