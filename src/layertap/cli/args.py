@@ -77,13 +77,16 @@ class ModelChoice:
     config: str | None
     unsafe_pickle: bool
     method: str
+    weights_key: str | None = None
+    weights_strict: bool = True
 
     def load(self, device: str = "cpu", max_bytes: int | None = None) -> Any:
         """Build the model; returns ``(model, info)`` (see pytorch.models)."""
         from ..pytorch.models import load_model
 
         return load_model(self.spec if self.spec is not None else self.text, weights=self.weights, config=self.config,
-                          unsafe_pickle=self.unsafe_pickle, device=device, max_bytes=max_bytes)
+                          unsafe_pickle=self.unsafe_pickle, weights_key=self.weights_key,
+                          weights_strict=self.weights_strict, device=device, max_bytes=max_bytes)
 
     def load_with_inputs(self, inputs: InputChoice, *, need_inputs: bool = True, device: str = "cpu",
                          max_bytes: int | None = None) -> tuple[Any, Any, Any, dict]:
@@ -123,6 +126,12 @@ class ModelArgs(ArgGroup):
         )
         g = parser.add_argument_group("model")
         g.add_argument("--weights", metavar="FILE", help="state dict to load (.pt/.pth via torch.load(weights_only=True), or .safetensors)")
+        g.add_argument("--weights-key", metavar="KEY",
+                       help="the entry of a training checkpoint that holds the state dict (model_state, ema.module); "
+                            "by default the one that fits the model")
+        g.add_argument("--weights-nonstrict", action="store_true",
+                       help="load the keys the model and --weights both hold (load_state_dict(strict=False)); "
+                            "the keys skipped and the model's keys left as they were are named")
         g.add_argument("--config", metavar="FILE.json", help="transformers config for transformers:CLASS")
         g.add_argument(
             "--unsafe-load-pickle",
@@ -139,8 +148,11 @@ class ModelArgs(ArgGroup):
 
         is_onnx = self.onnx_ok and is_onnx_path(ns.model)
         spec = None if is_onnx else check_model_args(ns.model, weights=ns.weights, config=ns.config)
+        if not ns.weights and (ns.weights_key or ns.weights_nonstrict):
+            raise LayertapError(f"{'--weights-key' if ns.weights_key else '--weights-nonstrict'} applies to --weights, "
+                                "which is not given")
         args.model = ModelChoice(ns.model, is_onnx, spec, ns.weights, ns.config, ns.unsafe_load_pickle,
-                                 getattr(ns, "method", "forward"))
+                                 getattr(ns, "method", "forward"), ns.weights_key, not ns.weights_nonstrict)
 
 
 def is_onnx_path(text: str) -> bool:

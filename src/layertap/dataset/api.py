@@ -42,6 +42,7 @@ def extract_dataset(
     weights: str | None = None,
     config: str | None = None,
     unsafe_pickle: bool = False,
+    weights_key: str | None = None, weights_strict: bool = True,
     engine: str = "local",
     ray_address: str | None = None,
     progress: bool | None = None,
@@ -72,7 +73,8 @@ def extract_dataset(
         method, stop_early: as for ``lt.extract`` (the manifest records a callable by its name).
         skip_bad: record unreadable samples in the manifest and go on, instead of stopping.
         image_size, mean, std: image preprocessing when the model's config gives none.
-        weights, config, unsafe_pickle: options of a MODEL spec.
+        weights, config, unsafe_pickle, weights_key, weights_strict: options of a MODEL spec
+            (see ``layertap.pytorch.models.load_model``).
         engine: ``local`` or ``ray`` (Ray Data; ``ray_address`` joins a cluster, else a local one starts).
         progress: show a progress bar (default: when stderr is a terminal).
         runtime, ov_precision, ov_device: what runs an ``.onnx`` file: ``"ort"`` (ONNX Runtime, the
@@ -98,6 +100,7 @@ def extract_dataset(
     tap_texts = _tap_texts(taps, model_or_path)
     spec = BackendSpec(_model_arg(model_or_path), tap_texts, method=method, stop_early=stop_early, device=device,
                        weights=None if weights is None else str(Path(weights).resolve()), config=config, unsafe_pickle=unsafe_pickle,
+                       weights_key=weights_key, weights_strict=weights_strict,
                        runtime=_runtime(model_or_path, runtime, ov_precision, ov_device))
     recipe: list[Preprocess | None] = []
 
@@ -108,11 +111,9 @@ def extract_dataset(
 
     source, out_dir = _open_data(data, out, preprocess, columns, same_shape=opts.pool == "none")
     count = (len(source) if limit is None else min(limit, len(source))) if isinstance(source, MapSource) else None
-    header = {"model": spec.describe(), "data": source.describe(), "options": opts.recorded(tap_texts, device, _threads(spec)),
-              "preprocessing": recipe[0].to_dict() if recipe and recipe[0] is not None and source.preprocess is not None else None}
+    header = _header(spec, source, opts.recorded(tap_texts, device, _threads(spec)), recipe)
     ref = _reference(source, skip_bad)
-    if not spec.is_onnx and device != "cpu":
-        _check_device(device)
+    _check_device(spec, device)
     created = not out_dir.exists()
     manifest = prepare_out(out_dir, header, resume)
     opts.shard_size = manifest.header["options"].get("shard_samples") or opts.shard_size  # a resumed run's
@@ -123,6 +124,12 @@ def extract_dataset(
     feats = load_features(out)
     feats.kept, feats.written = kept, len(manifest.shards) - kept
     return feats
+
+
+def _header(spec: BackendSpec, source: MapSource | IterSource, options: dict, recipe: list[Preprocess | None]) -> dict:
+    """The manifest's header: model, data, options and the preprocessing used (if the source applies one)."""
+    used = recipe[0].to_dict() if recipe and recipe[0] is not None and source.preprocess is not None else None
+    return {"model": spec.describe(), "data": source.describe(), "options": options, "preprocessing": used}
 
 
 def _runtime(model: Any, runtime: str | None, ov_precision: str | None, ov_device: str | None) -> dict[str, Any]:
@@ -181,7 +188,10 @@ def _threads(spec: BackendSpec) -> int | None:
     return int(torch.get_num_threads())
 
 
-def _check_device(device: str) -> None:
+def _check_device(spec: BackendSpec, device: str) -> None:
+    """A PyTorch model's device exists (an ONNX file runs where its runtime says)."""
+    if spec.is_onnx or device == "cpu":
+        return
     import torch
 
     from .backends import check_device

@@ -27,7 +27,8 @@ class BackendSpec:
         model: an ``nn.Module``, a MODEL spec text, or a path to an ``.onnx`` file.
         taps: selector texts (ONNX: module selectors or tensor names).
         method, stop_early, device: PyTorch options.
-        weights, config, unsafe_pickle: MODEL spec options (see ``layertap.pytorch.models``).
+        weights, config, unsafe_pickle, weights_key, weights_strict: MODEL spec options (see
+            ``layertap.pytorch.models.load_model``).
         runtime: what runs an ONNX file: ``{"runtime": "ort"|"openvino", "ov_precision": ..., "ov_device": ...}``
             (only the keys given; :func:`layertap.runtimes.open_runtime`'s keywords).
     """
@@ -40,6 +41,8 @@ class BackendSpec:
     weights: str | None = None
     config: str | None = None
     unsafe_pickle: bool = False
+    weights_key: str | None = None
+    weights_strict: bool = True
     runtime: dict[str, Any] = field(default_factory=dict)
     _info: Any = field(default=None, repr=False)
 
@@ -60,7 +63,10 @@ class BackendSpec:
             ran = {"runtime": self.runtime} if self.runtime.get("runtime", "ort") != "ort" else {}
             return {"backend": "onnx", "spec": str(path), "bytes": path.stat().st_size if path.exists() else None, **ran}
         if isinstance(self.model, str):
-            return {"backend": "pytorch", "spec": self.model, "weights": self.weights, "config": self.config,
+            # recorded only when given, so earlier manifests still resume
+            chosen = {**({"weights_key": self.weights_key} if self.weights_key else {}),
+                      **({} if self.weights_strict else {"weights_strict": False})}
+            return {"backend": "pytorch", "spec": self.model, "weights": self.weights, **chosen, "config": self.config,
                     "method": self.method, "stop_early": self.stop_early}
         from ..pytorch.values import method_name
 
@@ -160,7 +166,8 @@ def _load_torch_model(spec: BackendSpec):
         raise LayertapError(f"model must be an nn.Module, a MODEL spec or an .onnx path, got a {type(spec.model).__name__}")
     from ..pytorch.models import load_model
 
-    model, spec._info = load_model(spec.model, weights=spec.weights, config=spec.config, unsafe_pickle=spec.unsafe_pickle)
+    model, spec._info = load_model(spec.model, weights=spec.weights, config=spec.config, unsafe_pickle=spec.unsafe_pickle,
+                                   weights_key=spec.weights_key, weights_strict=spec.weights_strict)
     return model
 
 

@@ -70,6 +70,8 @@ def load_model(
     weights: str | os.PathLike | None = None,
     config: str | os.PathLike | None = None,
     unsafe_pickle: bool = False,
+    weights_key: str | None = None,
+    weights_strict: bool = True,
     seed: int = 0,
     device: str = "cpu",
     max_bytes: int | None = None,
@@ -88,6 +90,10 @@ def load_model(
         config: JSON config for ``transformers:CLASS``.
         unsafe_pickle: allow ``weights`` to be a pickled whole module
             (runs code from the file).
+        weights_key: the checkpoint entry that holds the state dict (``model_state``,
+            ``ema.module``); by default the one state dict in the file that fits the model.
+        weights_strict: ``False`` loads the keys the model and the file both hold and warns
+            which were skipped and which keep their initial values (``load_state_dict(strict=False)``).
         seed: seed for the random initialisation (the global RNG is left as it was).
         device: ``"cpu"``, or ``"meta"`` for the module structure without weights
             (shapes propagate through a forward, values do not exist).
@@ -126,7 +132,8 @@ def load_model(
         if aliased:
             sys.modules[alias] = user_module
         try:
-            load_weights(model, weights, unsafe_pickle=unsafe_pickle, what=spec)
+            load_weights(eager(model), weights, unsafe_pickle=unsafe_pickle, what=spec, key=weights_key,
+                         strict=weights_strict)
         finally:
             if aliased:
                 sys.modules.pop(alias, None)

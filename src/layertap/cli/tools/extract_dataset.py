@@ -81,6 +81,7 @@ def run_dataset(args: Args) -> int:
             dtype=d.dtype, pool=d.pool, resume=d.resume, limit=d.limit, workers=d.workers, device=d.device,
             method=m.method, stop_early=args.own, skip_bad=d.skip_bad, image_size=d.image_size, mean=d.mean,
             std=d.std, weights=m.weights, config=m.config, unsafe_pickle=m.unsafe_pickle,
+            weights_key=m.weights_key, weights_strict=m.weights_strict,
             engine="ray" if d.ray is not None else "local", ray_address=d.ray or None, columns=d.columns,
             **args.runtime,
         )
