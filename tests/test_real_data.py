@@ -112,7 +112,7 @@ def test_compare_on_an_image_folder_with_the_zoo_preprocessing_and_a_saved_rerun
     files = sorted(p for p in images.rglob("*.*"))[:2]
     tf = torchvision.models.ResNet18_Weights.DEFAULT.transforms()
     for i, f in enumerate(files):
-        np.testing.assert_allclose(x[i], tf(Image.open(f).convert("RGB"))[None].numpy(), atol=1e-5)
+        np.testing.assert_allclose(x[i], tf(Image.open(f).convert("RGB")).numpy(), atol=1e-5)
     rc, out, err = _cli(capsys, "compare", "torchvision:resnet18", onnx_path, "--inputs", saved, "--json")
     assert rc == 0, err
     assert json.loads(out)["rows"] == first["rows"]
@@ -133,8 +133,27 @@ def test_compare_onnx_reference_on_an_image_folder_needs_image_size(cnn_file, tm
     assert json.loads(out)["samples"] == 4
     x = np.load(saved)["x"]
     first = sorted(images.rglob("*.*"))[0]
-    assert x.shape == (4, 1, 3, 16, 16)
-    np.testing.assert_array_equal(x[0, 0], from_options(16, [0.5], [0.25]).apply(Image.open(first)))
+    assert x.shape == (4, 3, 16, 16)
+    np.testing.assert_array_equal(x[0], from_options(16, [0.5], [0.25]).apply(Image.open(first)))
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_saved_inputs_read_back_as_the_same_samples(cnn_file, tmp_path, capsys, batch):
+    """--save-inputs of 4 samples, then --inputs of that file: the same 4 samples, the same rows. Samples
+    of batch 1 are one array of the input's own shape (4x3x16x16), one sample per row; others are stacked."""
+    saved = tmp_path / "in.npz"
+    common = ["compare", cnn_file, cnn_file, "--no-ort-opt", "--json"]
+    rc, out, err = _cli(capsys, *common, "--input", f"x={batch}x3x16x16", "--samples", "4", "--save-inputs", saved)
+    assert rc == 0, err
+    first = json.loads(out)
+    x = np.load(saved)["x"]
+    assert x.shape == ((4, 3, 16, 16) if batch == 1 else (4, batch, 3, 16, 16))
+    assert len({x[i].tobytes() for i in range(4)}) == 4  # four different samples, not one repeated
+    rc, out, err = _cli(capsys, *common, "--inputs", saved)
+    assert rc == 0, err
+    again = json.loads(out)
+    assert again["samples"] == first["samples"] == 4
+    assert again["rows"] == first["rows"]
 
 
 def test_an_image_folder_mixing_class_folders_and_loose_files_is_refused(cnn_file, tmp_path, capsys):
@@ -157,8 +176,8 @@ def test_compare_on_a_datasets_folder_of_token_ids(text_model, tmp_path, capsys)
     assert rc == 0, err
     assert json.loads(out)["samples"] == 3
     saved = np.load(tmp_path / "t.npz")
-    np.testing.assert_array_equal(saved["input_ids"][:, 0], np.asarray(rows["input_ids"][:3]))
-    np.testing.assert_array_equal(saved["attention_mask"][:, 0], np.asarray(rows["attention_mask"][:3]))
+    np.testing.assert_array_equal(saved["input_ids"], np.asarray(rows["input_ids"][:3]))
+    np.testing.assert_array_equal(saved["attention_mask"], np.asarray(rows["attention_mask"][:3]))
     report = lt.compare(model, None, path, inputs=tokens, columns=["input_ids", "attention_mask"])
     assert report.ok and report.samples == 5
     rc, _, err = _cli(capsys, "compare", path, path, "--no-ort-opt", "--inputs", tokens, "--columns", "input_ids,atention_mask")

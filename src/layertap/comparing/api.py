@@ -163,7 +163,9 @@ def compare(
             model's is used; ``preprocess`` gives the model's recipe, e.g.
             ``layertap.pytorch.preprocessing.zoo_recipe("torchvision:resnet18")``).
         save_inputs: write the samples compared to this ``.npz``; ``inputs=`` of it repeats the
-            comparison exactly.
+            comparison exactly (an array per input: samples of batch 1 joined on the batch axis,
+            e.g. 4 samples of ``1x3x224x224`` as ``4x3x224x224``; see
+            :func:`~layertap.comparing.samples.save_samples`).
 
     Returns:
         A :class:`CompareReport`: ``.ok``, ``.rows`` (one per module call, in

@@ -131,13 +131,20 @@ def _fit(sample: dict[str, np.ndarray], ranks: Sequence[int | None]) -> dict[str
 
 
 def save_samples(path: str | os.PathLike, feeds: Sequence[dict[str, np.ndarray]]) -> Path:
-    """Write the samples a comparison ran as one ``.npz``: per input, its samples stacked on a new
-    leading axis, so ``--inputs FILE.npz`` (``inputs=``) feeds exactly the same values again.
+    """Write the samples a comparison ran as one ``.npz`` that ``--inputs FILE.npz`` (``inputs=``)
+    reads back as the same samples, with the same values.
+
+    Layout, per input (an array named after it): samples of batch 1 are joined on the batch
+    axis, so 4 samples of a ``1x3x224x224`` input are one ``4x3x224x224`` array, one sample per
+    row, as a dataset's own ``.npz`` holds them; samples with another batch are stacked on a
+    new leading axis (4 samples of ``2x7`` are ``4x2x7``, one sample per leading index).
 
     Example:
         >>> import tempfile, os
         >>> f = os.path.join(tempfile.mkdtemp(), "in.npz")
         >>> _ = save_samples(f, [{"x": np.zeros((1, 4), np.float32)}, {"x": np.ones((1, 4), np.float32)}])
+        >>> np.load(f)["x"].shape
+        (2, 4)
         >>> [s["x"].tolist() for s in load_samples(f, ["x"], [2])]
         [[[0.0, 0.0, 0.0, 0.0]], [[1.0, 1.0, 1.0, 1.0]]]
     """
@@ -145,11 +152,13 @@ def save_samples(path: str | os.PathLike, feeds: Sequence[dict[str, np.ndarray]]
 
     stacked = {}
     for name in feeds[0]:
-        shapes = {tuple(f[name].shape) for f in feeds}
+        values = [np.asarray(f[name]) for f in feeds]
+        shapes = {v.shape for v in values}
         if len(shapes) > 1:
             raise LayertapError(f"--save-inputs: input {name!r} has samples of different shapes "
                                 f"({', '.join('x'.join(map(str, s)) for s in sorted(shapes)[:3])}); one .npz holds samples of one shape")
-        stacked[name] = np.stack([f[name] for f in feeds])
+        batch_of_one = values[0].ndim > 0 and values[0].shape[0] == 1
+        stacked[name] = np.concatenate(values) if batch_of_one else np.stack(values)
     return save_arrays(path, stacked)
 
 

@@ -65,7 +65,9 @@ class CompareTool(Tool):
                             ".npy/.npz files, a datasets folder) or one .npz (one sample per leading index)")
         g.add_argument("--limit", type=positive_int, metavar="N", help="with --inputs: only the first N samples")
         g.add_argument("--save-inputs", metavar="FILE.npz",
-                       help="write the samples compared to FILE.npz; --inputs FILE.npz repeats the comparison exactly")
+                       help="write the samples compared to FILE.npz, an array per input named after it: samples of "
+                            "batch 1 joined on the batch axis (4 samples of 1x3x224x224: 4x3x224x224, one per row), "
+                            "others stacked (4 samples of 2x7: 4x2x7); --inputs FILE.npz repeats the comparison exactly")
         add_sample_options(g)
         g.add_argument("--samples", type=positive_int, default=None, metavar="N",
                        help="N seeded random samples from the input specs; rows show each module's worst sample")
