@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from ..onnxfile.shapes import declared_dims
 from .align import Item
 from .nchwc import block, blocked_tensors, unblock
 from .rows import CompareRow, pair_tensors, same_shape
@@ -197,9 +198,9 @@ class LocalGraph:
     def fits(self, t: str, value: np.ndarray) -> bool:
         """Whether ``value`` can be tensor ``t``: its declared dims (where known) and element count agree."""
         vi = self.types.get(t)
-        if vi is None or not vi.type.tensor_type.HasField("shape"):
+        dims = _sizes(vi) if vi is not None else None
+        if dims is None:
             return True
-        dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
         if all(dims):
             return math.prod(dims) == value.size
         return len(dims) == value.ndim and all(d in (0, v) for d, v in zip(dims, value.shape))
@@ -228,12 +229,16 @@ class LocalGraph:
                 dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
             except (KeyError, TypeError, ValueError):
                 pass
-            tt = vi.type.tensor_type
-            if tt.HasField("shape"):
-                dims = [d.dim_value for d in tt.shape.dim]
-                if all(dims) and math.prod(dims) == a.size and tuple(dims) != a.shape:
-                    a = a.reshape(dims)
+            dims = _sizes(vi)
+            if dims is not None and all(dims) and math.prod(dims) == a.size and tuple(dims) != a.shape:
+                a = a.reshape(dims)
         return a, dtype
+
+
+def _sizes(vi: Any) -> list[int] | None:
+    """A tensor's declared sizes, 0 where symbolic (``None`` when it declares no shape)."""
+    dims = declared_dims(vi)
+    return None if dims is None else [d if isinstance(d, int) else 0 for d in dims]
 
 
 def _has_subgraph(node: Any) -> bool:

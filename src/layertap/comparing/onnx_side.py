@@ -86,13 +86,10 @@ class OrtRunner:
 
     def input_shapes(self) -> dict[str, tuple[int | str, ...]]:
         """Declared shape of each graph input: a fixed size as an int, a symbolic one as its
-        name (``""`` when unnamed)."""
-        out = {}
-        for i in self.proto.graph.input:
-            if i.type.tensor_type.HasField("shape"):
-                dims = i.type.tensor_type.shape.dim
-                out[i.name] = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in dims)
-        return out
+        name (``""`` when unnamed or negative: :func:`~layertap.onnxfile.shapes.declared_dims`)."""
+        from ..onnxfile.shapes import input_dims
+
+        return {name: dims for name, dims in input_dims(self.proto.graph).items() if dims is not None}
 
     def prepare(self, names: list[str]) -> Any:
         """The session exposing ``names``: the last one while the names stay the same (one

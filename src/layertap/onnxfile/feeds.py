@@ -26,6 +26,7 @@ from ..errors import InputSpecError, unknown_name
 from ..inputs import DEFAULT_INT_HIGH, InputSpec, random_input
 from .kvcache import KvLayout, complete_feeds, kv_layout
 from .ort import ORT_NUMPY
+from .shapes import declared_dims
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -218,9 +219,9 @@ def image_input_size(graph: "onnx.GraphProto") -> tuple[int, int] | None:
     inputs = [i for i in graph.input if i.name not in inits]
     if not inputs:
         return None
-    dims = inputs[0].type.tensor_type.shape.dim
-    if len(dims) == 4 and dims[2].HasField("dim_value") and dims[3].HasField("dim_value"):
-        return dims[2].dim_value, dims[3].dim_value
+    dims = declared_dims(inputs[0]) or ()
+    if len(dims) == 4 and isinstance(dims[2], int) and isinstance(dims[3], int):
+        return dims[2], dims[3]
     return None
 
 

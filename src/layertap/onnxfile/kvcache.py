@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from ..errors import InputSpecError
+from .shapes import declared_dims
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -122,9 +123,8 @@ def _known(dim: int | str) -> bool:
 
 
 def _dims(value: "onnx.ValueInfoProto") -> tuple[int | str, ...]:
-    """A value's declared dims: ints where known, else their names."""
-    tt = value.type.tensor_type
-    return tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in tt.shape.dim)
+    """A value's declared dims: ints where known, else their names (none when it declares no shape)."""
+    return declared_dims(value) or ()
 
 
 def _ordered_past(names: list[str]) -> list[str]:

@@ -9,6 +9,7 @@ from typing import Any
 from ..formats import fmt_shape
 from ..tables import Column, Table
 from .modelfile import ModelFile, model_file
+from .shapes import declared_dims
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,5 @@ def _type_of(vi) -> tuple[str | None, list[Any] | None]:
 
     tt = vi.type.tensor_type
     dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else None
-    if not tt.HasField("shape"):
-        return dtype, None
-    shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim]
-    return dtype, shape
+    dims = declared_dims(vi)
+    return dtype, None if dims is None else [d if isinstance(d, int) else (d or "?") for d in dims]

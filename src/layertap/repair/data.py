@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence, cast
 import numpy as np
 
 from ..errors import InputSpecError, LayertapError
+from ..onnxfile.shapes import input_dims
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -34,15 +35,10 @@ class Declared:
         """The file's inputs (initializers listed as inputs left out)."""
         import onnx
 
-        inits = {i.name for i in model.graph.initializer}
-        out = []
-        for i in model.graph.input:
-            if i.name in inits:
-                continue
-            tt = i.type.tensor_type
-            dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
-            out.append(cls(i.name, dims, str(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))))
-        return out
+        types = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
+        return [cls(name, tuple(d if isinstance(d, int) else (d or None) for d in dims or ()),
+                    str(onnx.helper.tensor_dtype_to_np_dtype(types[name])))
+                for name, dims in input_dims(model.graph).items()]
 
     def fits(self, shape: tuple[int, ...]) -> bool:
         """Whether an array of ``shape`` can be fed (fixed dims equal, same rank)."""
