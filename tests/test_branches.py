@@ -259,3 +259,24 @@ def test_openvino_runs_tensors_both_branches_compute_and_loop_bodies_refuses_one
     h = np.ones((1, 4), np.float32)
     np.testing.assert_allclose(lt.run(loop, {"h0": h}, taps=["pre"], runtime="openvino", ov_precision="f32")["pre"],
                                lt.run(loop, {"h0": h}, taps=["pre"])["pre"], rtol=1e-5, atol=1e-6)
+
+
+def test_compare_onnx_files_rows_reach_both_branches(cnn, tmp_path):
+    path, model = cnn
+    then = next(a.g for a in model.graph.node[0].attribute if a.name == "then_branch")
+    w = next(i for i in then.initializer if i.name == "tw2")
+    changed = numpy_helper.to_array(w).copy()
+    changed[0] *= 1.5
+    w.CopyFrom(numpy_helper.from_array(changed, "tw2"))
+    bad = tmp_path / "bad.onnx"
+    onnx.save(model, str(bad))
+    report = lt.compare(path, {"x": _x(), "c": np.array(True)}, bad)
+    rows = {r.name: r for r in report.rows}
+    assert not report.ok and report.first_divergence == "t_conv2"
+    assert rows["t_relu1"].status == "pass" and rows["t_logits"].status == "FAIL"
+    # the else branch did not run: its rows say so instead of passing on empty values
+    assert rows["e_conv1"].status == "no counterpart" and "If branch did not run" in rows["e_conv1"].note
+    names = [r.name for r in report.rows]
+    assert names.index("t_conv1") < names.index("t_conv2") < names.index("e_conv1") < names.index("e_sig")
+    report = lt.compare(path, {"x": _x(), "c": np.array(False)}, bad)
+    assert report.ok and {r.name: r for r in report.rows}["e_conv2"].status == "pass"

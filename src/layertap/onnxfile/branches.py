@@ -28,10 +28,10 @@ Functions are not carried (their bodies are expanded only at run time).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Collection, Iterator
 
 from ..errors import OnnxFileError
-from .walk import inner_graphs, subgraphs
+from .walk import inner_graphs
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
 _CARRIERS = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": ("body",)}
 _EMPTY_PREFIX = "layertap/empty/"
 _COPY_PREFIX = "layertap/carry/"
+_MADE = (_EMPTY_PREFIX, _COPY_PREFIX)
 
 
 def has_subgraphs(graph: "onnx.GraphProto") -> bool:
@@ -46,11 +47,12 @@ def has_subgraphs(graph: "onnx.GraphProto") -> bool:
     return any(a.type in (5, 10) for n in graph.node for a in n.attribute)  # GRAPH, GRAPHS
 
 
-def branch_tensors(graph: "onnx.GraphProto") -> dict[str, str]:
+def branch_tensors(graph: "onnx.GraphProto", ops: Collection[str] | None = None) -> dict[str, str]:
     """Every node output inside the subgraphs of ``graph``'s nodes (at any depth) -> the subgraph
     that computes it (the innermost).
 
-    A name defined in the main graph is left out (it is a main-graph tensor).
+    A name defined in the main graph is left out (it is a main-graph tensor). ``ops``: descend
+    only into the subgraphs of nodes of these types (``("If",)``: branches, not loop bodies).
 
     Example:
         >>> import onnx.helper as h
@@ -66,6 +68,8 @@ def branch_tensors(graph: "onnx.GraphProto") -> dict[str, str]:
 
     def visit(g: "onnx.GraphProto") -> None:
         for node in g.node:
+            if ops is not None and node.op_type not in ops:
+                continue
             for attr in node.attribute:
                 for sub in _attr_graphs(attr):
                     where = f"the {attr.name} of {node.op_type} node {node.name or '(unnamed)'!r}"
@@ -105,6 +109,9 @@ class Carrier:
     model: "onnx.ModelProto"
     _names: set[str] | None = field(default=None, repr=False)
     _types: dict[Path, dict[str, "onnx.ValueInfoProto"]] | None = field(default=None, repr=False)
+    # names each subgraph (with its own subgraphs) defines, by path: only grown by carrying, never
+    # by a name asked about later (a carried name is already inside), so read once
+    _trees: dict[Path, set[str]] = field(default_factory=dict, repr=False)
 
     def carry(self, name: str) -> str | None:
         """Make the branch tensor ``name`` a value of the main graph; return its main-graph name
@@ -113,12 +120,16 @@ class Carrier:
         taken = _defined(graph)
         if name in taken:
             return name
+        if self._check(graph, (), name) is None:
+            return None
         got = self._carry(graph, (), name, taken)
         return None if got is None else got.name
 
-    def _carry(self, graph: "onnx.GraphProto", path: Path, name: str, taken: set[str]) -> "onnx.ValueInfoProto | None":
-        """Carry ``name`` out of the one node of ``graph`` whose subgraphs define it: the node's new output."""
-        holders = [(k, n) for k, n in enumerate(graph.node) if any(_defines(sub, name) for sub in subgraphs(n))]
+    def _holder(self, graph: "onnx.GraphProto", path: Path, name: str) -> "tuple[int, onnx.NodeProto] | None":
+        """The one node of ``graph`` whose subgraphs define ``name`` (``None``: none); refused when
+        several do, or when its op is not one whose subgraph values can be carried."""
+        holders = [(k, n) for k, n in enumerate(graph.node)
+                   if any(name in self._tree((*path, (k, a.name)), a.g) for a in n.attribute if a.HasField("g"))]
         if not holders:
             return None
         if len(holders) > 1:
@@ -126,11 +137,37 @@ class Carrier:
             raise OnnxFileError(f"tensor {name!r} is defined inside the subgraphs of several nodes ({where}); "
                                 "it cannot be told apart by name")
         k, node = holders[0]
-        attrs = _CARRIERS.get(node.op_type)
-        if attrs is None:
+        if node.op_type not in _CARRIERS:
             raise OnnxFileError(f"tensor {name!r} is inside a subgraph of {node.op_type} node {node.name or '(unnamed)'!r}; "
                                 "only tensors inside If, Loop and Scan subgraphs can be carried out to the main graph")
-        inner = {a.name: a.g for a in node.attribute if a.name in attrs}
+        return k, node
+
+    def _check(self, graph: "onnx.GraphProto", path: Path, name: str) -> bool | None:
+        """Every refusal :meth:`_carry` could meet, raised before anything is edited; whether the
+        tensor's type is known (``None``: no subgraph of ``graph`` defines it)."""
+        held = self._holder(graph, path, name)
+        if held is None:
+            return None
+        k, node = held
+        found: list[bool | None] = []
+        for a in node.attribute:
+            if a.name in _CARRIERS[node.op_type]:
+                p = (*path, (k, a.name))
+                found.append(self._type_of(p, name) is not None if name in _defined(a.g) else self._check(a.g, p, name))
+        typed = any(found)
+        if node.op_type == "If" and None in found and not typed:
+            raise OnnxFileError(f"cannot find the type of tensor {name!r} inside a branch of If node "
+                                f"{node.name or '(unnamed)'!r} (shape inference does not type it), so the other branch "
+                                "cannot give an empty value of that type")
+        return typed
+
+    def _carry(self, graph: "onnx.GraphProto", path: Path, name: str, taken: set[str]) -> "onnx.ValueInfoProto | None":
+        """Carry ``name`` out of the one node of ``graph`` whose subgraphs define it: the node's new output."""
+        held = self._holder(graph, path, name)
+        if held is None:
+            return None
+        k, node = held
+        inner = {a.name: a.g for a in node.attribute if a.name in _CARRIERS[node.op_type]}
         values = {a: self._inner_value(g, (*path, (k, a)), name, taken) for a, g in inner.items()}
         found = next(v for v in values.values() if v is not None)
         if node.op_type == "If":
@@ -177,7 +214,8 @@ class Carrier:
                                          dtype=like.type.sequence_type.elem_type.tensor_type.elem_type)
         elif kind == "tensor_type" and like.type.tensor_type.elem_type:
             tt = like.type.tensor_type
-            dims = [0] * len(tt.shape.dim) if tt.HasField("shape") else [0]
+            # a scalar has no empty form of its rank: [0], and the branches' outputs lose their rank
+            dims = [0] * len(tt.shape.dim) if tt.HasField("shape") and len(tt.shape.dim) else [0]
             node = onnx.helper.make_node("Constant", [], [name], name=name,
                                          value=onnx.helper.make_tensor(name, tt.elem_type, dims, []))
         else:
@@ -186,7 +224,15 @@ class Carrier:
         g.node.append(node)
         out = _loose(like)  # the rank kept: OpenVINO's CPU plug-in refuses an If output of unknown rank
         out.name = name
+        if kind == "tensor_type" and len(dims) != len(out.type.tensor_type.shape.dim):
+            out.type.tensor_type.ClearField("shape")
+            like.type.tensor_type.ClearField("shape")
         return out
+
+    def _tree(self, path: Path, g: "onnx.GraphProto") -> set[str]:
+        if path not in self._trees:
+            self._trees[path] = {t for inner in inner_graphs(g) for t in _defined(inner)}
+        return self._trees[path]
 
     def _type_of(self, path: Path, name: str) -> "onnx.ValueInfoProto | None":
         """``name``'s type in the subgraph at ``path``, from ONNX shape inference of the whole model (run once)."""
@@ -228,6 +274,75 @@ def padded_outputs(graph: "onnx.GraphProto") -> dict[str, str]:
     return out
 
 
+def flat_graph(graph: "onnx.GraphProto", ops: Collection[str] | None = None) -> "onnx.GraphProto":
+    """A view of ``graph`` for reading module scopes and data flow, never run: each node's
+    subgraph nodes (at any depth) inlined before it, in order, their initializers with them.
+
+    The node itself stays, without its subgraphs, reading what its subgraphs output (so data
+    flows from the branch nodes to the node's outputs); an output of it that a subgraph already
+    computes (a tensor carried out) is left to the node inside. A name several subgraphs
+    define (both branches of an If) has one producer per subgraph in the view. Nodes layertap
+    added to carry tensors out are left out. ``ops``: inline only the subgraphs of these op types.
+
+    Example:
+        >>> import onnx.helper as h
+        >>> then = h.make_graph([h.make_node("Relu", ["x"], ["r"], name="/a/Relu")], "then", [],
+        ...                     [h.make_empty_tensor_value_info("r")])
+        >>> other = h.make_graph([h.make_node("Neg", ["x"], ["n"], name="/b/Neg")], "else", [],
+        ...                      [h.make_empty_tensor_value_info("n")])
+        >>> g = h.make_graph([h.make_node("If", ["c"], ["y"], name="/If", then_branch=then, else_branch=other)], "g", [], [])
+        >>> [(n.name, list(n.input), list(n.output)) for n in flat_graph(g).node]
+        [('/a/Relu', ['x'], ['r']), ('/b/Neg', ['x'], ['n']), ('/If', ['c', 'r', 'n'], ['y'])]
+    """
+    import onnx
+
+    out = onnx.GraphProto()
+    out.name = graph.name
+    out.input.extend(graph.input)
+    out.output.extend(graph.output)
+    out.value_info.extend(graph.value_info)
+    out.initializer.extend(graph.initializer)
+    for node in graph.node:
+        _inline(node, out, ops)
+    return out
+
+
+def with_branches(graph: "onnx.GraphProto", ops: Collection[str] | None = None) -> "onnx.GraphProto":
+    """:func:`flat_graph` of a graph with subgraphs; any other graph as it is (no copy)."""
+    return flat_graph(graph, ops) if has_subgraphs(graph) else graph
+
+
+def _inline(node: "onnx.NodeProto", out: "onnx.GraphProto", ops: Collection[str] | None) -> None:
+    import onnx
+
+    if node.name.startswith(_MADE):
+        return
+    # then before else: rows follow the order a reader of the model expects
+    attrs = sorted(node.attribute, key=lambda a: a.name != "then_branch")
+    subs = [g for a in attrs for g in _attr_graphs(a)] if ops is None or node.op_type in ops else []
+    if not subs:
+        out.node.append(node)
+        return
+    inside: set[str] = set()
+    for sub in subs:
+        out.initializer.extend(sub.initializer)
+        for inner in sub.node:
+            _inline(inner, out, ops)
+        inside.update(t for g in inner_graphs(sub) for t in _defined(g))
+    bare = onnx.NodeProto()
+    bare.CopyFrom(node)
+    kept = [a for a in node.attribute if not a.HasField("g") and not len(a.graphs)]
+    del bare.attribute[:]
+    bare.attribute.extend(kept)
+    carried = {t for t in node.output if t in inside}  # outputs carrying a tensor out feed nothing else
+    skip = 1 if node.op_type == "Loop" else 0  # a Loop body's first output is its condition
+    kept = [i for i, t in enumerate(node.output) if t not in carried]
+    bare.input.extend(sub.output[i + skip].name for sub in subs for i in kept if i + skip < len(sub.output))
+    del bare.output[:]
+    bare.output.extend("" if t in carried else t for t in node.output)
+    out.node.append(bare)
+
+
 def carry_all(model: "onnx.ModelProto", names: Iterator[str] | list[str]) -> dict[str, str]:
     """Carry each of ``names`` (branch tensors) out to the main graph; their main-graph names."""
     carrier = Carrier(model)
@@ -250,10 +365,6 @@ def _defined(graph: "onnx.GraphProto") -> set[str]:
     """Names ``graph`` itself defines (node outputs, inputs, initializers), not those of its subgraphs."""
     return ({t for n in graph.node for t in n.output if t} | {i.name for i in graph.input}
             | {i.name for i in graph.initializer})
-
-
-def _defines(graph: "onnx.GraphProto", name: str) -> bool:
-    return any(name in _defined(g) for g in inner_graphs(graph))
 
 
 def _copy(vi: "onnx.ValueInfoProto") -> "onnx.ValueInfoProto":

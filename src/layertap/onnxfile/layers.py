@@ -93,8 +93,9 @@ def onnx_layers(path: "str | os.PathLike | ModelFile") -> OnnxLayers:
         for i in graph.input if i.name not in inits
     ]
     sub_types = subgraph_types(mf.model) if has_subgraphs(graph) else {}
+    inner = _branch_owners(mf.model) if sub_types else {}
     for k, node in enumerate(graph.node):
-        rows.extend(_branch_rows(node, (k,), sub_types))
+        rows.extend(_branch_rows(node, (k,), sub_types, inner))
         module, call = owners.get(k, (None, None))
         for t in node.output:
             if t:
@@ -109,7 +110,16 @@ def onnx_layers(path: "str | os.PathLike | ModelFile") -> OnnxLayers:
     return OnnxLayers(rows, notes, source=scopes.source)
 
 
-def _branch_rows(node: "onnx.NodeProto", at: tuple, sub_types: dict) -> list[TensorRow]:
+def _branch_owners(model: "onnx.ModelProto") -> dict[str, tuple[str, int]]:
+    """Module and call of each tensor of the subgraphs, read with them inlined (``ScopeMap(branches=True)``)."""
+    from .scopes import ScopeMap
+
+    smap = ScopeMap.from_model(model, branches=True)
+    owners = smap.owners()
+    return {t: owners[k] for k, n in enumerate(smap.graph.node) if k in owners and owners[k][0] for t in n.output if t}
+
+
+def _branch_rows(node: "onnx.NodeProto", at: tuple, sub_types: dict, owners: dict) -> list[TensorRow]:
     """Rows of the tensors inside ``node``'s subgraphs (at any depth), before the node's own
     outputs; ``at``: the path of ``node``'s graph, then ``node``'s index in it."""
     rows: list[TensorRow] = []
@@ -120,9 +130,11 @@ def _branch_rows(node: "onnx.NodeProto", at: tuple, sub_types: dict) -> list[Ten
         where = f"{attr.name} of {node.op_type} {node.name or '(unnamed)'!r}"
         types = sub_types.get(path, {})
         for k, inner in enumerate(attr.g.node):
-            rows.extend(_branch_rows(inner, (*path, k), sub_types))
-            rows.extend(TensorRow(t, inner.op_type, inner.name or None, *_type_of(types.get(t)), None, None, where)
-                        for t in inner.output if t)
+            rows.extend(_branch_rows(inner, (*path, k), sub_types, owners))
+            for t in inner.output:
+                if t:
+                    module, call = owners.get(t, (None, None))
+                    rows.append(TensorRow(t, inner.op_type, inner.name or None, *_type_of(types.get(t)), module, call, where))
     return rows
 
 

@@ -124,7 +124,7 @@ class OutputAdder:
         if self._scopes is None:
             from .scopes import ScopeMap
 
-            self._scopes = ScopeMap.from_model(self.mf.model)
+            self._scopes = ScopeMap.from_model(self.mf.model, branches=True)
         return self._scopes
 
     def known_tensors(self) -> set[str]:
@@ -176,7 +176,16 @@ class OutputAdder:
         """A module tap (``layer2.0.relu#1``); names already made outputs by ``lt.export`` pass through."""
         if text in self.outputs:
             return [(text, text)]
-        return self.scopes.resolve(Tap.parse(text))
+        return self.resolve_scoped(Tap.parse(text))
+
+    def resolve_scoped(self, tap: Tap) -> list[tuple[str, str]]:
+        """A module tap through the file's scopes; a tensor of a branch it answers with is carried out."""
+        pairs = self.scopes.resolve(tap)
+        known = self.known_tensors()
+        for _, tensor in pairs:
+            if tensor not in known:
+                self.carry(tensor)
+        return pairs
 
     def branch_tensors(self) -> dict[str, str]:
         """The tensors of the subgraphs (``If``/``Loop``/``Scan``) -> where each is computed; read once."""

@@ -192,7 +192,7 @@ def _resolve_tap(adder: OutputAdder, text: str) -> list[tuple[str, str]]:
     except SelectorError:
         tap = None
     if tap is not None and adder.scopes.source != "none" and adder.scopes.calls(tap.path):
-        return adder.scopes.resolve(tap)
+        return adder.resolve_scoped(tap)
     if text in adder.known_tensors():
         adder.note_quantized(text)
         return [(text, text)]
@@ -200,7 +200,7 @@ def _resolve_tap(adder: OutputAdder, text: str) -> list[tuple[str, str]]:
         return [(text, text)]
     scoped = adder.scopes.source != "none"
     if tap is not None and scoped and ("." in tap.path or tap.call is not None or tap.port == "input"):
-        return adder.scopes.resolve(tap)  # raises the module error with close matches
+        return adder.resolve_scoped(tap)  # raises the module error with close matches
     where = adder.nested_location(text)
     if where:
         raise OnnxFileError(f"tensor {text!r} is {where}; only tensors of the main graph can be tapped")
