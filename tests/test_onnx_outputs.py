@@ -525,7 +525,7 @@ def test_missing_truncated_and_not_onnx(tmp_path):
         lt.onnx_layers(tmp_path / "n.onnx")
 
 
-def test_subgraph_and_function_tensors_refused(tmp_path):
+def test_subgraph_tensor_carried_out_and_inputs_checked(tmp_path):
     then_g = helper.make_graph([helper.make_node("Neg", ["x"], ["inner"], name="neg")], "then", [],
                                [helper.make_tensor_value_info("inner", TensorProto.FLOAT, [2])])
     else_g = helper.make_graph([helper.make_node("Abs", ["x"], ["inner2"], name="abs")], "else", [],
@@ -536,8 +536,9 @@ def test_subgraph_and_function_tensors_refused(tmp_path):
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
     path = tmp_path / "if.onnx"
     onnx.save_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    with pytest.raises(OnnxFileError, match="subgraph of If node 'if0'"):
-        lt.add_outputs(path, tmp_path / "o.onnx", tensors=["inner"])
+    assert lt.add_outputs(path, tmp_path / "o.onnx", tensors=["inner"]) == ["inner"]
+    tapped = lt.run(tmp_path / "o.onnx", {"x": np.ones(2, np.float32), "c": np.array(True)})
+    np.testing.assert_array_equal(tapped["inner"], -np.ones(2, np.float32))
     got = lt.run(path, {"x": np.ones(2, np.float32), "c": np.array(True)})
     np.testing.assert_array_equal(got["output"], -np.ones(2, np.float32))
     with pytest.raises(LayertapError, match="input 'x' must be float32 with shape 2"):

@@ -224,12 +224,16 @@ def blame_rewritten(rows: Sequence[CompareRow]) -> list[CompareRow]:
     return out
 
 
+NOT_RUN = "empty on both sides: its If branch did not run on this sample"
+
+
 class RowBuilder:
     """Turns aligned values into rows; detects folds the scopes did not report."""
 
     def __init__(self, items: list[Item], store: ArrayStore, criterion: Criterion, torch_calls: dict[str, int],
-                 *, find_fusions: bool = True) -> None:
+                 *, find_fusions: bool = True, branches: frozenset[str] = frozenset()) -> None:
         self.items = items
+        self.branches = branches  # candidate tensors carried out of If branches: empty when theirs did not run
         self.store = store
         self.criterion = criterion
         self.find_fusions = find_fusions
@@ -266,6 +270,9 @@ class RowBuilder:
                               fused_into=into)
         onnx_arrays = [values[n] for n in item.tensors]
         ref = self.store.get(mc.key)
+        if self.branches and self.branches.intersection(item.tensors) and all(np.size(a) == 0 for a in [*ref, *onnx_arrays]):
+            return CompareRow(**base, max_abs=None, rel_err=None, status=NO_COUNTERPART, ok=None,
+                              onnx=list(item.tensors), note=NOT_RUN)
         stats, names, why = self._compare(ref, onnx_arrays, item.tensors, mc)
         if item.unverified is not None:
             return self._checked(item, base, stats, names)

@@ -37,7 +37,7 @@ from .align import Item, RowBuilder
 from .driver import Sample, module_filter, plan_batches
 from .local import PairsOf, RefLookup, onnx_ref_inputs, ref_needs
 from .nchwc import blocked_stand_ins
-from .onnx_side import OrtSide, absorb_unexposable, check_feed_shapes
+from .onnx_side import IF_BRANCHES, OrtSide, absorb_unexposable, check_feed_shapes
 from .rows import ABSORBED, NO_COUNTERPART, CompareRow
 from .samples import Sample as Given
 from .torch_side import ArrayStore, ModuleCall
@@ -59,11 +59,13 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
     Returns the items (``ref_tensors`` set), calls per module path (for ``PATH#k`` names)
     and the alignment mode (``"scopes"`` or ``"names"``).
     """
+    from ..onnxfile.branches import with_branches
     from ..onnxfile.ort import inferred_types, nchwc_block_size
     from ..onnxfile.scopes import ScopeMap
 
-    ref_map = ScopeMap.from_model(ref)
-    ref_made, cand_made = _producers(ref.graph), _producers(cand.graph)
+    ref_map = ScopeMap.from_model(ref, branches=IF_BRANCHES)
+    ref_view, cand_view = with_branches(ref.graph, IF_BRANCHES), with_branches(cand.graph, IF_BRANCHES)  # If branches' nodes too
+    ref_made, cand_made = _producers(ref_view), _producers(cand_view)
     # a tensor both files quantise the same way (one file run two ways) is compared as itself
     ref_through = stand_ins(ref.graph)
     through = {t: d for t, d in stand_ins(cand.graph).items() if ref_through.get(t) != d}
@@ -84,7 +86,7 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
             """The candidate's own call of a module; its scopes are read only when some tensor is not found by name."""
             nonlocal cand_cps
             if cand_cps is None:
-                cand_map = ScopeMap.from_model(cand)
+                cand_map = ScopeMap.from_model(cand, branches=IF_BRANCHES)
                 cand_cps = {(c.path, c.call): c for c in cand_map.counterparts()} if cand_map.source != "none" else {}
             return cand_cps.get((path, call))
 
@@ -103,9 +105,10 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
         weights = GraphFacts(ref.graph).weights
         types = inferred_types(ref)
         graph_outputs = {o.name for o in ref.graph.output}
-        for node in ref.graph.node:
+        ran = set(_producers(ref.graph))  # a branch tensor the reference's runtime did not carry out has no row
+        for node in ref_view.node:
             for t in node.output:
-                if not t or t in weights or t in graph_outputs or not wanted(t) or not _is_float(types.get(t)):
+                if t not in ran or t in weights or t in graph_outputs or not wanted(t) or not _is_float(types.get(t)):
                     continue
                 got = by_name(t)
                 mc = ModuleCall(len(items), t, 0, node.op_type)
@@ -283,7 +286,7 @@ class OnnxReference:
         self.batches = plan_batches(self.items, cost, batch_outputs, memory_budget)
         self._batch_names: dict[tuple[int, int], list[str]] = {}
         self.store = ArrayStore(memory_budget)
-        self.builder = RowBuilder(self.items, self.store, criterion, counts, find_fusions=False)
+        self.builder = RowBuilder(self.items, self.store, criterion, counts, find_fusions=False, branches=cand.carried)
         self.known = set(_producers(ref.proto.graph))
 
     def sample(self, index: int, budget: int) -> Sample:

@@ -146,6 +146,7 @@ class OrtSide:
             self.path = Path(source)
             self.runner = OrtRunner(ir_graph(runtime, self.path), self.path.parent, runtime, file=self.path)
             self.blocked: set[str] = set()
+            self.carried: frozenset[str] = frozenset()  # an IR's If bodies stay OpenVINO's
             return
         # The shared loader: graph only (weights stay on disk for ORT) and the external-data
         # safety checks every ONNX command applies; a file the caller already read is not read again.
@@ -156,6 +157,8 @@ class OrtSide:
         loaded.model = self.runner.proto
         del loaded
         self.blocked = blocked_tensors(self.runner.proto.graph)
+        #: tensors of If branches carried out to the main graph (empty when their branch did not run)
+        self.carried = frozenset(carry_branches(self.runner))
 
     @property
     def proto(self) -> "onnx.ModelProto":
@@ -212,6 +215,36 @@ class OrtSide:
 
     def close(self) -> None:
         self.runner.close()
+
+
+IF_BRANCHES = ("If",)  # the subgraphs a compare reads and carries out (see carry_branches)
+
+
+def carry_branches(runner: OrtRunner) -> list[str]:
+    """Tensors inside ``If`` branches made outputs of their ``If`` nodes (see
+    :mod:`layertap.onnxfile.branches`), so rows can expose them; the names carried.
+
+    ONNX Runtime only: OpenVINO's CPU plug-in refuses an ``If`` whose branches give tensors of
+    different shapes (the branch not taken gives an empty one). Loop bodies are not carried:
+    their values per iteration answer no single module call. A tensor that cannot be carried (a
+    name several subgraphs define, an untyped one) stays inside, and its rows have no counterpart.
+    """
+    from ..errors import OnnxFileError
+    from ..onnxfile.branches import Carrier, branch_tensors, has_subgraphs
+
+    graph = runner.proto.graph
+    if getattr(runner.runtime, "name", None) != "ort" or runner.file is not None or not has_subgraphs(graph):
+        return []
+    carrier, carried = Carrier(runner.proto), []
+    for name in branch_tensors(graph, ops=IF_BRANCHES):
+        try:
+            if carrier.carry(name) is not None:
+                carried.append(name)
+        except OnnxFileError:
+            continue
+    if carried:
+        runner.source.origin = None  # the graph is no longer the file's
+    return carried
 
 
 def absorb_unexposable(items: Sequence[Any], side: OrtSide, *, reference: bool = False) -> None:

@@ -16,7 +16,7 @@ from ..onnxfile.kvcache import check_config, kv_layout
 from .align import Item, RowBuilder, call_counts, plan_items
 from .driver import Sample, Silent, module_filter, plan_batches
 from .local import PairsOf, RefLookup, torch_ref_inputs
-from .onnx_side import OrtSide, ScopeView, absorb_unexposable, check_feed_shapes, check_same_model, feed_from_args
+from .onnx_side import IF_BRANCHES, OrtSide, ScopeView, absorb_unexposable, check_feed_shapes, check_same_model, feed_from_args
 from .rows import NO_COUNTERPART, CompareRow
 from .torch_side import ArrayStore, run_torch
 from .weights import PendingCheck, WeightCheck, check_model_weights
@@ -42,7 +42,7 @@ class TorchReference:
         self.model, self.method, self.runs_args, self.prog, self.local = model, method, runs, progress, local
         self.n_samples, self.criterion = len(runs), criterion
         self.cand, self.batch_outputs, self.budget = cand, batch_outputs, memory_budget
-        self.view = ScopeView(ScopeMap.from_model(cand.proto), {p for p, _ in model.named_modules() if p})
+        self.view = ScopeView(ScopeMap.from_model(cand.proto, branches=IF_BRANCHES), {p for p, _ in model.named_modules() if p})
         self.layout = kv_layout(cand.proto.graph)
         if self.layout is not None:  # before the weight check: a differently shaped model is named as such
             check_config(self.layout, getattr(model, "config", None))
@@ -72,7 +72,7 @@ class TorchReference:
         items = [self._refuse_blocked(it) for it in plan_items(calls, root, self.view, self.outputs, self.include_root)
                  if self.wanted(it.mc.path) or it.mc is root]
         absorb_unexposable(items, self.cand)
-        builder = RowBuilder(items, store, self.criterion, call_counts(calls))
+        builder = RowBuilder(items, store, self.criterion, call_counts(calls), branches=self.cand.carried)
 
         def cost(item: Item) -> tuple[int, int]:  # estimated from the PyTorch sizes
             n = len(item.tensors)

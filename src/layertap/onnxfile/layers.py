@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..formats import fmt_shape
 from ..tables import Column, Table
+from .branches import has_subgraphs, subgraph_types
 from .modelfile import ModelFile, model_file
 from .shapes import declared_dims
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,7 @@ class TensorRow:
     shape: list[Any] | None  # ints and symbolic dim names; None when unknown
     module: str | None  # PyTorch module path whose value this is (None: root or unknown)
     call: int | None    # call index of that module
+    graph: str | None = None  # the subgraph computing it (``then_branch of If 'pick'``); None: the main graph
 
 
 class OnnxLayers(Table):
@@ -48,6 +53,7 @@ class OnnxLayers(Table):
         Column("call", "Call", justify="right", drop=1),
         Column("dtype", "Dtype", drop=2),
         Column("shape", "Shape", fmt=fmt_shape),
+        Column("graph", "Subgraph", drop=3),
     ]
 
     def __init__(self, rows=(), notes=(), source: str = "none") -> None:
@@ -87,7 +93,10 @@ def onnx_layers(path: "str | os.PathLike | ModelFile") -> OnnxLayers:
         TensorRow(i.name, "input", None, *_type_of(types.get(i.name)), None, None)
         for i in graph.input if i.name not in inits
     ]
+    sub_types = subgraph_types(mf.model) if has_subgraphs(graph) else {}
+    inner = _branch_owners(mf.model) if sub_types else {}
     for k, node in enumerate(graph.node):
+        rows.extend(_branch_rows(node, (k,), sub_types, inner))
         module, call = owners.get(k, (None, None))
         for t in node.output:
             if t:
@@ -100,6 +109,34 @@ def onnx_layers(path: "str | os.PathLike | ModelFile") -> OnnxLayers:
         notes.append(f"{len(inits)} initializers (weights) not listed")
     del onnx
     return OnnxLayers(rows, notes, source=scopes.source)
+
+
+def _branch_owners(model: "onnx.ModelProto") -> dict[str, tuple[str, int]]:
+    """Module and call of each tensor of the subgraphs, read with them inlined (``ScopeMap(branches=True)``)."""
+    from .scopes import ScopeMap
+
+    smap = ScopeMap.from_model(model, branches=True)
+    owners = smap.owners()
+    return {t: owners[k] for k, n in enumerate(smap.graph.node) if k in owners and owners[k][0] for t in n.output if t}
+
+
+def _branch_rows(node: "onnx.NodeProto", at: tuple, sub_types: dict, owners: dict) -> list[TensorRow]:
+    """Rows of the tensors inside ``node``'s subgraphs (at any depth), before the node's own
+    outputs; ``at``: the path of ``node``'s graph, then ``node``'s index in it."""
+    rows: list[TensorRow] = []
+    for attr in node.attribute:
+        if not attr.HasField("g"):
+            continue
+        path = (*at[:-1], (at[-1], attr.name))
+        where = f"{attr.name} of {node.op_type} {node.name or '(unnamed)'!r}"
+        types = sub_types.get(path, {})
+        for k, inner in enumerate(attr.g.node):
+            rows.extend(_branch_rows(inner, (*path, k), sub_types, owners))
+            for t in inner.output:
+                if t:
+                    module, call = owners.get(t, (None, None))
+                    rows.append(TensorRow(t, inner.op_type, inner.name or None, *_type_of(types.get(t)), module, call, where))
+    return rows
 
 
 def _type_of(vi) -> tuple[str | None, list[Any] | None]:

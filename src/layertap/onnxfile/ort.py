@@ -391,7 +391,7 @@ def inferred_types(model: "onnx.ModelProto") -> dict[str, "onnx.ValueInfoProto"]
     g = inferred.graph
     out: dict[str, onnx.ValueInfoProto] = {}
     for vi in list(g.value_info) + list(g.input) + list(g.output):
-        if _is_typed(vi):
+        if is_typed(vi):
             out[vi.name] = vi
     for init in g.initializer:
         if init.name not in out:
@@ -399,7 +399,8 @@ def inferred_types(model: "onnx.ModelProto") -> dict[str, "onnx.ValueInfoProto"]
     return out
 
 
-def _is_typed(vi: Any) -> bool:
+def is_typed(vi: Any) -> bool:
+    """True when ``vi`` has a type (a tensor: with its element type)."""
     which = vi.type.WhichOneof("value")
     if which != "tensor_type":
         return which is not None

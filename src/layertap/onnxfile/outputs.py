@@ -17,6 +17,11 @@ weights.
 
 Naming: a tensor asked for by name keeps its name; a module output gets its
 selector's name (``layer3.1``, ``layer2.0.relu#1``) through an ``Identity`` node.
+
+A tensor inside an ``If``/``Loop``/``Scan`` subgraph is carried out to the main
+graph first (:mod:`layertap.onnxfile.branches`): an output of the enclosing node
+under the tensor's own name, empty when its branch did not run, stacked over the
+iterations of a loop. ``all=True`` marks the main graph's tensors only.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from ..errors import LayertapWarning, OnnxFileError, unknown_name
 from ..files.reads import operation, refuse_inputs
 from ..files.writes import check_output_path, temp_path
 from ..selectors import Tap
+from .branches import Carrier, branch_tensors, has_subgraphs
 from .modelfile import ModelFile, read_model
 from .ort import SessionSource, tensor_types
 from .publish import publish
@@ -107,6 +113,10 @@ class OutputAdder:
         self._inputs = {i.name for i in self.graph.input}
         self._inits = {i.name for i in self.graph.initializer}
         self.outputs = [o.name for o in self.graph.output]
+        self._carrier: Carrier | None = None
+        self._branches: dict[str, str] | None = None
+        #: branch tensors carried out to the main graph -> where they are computed
+        self.carried: dict[str, str] = {}
 
     # -- resolving --------------------------------------------------------------
     @property
@@ -114,7 +124,7 @@ class OutputAdder:
         if self._scopes is None:
             from .scopes import ScopeMap
 
-            self._scopes = ScopeMap.from_model(self.mf.model)
+            self._scopes = ScopeMap.from_model(self.mf.model, branches=True)
         return self._scopes
 
     def known_tensors(self) -> set[str]:
@@ -135,10 +145,12 @@ class OutputAdder:
         if name in self.known_tensors():
             self.note_quantized(name)
             return (name, name)
+        if self.carry(name) is not None:
+            return (name, name)
         where = self.nested_location(name)
         if where:
             raise OnnxFileError(f"tensor {name!r} is {where}; only tensors of the main graph can become outputs")
-        raise OnnxFileError(unknown_name("tensor", name, sorted(self.known_tensors())))
+        raise OnnxFileError(unknown_name("tensor", name, sorted(self.known_tensors() | set(self.branch_tensors()))))
 
     def note_quantized(self, name: str) -> None:
         """Warn (one line) when the graph computes with ``name``'s dequantised copy, not with ``name``.
@@ -164,7 +176,37 @@ class OutputAdder:
         """A module tap (``layer2.0.relu#1``); names already made outputs by ``lt.export`` pass through."""
         if text in self.outputs:
             return [(text, text)]
-        return self.scopes.resolve(Tap.parse(text))
+        return self.resolve_scoped(Tap.parse(text))
+
+    def resolve_scoped(self, tap: Tap) -> list[tuple[str, str]]:
+        """A module tap through the file's scopes; a tensor of a branch it answers with is carried out."""
+        pairs = self.scopes.resolve(tap)
+        known = self.known_tensors()
+        for _, tensor in pairs:
+            if tensor not in known:
+                self.carry(tensor)
+        return pairs
+
+    def branch_tensors(self) -> dict[str, str]:
+        """The tensors of the subgraphs (``If``/``Loop``/``Scan``) -> where each is computed; read once."""
+        if self._branches is None:
+            self._branches = branch_tensors(self.graph) if has_subgraphs(self.graph) else {}
+        return self._branches
+
+    def carry(self, name: str) -> str | None:
+        """Carry a tensor of an ``If``/``Loop``/``Scan`` subgraph out to the main graph (see
+        :mod:`layertap.onnxfile.branches`); its main-graph name, or ``None`` when no subgraph computes it."""
+        where = self.branch_tensors().get(name)
+        if where is None:
+            return None
+        if self._carrier is None:
+            self._carrier = Carrier(self.mf.model)
+        got = self._carrier.carry(name)
+        if got is not None:
+            self._produced.add(got)
+            self.carried[got] = where
+            self.source.origin = None  # the graph is no longer the file's: a runtime must read this one
+        return got
 
     def nested_location(self, name: str) -> str | None:
         """Where ``name`` lives when it is not a main-graph tensor (a subgraph, a function), else ``None``."""

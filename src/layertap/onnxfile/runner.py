@@ -63,6 +63,7 @@ class TappedSession:
             raise OnnxFileError(f"'{path}' has no graph outputs, so there is nothing to run; pass --tap NAME to pick tensors")
         self.own = list(adder.outputs)
         self.added = adder.apply(self.pairs)
+        self.carried = adder.carried  # branch tensors: an empty value means their branch did not run
         self.tap_names = list(dict.fromkeys([*(n for n, _ in self.pairs if n not in self.hidden), *self.positions]))
         try:
             # ``file``: a file the runtime reads itself (an OpenVINO IR, ``mf`` its tensor names)
@@ -114,7 +115,19 @@ class TappedSession:
                 result[name] = got[name if name in got else tensor]
         for name, (whole, pos) in self.positions.items():
             result[name] = _at_position(result[whole], pos, whole)
+        self._note_not_run(result, notify)
         return _flatten_sequences({k: v for k, v in result.items() if k not in self.hidden}, notify)
+
+
+    def _note_not_run(self, result: dict[str, Any], notify: Callable[[str], None] | None) -> None:
+        """One line per tapped branch tensor that came back empty: its branch did not run."""
+        if notify is None or not self.carried:
+            return
+        for name, tensor in self.pairs:
+            value = result.get(name)
+            if tensor in self.carried and value is not None and np.size(value) == 0 and name not in self.hidden:
+                notify(f"{name!r} is inside {self.carried[tensor]}, which did not run on these inputs "
+                       "(an empty value: every dimension 0)")
 
 
 def _flatten_sequences(values: dict[str, Any], notify: Callable[[str], None] | None = None) -> dict[str, np.ndarray]:
@@ -179,17 +192,19 @@ def _resolve_tap(adder: OutputAdder, text: str) -> list[tuple[str, str]]:
     except SelectorError:
         tap = None
     if tap is not None and adder.scopes.source != "none" and adder.scopes.calls(tap.path):
-        return adder.scopes.resolve(tap)
+        return adder.resolve_scoped(tap)
     if text in adder.known_tensors():
         adder.note_quantized(text)
         return [(text, text)]
+    if adder.carry(text) is not None:
+        return [(text, text)]
     scoped = adder.scopes.source != "none"
     if tap is not None and scoped and ("." in tap.path or tap.call is not None or tap.port == "input"):
-        return adder.scopes.resolve(tap)  # raises the module error with close matches
+        return adder.resolve_scoped(tap)  # raises the module error with close matches
     where = adder.nested_location(text)
     if where:
         raise OnnxFileError(f"tensor {text!r} is {where}; only tensors of the main graph can be tapped")
-    pool = sorted(adder.known_tensors() | set(adder.scopes.modules()) | recorded)
+    pool = sorted(adder.known_tensors() | set(adder.branch_tensors()) | set(adder.scopes.modules()) | recorded)
     hint = "" if scoped or tap is None else (
         "this file carries no module scopes (no torch.onnx dynamo metadata, no TorchScript-style node names), so "
         "module paths cannot be resolved; tap tensors by name (layertap layers FILE.onnx lists them)")

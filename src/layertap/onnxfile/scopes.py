@@ -48,7 +48,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Collection
 
 from ..errors import OnnxFileError, unknown_name
 from ..selectors import Tap
@@ -146,9 +146,19 @@ class ScopeMap:
 
     # -- construction ---------------------------------------------------------
     @classmethod
-    def from_model(cls, model: "onnx.ModelProto") -> "ScopeMap":
-        """Read module scopes from a model (weights not needed)."""
-        graph = model.graph
+    def from_model(cls, model: "onnx.ModelProto", *, branches: bool | Collection[str] = False) -> "ScopeMap":
+        """Read module scopes from a model (weights not needed).
+
+        ``branches``: read the nodes inside ``If``/``Loop``/``Scan`` subgraphs too (or inside
+        those of the op types it lists, e.g. ``("If",)``), on a view
+        of the graph with them inlined (:func:`~layertap.onnxfile.branches.flat_graph`); node
+        indices then count in that view, so only callers that use tensor names
+        ask for it. A graph without subgraphs is read as it is either way.
+        """
+        from .branches import with_branches
+
+        ops = None if branches is True or branches is False else branches
+        graph = with_branches(model.graph, ops) if branches else model.graph
         if is_fused_llm(graph):
             expose_fused_values(graph)
             calls, paths = fused_calls(graph)
@@ -172,6 +182,11 @@ class ScopeMap:
         return cls(ns.source, calls, graph, node_paths, facts)
 
     # -- queries --------------------------------------------------------------
+    @property
+    def graph(self) -> "onnx.GraphProto":
+        """The graph the node indices count in (a view with subgraphs inlined, see :meth:`from_model`)."""
+        return self._graph
+
     def modules(self) -> list[str]:
         """Module paths the file knows, in graph order of first appearance.
 

@@ -66,7 +66,8 @@ class OpenVinoEngine:
 
     def run(self, names: Sequence[str] | None, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         wanted = list(names) if names is not None else list(self.positions)
-        self.request.infer({k: np.ascontiguousarray(v) for k, v in feed.items()})
+        # np.require keeps a 0-d input (an If's condition) 0-d; np.ascontiguousarray makes it 1-d
+        self.request.infer({k: np.require(v, requirements="C") for k, v in feed.items()})
         # the request reuses its buffers on the next run: copy out
         return {n: np.array(self.request.get_output_tensor(self.positions[n]).data, copy=True) for n in wanted}
 
@@ -141,6 +142,8 @@ class OpenVinoRuntime:
     def open(self, model: "SessionSource | Path", outputs: Sequence["str | onnx.ValueInfoProto"] = (), *,
              only: bool = False) -> OpenVinoEngine:
         names = [o if isinstance(o, str) else o.name for o in outputs]
+        if not isinstance(model, Path):
+            refuse_padded(names, model.model.graph)
         base = self.read(model)
         check_exposed(names, self.exposable(model), "OpenVINO")
         m = base.clone()
@@ -204,6 +207,20 @@ def _inputs(m: Any) -> list[InputInfo]:
         dims = None if shape.rank.is_dynamic else [d.get_length() if d.is_static else None for d in shape]
         out.append(InputInfo(p.get_any_name(), kind, dims))
     return out
+
+
+def refuse_padded(names: Sequence[str], graph: "onnx.GraphProto") -> None:
+    """Refuse a tensor carried out of one branch of an If (the other branch gives an empty value):
+    OpenVINO's CPU plug-in refuses an If whose branches give tensors of different ranks or sizes."""
+    from ..onnxfile.branches import padded_outputs
+
+    padded = padded_outputs(graph)
+    hit = next((n for n in names if n in padded), None)
+    if hit is not None:
+        raise OnnxFileError(
+            f"OpenVINO cannot expose {hit!r}: it is computed in one branch of If node {padded[hit]!r} only, and OpenVINO's "
+            "CPU plug-in refuses an If whose branches give tensors of different shapes (the other branch's is empty); "
+            "run it with --runtime ort, or tap a tensor both branches compute")
 
 
 def quantized_away(graph: "onnx.GraphProto") -> set[str]:
