@@ -41,7 +41,7 @@ lint: $(STAMP)
 
 # the documentation site (mkdocs.yml, docs/) into site/: offline, every warning an error
 docs: $(STAMP)
-	$(PY) -m mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
