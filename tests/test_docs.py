@@ -35,6 +35,7 @@ README = ROOT / "README.md"
 SKIPPED = {
     "make ": "sets up .venv and runs the suite, the benchmarks or the site build (what CI does itself)",
     ".venv/bin/pytest": "runs part of this suite",
+    ".venv/bin/python benchmarks/": "a benchmark (minutes of full-size models): make bench runs them",
     "layertap demo": "tests/test_cli_torch.py::test_demo_runs_end_to_end runs the demo",
 }
 
