@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.layertap-installed
 
-.PHONY: demo test lint install bench clean trained
+.PHONY: demo test lint install bench clean trained docs
 
 install: $(STAMP) trained
 
@@ -39,8 +39,12 @@ lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks
 	$(PY) -m mypy
 
+# the documentation site (mkdocs.yml, docs/) into site/: offline, every warning an error
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache build dist src/*.egg-info
+	rm -rf $(VENV) .pytest_cache build dist site src/*.egg-info
