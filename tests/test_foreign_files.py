@@ -99,7 +99,7 @@ def _build(torch_mod, d, scale: float):
     BatchNorm is a Mul and an Add (torch.onnx folds it into the Conv); ``scale`` multiplies conv2's
     weights (1e4 takes its output beyond float16's range)."""
     import spox.opset.ai.onnx.v17 as op
-    from spox import argument, build
+    from spox import Tensor, argument, build
 
     nn = torch_mod.nn
     torch_mod.manual_seed(0)
@@ -117,7 +117,7 @@ def _build(torch_mod, d, scale: float):
     w = {k: v.detach().numpy() for k, v in net.state_dict().items()}
     scale_bn = w["bn1.weight"] / np.sqrt(w["bn1.running_var"] + net.bn1.eps)
     shift_bn = w["bn1.bias"] - w["bn1.running_mean"] * scale_bn
-    x = argument(spox_tensor(np.float32, ("N", 3, "H", "W")))
+    x = argument(Tensor(np.float32, ("N", 3, "H", "W")))
     h = op.conv(x, op.const(w["conv1.weight"]), op.const(w["conv1.bias"]), pads=[1, 1, 1, 1])
     h = op.relu(op.add(op.mul(h, op.const(scale_bn.reshape(1, 8, 1, 1))), op.const(shift_bn.reshape(1, 8, 1, 1))))
     h = op.relu(op.conv(h, op.const(w["conv2.weight"]), op.const(w["conv2.bias"]), pads=[1, 1, 1, 1]))
@@ -125,12 +125,6 @@ def _build(torch_mod, d, scale: float):
     y = op.gemm(h, op.const(w["fc.weight"]), op.const(w["fc.bias"]), transB=1)
     onnx.save(build(inputs={"x": x}, outputs={"out": y}), str(d / "spox.onnx"))
     return d / "spox.onnx", d / "torch.onnx", _fp16(d / "torch.onnx", d / "torch_fp16.onnx")
-
-
-def spox_tensor(dtype, shape):
-    from spox import Tensor
-
-    return Tensor(dtype, shape)
 
 
 @pytest.fixture(scope="module")
