@@ -91,3 +91,91 @@ def test_compare_and_fix_take_inputs_where_minus_one_is_declared(minus_one, caps
     assert rc == 0 and fixed.is_file(), err
     report = lt.fix(path, {"x": np.ones((1, 3, 48, 192), np.float32)}, to="fp16", out=tmp_path / "f2.onnx")
     assert report.ok
+
+
+# -- one model, two tools ---------------------------------------------------------------------------
+def _build(torch_mod, d, scale: float):
+    """The same small CNN (same weights) exported by torch.onnx and built with spox, where the
+    BatchNorm is a Mul and an Add (torch.onnx folds it into the Conv); ``scale`` multiplies conv2's
+    weights (1e4 takes its output beyond float16's range)."""
+    import spox.opset.ai.onnx.v17 as op
+    from spox import Tensor, argument, build
+
+    nn = torch_mod.nn
+    torch_mod.manual_seed(0)
+    net = nn.Sequential()
+    net.conv1, net.bn1, net.relu1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()
+    net.conv2, net.relu2 = nn.Conv2d(8, 8, 3, padding=1), nn.ReLU()
+    net.pool, net.flat, net.fc = nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4)
+    with torch_mod.no_grad():
+        net.bn1.running_mean.uniform_(-1, 1)
+        net.bn1.running_var.uniform_(0.5, 2)
+        net.conv2.weight.mul_(scale)
+    net.eval()
+    torch_mod.onnx.export(net, (torch_mod.randn(1, 3, 16, 16),), str(d / "torch.onnx"), dynamo=False,
+                          input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "N"}, "y": {0: "N"}})
+    w = {k: v.detach().numpy() for k, v in net.state_dict().items()}
+    scale_bn = w["bn1.weight"] / np.sqrt(w["bn1.running_var"] + net.bn1.eps)
+    shift_bn = w["bn1.bias"] - w["bn1.running_mean"] * scale_bn
+    x = argument(Tensor(np.float32, ("N", 3, "H", "W")))
+    h = op.conv(x, op.const(w["conv1.weight"]), op.const(w["conv1.bias"]), pads=[1, 1, 1, 1])
+    h = op.relu(op.add(op.mul(h, op.const(scale_bn.reshape(1, 8, 1, 1))), op.const(shift_bn.reshape(1, 8, 1, 1))))
+    h = op.relu(op.conv(h, op.const(w["conv2.weight"]), op.const(w["conv2.bias"]), pads=[1, 1, 1, 1]))
+    h = op.flatten(op.global_average_pool(h), axis=1)
+    y = op.gemm(h, op.const(w["fc.weight"]), op.const(w["fc.bias"]), transB=1)
+    onnx.save(build(inputs={"x": x}, outputs={"out": y}), str(d / "spox.onnx"))
+    return d / "spox.onnx", d / "torch.onnx", _fp16(d / "torch.onnx", d / "torch_fp16.onnx")
+
+
+@pytest.fixture(scope="module")
+def two_tools(torch_mod, tmp_path_factory):
+    return _build(torch_mod, tmp_path_factory.mktemp("two_tools"), 1.0)
+
+
+@pytest.fixture(scope="module")
+def sample():
+    return {"x": np.random.default_rng(3).normal(size=(2, 3, 16, 16)).astype(np.float32)}
+
+
+def test_spox_and_torch_files_pair_by_structure_and_value(two_tools, sample):
+    spox_file, torch_file, _ = two_tools
+    report = lt.compare(spox_file, sample, torch_file)
+    assert report.ok, report
+    by_name = {r.name: r for r in report.rows}
+    # spox's Mul + Add is the BatchNorm torch.onnx folded into conv1's Conv: the Add pairs with that Conv
+    assert by_name["Conv_0_Y"].status == "no counterpart" and by_name["Mul_0_C"].status == "no counterpart"
+    assert by_name["Add_0_C"].onnx == ["/conv1/Conv_output_0"] and by_name["Add_0_C"].status == "pass"
+    assert by_name["Relu_1_Y"].onnx == ["/relu2/Relu_output_0"]
+    assert by_name["output"].onnx == ["y"] and by_name["output"].status == "pass"  # other output names: by position
+    assert sum(r.status == "pass" for r in report.rows if r.path) == 7
+    assert any("7 of 9 rows paired by graph order, shape, op type and the first sample's values" in n for n in report.notes)
+    # the other way round: the torch file's module calls, answered by spox tensors
+    back = lt.compare(torch_file, sample, spox_file)
+    assert back.ok and {r.name: r.onnx for r in back.rows if r.status == "pass"} == {
+        "bn1": ["Add_0_C"], "relu1": ["Relu_0_Y"], "conv2": ["Conv_1_Y"], "relu2": ["Relu_1_Y"],
+        "pool": ["GlobalAveragePool_0_Y"], "flat": ["Flatten_0_output"], "fc": ["Gemm_0_Y"], "output": ["out"]}
+
+
+def test_spox_against_a_float16_conversion_of_the_torch_file(two_tools, sample, capsys):
+    spox_file, _, fp16 = two_tools
+    report = lt.compare(spox_file, sample, fp16, metric="cosine")
+    compared = [r for r in report.rows if r.status in ("pass", "FAIL")]
+    assert report.ok and len(compared) == 8
+    assert all(0 < r.rel_err < 1e-2 and r.cosine > 0.9999 for r in compared)  # float16 rounding, nothing more
+    rc, stdout, err = _cli(capsys, "compare", str(spox_file), str(fp16), "--input", "x=2x3x16x16", "--json")
+    assert rc == 0, err
+    data = json.loads(stdout)
+    assert data["ok"] is True and any("share no tensor names" in n for n in data["notes"])
+
+
+def test_a_float16_overflow_fails_at_the_paired_row(torch_mod, tmp_path, sample, capsys):
+    """conv2's output beyond 65504: its float16 value is inf; the row pairs by op type and shape and fails there."""
+    spox_file, torch_file, fp16 = _build(torch_mod, tmp_path, 1e4)
+    big = {"x": sample["x"] * 10}
+    assert lt.compare(spox_file, big, torch_file).ok
+    report = lt.compare(spox_file, big, fp16, check_finite=True)
+    assert not report.ok and report.first_divergence == "Conv_1_Y"
+    assert {r.name: r.status for r in report.rows}["Add_0_C"] == "pass"
+    assert any("only by op type and shape" in n for n in report.notes)
+    rc, stdout, _ = _cli(capsys, "compare", str(spox_file), str(fp16), "--input", "x=2x3x16x16")
+    assert rc in (0, 1) and "Conv_1_Y" in stdout

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -38,8 +39,9 @@ from .driver import Sample, module_filter, plan_batches
 from .local import PairsOf, RefLookup, onnx_ref_inputs, ref_needs
 from .nchwc import blocked_stand_ins
 from .onnx_side import IF_BRANCHES, OrtSide, absorb_unexposable, check_feed_shapes
-from .rows import ABSORBED, NO_COUNTERPART, CompareRow
+from .rows import ABSORBED, NO_COUNTERPART, CompareRow, same_shape
 from .samples import Sample as Given
+from .structure import pair_unnamed
 from .torch_side import ArrayStore, ModuleCall
 from .weights import PendingCheck, WeightCheck, check_file_weights
 
@@ -56,74 +58,176 @@ def _producers(graph: "onnx.GraphProto") -> dict[str, Any]:
 def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callable[[str], bool]) -> tuple[list[Item], dict[str, int], str]:
     """Rows of the reference and the candidate tensors answering them (see module doc).
 
-    Returns the items (``ref_tensors`` set), calls per module path (for ``PATH#k`` names)
-    and the alignment mode (``"scopes"`` or ``"names"``).
+    Args:
+        ref, cand: the two graphs (weights not needed).
+        wanted: which module paths (or tensor names) get rows.
+
+    Returns:
+        The items (``ref_tensors`` set, also on a row that found no counterpart), calls per
+        module path (for ``PATH#k`` names) and the alignment mode (``"scopes"`` or ``"names"``).
+
+    Example:
+        >>> import onnx.helper as h
+        >>> vi = lambda n: h.make_tensor_value_info(n, 1, [2])
+        >>> g = h.make_graph([h.make_node("Relu", ["x"], ["r"]), h.make_node("Neg", ["r"], ["y"])], "g", [vi("x")], [vi("y")])
+        >>> m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+        >>> items, _, mode = align_files(m, m, lambda path: True)
+        >>> [(it.mc.path, it.tensors) for it in items], mode
+        ([('r', ('r',)), ('', ('y',))], 'names')
     """
-    from ..onnxfile.branches import with_branches
-    from ..onnxfile.ort import inferred_types, nchwc_block_size
     from ..onnxfile.scopes import ScopeMap
 
     ref_map = ScopeMap.from_model(ref, branches=IF_BRANCHES)
-    ref_view, cand_view = with_branches(ref.graph, IF_BRANCHES), with_branches(cand.graph, IF_BRANCHES)  # If branches' nodes too
-    ref_made, cand_made = _producers(ref_view), _producers(cand_view)
-    # a tensor both files quantise the same way (one file run two ways) is compared as itself
-    ref_through = stand_ins(ref.graph)
-    through = {t: d for t, d in stand_ins(cand.graph).items() if ref_through.get(t) != d}
-    cand_inputs = {i.name for i in cand.graph.input}
-    blocked = blocked_stand_ins(cand.graph, ref.graph) if nchwc_block_size() else {}
-
-    def by_name(t: str) -> str | None:
-        if t in cand_made or t in cand_inputs:
-            return through.get(t, t)
-        return blocked.get(t)
-
-    items: list[Item] = []
-    counts: dict[str, int] = {}
+    names = _NameLookup.of(ref, cand)
     if ref_map.source != "none":
-        cand_cps: dict[tuple[str, int], Any] | None = None
-
-        def cand_call(path: str, call: int) -> Any:
-            """The candidate's own call of a module; its scopes are read only when some tensor is not found by name."""
-            nonlocal cand_cps
-            if cand_cps is None:
-                cand_map = ScopeMap.from_model(cand, branches=IF_BRANCHES)
-                cand_cps = {(c.path, c.call): c for c in cand_map.counterparts()} if cand_map.source != "none" else {}
-            return cand_cps.get((path, call))
-
-        elsewhere = _elsewhere(ref_made, cand_made, through)
-        for cp in ref_map.counterparts():
-            if not wanted(cp.path):
-                continue
-            counts[cp.path] = ref_map.calls(cp.path)
-            mc = ModuleCall(len(items), cp.path, cp.call, _op(ref_made, cp.tensors))
-            items.append(_scope_item(mc, cp, cand_call, by_name, elsewhere))
-        items = fused_first(items)
+        items, counts = _scope_items(ref_map, cand, names, wanted)
         mode = "scopes"
     else:
-        from ..onnxfile.graph_facts import GraphFacts
-
-        weights = GraphFacts(ref.graph).weights
-        types = inferred_types(ref)
-        graph_outputs = {o.name for o in ref.graph.output}
-        ran = set(_producers(ref.graph))  # a branch tensor the reference's runtime did not carry out has no row
-        for node in ref_view.node:
-            for t in node.output:
-                if t not in ran or t in weights or t in graph_outputs or not wanted(t) or not _is_float(types.get(t)):
-                    continue
-                got = by_name(t)
-                mc = ModuleCall(len(items), t, 0, node.op_type)
-                if got is None:
-                    items.append(Item(mc, status=NO_COUNTERPART, note="the candidate computes no tensor of this name"))
-                else:
-                    items.append(Item(mc, (got,), ref_tensors=(t,)))
-        mode = "names"
-    ref_out, cand_out = own_outputs(ref), own_outputs(cand)
-    root = Item(ModuleCall(len(items), "", 0, "output"), tuple(cand_out), ref_tensors=tuple(ref_out))
-    if len(ref_out) != len(cand_out):
-        root.status, root.note, root.tensors = NO_COUNTERPART, (
-            f"the reference has {len(ref_out)} outputs, the candidate {len(cand_out)}"), ()
-    items.append(root)
+        items, counts, mode = _name_items(ref, names, wanted), {}, "names"
+    items.append(output_item(ref, cand, len(items)))
     return items, counts, mode
+
+
+@dataclass
+class _NameLookup:
+    """The candidate's tensor for a reference tensor of the same name (through Q/DQ and NCHWc)."""
+
+    made: dict[str, Any]       # candidate tensor -> its node
+    ref_made: dict[str, Any]   # reference tensor -> its node
+    inputs: set[str]
+    through: dict[str, str]    # a tensor the candidate quantises -> its DequantizeLinear output
+    blocked: dict[str, str]    # a tensor ORT holds in NCHWc -> the blocked tensor
+
+    @classmethod
+    def of(cls, ref: "onnx.ModelProto", cand: "onnx.ModelProto") -> "_NameLookup":
+        from ..onnxfile.branches import with_branches
+        from ..onnxfile.ort import nchwc_block_size
+
+        # a tensor both files quantise the same way (one file run two ways) is compared as itself
+        ref_through = stand_ins(ref.graph)
+        through = {t: d for t, d in stand_ins(cand.graph).items() if ref_through.get(t) != d}
+        blocked = blocked_stand_ins(cand.graph, ref.graph) if nchwc_block_size() else {}
+        made, ref_made = (_producers(with_branches(m.graph, IF_BRANCHES)) for m in (cand, ref))  # If branches' nodes too
+        return cls(made, ref_made, {i.name for i in cand.graph.input}, through, blocked)
+
+    def find(self, t: str) -> str | None:
+        """The candidate tensor holding reference tensor ``t``'s value, or ``None``."""
+        if t in self.made or t in self.inputs:
+            return self.through.get(t, t)
+        return self.blocked.get(t)
+
+
+def _scope_items(ref_map: Any, cand: "onnx.ModelProto", names: _NameLookup,
+                 wanted: Callable[[str], bool]) -> tuple[list[Item], dict[str, int]]:
+    """One row per reference module call (fused calls first): by tensor name, else the candidate's call."""
+    cand_call = _CandidateCalls(cand)
+    elsewhere = _elsewhere(names.ref_made, names.made, names.through)
+    items: list[Item] = []
+    counts: dict[str, int] = {}
+    for cp in ref_map.counterparts():
+        if not wanted(cp.path):
+            continue
+        counts[cp.path] = ref_map.calls(cp.path)
+        mc = ModuleCall(len(items), cp.path, cp.call, _op(names.ref_made, cp.tensors))
+        items.append(_scope_item(mc, cp, cand_call, names.find, elsewhere))
+    return fused_first(items), counts
+
+
+class _CandidateCalls:
+    """The candidate's own module calls; its scopes are read only when some tensor is not found by name."""
+
+    def __init__(self, cand: "onnx.ModelProto") -> None:
+        self.cand = cand
+        self.calls: dict[tuple[str, int], Any] | None = None
+
+    def __call__(self, path: str, call: int) -> Any:
+        if self.calls is None:
+            from ..onnxfile.scopes import ScopeMap
+
+            cand_map = ScopeMap.from_model(self.cand, branches=IF_BRANCHES)
+            self.calls = {(c.path, c.call): c for c in cand_map.counterparts()} if cand_map.source != "none" else {}
+        return self.calls.get((path, call))
+
+
+def _name_items(ref: "onnx.ModelProto", names: _NameLookup, wanted: Callable[[str], bool]) -> list[Item]:
+    """One row per float activation the reference computes (no module scopes), paired by name."""
+    from ..onnxfile.branches import with_branches
+    from ..onnxfile.graph_facts import GraphFacts
+    from ..onnxfile.ort import inferred_types
+
+    weights = GraphFacts(ref.graph).weights
+    types = inferred_types(ref)
+    graph_outputs = {o.name for o in ref.graph.output}
+    ran = set(_producers(ref.graph))  # a branch tensor the reference's runtime did not carry out has no row
+    items: list[Item] = []
+    for node in with_branches(ref.graph, IF_BRANCHES).node:
+        for t in node.output:
+            if t not in ran or t in weights or t in graph_outputs or not wanted(t) or not _is_float(types.get(t)):
+                continue
+            got = names.find(t)
+            mc = ModuleCall(len(items), t, 0, node.op_type)
+            if got is None:
+                items.append(Item(mc, status=NO_COUNTERPART, note="the candidate computes no tensor of this name",
+                                  ref_tensors=(t,)))
+            else:
+                items.append(Item(mc, (got,), ref_tensors=(t,)))
+    return items
+
+
+def output_item(ref: "onnx.ModelProto", cand: "onnx.ModelProto", key: int) -> Item:
+    """The model's outputs: by name, then the rest by position where the declared shapes agree.
+
+    Example:
+        >>> import onnx.helper as h
+        >>> def m(*outs):
+        ...     vi = lambda n, s: h.make_tensor_value_info(n, 1, s)
+        ...     return h.make_model(h.make_graph([], "g", [], [vi(n, s) for n, s in outs]))
+        >>> it = output_item(m(("y", [1, 4]), ("aux", [1, 2])), m(("logits", [1, 4]), ("y", [1, 4])), 3)
+        >>> it.ref_tensors, it.tensors, it.note
+        (('y',), ('y',), "1 of the reference's 2 outputs paired (by name, then by position and shape): aux has no counterpart")
+    """
+    ref_out, cand_out = own_outputs(ref), own_outputs(cand)
+    pairs = _output_pairs(ref_out, cand_out, _output_dims(ref), _output_dims(cand))
+    mc = ModuleCall(key, "", 0, "output")
+    if not pairs:
+        return Item(mc, status=NO_COUNTERPART, ref_tensors=tuple(ref_out), note=(
+            f"the reference has {len(ref_out)} outputs, the candidate {len(cand_out)}; none pairs by name or by position and shape"))
+    pairs.sort(key=lambda p: ref_out.index(p[0]))
+    item = Item(mc, tuple(c for _, c in pairs), ref_tensors=tuple(r for r, _ in pairs))
+    if len(pairs) < len(ref_out):
+        left = [r for r in ref_out if r not in item.ref_tensors]
+        item.note = (f"{len(pairs)} of the reference's {len(ref_out)} outputs paired (by name, then by position and shape): "
+                     f"{', '.join(left)} {'has' if len(left) == 1 else 'have'} no counterpart")
+    return item
+
+
+def _output_pairs(ref_out: list[str], cand_out: list[str], ref_dims: dict[str, Any],
+                  cand_dims: dict[str, Any]) -> list[tuple[str, str]]:
+    """(reference, candidate) output pairs: equal names, then the others in order where shapes may agree."""
+    pairs = [(n, n) for n in ref_out if n in cand_out]
+    ref_left = [n for n in ref_out if n not in cand_out]
+    cand_left = [n for n in cand_out if n not in ref_out]
+    for r in ref_left:
+        c = next((c for c in cand_left if _dims_agree(ref_dims.get(r), cand_dims.get(c))), None)
+        if c is not None:
+            pairs.append((r, c))
+            cand_left = cand_left[cand_left.index(c) + 1:]
+    return pairs
+
+
+def _output_dims(model: "onnx.ModelProto") -> dict[str, Any]:
+    from ..onnxfile.shapes import declared_dims
+
+    return {o.name: declared_dims(o) for o in model.graph.output}
+
+
+def _dims_agree(a: Any, b: Any) -> bool:
+    """Whether two declared shapes can be one value's (unknown ranks and symbolic sizes agree with anything)."""
+    if a is None or b is None:
+        return True
+    if len(a) != len(b):
+        return same_shape(tuple(d for d in a if isinstance(d, int)), tuple(d for d in b if isinstance(d, int)))
+    return all(not isinstance(x, int) or not isinstance(y, int) or x == y for x, y in zip(a, b))
 
 
 _REMOVABLE_ACTIVATIONS = {"Relu", "Clip"}
@@ -157,15 +261,15 @@ def _scope_item(mc: ModuleCall, cp: Any, cand_call: Callable[[str, int], Any], b
         return Item(mc, tuple(n for n in named if n is not None), ref_tensors=tuple(cp.tensors))
     ccp = cand_call(cp.path, cp.call)
     if ccp is None:
-        return Item(mc, status=NO_COUNTERPART, note="the candidate has neither its tensors nor a call of this module")
-    if not ccp.tensors:
-        return Item(mc, status=NO_COUNTERPART, note=f"candidate: {ccp.note or 'no tensor for this call'}")
-    foreign = [t for t in ccp.tensors if t in ref_made and t not in cp.tensors]
-    if foreign:
-        return Item(mc, status=NO_COUNTERPART, note=(
-            f"the candidate's call hands out {foreign[0]}, which the reference computes in another call "
-            "(nodes fused across modules), so its own value is not in the candidate"))
-    return Item(mc, tuple(ccp.tensors), ref_tensors=tuple(cp.tensors))
+        note = "the candidate has neither its tensors nor a call of this module"
+    elif not ccp.tensors:
+        note = f"candidate: {ccp.note or 'no tensor for this call'}"
+    elif foreign := [t for t in ccp.tensors if t in ref_made and t not in cp.tensors]:
+        note = (f"the candidate's call hands out {foreign[0]}, which the reference computes in another call "
+                "(nodes fused across modules), so its own value is not in the candidate")
+    else:
+        return Item(mc, tuple(ccp.tensors), ref_tensors=tuple(cp.tensors))
+    return Item(mc, status=NO_COUNTERPART, note=note, ref_tensors=tuple(cp.tensors))
 
 
 def fused_first(items: list[Item]) -> list[Item]:
@@ -277,11 +381,14 @@ class OnnxReference:
         self.items, counts, self.mode = align_files(ref.proto, cand.proto, wanted)
         absorb_unexposable(self.items, ref, reference=True)
         absorb_unexposable(self.items, cand)
+        self.pairing = pair_unnamed(self.items, ref, cand, (self.feeds[0], self.cand_feeds[0]),
+                                    lambda side, names: _chunks(side, names, self.feeds[0], memory_budget))
         _check_variants(self.items, ref.path, cand.path, self.mode)
         sizes = _sizes(ref.proto, self.feeds[0])
 
         def cost(it: Item) -> tuple[int, int]:  # both sides' values of a batch are held at once
-            return len(it.ref_tensors), 2 * sum(sizes.get(t, 1 << 20) for t in it.ref_tensors)
+            tensors = it.ref_tensors if it.status is None else ()
+            return len(tensors), 2 * sum(sizes.get(t, 1 << 20) for t in tensors)
 
         self.batches = plan_batches(self.items, cost, batch_outputs, memory_budget)
         self._batch_names: dict[tuple[int, int], list[str]] = {}
@@ -309,7 +416,7 @@ class OnnxReference:
         key = (id(batch), id(parts))
         names = self._batch_names.get(key)
         if names is None:
-            names = list(dict.fromkeys(t for it in batch for t in it.ref_tensors))
+            names = list(dict.fromkeys(t for it in batch if it.status is None for t in it.ref_tensors))
             if parts is not None:
                 names += [t for t in ref_needs(parts, batch, self.known) if t not in names]
             self._batch_names[key] = names
@@ -321,7 +428,12 @@ class OnnxReference:
         return pairs_of, ref_of, lambda it, row: it.tensors
 
     def notes(self, candidate: Any, rounding: bool) -> list[str]:
-        notes = ["the reference carries no module scopes: rows are its tensors, matched by name"] if self.mode == "names" else []
+        notes = []
+        if self.pairing is not None:
+            notes.append(self.pairing.note())
+        elif self.mode == "names":
+            notes.append("the reference carries no module scopes: rows are its tensors, matched by name")
+        notes += [it.note for it in self.items if not it.mc.path and it.status is None and it.note]
         return notes + self.side.notes("reference", rounding) + candidate.notes("candidate", rounding)
 
     def start_weight_check(self) -> None:
@@ -371,8 +483,17 @@ def _check_variants(items: list[Item], ref_path: Path, cand_path: Path, mode: st
     first = ", ".join(it.mc.path for it in inner[:3]) + (", ..." if len(inner) > 3 else "")
     raise OnnxFileError(
         f"'{ref_path}' and '{cand_path}' do not look like variants of one model: none of the reference's "
-        f"{len(inner)} {what} ({first}) has a counterpart in the candidate (compared by module scope and tensor name)"
+        f"{len(inner)} {what} ({first}) has a counterpart in the candidate (compared by module scope and tensor name, "
+        "then by graph order, shape and the first sample's values)"
     )
+
+
+def _chunks(side: OrtSide, names: list[str], feed: dict[str, np.ndarray], budget: int) -> list[list[str]]:
+    """``names`` in runs of at most ``budget`` bytes (estimated as :func:`_sizes` does)."""
+    from .align import pack_batches
+
+    sizes = _sizes(side.proto, feed)
+    return pack_batches(names, lambda t: (1, sizes.get(t, 1 << 20)), None, budget)
 
 
 def _sizes(model: "onnx.ModelProto", feed: dict[str, np.ndarray]) -> dict[str, int]:
