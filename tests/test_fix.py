@@ -115,6 +115,43 @@ def test_fp16_overflow_fixed_and_the_list_verified_by_the_converter(overflow, tm
     assert json.loads(report.to_json())["kept"] == report.kept and "<svg" in report._repr_html_()
 
 
+def test_fp16_prunes_the_readers_of_an_overflowing_value_when_the_target_holds_without_them(torch_mod, tmp_path):
+    """amp's values leave float16's range: amp stays in every set; norm (reads them) and head (reads norm,
+    whose float16 values are not finite) are kept from the start and dropped only where a real
+    conversion still meets the target: norm's drop casts the overflow to float16, head's does not matter."""
+    import onnxruntime as ort
+
+    import layertap as lt
+
+    nn = torch_mod.nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.amp, self.norm, self.head = nn.Linear(32, 32), nn.LayerNorm(32), nn.Linear(32, 8)
+
+        def forward(self, x):
+            return self.head(self.norm(self.amp(x)))
+
+    torch_mod.manual_seed(0)
+    net = Net().eval()
+    with torch_mod.no_grad():
+        net.amp.weight.mul_(3e5)
+    samples = [s["x"] for s in _samples()]
+    out = tmp_path / "fixed.onnx"
+    report = lt.fix(net, torch_mod.from_numpy(samples[0]), to="fp16", out=out, samples=samples[1:])
+    assert report.ok and report.kept == ["amp", "norm"], report
+    dropped = {s.changed[0]: s.ok for s in report.steps if s.action == "drop"}
+    assert dropped == {"head": True, "norm": False}, report  # each drop converted and run
+    assert any("values beyond float16's range): amp" in n for n in report.notes), report.notes
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    for x in samples:
+        with torch_mod.no_grad():
+            ref = net(torch_mod.from_numpy(x)).numpy().ravel()
+        got = sess.run(None, {sess.get_inputs()[0].name: x})[0].ravel()
+        assert ref @ got / (np.linalg.norm(ref) * np.linalg.norm(got)) > 0.999
+
+
 def test_int8_tiny_cnn_calibrated_on_a_folder_and_excluded_nodes_taken_by_quantize_static(cnn, tmp_path):
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 

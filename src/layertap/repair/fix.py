@@ -15,8 +15,8 @@ from ..errors import LayertapError
 from ..tables import Column, Report
 from .configs import Target, check_script, write_configs
 from .convert import FORMATS, Converter
-from .data import Declared, as_feeds, random_feeds, read_samples
-from .search import FixStep, ModuleNodes, Trials, graph_order, out_of_range, rank, search
+from .data import Declared, as_feeds, example_from_samples, random_feeds, read_samples
+from .search import FixStep, ModuleNodes, Trials, beyond_range, graph_order, out_of_range, rank, search
 
 RANK_SAMPLES = 8  # samples of the layer-by-layer comparison that ranks the modules
 
@@ -125,7 +125,8 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
 
     Args:
         ref: a float32 ONNX file, or an ``nn.Module`` (exported first, as ``lt.export`` does, with ``args``).
-        args: one sample (a dict by input name, an array, or arrays in input order).
+        args: one sample (a dict by input name, an array, or arrays in input order); a PyTorch ``ref``
+            without it is exported with the first of ``samples`` (a folder / ``.npz``).
         samples: ``N`` seeded random samples, or a list of samples, or a folder / ``.npz``
             (images, ``.npy``/``.npz`` files, a ``datasets`` folder); the target is judged over all.
         calib: int8 calibration samples (a folder / ``.npz`` or a list); default the comparison samples.
@@ -157,7 +158,7 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
         raise LayertapError(f"--max-float must be a number of modules >= 0, got {max_float!r}")
     with tempfile.TemporaryDirectory(prefix="layertap-fix-") as tmp:
         folder = Path(tmp)
-        ref_path = _reference_file(ref, args, folder, exporter)
+        ref_path = _reference_file(ref, args, samples, folder, exporter)
         out_path = _check_out(out, ref_path, config_out)
         model = _load(ref_path)
         declared = Declared.of(model)
@@ -171,12 +172,13 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
         if not plain.ok or to == "fp16":
             report = rank_report or _rank_report(ref_path, trials.files[plain.step], feeds)
             groups = rank(report, to, modules)
-            required = out_of_range(report, to, modules)
+            required = beyond_range(report, to, modules)
             trials.require(required)
             if required:
                 notes.append(f"kept in float32 in every set (values beyond float16's range): {', '.join(required)}")
             forced = list(dict.fromkeys(forced + required))
-            search(trials, graph_order(modules, groups) if naive else groups, forced, max_float, naive=naive)
+            search(trials, graph_order(modules, groups) if naive else groups, forced, max_float, naive=naive,
+                   start=out_of_range(report, to, modules))
         best = trials.best()
         best.chosen = True
         nodes = modules.names(best.kept)
@@ -190,13 +192,16 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
                          notes=notes)
 
 
-def _reference_file(ref: Any, args: Any, folder: Path, exporter: str) -> Path:
-    """The float32 ONNX file: ``ref`` itself, or a PyTorch model exported into ``folder``."""
+def _reference_file(ref: Any, args: Any, samples: Any, folder: Path, exporter: str) -> Path:
+    """The float32 ONNX file: ``ref`` itself, or a PyTorch model exported into ``folder`` (with ``args``,
+    else the first of the ``samples`` a path holds)."""
     if isinstance(ref, (str, os.PathLike)):
         path = Path(ref)
         if not path.is_file():
             raise LayertapError(f"ONNX file '{path}' does not exist")
         return path
+    if args is None and isinstance(samples, (str, os.PathLike)):
+        args = example_from_samples(ref, samples)
     if args is None:
         raise LayertapError("a PyTorch reference needs one sample to export with (args=...)")
     from ..exporting.export import export

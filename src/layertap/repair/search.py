@@ -137,14 +137,26 @@ def _scores(report: Any, to: str, modules: ModuleNodes) -> dict[str, tuple[bool,
 
 
 def out_of_range(report: Any, to: str, modules: ModuleNodes) -> list[str]:
-    """The modules a float16 file must keep in float32 whatever its runtime does: those whose
-    reference values leave float16's range (or are not finite in the candidate), with the modules
-    that read them, so the values are never cast to float16 in between. (ONNX Runtime's CPU
-    provider computes many float16 operators in float32 and drops the casts between them, so
-    an overflow there can stay hidden in the outputs.)"""
+    """The modules a float16 search keeps from its first set: those whose reference values leave
+    float16's range (or are not finite in the candidate), with the modules that read them, so the
+    values are not cast to float16 in between. (ONNX Runtime's CPU provider computes many float16
+    operators in float32 and drops the casts between them, so an overflow there can stay hidden in
+    the outputs.) :func:`beyond_range` names those every set keeps; the search prunes the others."""
     score = _scores(report, to, modules)
     found = [p for p in sorted(score, key=lambda p: modules.order[p]) if score[p][0]]
     return list(dict.fromkeys(m for p in found for m in [p, *modules.readers(p)]))
+
+
+def beyond_range(report: Any, to: str, modules: ModuleNodes) -> list[str]:
+    """The modules of :func:`out_of_range` whose own reference values leave float16's range: every
+    acceptable float16 set keeps them, since float16 cannot hold those values whatever the runtime
+    does. Their readers, and the modules whose values are only not finite in the candidate (after
+    an overflow), are kept from the start and pruned like the others: real runs decide those."""
+    if to != "fp16":
+        return []
+    leaves = _scores(report, to, modules)
+    beyond = {r.path for r in report.rows if r.path in leaves and (r.ref_max or 0.0) > FP16_MAX}
+    return sorted(beyond, key=lambda p: modules.order[p])
 
 
 def rank(report: Any, to: str, modules: ModuleNodes) -> list[list[str]]:
@@ -173,14 +185,17 @@ class Trials:
         self.required: set[str] = set()  # modules every acceptable set keeps (values beyond float16's range)
         self.files: dict[int, Path] = {}
         self._seen: dict[frozenset, FixStep] = {}
-        self.refs = _run_all(_session_of(model, self.folder), feeds)
+        # saved once under a name of its own: the caller's files share the folder (an exported REF is
+        # its reference.onnx)
+        import onnx
+
+        self.float32 = self.folder / "float32.onnx"
+        onnx.save(model, str(self.float32))
+        self.refs = _run_all(_session(self.float32), feeds)
 
     def baseline(self) -> FixStep:
         """The float32 model itself, run as the steps are (size and latency to compare with)."""
-        path = self.folder / "float32.onnx"
-        import onnx
-
-        onnx.save(self.model, str(path))
+        path = self.float32
         ms = _latency(_session(path), self.feeds[0])
         return FixStep(0, "float32", [], [], 0, self.target.measure(self.refs, self.refs), True, path.stat().st_size, ms)
 
@@ -241,14 +256,16 @@ class Trials:
 
 
 def search(trials: Trials, groups: list[list[str]], forced: Sequence[str], max_float: int | None,
-           naive: bool = False) -> FixStep:
+           naive: bool = False, start: Sequence[str] = ()) -> FixStep:
     """Grow then prune (see the module doc); ``naive``: one module at a time in graph order, no
-    ranking and no pruning (what the ranking is measured against). Returns the best step."""
+    ranking and no pruning (what the ranking is measured against). ``forced`` are in every set;
+    ``start`` are kept from the first set on, then pruned like the modules the search adds.
+    Returns the best step."""
     forced = list(forced)
-    plain = trials.trial(forced, "keep" if forced else "plain", forced)  # a set tried before is not redone
-    if plain.ok:
-        return trials.best()
-    kept = list(forced)
+    kept = list(dict.fromkeys([*forced, *start]))
+    first = trials.trial(kept, "keep" if kept else "plain", kept)  # a set tried before is not redone
+    if first.ok:
+        return trials.best() if naive or kept == forced else _prune(trials, kept, forced)
     limit = max_float if max_float is not None else math.inf
     size, i = 1, 0
     while i < len(groups) and len(kept) < limit:
@@ -281,17 +298,6 @@ def graph_order(modules: ModuleNodes, groups: list[list[str]]) -> list[list[str]
     """The ranked modules, one at a time in graph order (the naive search's order)."""
     flat = {m for g in groups for m in g}
     return [[m] for m in sorted(flat, key=lambda p: modules.order[p])]
-
-
-def _session_of(model: "onnx.ModelProto", folder: Path) -> Any:
-    import onnx
-
-    path = folder / "reference.onnx"
-    onnx.save(model, str(path))
-    try:
-        return _session(path)
-    finally:
-        path.unlink(missing_ok=True)
 
 
 def _session(path: Path) -> Any:

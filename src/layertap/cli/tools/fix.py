@@ -113,7 +113,7 @@ class FixTool(Tool):
 
 def _reference(args: Args) -> tuple[Any, Any]:
     """``(ref, first sample)``: the ONNX file (``--input`` specs drawn as samples), or the loaded model
-    and its example inputs (exported first)."""
+    and its example inputs (exported first; None: the first of ``--inputs``)."""
     if args.model.is_onnx:
         specs = args.inputs.specs
         if not specs:
@@ -122,7 +122,8 @@ def _reference(args: Args) -> tuple[Any, Any]:
 
         arrays = spec_arrays(specs, args.inputs.seed)
         return args.model.text, ({s.name: a for s, a in zip(specs, arrays)} if specs[0].name is not None else arrays)
-    model, _, first, kwargs = args.model.load_with_inputs(args.inputs)
+    # without --input or a spec's default, lt.fix exports with the first sample of --inputs
+    model, _, first, kwargs = args.model.load_with_inputs(args.inputs, need_inputs=args.own.inputs is None)
     if kwargs:
         raise LayertapError("fix exports the model with positional inputs only; give unnamed --input specs")
     return model, first
