@@ -297,9 +297,14 @@ def _session_of(model: "onnx.ModelProto", folder: Path) -> Any:
 def _session(path: Path) -> Any:
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    return ort.InferenceSession(os.fspath(path), opts, providers=["CPUExecutionProvider"])
+    from ..onnxfile.ort import exact_session
+
+    def options() -> Any:
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        return opts
+
+    return exact_session(os.fspath(path), options)
 
 
 def _run_all(sess: Any, feeds: list[dict[str, Any]]) -> list[list[np.ndarray]]:
