@@ -5,6 +5,8 @@ onnxruntime.quantization; real OpenVINO."""
 from __future__ import annotations
 
 import json
+import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +19,9 @@ pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install '
 
 @pytest.fixture(scope="module")
 def files(torch_mod, tmp_path_factory) -> dict[str, Path]:
-    """small_cnn exported by both exporters, a float16 conversion and a QDQ int8 file."""
+    """small_cnn exported by both exporters, a float16 conversion and QDQ int8 files: ``qdq`` with 7-bit
+    weights (``reduce_range``: OpenVINO's int8 kernels sum it exactly on every CPU), ``qdq_full`` with
+    full-range weights (saturated by those kernels on CPUs without VNNI)."""
     import onnx
     from onnxconverter_common import float16
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
@@ -26,7 +30,8 @@ def files(torch_mod, tmp_path_factory) -> dict[str, Path]:
 
     d = tmp_path_factory.mktemp("ov")
     model, x = small_cnn(), torch_mod.randn(2, 3, 16, 16, generator=torch_mod.Generator().manual_seed(0))
-    out = {"model": model, "x": x, "ts": d / "ts.onnx", "dynamo": d / "dy.onnx", "fp16": d / "fp16.onnx", "qdq": d / "qdq.onnx"}
+    out = {"model": model, "x": x, "ts": d / "ts.onnx", "dynamo": d / "dy.onnx", "fp16": d / "fp16.onnx", "qdq": d / "qdq.onnx",
+           "qdq_full": d / "qdq-full.onnx"}
     torch_mod.onnx.export(model, (x,), str(out["ts"]), dynamo=False, input_names=["x"])
     torch_mod.onnx.export(model, (x,), str(out["dynamo"]), dynamo=True, input_names=["x"])
     onnx.save(float16.convert_float_to_float16(onnx.load(str(out["ts"])), keep_io_types=True), str(out["fp16"]))
@@ -38,7 +43,8 @@ def files(torch_mod, tmp_path_factory) -> dict[str, Path]:
         def get_next(self):
             return next(self.it, None)
 
-    quantize_static(str(out["ts"]), str(out["qdq"]), Reader(), quant_format=QuantFormat.QDQ)
+    quantize_static(str(out["ts"]), str(out["qdq"]), Reader(), quant_format=QuantFormat.QDQ, reduce_range=True)
+    quantize_static(str(out["ts"]), str(out["qdq_full"]), Reader(), quant_format=QuantFormat.QDQ)
     return out
 
 
@@ -77,6 +83,39 @@ def test_a_file_in_onnx_runtime_vs_itself_in_openvino_at_f32_passes_every_row(fi
     if kind == "qdq":  # the float Conv values OpenVINO folds into its int8 kernels: absorbed, with the reason
         folded = [r for r in report.rows if r.note and "OpenVINO folds" in r.note]
         assert [r.name for r in folded] == ["stem.1", "block.1"]
+
+
+_SATURATED_RUN = """
+import json, sys
+import layertap as lt
+out = {}
+for name in sys.argv[1:]:
+    report = lt.compare(name, None, name, cand_runtime="openvino", ov_precision="f32", samples=2)
+    out[name] = dict(ok=report.ok, first=report.first_divergence, note=report.runtimes["candidate"].get("note", ""))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="oneDNN's ISA cap is for x86 CPUs")
+def test_openvino_int8_kernels_that_saturate_are_named(files):
+    """OpenVINO's int8 kernels on a CPU without VNNI (here: oneDNN capped at AVX2, as such a CPU runs)
+    sum pairs of int8 products in 16 bits with saturation: a full-range QDQ file diverges from ONNX
+    Runtime's exact int8 sums at its first quantised Conv, and the report says why; 7-bit weights agree."""
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2")
+    full, seven = str(files["qdq_full"]), str(files["qdq"])
+    r = subprocess.run([sys.executable, "-c", _SATURATED_RUN, full, seven], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert not got[full]["ok"] and got[full]["first"] == "stem.2", got
+    assert "int8 kernels saturate on this CPU" in got[full]["note"] and "gave 510, not 64516" in got[full]["note"], got
+    assert got[seven]["ok"] and got[seven]["first"] is None, got
+    import layertap as lt
+    from layertap.runtimes import open_runtime
+
+    here = open_runtime("openvino", ov_precision="f32")
+    report = lt.compare(files["qdq_full"], None, files["qdq_full"], cand_runtime="openvino", ov_precision="f32", samples=2)
+    assert report.ok is not here.int8_saturates()  # this CPU's own kernels: exact, or named as above
+    assert ("int8 kernels saturate" in report.runtimes["candidate"].get("note", "")) is here.int8_saturates()
 
 
 def test_openvino_at_bf16_finds_the_first_divergence_at_the_first_conv(files):

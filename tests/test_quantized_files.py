@@ -209,3 +209,35 @@ def test_a_qdq_file_run_two_ways_compares_each_tensor_as_itself(qfiles, exporter
     assert report.ok, str(report)
     assert {r.status for r in report.rows} <= {"pass", "absorbed"}
     assert all(r.max_abs is None or r.max_abs < 1e-4 for r in report.rows)
+
+
+def test_int8_sums_are_exact_on_every_cpu(tmp_path):
+    """ONNX Runtime's u8 x s8 kernels on x86 CPUs without VNNI sum pairs of products in 16 bits with
+    saturation (4 x 127 x 127 gives 510 there, not 64516); layertap's sessions pin ORT's exact int8
+    option, so a quantised file gives one answer on every CPU, fused or not."""
+    from layertap.onnxfile.ort import int8_probe
+
+    model, feed, exact, saturated = int8_probe("MatMul")
+    assert (exact, saturated) == (64516.0, 510.0)
+    path = tmp_path / "probe.onnx"
+    onnx.save(model, str(path))
+    assert float(lt.run(path, feed)["output"].item()) == exact
+    report = lt.compare(path, feed, path, ort_optimizations=False, ref_ort_optimizations=True)
+    assert report.ok and [r.max_abs for r in report.rows if r.name == "output"] == [0.0], str(report)
+
+
+def test_a_graph_onnx_runtime_cannot_make_exact_still_runs(tmp_path):
+    """ORT refuses its exact int8 option where two nodes read one int8 weight (a part graph's pieces,
+    tied weights): such a file runs as ORT runs it by default, both products alike."""
+    from onnx import helper as h
+
+    from layertap.onnxfile.ort import int8_probe
+
+    model, feed, exact, saturated = int8_probe("MatMul")
+    model.graph.node.extend([h.make_node("DequantizeLinear", ["w_q", "scale", "zero"], ["w_dq2"]),
+                             h.make_node("MatMul", ["x_dq", "w_dq2"], ["y2"])])
+    model.graph.output.append(h.make_tensor_value_info("y2", onnx.TensorProto.FLOAT, None))
+    path = tmp_path / "shared.onnx"
+    onnx.save(model, str(path))
+    got = lt.run(path, feed)
+    assert float(got["y"].item()) == float(got["y2"].item()) in (exact, saturated), got

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -194,17 +194,103 @@ class SessionSource:
         import onnxruntime as ort
 
         quiet_logs()
-        so = ort.SessionOptions()
-        so.log_severity_level = _FATAL  # ORT's own error lines would reach stderr; its exception keeps the text
-        if not optimize:
-            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        # ORT's worker threads spin-wait for work by default, taking cores from what layertap does
-        # between runs (PyTorch's forward, the weight check on its own thread, numpy's statistics)
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(self.folder.resolve()))
-        if names:
-            so.add_external_initializers(list(names), [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays])
-        return ort.InferenceSession(data, so, providers=list(providers or ["CPUExecutionProvider"]))
+
+        def options() -> Any:
+            so = ort.SessionOptions()
+            so.log_severity_level = _FATAL  # ORT's own error lines would reach stderr; its exception keeps the text
+            if not optimize:
+                so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            # ORT's worker threads spin-wait for work by default, taking cores from what layertap does
+            # between runs (PyTorch's forward, the weight check on its own thread, numpy's statistics)
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(self.folder.resolve()))
+            if names:
+                so.add_external_initializers(list(names), [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays])
+            return so
+
+        return exact_session(data, options, providers)
+
+
+# ONNX Runtime's own session option: on x86 CPUs without VNNI its u8 x s8 int8 kernels add pairs of
+# products into 16 bits with saturation (VPMADDUBSW), so a file with full-range int8 weights gives other
+# numbers there than on a VNNI CPU (measured: 16 quanta on a QGemm's output); "1" makes ORT turn the
+# weights of its fused int8 nodes into u8 and use its exact u8 x u8 kernels instead
+EXACT_INT8 = ("session.x64quantprecision", "1")
+# ORT 1.32 refuses that rewrite where two nodes read one int8 weight (a part graph's pieces, tied weights)
+_EXACT_REFUSED = "Attempt to replace the existing tensor"
+
+
+@functools.cache
+def int8_saturates() -> bool:
+    """Whether ONNX Runtime's int8 kernels saturate on this CPU as it runs them by default
+    (:func:`int8_probe` run once per process): ``True`` on x86 CPUs with AVX2 and no VNNI.
+
+    Example:
+        >>> int8_saturates() in (True, False)
+        True
+    """
+    import onnxruntime as ort
+
+    model, feed, exact, _ = int8_probe()
+    so = ort.SessionOptions()
+    so.log_severity_level = _FATAL
+    got = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    return float(np.asarray(got).item()) != exact
+
+
+def exact_session(model: "str | bytes", options: Callable[[], Any] | None = None, providers: Sequence[str] | None = None) -> Any:
+    """An ``InferenceSession`` on ``model`` (a path or serialised bytes) with the ``SessionOptions``
+    ``options()`` makes, whose int8 sums are exact on every CPU: :data:`EXACT_INT8` is added where
+    ORT's kernels saturate (:func:`int8_saturates`; it applies with graph optimisations, as at
+    ``ORT_DISABLE_ALL`` nothing is fused and the float QDQ path runs). Where ORT refuses it (two
+    nodes reading one int8 weight) the session is opened as ORT opens it by default.
+
+    Example:
+        >>> model, feed, exact, saturated = int8_probe()
+        >>> float(exact_session(model.SerializeToString()).run(None, feed)[0].item()) == exact, exact, saturated
+        (True, 64516.0, 510.0)
+    """
+    import onnxruntime as ort
+
+    make = options or ort.SessionOptions
+    chosen = list(providers or ["CPUExecutionProvider"])
+    if not int8_saturates():
+        return ort.InferenceSession(model, make(), providers=chosen)
+    so = make()
+    so.add_session_config_entry(*EXACT_INT8)
+    try:
+        return ort.InferenceSession(model, so, providers=chosen)
+    except Exception as e:  # ORT raises its own exception types
+        if _EXACT_REFUSED not in str(e):
+            raise
+        return ort.InferenceSession(model, make(), providers=chosen)
+
+
+def int8_probe(op: str = "MatMul") -> tuple["onnx.ModelProto", dict[str, np.ndarray], float, float]:
+    """A QDQ ``op`` (``MatMul`` or a 1x1 ``Conv``) of four int8 activations 127 by four int8 weights
+    127 (scales 1): the model, its feed, the exact result (4 x 127 x 127 = 64516) and what an int8
+    kernel that sums pairs of products in 16 bits gives (510: with the activations shifted to u8,
+    each pair 255 x 127 x 2 saturates at 32767, less the shift's 128 x 508).
+
+    Example:
+        >>> model, feed, exact, saturated = int8_probe("Conv")
+        >>> [o.name for o in model.graph.output], feed["x"].shape, exact, saturated
+        (['y'], (1, 4, 1, 1), 64516.0, 510.0)
+    """
+    import onnx.helper as h
+    from onnx import numpy_helper
+
+    shape = [1, 4, 1, 1] if op == "Conv" else [1, 4]
+    weights = np.full([1, 4, 1, 1] if op == "Conv" else [4, 1], 127, np.int8)
+    inits = [numpy_helper.from_array(np.array(1.0, np.float32), "scale"), numpy_helper.from_array(np.array(0, np.int8), "zero"),
+             numpy_helper.from_array(weights, "w_q")]
+    nodes = [h.make_node("QuantizeLinear", ["x", "scale", "zero"], ["x_q"]),
+             h.make_node("DequantizeLinear", ["x_q", "scale", "zero"], ["x_dq"]),
+             h.make_node("DequantizeLinear", ["w_q", "scale", "zero"], ["w_dq"]), h.make_node(op, ["x_dq", "w_dq"], ["y"])]
+    graph = h.make_graph(nodes, "int8_probe", [h.make_tensor_value_info("x", 1, shape)], [h.make_tensor_value_info("y", 1, None)],
+                         inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    return model, {"x": np.full(shape, 127, np.float32)}, 4.0 * 127 * 127, 2.0 * 32767 - 128 * 4 * 127
 
 
 def _in_memory(t: Any) -> bool:

@@ -131,9 +131,9 @@ def check_package(folder: Path, *, rtol: float, atol: float, timeout: float = 90
 
 def _run_ref(folder: Path, rtol: float, atol: float) -> tuple[float, bool]:
     """The reference's part on ``inputs.npz`` against ``expected.npz``: worst rel error, agreement."""
-    import onnxruntime as ort
+    from ..onnxfile.ort import exact_session
 
-    session = ort.InferenceSession(str(folder / "ref.onnx"), providers=["CPUExecutionProvider"])
+    session = exact_session(str(folder / "ref.onnx"))
     with np.load(folder / "inputs.npz") as inputs, np.load(folder / "expected.npz") as expected:
         feed = {i.name: inputs[npz_member(i.name)] for i in session.get_inputs()}
         names = [o.name for o in session.get_outputs()]
@@ -197,7 +197,9 @@ def _repro_py(module: str, part: Any, rtol: float, atol: float) -> str:
     """The script: the candidate's part on the inputs, each output's error, exit 1 while any exceeds the tolerance."""
     inputs = {t: npz_member(t) for t in part.inputs}
     expected = {t: npz_member(t) for t in part.expected}
-    return _SCRIPT.format(module=module, rtol=rtol, atol=atol, inputs=inputs, expected=expected)
+    from ..onnxfile.ort import EXACT_INT8
+
+    return _SCRIPT.format(module=module, rtol=rtol, atol=atol, inputs=inputs, expected=expected, exact_int8=EXACT_INT8)
 
 
 _SCRIPT = '''"""Reproduce: module {module!r} of the candidate, fed the reference's inputs, differs from the reference.
@@ -214,6 +216,9 @@ MODULE = {module!r}
 RTOL, ATOL = {rtol!r}, {atol!r}
 INPUTS = {inputs!r}  # tensor name -> member of inputs.npz
 EXPECTED = {expected!r}  # tensor name -> member of expected.npz
+# as layertap runs it: exact int8 sums on every x86 CPU (ONNX Runtime's own option; without it, CPUs
+# without VNNI saturate pairs of int8 products in 16 bits)
+EXACT_INT8 = {exact_int8!r}
 
 
 def error(ref, got):
@@ -225,12 +230,22 @@ def error(ref, got):
     return max_abs, max_abs / scale if scale else max_abs, max_abs <= ATOL + RTOL * scale
 
 
+def open_session(path):
+    """The part in ONNX Runtime with exact int8 sums, unless ORT refuses them for this graph."""
+    options = ort.SessionOptions()
+    options.add_session_config_entry(*EXACT_INT8)
+    try:
+        return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    except Exception:  # ORT 1.32 refuses the option where two nodes read one int8 weight
+        return ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+
+
 def main():
     graph = onnx.load("cand.onnx", load_external_data=False).graph
     ops = sorted({{n.op_type for n in graph.node}})
     print(f"{{MODULE}}: candidate part of {{len(graph.node)}} nodes ({{', '.join(ops)}}); "
           f"onnx {{onnx.__version__}}, onnxruntime {{ort.__version__}}")
-    session = ort.InferenceSession("cand.onnx", providers=["CPUExecutionProvider"])
+    session = open_session("cand.onnx")
     with np.load("inputs.npz") as inputs, np.load("expected.npz") as expected:
         feed = {{name: inputs[member] for name, member in INPUTS.items()}}
         names = list(EXPECTED)

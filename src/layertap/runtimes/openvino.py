@@ -29,6 +29,12 @@ INSTALL = "pip install 'layertap[openvino]'"
 #: ``--ov-precision`` -> OpenVINO's hint value
 PRECISIONS = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
 _TYPE_NAMES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+# OpenVINO documents this "saturation issue" and has no setting against it (ONNX Runtime has one, which
+# layertap's sessions use: onnxfile.ort.exact_session); measured on a QDQ file with full-range weights:
+# 56 quanta on a Conv's output, against none with 7-bit weights
+SATURATION_NOTE = ("its int8 kernels saturate on this CPU: without VNNI they sum pairs of int8 products in 16 bits, "
+                   "and 4 x 127 x 127 gave {got:g}, not {exact:g}; quantised layers can differ from exact int8 sums by "
+                   "many quanta, which 7-bit weights avoid: quantize_static reduce_range=True")
 
 
 def load_openvino() -> Any:
@@ -100,6 +106,8 @@ class OpenVinoRuntime:
         self.config = {"INFERENCE_PRECISION_HINT": PRECISIONS[precision]} if precision else {}
         self.precision = self._probe(precision)
         self._models: dict[int, tuple[Any, Any]] = {}  # id(source) -> (source, ov.Model read once)
+        self._int8 = False  # a model read has int8 tensors
+        self._int8_sum: tuple[float, float] | None = None  # the int8 probe: (got, exact), measured once
 
     def _probe(self, asked: str | None) -> str:
         """The precision this device runs at with this config (a one-node model compiled to ask);
@@ -137,7 +145,19 @@ class OpenVinoRuntime:
             where = f"'{model}'" if isinstance(model, Path) else "the ONNX graph"
             raise OnnxFileError(f"OpenVINO cannot read {where}: {one_line(e)}") from None
         self._models[key] = (model, ov_model)
+        self._int8 = self._int8 or has_int8(ov_model)
         return ov_model
+
+    def int8_saturates(self) -> bool:
+        """Whether this device's int8 kernels saturate: :func:`~layertap.onnxfile.ort.int8_probe`
+        (a QDQ Conv whose pairs of products overflow 16 bits) compiled here at this precision."""
+        if self._int8_sum is None:
+            from ..onnxfile.ort import int8_probe
+
+            model, feed, exact, _ = int8_probe("Conv")
+            compiled = self.core.compile_model(self.core.read_model(model.SerializeToString()), self.device, self.config)
+            self._int8_sum = (float(np.asarray(compiled(feed)[compiled.output(0)]).item()), exact)
+        return self._int8_sum[0] != self._int8_sum[1]
 
     def open(self, model: "SessionSource | Path", outputs: Sequence["str | onnx.ValueInfoProto"] = (), *,
              only: bool = False) -> OpenVinoEngine:
@@ -180,7 +200,11 @@ class OpenVinoRuntime:
         return names if isinstance(model, Path) else names - quantized_away(model.model.graph)
 
     def describe(self) -> RuntimeInfo:
-        return RuntimeInfo("OpenVINO", self.ov.__version__.split("-")[0], self.device, self.precision)
+        """What ran; once a model with int8 tensors was read, whether the int8 kernels saturate here."""
+        note = ""
+        if self._int8 and self.int8_saturates() and self._int8_sum is not None:
+            note = SATURATION_NOTE.format(got=self._int8_sum[0], exact=self._int8_sum[1])
+        return RuntimeInfo("OpenVINO", self.ov.__version__.split("-")[0], self.device, self.precision, note)
 
 
 def _check_device(core: Any, device: str) -> str:
@@ -221,6 +245,12 @@ def refuse_padded(names: Sequence[str], graph: "onnx.GraphProto") -> None:
             f"OpenVINO cannot expose {hit!r}: it is computed in one branch of If node {padded[hit]!r} only, and OpenVINO's "
             "CPU plug-in refuses an If whose branches give tensors of different shapes (the other branch's is empty); "
             "run it with --runtime ort, or tap a tensor both branches compute")
+
+
+def has_int8(m: Any) -> bool:
+    """Whether OpenVINO model ``m`` quantises (a ``FakeQuantize``, or an int8/uint8 tensor)."""
+    return any(op.get_type_name() == "FakeQuantize" or any(out.get_element_type().get_type_name() in ("i8", "u8")
+                                                             for out in op.outputs()) for op in m.get_ops())
 
 
 def quantized_away(graph: "onnx.GraphProto") -> set[str]:
