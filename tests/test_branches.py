@@ -280,3 +280,40 @@ def test_compare_onnx_files_rows_reach_both_branches(cnn, tmp_path):
     assert names.index("t_conv1") < names.index("t_conv2") < names.index("e_conv1") < names.index("e_sig")
     report = lt.compare(path, {"x": _x(), "c": np.array(False)}, bad)
     assert report.ok and {r.name: r for r in report.rows}["e_conv2"].status == "pass"
+
+
+def test_if_nested_in_a_loop_body_is_carried_through_both_levels(tmp_path):
+    """h_{i+1} = relu(h_i @ W) when i < limit, else -h_i: the If sits in the Loop's body."""
+    rng = np.random.default_rng(5)
+    then = helper.make_graph([helper.make_node("MatMul", ["h_in", "W"], ["mm"], name="then/matmul"),
+                              helper.make_node("Relu", ["mm"], ["act"], name="then/relu")], "then", [],
+                             [helper.make_tensor_value_info("act", F, [1, 4])])
+    other = helper.make_graph([helper.make_node("Neg", ["h_in"], ["neg"], name="else/neg")], "else", [],
+                              [helper.make_tensor_value_info("neg", F, [1, 4])])
+    body = helper.make_graph(
+        [helper.make_node("Less", ["i", "limit"], ["early"], name="step/less"),
+         helper.make_node("If", ["early"], ["h_out"], name="step/pick", then_branch=then, else_branch=other),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"], name="step/cond")],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("h_in", F, [1, 4])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("h_out", F, [1, 4])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["n", "", "h0"], ["h"], name="rnn", body=body)], "g",
+        [helper.make_tensor_value_info("h0", F, [1, 4])], [helper.make_tensor_value_info("h", F, [1, 4])],
+        [_w(rng, "W", 4, 4), numpy_helper.from_array(np.array(3, np.int64), "n"),
+         numpy_helper.from_array(np.array(100, np.int64), "limit")])
+    path = tmp_path / "loop_if.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=OPSET, ir_version=8), str(path))
+    rows = {r.name: r for r in lt.onnx_layers(path).rows}
+    assert rows["mm"].graph == "then_branch of If 'step/pick'" and rows["early"].graph == "body of Loop 'rnn'"
+    h = np.random.default_rng(6).standard_normal((1, 4)).astype(np.float32)
+    got = lt.run(path, {"h0": h}, taps=["mm", "early"])
+    W = numpy_helper.to_array(graph.initializer[0])
+    want = []
+    for _ in range(3):
+        want.append(h @ W)
+        h = np.maximum(want[-1], 0)
+    np.testing.assert_allclose(got["mm"], np.stack(want), rtol=1e-5, atol=1e-6)  # one per iteration
+    assert got["early"].tolist() == [True, True, True]
+    np.testing.assert_allclose(got["output"], h, rtol=1e-5, atol=1e-6)
