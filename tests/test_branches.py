@@ -260,6 +260,11 @@ def test_openvino_runs_tensors_both_branches_compute_and_loop_bodies_refuses_one
     with pytest.raises(LayertapError, match=r"^OpenVINO cannot expose 't_relu1': it is computed in one branch of If "
                                             r"node 'wrapper' only.*--runtime ort"):
         lt.run(path, feeds, taps=["t_relu1"], runtime="openvino", ov_precision="f32")
+    # compare against ONNX Runtime: the branch tensors OpenVINO cannot hand out are rows saying so
+    report = lt.compare(path, feeds, path, cand_runtime="openvino", ov_precision="f32")
+    rows = {r.name: r for r in report.rows}
+    assert report.ok and rows["output"].status == "pass"
+    assert rows["e_conv1"].status == "no counterpart" and "inside an If branch" in rows["e_conv1"].note
     loop = tmp_path / "loop.onnx"
     loop_model(loop)
     h = np.ones((1, 4), np.float32)

@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
 _FLOAT_TYPES = {1, 10, 11, 16}  # float, float16, double, bfloat16
+IN_BRANCH = "the candidate computes it inside an If branch, and its runtime (OpenVINO) does not hand that out"
 
 
 def _producers(graph: "onnx.GraphProto") -> dict[str, Any]:
@@ -60,7 +61,7 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
     and the alignment mode (``"scopes"`` or ``"names"``).
     """
     from ..onnxfile.branches import with_branches
-    from ..onnxfile.ort import inferred_types, nchwc_block_size
+    from ..onnxfile.ort import nchwc_block_size
     from ..onnxfile.scopes import ScopeMap
 
     ref_map = ScopeMap.from_model(ref, branches=IF_BRANCHES)
@@ -72,8 +73,10 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
     cand_inputs = {i.name for i in cand.graph.input}
     blocked = blocked_stand_ins(cand.graph, ref.graph) if nchwc_block_size() else {}
 
+    cand_main = set(_producers(cand.graph))  # what the candidate's runtime can hand out (carried branch tensors too)
+
     def by_name(t: str) -> str | None:
-        if t in cand_made or t in cand_inputs:
+        if t in cand_main or t in cand_inputs:
             return through.get(t, t)
         return blocked.get(t)
 
@@ -100,22 +103,7 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
         items = fused_first(items)
         mode = "scopes"
     else:
-        from ..onnxfile.graph_facts import GraphFacts
-
-        weights = GraphFacts(ref.graph).weights
-        types = inferred_types(ref)
-        graph_outputs = {o.name for o in ref.graph.output}
-        ran = set(_producers(ref.graph))  # a branch tensor the reference's runtime did not carry out has no row
-        for node in ref_view.node:
-            for t in node.output:
-                if t not in ran or t in weights or t in graph_outputs or not wanted(t) or not _is_float(types.get(t)):
-                    continue
-                got = by_name(t)
-                mc = ModuleCall(len(items), t, 0, node.op_type)
-                if got is None:
-                    items.append(Item(mc, status=NO_COUNTERPART, note="the candidate computes no tensor of this name"))
-                else:
-                    items.append(Item(mc, (got,), ref_tensors=(t,)))
+        items = _name_items(ref, ref_view, wanted, by_name, cand_made)
         mode = "names"
     ref_out, cand_out = own_outputs(ref), own_outputs(cand)
     root = Item(ModuleCall(len(items), "", 0, "output"), tuple(cand_out), ref_tensors=tuple(ref_out))
@@ -124,6 +112,33 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
             f"the reference has {len(ref_out)} outputs, the candidate {len(cand_out)}"), ()
     items.append(root)
     return items, counts, mode
+
+
+def _name_items(ref: "onnx.ModelProto", ref_view: "onnx.GraphProto", wanted: Callable[[str], bool],
+                by_name: Callable[[str], str | None], cand_made: dict[str, Any]) -> list[Item]:
+    """Rows of a reference without module scopes: its float tensors (those inside If branches too,
+    ``ref_view``) that its runtime hands out, each matched by name."""
+    from ..onnxfile.graph_facts import GraphFacts
+    from ..onnxfile.ort import inferred_types
+
+    weights = GraphFacts(ref.graph).weights
+    types = inferred_types(ref)
+    graph_outputs = {o.name for o in ref.graph.output}
+    ran = set(_producers(ref.graph))  # a branch tensor the reference's runtime did not carry out has no row
+    items: list[Item] = []
+    for node in ref_view.node:
+        for t in node.output:
+            if t not in ran or t in weights or t in graph_outputs or not wanted(t) or not _is_float(types.get(t)):
+                continue
+            got = by_name(t)
+            mc = ModuleCall(len(items), t, 0, node.op_type)
+            if got is None:
+                hidden = t in cand_made  # inside a branch the candidate's runtime did not carry out
+                items.append(Item(mc, status=NO_COUNTERPART, note=IN_BRANCH if hidden else
+                                  "the candidate computes no tensor of this name"))
+            else:
+                items.append(Item(mc, (got,), ref_tensors=(t,)))
+    return items
 
 
 _REMOVABLE_ACTIVATIONS = {"Relu", "Clip"}
@@ -364,7 +379,7 @@ def refuse_same_run(a: Path, b: Path, ref_runtime: Any, cand_runtime: Any) -> No
 
 def _check_variants(items: list[Item], ref_path: Path, cand_path: Path, mode: str) -> None:
     """Refuse two files that share no module call or tensor name: not variants of one model."""
-    inner = [it for it in items if it.mc.path]
+    inner = [it for it in items if it.mc.path and it.note != IN_BRANCH]
     if not inner or any(it.tensors for it in inner):
         return
     what = "module calls" if mode == "scopes" else "tensors"
