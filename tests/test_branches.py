@@ -169,31 +169,37 @@ def test_layers_lists_branch_tensors(cnn):
     assert '"graph": "then_branch of If' in table.to_json()
 
 
-def loop_model(path, steps=3):
-    """h_{i+1} = tanh(h_i @ W + b): a Loop whose body is a recurrent step (tensors pre, act)."""
-    rng = np.random.default_rng(3)
+def recurrent_loop(path, step_nodes, h_out, initializers, steps=3):
+    """A Loop of ``steps`` iterations over ``h`` (1x4) whose body runs ``step_nodes`` (reading
+    ``h_in`` and the iteration number ``i``, making ``h_out``); saved at ``path``."""
     body = helper.make_graph(
-        [helper.make_node("MatMul", ["h_in", "W"], ["pre0"], name="step/matmul"),
-         helper.make_node("Add", ["pre0", "bias"], ["pre"], name="step/add"),
-         helper.make_node("Tanh", ["pre"], ["act"], name="step/tanh"),
-         helper.make_node("Identity", ["cond_in"], ["cond_out"], name="step/cond")],
+        [*step_nodes, helper.make_node("Identity", ["cond_in"], ["cond_out"], name="step/cond")],
         "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
                  helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
                  helper.make_tensor_value_info("h_in", F, [1, 4])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("act", F, [1, 4])])
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info(h_out, F, [1, 4])])
     graph = helper.make_graph(
         [helper.make_node("Loop", ["n", "", "h0"], ["h"], name="rnn", body=body)], "g",
         [helper.make_tensor_value_info("h0", F, [1, 4])], [helper.make_tensor_value_info("h", F, [1, 4])],
-        [_w(rng, "W", 4, 4), _w(rng, "bias", 4), numpy_helper.from_array(np.array(steps, np.int64), "n")])
+        [*initializers, numpy_helper.from_array(np.array(steps, np.int64), "n")])
     model = helper.make_model(graph, opset_imports=OPSET, ir_version=8)
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, str(path))
-    return rng, {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    return {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+
+
+def loop_model(path, steps=3):
+    """h_{i+1} = tanh(h_i @ W + b): a Loop whose body is a recurrent step (tensors pre, act)."""
+    rng = np.random.default_rng(3)
+    return recurrent_loop(path, [helper.make_node("MatMul", ["h_in", "W"], ["pre0"], name="step/matmul"),
+                                 helper.make_node("Add", ["pre0", "bias"], ["pre"], name="step/add"),
+                                 helper.make_node("Tanh", ["pre"], ["act"], name="step/tanh")],
+                          "act", [_w(rng, "W", 4, 4), _w(rng, "bias", 4)], steps)
 
 
 def test_loop_body_tensors_are_stacked_over_iterations(tmp_path):
     path = tmp_path / "loop.onnx"
-    _, w = loop_model(path, steps=3)
+    w = loop_model(path, steps=3)
     h = np.random.default_rng(4).standard_normal((1, 4)).astype(np.float32)
     got = lt.run(path, {"h0": h}, taps=["pre", "act"])
     want_pre, want_act = [], []
@@ -254,6 +260,11 @@ def test_openvino_runs_tensors_both_branches_compute_and_loop_bodies_refuses_one
     with pytest.raises(LayertapError, match=r"^OpenVINO cannot expose 't_relu1': it is computed in one branch of If "
                                             r"node 'wrapper' only.*--runtime ort"):
         lt.run(path, feeds, taps=["t_relu1"], runtime="openvino", ov_precision="f32")
+    # compare against ONNX Runtime: the branch tensors OpenVINO cannot hand out are rows saying so
+    report = lt.compare(path, feeds, path, cand_runtime="openvino", ov_precision="f32")
+    rows = {r.name: r for r in report.rows}
+    assert report.ok and rows["output"].status == "pass"
+    assert rows["e_conv1"].status == "no counterpart" and "inside an If branch" in rows["e_conv1"].note
     loop = tmp_path / "loop.onnx"
     loop_model(loop)
     h = np.ones((1, 4), np.float32)
@@ -280,3 +291,30 @@ def test_compare_onnx_files_rows_reach_both_branches(cnn, tmp_path):
     assert names.index("t_conv1") < names.index("t_conv2") < names.index("e_conv1") < names.index("e_sig")
     report = lt.compare(path, {"x": _x(), "c": np.array(False)}, bad)
     assert report.ok and {r.name: r for r in report.rows}["e_conv2"].status == "pass"
+
+
+def test_if_nested_in_a_loop_body_is_carried_through_both_levels(tmp_path):
+    """h_{i+1} = relu(h_i @ W) when i < limit, else -h_i: the If sits in the Loop's body."""
+    rng = np.random.default_rng(5)
+    then = helper.make_graph([helper.make_node("MatMul", ["h_in", "W"], ["mm"], name="then/matmul"),
+                              helper.make_node("Relu", ["mm"], ["act"], name="then/relu")], "then", [],
+                             [helper.make_tensor_value_info("act", F, [1, 4])])
+    other = helper.make_graph([helper.make_node("Neg", ["h_in"], ["neg"], name="else/neg")], "else", [],
+                              [helper.make_tensor_value_info("neg", F, [1, 4])])
+    path = tmp_path / "loop_if.onnx"
+    w = recurrent_loop(path, [helper.make_node("Less", ["i", "limit"], ["early"], name="step/less"),
+                              helper.make_node("If", ["early"], ["h_out"], name="step/pick", then_branch=then,
+                                               else_branch=other)],
+                       "h_out", [_w(rng, "W", 4, 4), numpy_helper.from_array(np.array(100, np.int64), "limit")])
+    rows = {r.name: r for r in lt.onnx_layers(path).rows}
+    assert rows["mm"].graph == "then_branch of If 'step/pick'" and rows["early"].graph == "body of Loop 'rnn'"
+    h = np.random.default_rng(6).standard_normal((1, 4)).astype(np.float32)
+    got = lt.run(path, {"h0": h}, taps=["mm", "early"])
+    W = w["W"]
+    want = []
+    for _ in range(3):
+        want.append(h @ W)
+        h = np.maximum(want[-1], 0)
+    np.testing.assert_allclose(got["mm"], np.stack(want), rtol=1e-5, atol=1e-6)  # one per iteration
+    assert got["early"].tolist() == [True, True, True]
+    np.testing.assert_allclose(got["output"], h, rtol=1e-5, atol=1e-6)

@@ -14,6 +14,7 @@ import torch
 from onnx import numpy_helper
 
 import layertap as lt
+from layertap.errors import LayertapError
 
 
 class Branchy(torch.nn.Module):
@@ -132,3 +133,6 @@ def test_torch_cond_dynamo_branch_tensors_by_name(tmp_path):
     # (their name scopes hold the FX node name alone), so the branches add no rows and break nothing
     report = lt.compare(path, [_inputs()["a"].numpy()], path, ort_optimizations=False, ref_ort_optimizations=True)
     assert report.ok and [r.name for r in report.rows] == ["conv", "fc", "output"]
+    # PyTorch refuses hooks inside torch.cond in eager mode: one line saying so, not "bad inputs"
+    with pytest.raises(LayertapError, match="calls modules inside torch.cond .* refuses the forward hooks"):
+        lt.compare(model, (_inputs()["a"],), path)

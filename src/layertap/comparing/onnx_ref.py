@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
 _FLOAT_TYPES = {1, 10, 11, 16}  # float, float16, double, bfloat16
+IN_BRANCH = "the candidate computes it inside an If branch, and its runtime (OpenVINO) does not hand that out"
 
 
 def _producers(graph: "onnx.GraphProto") -> dict[str, Any]:
@@ -92,7 +93,8 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
 class _NameLookup:
     """The candidate's tensor for a reference tensor of the same name (through Q/DQ and NCHWc)."""
 
-    made: dict[str, Any]       # candidate tensor -> its node
+    made: dict[str, Any]       # candidate tensor -> its node (inside If branches too)
+    main: set[str]             # what the candidate's runtime can hand out (carried branch tensors too)
     ref_made: dict[str, Any]   # reference tensor -> its node
     inputs: set[str]
     through: dict[str, str]    # a tensor the candidate quantises -> its DequantizeLinear output
@@ -108,11 +110,11 @@ class _NameLookup:
         through = {t: d for t, d in stand_ins(cand.graph).items() if ref_through.get(t) != d}
         blocked = blocked_stand_ins(cand.graph, ref.graph) if nchwc_block_size() else {}
         made, ref_made = (_producers(with_branches(m.graph, IF_BRANCHES)) for m in (cand, ref))  # If branches' nodes too
-        return cls(made, ref_made, {i.name for i in cand.graph.input}, through, blocked)
+        return cls(made, set(_producers(cand.graph)), ref_made, {i.name for i in cand.graph.input}, through, blocked)
 
     def find(self, t: str) -> str | None:
         """The candidate tensor holding reference tensor ``t``'s value, or ``None``."""
-        if t in self.made or t in self.inputs:
+        if t in self.main or t in self.inputs:
             return self.through.get(t, t)
         return self.blocked.get(t)
 
@@ -167,8 +169,9 @@ def _name_items(ref: "onnx.ModelProto", names: _NameLookup, wanted: Callable[[st
             got = names.find(t)
             mc = ModuleCall(len(items), t, 0, node.op_type)
             if got is None:
-                items.append(Item(mc, status=NO_COUNTERPART, note="the candidate computes no tensor of this name",
-                                  ref_tensors=(t,)))
+                hidden = t in names.made  # inside a branch the candidate's runtime did not carry out
+                items.append(Item(mc, status=NO_COUNTERPART, ref_tensors=(t,), note=IN_BRANCH if hidden else
+                                  "the candidate computes no tensor of this name"))
             else:
                 items.append(Item(mc, (got,), ref_tensors=(t,)))
     return items
@@ -476,7 +479,7 @@ def refuse_same_run(a: Path, b: Path, ref_runtime: Any, cand_runtime: Any) -> No
 
 def _check_variants(items: list[Item], ref_path: Path, cand_path: Path, mode: str) -> None:
     """Refuse two files that share no module call or tensor name: not variants of one model."""
-    inner = [it for it in items if it.mc.path]
+    inner = [it for it in items if it.mc.path and it.note != IN_BRANCH]
     if not inner or any(it.tensors for it in inner):
         return
     what = "module calls" if mode == "scopes" else "tensors"

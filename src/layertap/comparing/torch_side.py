@@ -183,6 +183,12 @@ def run_torch(
         try:
             out = fn(*args, **kwargs)
         except (TypeError, ValueError, RuntimeError, IndexError) as e:
+            if type(e).__name__ == "UncapturedHigherOrderOpError":  # torch._dynamo's, without importing it
+                raise LayertapError(
+                    f"{what} calls modules inside torch.cond (or another control-flow operator), and PyTorch refuses "
+                    "the forward hooks layertap puts on them in eager mode; compare the exported file with another "
+                    "ONNX file (layertap compare REF.onnx CAND.onnx), or tap its branch tensors by name "
+                    "(layertap run FILE.onnx --tap NAME)") from e
             # Almost always inputs that do not fit the model; the chain keeps the traceback.
             raise InputSpecError(
                 f"{what} failed on the given inputs: {type(e).__name__}: {one_line(e)}"

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Collection, Iterator
 
 from ..errors import OnnxFileError
-from .walk import inner_graphs
+from .walk import attribute_graphs, inner_graphs
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -71,7 +71,7 @@ def branch_tensors(graph: "onnx.GraphProto", ops: Collection[str] | None = None)
             if ops is not None and node.op_type not in ops:
                 continue
             for attr in node.attribute:
-                for sub in _attr_graphs(attr):
+                for sub in attribute_graphs(attr):
                     where = f"the {attr.name} of {node.op_type} node {node.name or '(unnamed)'!r}"
                     out.update((t, where) for n in sub.node for t in n.output if t and t not in main and t not in out)
                     visit(sub)
@@ -319,7 +319,7 @@ def _inline(node: "onnx.NodeProto", out: "onnx.GraphProto", ops: Collection[str]
         return
     # then before else: rows follow the order a reader of the model expects
     attrs = sorted(node.attribute, key=lambda a: a.name != "then_branch")
-    subs = [g for a in attrs for g in _attr_graphs(a)] if ops is None or node.op_type in ops else []
+    subs = [g for a in attrs for g in attribute_graphs(a)] if ops is None or node.op_type in ops else []
     if not subs:
         out.node.append(node)
         return
@@ -357,10 +357,6 @@ def carry_all(model: "onnx.ModelProto", names: Iterator[str] | list[str]) -> dic
 # ---------------------------------------------------------------------------
 # small helpers
 # ---------------------------------------------------------------------------
-def _attr_graphs(attr: "onnx.AttributeProto") -> list["onnx.GraphProto"]:
-    return ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
-
-
 def _defined(graph: "onnx.GraphProto") -> set[str]:
     """Names ``graph`` itself defines (node outputs, inputs, initializers), not those of its subgraphs."""
     return ({t for n in graph.node for t in n.output if t} | {i.name for i in graph.input}
