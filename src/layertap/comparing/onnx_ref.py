@@ -39,7 +39,7 @@ from .driver import Sample, module_filter, plan_batches
 from .local import PairsOf, RefLookup, onnx_ref_inputs, ref_needs
 from .nchwc import blocked_stand_ins
 from .onnx_side import IF_BRANCHES, OrtSide, absorb_unexposable, check_feed_shapes
-from .rows import ABSORBED, NO_COUNTERPART, CompareRow, same_shape
+from .rows import ABSORBED, IN_BRANCH, NO_COUNTERPART, CompareRow, same_shape
 from .samples import Sample as Given
 from .structure import pair_unnamed
 from .torch_side import ArrayStore, ModuleCall
@@ -49,7 +49,6 @@ if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
 _FLOAT_TYPES = {1, 10, 11, 16}  # float, float16, double, bfloat16
-IN_BRANCH = "the candidate computes it inside an If branch, and its runtime (OpenVINO) does not hand that out"
 
 
 def _producers(graph: "onnx.GraphProto") -> dict[str, Any]:

@@ -205,10 +205,11 @@ def unnamed_rows(items: Sequence[Any], graph_outputs: set[str]) -> list[Any]:
         >>> [it.mc.path for it in unnamed_rows(rows, {"y"})]
         ['r']
     """
-    from .rows import NO_COUNTERPART
+    from .rows import IN_BRANCH, NO_COUNTERPART
 
     inner = [it for it in items if it.mc.path]
-    if any(it.tensors and not set(it.ref_tensors) <= graph_outputs for it in inner):
+    # a tensor found by name, also one a runtime keeps inside an If branch, makes the files variants of one
+    if any((it.tensors and not set(it.ref_tensors) <= graph_outputs) or it.note == IN_BRANCH for it in inner):
         return []
     return [it for it in inner if it.status == NO_COUNTERPART and it.ref_tensors]
 
