@@ -1,4 +1,4 @@
-"""``layertap fix`` on ONNX files without PyTorch module scopes (paddle2onnx-like
+"""``layertap fix`` and ``layertap repro`` on ONNX files without PyTorch module scopes (paddle2onnx-like
 names, no metadata): the units are the file's ONNX nodes. Trained models (tests/_trained.py) made
 scope-less by tests/_scopeless.py; the real converters (onnxconverter-common, onnxruntime.quantization)
 and ONNX Runtime run every set, and FIXED.onnx is checked again in plain ONNX Runtime."""
@@ -114,3 +114,52 @@ def test_keep_takes_a_node_or_tensor_name_and_an_unknown_one_names_close_ones(on
     err = capsys.readouterr().err
     assert rc == 2 and "unknown node 'conv2d_1.tmp_9'" in err and "conv2d_1.tmp_0" in err
     assert not (tmp_path / "g.onnx").exists()
+
+
+@pytest.fixture(scope="module")
+def onet_int8(onet):
+    """The scope-less ONet quantised as QDQ by onnxruntime.quantization (calibrated on its crops)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    src, _, crops = onet
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter({"x": c} for c in crops)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    q = src.with_name("onet_q.onnx")
+    quantize_static(str(src), str(q), Reader(), quant_format=QuantFormat.QDQ)
+    return q
+
+
+def test_repro_module_takes_a_tensor_name_of_a_file_without_module_scopes(onet, onet_int8, tmp_path, capsys):
+    src, faces, _ = onet
+    pkg = tmp_path / "pkg"
+    rc = _main("repro", src, onet_int8, "-o", pkg, "--module", "conv2d_3.tmp_0", "--inputs", faces, "--rtol", "1e-3")
+    said = capsys.readouterr()
+    assert rc == 0 and f"wrote {pkg}: conv2d_3.tmp_0 alone" in said.out, said
+    record = json.loads((pkg / "repro.json").read_text())
+    assert record["module"] == "conv2d_3.tmp_0" and record["reproduced"]
+    assert {"cand.onnx", "ref.onnx", "inputs.npz", "expected.npz", "repro.py"} <= set(record["files"])
+    assert record["ref_error"] is not None and record["ref_error"] < 1e-5  # the reference's part: its node alone
+    part = onnx.load(str(pkg / "ref.onnx")).graph
+    assert [n.name for n in part.node if n.op_type == "Conv"] == ["p2o.Conv.3"]
+    # the candidate's part is the node itself with its Q/DQ, not only the rounding of its output
+    cand = onnx.load(str(pkg / "cand.onnx")).graph
+    assert "Conv" in {n.op_type for n in cand.node}, [n.op_type for n in cand.node]
+
+
+def test_repro_module_takes_a_node_name_and_an_unknown_tensor_is_exit_2(onet, onet_int8, tmp_path, capsys):
+    src, faces, _ = onet
+    rc = _main("repro", src, onet_int8, "-o", tmp_path / "pkg", "--module", "p2o.Conv.3", "--inputs", faces,
+               "--rtol", "1e-3")
+    said = capsys.readouterr()
+    assert rc == 0, said
+    assert json.loads((tmp_path / "pkg" / "repro.json").read_text())["module"] == "conv2d_3.tmp_0"
+    rc = _main("repro", src, onet_int8, "-o", tmp_path / "pkg2", "--module", "conv2d_3.tmp_9")
+    err = capsys.readouterr().err
+    assert rc == 2 and "unknown tensor 'conv2d_3.tmp_9'" in err and "conv2d_3.tmp_0" in err
+    assert not (tmp_path / "pkg2").exists()
