@@ -17,7 +17,7 @@ from .configs import Target, check_script, write_configs
 from .convert import FORMATS, Converter
 from .data import Declared, as_feeds, random_feeds, read_samples
 from .search import FixStep, Trials, graph_order, out_of_range, rank, search
-from .units import units_of
+from .units import Units, units_of
 
 RANK_SAMPLES = 8  # samples of the layer-by-layer comparison that ranks the modules
 
@@ -218,13 +218,14 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
         return kind(trials.steps, target=goal, to=to, nodes=nodes, float32=base, tool=trials.converter.tool, notes=notes)
 
 
-def _unit_notes(units: Any) -> list[str]:
+def _unit_notes(units: Units) -> list[str]:
     """What the report says of the units of a file without module scopes: its nodes."""
     if units.kind != "node":
         return []
     notes = ["the file carries no module scopes: the units kept in float32 are its ONNX nodes, by node name"]
-    if units.unnamed:
-        notes.append(f"{units.unnamed} node(s) have no name: no converter can keep them in float32, so none is tried")
+    unnamed = getattr(units, "unnamed", 0)
+    if unnamed:
+        notes.append(f"{unnamed} node(s) have no name: no converter can keep them in float32, so none is tried")
     return notes
 
 
