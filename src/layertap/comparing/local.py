@@ -79,8 +79,16 @@ class LocalGraph:
                 return nodes, self.facts.entering(nodes)
             if nodes:
                 return nodes, entering
-        nodes = sorted({self.producer[t] for t in tensors if t in self.producer})
+        # a tensor row (no module scopes): the nodes that make it, from the reference's tensor of that
+        # name through the conversion after it (a QDQ file's Q/DQ pair), so its own node is in the part
+        chains = [s for t in tensors for s in self._made_from(t, path)]
+        nodes = sorted({self.producer[s] for s in chains if s in self.producer})
         return nodes, self.facts.entering(nodes)
+
+    def _made_from(self, tensor: str, name: str) -> list[str]:
+        """``tensor`` back through Cast / Q / DQ to the tensor ``name``, if it was converted from it."""
+        chain = self.source(tensor)
+        return chain[:chain.index(name) + 1] if name and name in chain else [tensor]
 
     def source(self, tensor: str) -> list[str]:
         """``tensor`` and what it was converted from (through Cast / Q / DQ), nearest first."""

@@ -25,6 +25,7 @@ from .convert import FP16_OPTIONS, _float_outputs, restore_float32
 TARGETS = ("cosine", "rel", "sqnr", "top1")
 # file name -> what it holds (written by :func:`write_configs`)
 CONFIG_FILES = ("modules.json", "onnxconverter_common.json", "ort_quantization.json", "polygraphy.txt", "modelopt.json")
+# a file without module scopes keeps ONNX nodes: nodes.json takes modules.json's place
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,11 @@ def check_config_out(folder: str | os.PathLike) -> Path:
     return root
 
 
-def write_configs(folder: str | os.PathLike, modules: Sequence[str], nodes: Sequence[str], to: str) -> list[Path]:
+def write_configs(folder: str | os.PathLike, modules: Sequence[str], nodes: Sequence[str], to: str,
+                  unit: str = "module") -> list[Path]:
     """The kept set in each toolchain's form, each file written atomically; returns the paths.
+    ``unit``: what ``modules`` holds, ``module`` paths (``modules.json``) or ONNX ``node`` names
+    of a file without module scopes (``nodes.json``).
 
     Example:
         >>> import tempfile
@@ -120,7 +124,7 @@ def write_configs(folder: str | os.PathLike, modules: Sequence[str], nodes: Sequ
     root.mkdir(exist_ok=True)
     names = list(nodes)
     texts = {
-        "modules.json": _json({"precision": "float32", "modules": list(modules), "converted_to": to}),
+        f"{unit}s.json": _json({"precision": "float32", f"{unit}s": list(modules), "converted_to": to}),
         "onnxconverter_common.json": _json({**FP16_OPTIONS, "node_block_list": names}),
         "ort_quantization.json": _json({"quant_format": "QDQ", "nodes_to_exclude": names}),
         "polygraphy.txt": "# polygraphy run/convert MODEL.onnx --fp16 --int8 $(grep -v '^#' polygraphy.txt)\n"

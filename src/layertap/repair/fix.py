@@ -16,7 +16,8 @@ from ..tables import Column, Report
 from .configs import Target, check_script, write_configs
 from .convert import FORMATS, Converter
 from .data import Declared, as_feeds, example_from_samples, random_feeds, read_samples
-from .search import FixStep, ModuleNodes, Trials, beyond_range, graph_order, out_of_range, rank, search
+from .search import FixStep, Trials, beyond_range, graph_order, out_of_range, rank, search
+from .units import Units, units_of
 
 RANK_SAMPLES = 8  # samples of the layer-by-layer comparison that ranks the modules
 
@@ -52,6 +53,7 @@ class FixReport(Report):
     """
 
     report_kind: ClassVar[str] = "fix"
+    unit: ClassVar[str] = "module"  # what the search keeps (NodeFixReport: ONNX nodes)
     title = "modules kept in float32, step by step"
     columns = [
         Column("step", "Step", justify="right"),
@@ -87,7 +89,7 @@ class FixReport(Report):
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ok": self.ok, "to": self.to, "target": str(self.target), "converter": self.tool,
-                               "kept": self.kept, "nodes": self.nodes, "conversions": len(self.rows),
+                               "unit": self.unit, "kept": self.kept, "nodes": self.nodes, "conversions": len(self.rows),
                                "metric": None if self.best is None else self.best.metric}
         if self.float32 is not None:
             out["float32"] = {"size": self.float32.size, "latency_ms": self.float32.latency_ms}
@@ -104,8 +106,7 @@ class FixReport(Report):
         n = len(self.rows)
         tried = f"{n} conversion{'s' if n != 1 else ''}; {self.target.metric} {fmt_metric(self.rows[0].metric)} -> " \
                 f"{fmt_metric(b.metric)}"
-        what = (f"{b.n_kept} module{'s' if b.n_kept != 1 else ''} ({b.nodes} nodes): {_names(b.kept)}" if b.n_kept
-                else "none (the plain conversion)")
+        what = (f"{self._counted(b)}: {_names(b.kept)}" if b.n_kept else "none (the plain conversion)")
         if self.float32 is not None:
             lines.append(f"float32 file: {_size(self.float32.size)}, {self.float32.latency_ms:.2f} ms")
         if self.ok:
@@ -114,6 +115,29 @@ class FixReport(Report):
             lines += [f"no set within the limit meets target {self.target} ({tried})",
                       f"FIXED.onnx holds the best set found, kept in float32: {what}"]
         return lines
+
+    def _counted(self, step: FixStep) -> str:
+        return f"{step.n_kept} module{'s' if step.n_kept != 1 else ''} ({step.nodes} nodes)"
+
+
+class NodeFixReport(FixReport):
+    """A :class:`FixReport` of a file without module scopes: the units kept are its ONNX nodes
+    (``kept`` and ``nodes`` are the same node names).
+
+    Example:
+        >>> r = NodeFixReport([FixStep(0, "add", ["p2o.Conv.0"], ["p2o.Conv.0"], 1, 0.9999, True, 100, 1.0)],
+        ...                   target="cosine:0.999", to="fp16", nodes=["p2o.Conv.0"])
+        >>> r.summary()["unit"], str(r).splitlines()[-1]
+        ('node', 'kept in float32: 1 ONNX node: p2o.Conv.0')
+    """
+
+    unit: ClassVar[str] = "node"
+    title = "ONNX nodes kept in float32 (the file has no module scopes), step by step"
+    columns = [Column("changed", "Nodes", fmt=_names, name=True) if c.key == "changed" else c
+               for c in FixReport.columns if c.key != "nodes"]
+
+    def _counted(self, step: FixStep) -> str:
+        return f"{step.n_kept} ONNX node{'s' if step.n_kept != 1 else ''}"
 
 
 def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike | None = "fixed.onnx",
@@ -131,7 +155,9 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
             (images, ``.npy``/``.npz`` files, a ``datasets`` folder); the target is judged over all.
         calib: int8 calibration samples (a folder / ``.npz`` or a list); default the comparison samples.
         target: ``cosine:0.999``, ``rel:1e-2``, ``sqnr:30`` or ``top1:0.99`` on the model's outputs.
-        keep: module paths always kept in float32. ``max_float``: at most this many modules kept.
+        keep: module paths always kept in float32. ``max_float``: at most this many modules kept. In a
+            file without module scopes the units are its ONNX nodes: ``keep`` takes node names (or the
+            tensor names they make), ``.kept`` holds node names and the report is a :class:`NodeFixReport`.
         config_out: a folder for the kept set in each toolchain's form (:func:`.configs.write_configs`);
             for float16 also ``convert.py``, which makes FIXED.onnx again (run once here to check it).
         naive: one module at a time in graph order, no ranking (what the ranking is measured against).
@@ -155,7 +181,8 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
         raise LayertapError(f"unknown conversion --to {to!r}; use one of {', '.join(FORMATS)}")
     goal = Target.parse(target)
     if max_float is not None and (not isinstance(max_float, int) or max_float < 0):
-        raise LayertapError(f"--max-float must be a number of modules >= 0, got {max_float!r}")
+        raise LayertapError(f"--max-float must be a number of modules (nodes, in a file without module scopes) >= 0, "
+                            f"got {max_float!r}")
     with tempfile.TemporaryDirectory(prefix="layertap-fix-") as tmp:
         folder = Path(tmp)
         ref_path = _reference_file(ref, args, samples, folder, exporter)
@@ -164,7 +191,8 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
         declared = Declared.of(model)
         feeds = _feeds(model, declared, args, samples, seed)
         calib_feeds = _calib(calib, declared, feeds) if to == "int8" else []
-        modules, notes = ModuleNodes(model), []
+        modules = units_of(model)
+        notes = _unit_notes(modules)
         forced = modules.check(list(keep))
         trials = Trials(model, Converter(to, folder, calib_feeds), modules, feeds, goal, folder, on_step)
         base = trials.baseline()
@@ -185,11 +213,22 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
         if out_path is not None:
             _publish(trials.files[best.step], out_path)
         if config_out is not None:
-            write_configs(config_out, best.kept, nodes, to)
+            write_configs(config_out, best.kept, nodes, to, unit=modules.kind)
             if to == "fp16":
                 notes.append(check_script(config_out, ref_path, trials.files[best.step], folder))
-        return FixReport(trials.steps, target=goal, to=to, nodes=nodes, float32=base, tool=trials.converter.tool,
-                         notes=notes)
+        kind = NodeFixReport if modules.kind == "node" else FixReport
+        return kind(trials.steps, target=goal, to=to, nodes=nodes, float32=base, tool=trials.converter.tool, notes=notes)
+
+
+def _unit_notes(units: Units) -> list[str]:
+    """What the report says of the units of a file without module scopes: its nodes."""
+    if units.kind != "node":
+        return []
+    notes = ["the file carries no module scopes: the units kept in float32 are its ONNX nodes, by node name"]
+    unnamed = getattr(units, "unnamed", 0)
+    if unnamed:
+        notes.append(f"{unnamed} node(s) have no name: no converter can keep them in float32, so none is tried")
+    return notes
 
 
 def _reference_file(ref: Any, args: Any, samples: Any, folder: Path, exporter: str) -> Path:

@@ -89,7 +89,8 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
         args: one sample, as for :func:`layertap.compare`.
         cand: the candidate ONNX file (never modified).
         out: the package folder (created; a previous repro package there is replaced).
-        module: ``PATH`` or ``PATH#CALL``; default the first divergence.
+        module: ``PATH`` or ``PATH#CALL``; default the first divergence. Where neither file carries
+            module scopes, a tensor name of the reference (or the name of the node that makes it).
         rtol, atol: the tolerance ``repro.py`` holds the part to.
         command: the command line the README names (default: this call).
         samples: several samples instead of ``args``: all are compared, and the one where the
@@ -120,7 +121,7 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
     path, call = _parse_module(module)
     ref, cand = _read_onnx(ref), _read_onnx(cand)
     if path is not None:
-        _check_known(ref, cand, path)
+        path = _check_known(ref, cand, path)
     target = _check_out(out, [p for p in (_source_path(ref), _source_path(cand)) if p is not None])
     options = dict(rtol=rtol, atol=atol, kwargs=kwargs, method=method, ort_optimizations=ort_optimizations,
                    allow_different_weights=allow_different_weights, progress=progress)
@@ -229,9 +230,11 @@ def _parse_module(module: str | None) -> tuple[str | None, int]:
     return path, int(k) if sep else 0
 
 
-def _check_known(ref: Any, cand: Any, path: str) -> None:
+def _check_known(ref: Any, cand: Any, path: str) -> str:
     """An unknown ``--module`` fails before any run: the PyTorch model's modules, else the module
-    scopes of the reference file (of the candidate when the reference has none)."""
+    scopes of the reference file (of the candidate when the reference has none). Where neither file
+    has module scopes the rows are the reference's tensors: ``path`` is a tensor name, or the name
+    of the node that makes it (returned as that tensor's name)."""
     if hasattr(ref, "named_modules"):
         known = [name for name, _ in ref.named_modules() if name]
     else:
@@ -240,9 +243,26 @@ def _check_known(ref: Any, cand: Any, path: str) -> None:
         maps = [ScopeMap.from_model(f.model) for f in (ref, cand) if isinstance(f, ModelFile)]
         known = next((m.modules() for m in maps if m.source != "none"), [])
         if not known:
-            return
+            return _tensor_of(ref.model, path) if isinstance(ref, ModelFile) else path
     if path not in known and not any(k.startswith(path + ".") for k in known):
         raise LayertapError(unknown_name("module", path, known, "a PyTorch module path; `layertap layers` lists them"))
+    return path
+
+
+def _tensor_of(model: Any, name: str) -> str:
+    """A tensor of a file without module scopes: ``name`` itself, or the one tensor node ``name`` makes."""
+    made = [t for n in model.graph.node for t in n.output if t]
+    if name in made:
+        return name
+    outs = [[t for t in n.output if t] for n in model.graph.node if n.name == name]
+    if len(outs) == 1 and len(outs[0]) == 1:
+        return outs[0][0]
+    if len(outs) == 1 and outs[0]:
+        raise LayertapError(f"--module {name!r}: node {name!r} makes {len(outs[0])} tensors ({', '.join(outs[0])}); "
+                            "give one of them")
+    raise LayertapError(unknown_name("tensor", name, made + [n.name for n in model.graph.node if n.name],
+                                     "the file carries no module scopes: give a tensor name, or the name of the node "
+                                     "that makes it; `layertap layers FILE` lists the tensors"))
 
 
 def _check_out(out: str | os.PathLike, inputs: Sequence[Path]) -> Path:

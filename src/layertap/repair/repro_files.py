@@ -87,10 +87,13 @@ def _ref_part(folder: Path, path: Path, part: Any) -> str | None:
 
     mf = read_model(path)
     smap = ScopeMap.from_model(mf.model)
-    nodes, entering, _ = smap.call_nodes(part.path, part.call) if smap.source != "none" else ([], (), ())
+    rename = {part.ref_names.get(t, t): t for t in [*part.inputs, *part.expected]}
+    if smap.source != "none":
+        nodes, entering, _ = smap.call_nodes(part.path, part.call)
+    else:  # no module scopes: the row is a tensor, its part the reference's nodes that make it
+        nodes, entering = _makers(mf.model.graph, [part.ref_names.get(c, c) for c in part.expected])
     if not nodes:
         return "the reference file has no nodes of this call under its module scope"
-    rename = {part.ref_names.get(t, t): t for t in [*part.inputs, *part.expected]}
     missing = [t for t in entering if t not in rename or rename[t] not in part.inputs]
     if missing:
         return f"the reference's part reads {missing[0]}, which the candidate's part is not fed"
@@ -102,6 +105,14 @@ def _ref_part(folder: Path, path: Path, part: Any) -> str | None:
         return "the reference's nodes of this call do not make the tensors compared"
     save_part(cutter.model([piece], "reference_part"), folder / "ref.onnx", mf.folder)
     return None
+
+
+def _makers(graph: Any, tensors: list[str]) -> tuple[list[int], tuple[str, ...]]:
+    """The nodes that make ``tensors`` and the tensors they read from outside (weights excluded)."""
+    from ..onnxfile.graph_facts import GraphFacts
+
+    nodes = sorted({i for i, n in enumerate(graph.node) if set(n.output) & set(tensors)})
+    return nodes, (GraphFacts(graph).entering(nodes) if nodes else ())
 
 
 def _elem(value: np.ndarray) -> int:

@@ -4,7 +4,8 @@ Rank the modules of the plain conversion's comparison (values outside float16's 
 then the error each module makes by itself, ``local_rel``), keep ranked groups in float32 (1,
 1, 2, 4, ... groups at a time) until the target holds, then drop every kept module whose
 removal still meets it, so the set is minimal. Every set is converted and run for real
-(:class:`Trials`); nothing is estimated. Never imports torch.
+(:class:`Trials`); nothing is estimated. The units are module paths, or the ONNX nodes of a file
+without module scopes (:mod:`.units`); "module" below stands for either. Never imports torch.
 """
 
 from __future__ import annotations
@@ -19,16 +20,15 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import LayertapError, unknown_name
+from ..errors import LayertapError
 from .configs import Target
 from .convert import Converter
+from .units import Units
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
 FP16_MAX = 65504.0
-# element-wise activations a quantiser fuses into the node before them (their output shares its rounding)
-_ACTIVATIONS = {"Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Gelu", "Identity"}
 LATENCY_RUNS = 5
 
 
@@ -53,90 +53,23 @@ class FixStep:
         return len(self.kept)
 
 
-class ModuleNodes:
-    """Module paths <-> node names of the float32 file (every call of a module, its submodules
-    included), from :class:`~layertap.onnxfile.scopes.ScopeMap`."""
-
-    def __init__(self, model: "onnx.ModelProto") -> None:
-        from ..onnxfile.scopes import ScopeMap
-
-        smap = ScopeMap.from_model(model)
-        graph = model.graph
-        self.order: dict[str, int] = {}
-        self._nodes: dict[str, list[int]] = {}
-        for path in smap.modules():
-            found = sorted({i for k in range(smap.calls(path)) for i in smap.call_nodes(path, k)[0]})
-            if path and found:
-                self._nodes[path] = found
-                self.order[path] = found[0]
-        # each node's module: the deepest call that holds its value (a folded Conv is its BatchNorm's)
-        self._owner = {i: path for i, (path, _) in smap.owners().items() if path in self._nodes}
-        self._names = [n.name for n in graph.node]
-        self._ops = [n.op_type for n in graph.node]
-        self._outputs = [set(n.output) for n in graph.node]
-        self._inputs = [set(n.input) for n in graph.node]
-
-    def modules(self) -> list[str]:
-        """Every module with nodes, in graph order."""
-        return sorted(self._nodes, key=lambda p: (self.order[p], p.count(".")))
-
-    def check(self, paths: Sequence[str]) -> list[str]:
-        """``paths`` as given; an unknown one is a one-line error with close matches."""
-        for p in paths:
-            if p not in self._nodes:
-                raise LayertapError(unknown_name("module", p, self.modules(),
-                                                 "module paths of the float32 file; 'layertap layers REF' lists them"))
-        return list(paths)
-
-    def names(self, paths: Sequence[str]) -> list[str]:
-        """Node names of ``paths``, in graph order (the converters' node lists)."""
-        picked = sorted({i for p in paths for i in self._nodes.get(p, ())})
-        return [self._names[i] for i in picked if self._names[i]]
-
-    def readers(self, path: str) -> list[str]:
-        """The innermost modules whose nodes read a tensor ``path`` makes (its consumers)."""
-        own = set(self._nodes[path])
-        made = set().union(*(self._outputs[i] for i in own))
-        return self._innermost(path, {i for i, ins in enumerate(self._inputs) if i not in own and ins & made})
-
-    def writers(self, path: str) -> list[str]:
-        """The innermost modules whose nodes make a tensor ``path`` reads (its producers); through an
-        activation module (ReLU and the like) to the module before it, whose output the activation
-        passes on: a quantiser rounds that tensor where the activation's producer writes it."""
-        found = self._writers(path)
-        for w in list(found):
-            if all(self._ops[i] in _ACTIVATIONS for i in self._nodes[w]):
-                found += [p for p in self._writers(w) if p not in found and p != path]
-        return found
-
-    def _writers(self, path: str) -> list[str]:
-        own = set(self._nodes[path])
-        read = set().union(*(self._inputs[i] for i in own)) - set().union(*(self._outputs[i] for i in own))
-        return self._innermost(path, {i for i, outs in enumerate(self._outputs) if i not in own and outs & read})
-
-    def _innermost(self, path: str, nodes: set[int]) -> list[str]:
-        """The modules owning ``nodes``, in graph order, neither ``path``'s submodules nor its parents."""
-        found = {self._owner[i] for i in nodes if i in self._owner}
-        return sorted((p for p in found if p != path and not p.startswith(path + ".") and not path.startswith(p + ".")),
-                      key=lambda p: self.order[p])
-
-
-def _scores(report: Any, to: str, modules: ModuleNodes) -> dict[str, tuple[bool, float]]:
-    """Innermost compared module -> (values outside float16's range, its worst error: ``local_rel``,
+def _scores(report: Any, to: str, modules: Units) -> dict[str, tuple[bool, float]]:
+    """Innermost compared unit -> (values outside float16's range, its worst error: ``local_rel``,
     else the row's ``rel_err``)."""
     score: dict[str, tuple[bool, float]] = {}
     for r in report.rows:
-        if not r.path or r.ok is None or r.path not in modules.order:
+        unit = modules.unit_of(r.path) if r.path and r.ok is not None else None
+        if unit is None:
             continue
         out = to == "fp16" and (r.finite is False or (r.ref_max or 0.0) > FP16_MAX)
         err = r.local_rel if r.local_rel is not None else (r.rel_err or 0.0)
         err = math.inf if err is None or math.isnan(err) else err
-        old = score.get(r.path, (False, 0.0))
-        score[r.path] = (old[0] or out, max(old[1], err))
-    return {p: v for p, v in score.items() if not any(q.startswith(p + ".") for q in score)}
+        old = score.get(unit, (False, 0.0))
+        score[unit] = (old[0] or out, max(old[1], err))
+    return {p: score[p] for p in modules.innermost(score)}
 
 
-def out_of_range(report: Any, to: str, modules: ModuleNodes) -> list[str]:
+def out_of_range(report: Any, to: str, modules: Units) -> list[str]:
     """The modules a float16 search keeps from its first set: those whose reference values leave
     float16's range (or are not finite in the candidate), with the modules that read them, so the
     values are not cast to float16 in between. (ONNX Runtime's CPU provider computes many float16
@@ -147,7 +80,7 @@ def out_of_range(report: Any, to: str, modules: ModuleNodes) -> list[str]:
     return list(dict.fromkeys(m for p in found for m in [p, *modules.readers(p)]))
 
 
-def beyond_range(report: Any, to: str, modules: ModuleNodes) -> list[str]:
+def beyond_range(report: Any, to: str, modules: Units) -> list[str]:
     """The modules of :func:`out_of_range` whose own reference values leave float16's range: every
     acceptable float16 set keeps them, since float16 cannot hold those values whatever the runtime
     does. Their readers, and the modules whose values are only not finite in the candidate (after
@@ -155,11 +88,12 @@ def beyond_range(report: Any, to: str, modules: ModuleNodes) -> list[str]:
     if to != "fp16":
         return []
     leaves = _scores(report, to, modules)
-    beyond = {r.path for r in report.rows if r.path in leaves and (r.ref_max or 0.0) > FP16_MAX}
+    units = ((modules.unit_of(r.path) if r.path else None, r) for r in report.rows)
+    beyond = {u for u, r in units if u in leaves and (r.ref_max or 0.0) > FP16_MAX}
     return sorted(beyond, key=lambda p: modules.order[p])
 
 
-def rank(report: Any, to: str, modules: ModuleNodes) -> list[list[str]]:
+def rank(report: Any, to: str, modules: Units) -> list[list[str]]:
     """Groups of modules to keep, most harmful first: a module whose values leave float16's range
     (with its readers), then by ``local_rel`` (else the row's error); for int8 each module comes with
     the modules that write its inputs. Only the innermost modules compared are ranked."""
@@ -177,7 +111,7 @@ class Trials:
     are the reference. Files live in ``folder`` (a temporary folder the caller removes).
     """
 
-    def __init__(self, model: "onnx.ModelProto", converter: Converter, modules: ModuleNodes, feeds: list[dict[str, Any]],
+    def __init__(self, model: "onnx.ModelProto", converter: Converter, modules: Units, feeds: list[dict[str, Any]],
                  target: Target, folder: Path, on_step: Callable[[FixStep], None] | None = None) -> None:
         self.model, self.converter, self.modules, self.feeds = model, converter, modules, feeds
         self.target, self.folder, self.on_step = target, Path(folder), on_step
@@ -294,7 +228,7 @@ def _prune(trials: Trials, kept: list[str], forced: Sequence[str]) -> FixStep:
     return trials.best()
 
 
-def graph_order(modules: ModuleNodes, groups: list[list[str]]) -> list[list[str]]:
+def graph_order(modules: Units, groups: list[list[str]]) -> list[list[str]]:
     """The ranked modules, one at a time in graph order (the naive search's order)."""
     flat = {m for g in groups for m in g}
     return [[m] for m in sorted(flat, key=lambda p: modules.order[p])]

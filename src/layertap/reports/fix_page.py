@@ -12,18 +12,20 @@ from .svg import FAIL_COLOR, LINE_COLOR, PASS_COLOR, TOL_COLOR
 _W, _H, _L, _R, _T, _B = 640, 300, 64, 16, 20, 44
 _LABELS = {"cosine": "cosine (log of 1 - cosine)", "top1": "top-1 agreement (log of 1 - it)",
            "rel": "relative error (log)"}
+_UNITS = {"module": "modules", "node": "ONNX nodes"}  # what a fix report's search keeps
 
 
 def fix_fragment(report: Any) -> str:
     """The chart and the steps table of a fix report (rows read by field name)."""
     target = getattr(report, "target", None)
     metric = getattr(target, "metric", "metric")
-    chart = metric_chart(report.rows, metric=metric, target=getattr(target, "value", None))
-    return section(f"{metric} of the outputs vs modules kept in float32", chart, anchor="chart") + table_fragment(report)
+    units = _UNITS.get(getattr(report, "unit", "module"), "modules")
+    chart = metric_chart(report.rows, metric=metric, target=getattr(target, "value", None), units=units)
+    return section(f"{metric} of the outputs vs {units} kept in float32", chart, anchor="chart") + table_fragment(report)
 
 
-def metric_chart(steps: Sequence[Any], *, metric: str, target: float | None) -> str:
-    """An SVG scatter: x = modules kept, y = the output metric (``1 - cosine``/``1 - top1`` and ``rel``
+def metric_chart(steps: Sequence[Any], *, metric: str, target: float | None, units: str = "modules") -> str:
+    """An SVG scatter: x = ``units`` kept, y = the output metric (``1 - cosine``/``1 - top1`` and ``rel``
     on a log scale, SQNR in dB); blue points meet the target, red ones do not.
 
     Example:
@@ -63,7 +65,7 @@ def metric_chart(steps: Sequence[Any], *, metric: str, target: float | None) -> 
     label = _LABELS.get(metric, "SQNR dB")
     mid = _T + ph / 2
     parts.append(f'<text x="{_L + pw / 2}" y="{_H - 10}" text-anchor="middle" font-size="12">'
-                 f'modules kept in float32 (0 .. {int(xmax)})</text>'
+                 f'{esc(units)} kept in float32 (0 .. {int(xmax)})</text>'
                  f'<text x="14" y="{mid}" font-size="12" transform="rotate(-90 14 {mid})" text-anchor="middle">'
                  f'{esc(label)}</text></svg>')
     return "".join(parts)

@@ -60,11 +60,14 @@ class FixTool(Tool):
         g.add_argument("--target", default="cosine:0.999", metavar="METRIC:VALUE",
                        help="what the model's outputs must reach on every sample: cosine:0.999 (default), "
                             "rel:1e-2, sqnr:30, top1:0.99 (arg-max agreement)")
-        g.add_argument("--max-float", type=nonneg_int, default=None, metavar="N", help="keep at most N modules in float32")
+        g.add_argument("--max-float", type=nonneg_int, default=None, metavar="N",
+                       help="keep at most N modules (ONNX nodes, in a file without module scopes) in float32")
         g.add_argument("--keep", action="append", default=[], metavar="PATH",
-                       help="module path always kept in float32 (repeatable), e.g. layer4.2")
+                       help="module path always kept in float32 (repeatable), e.g. layer4.2; in a file without "
+                            "module scopes (paddle2onnx, tf2onnx) a node name or the tensor name it makes")
         g.add_argument("--config-out", metavar="DIR",
-                       help="write the kept set for each toolchain: modules.json, onnxconverter_common.json, "
+                       help="write the kept set for each toolchain: modules.json (nodes.json in a file without "
+                            "module scopes), onnxconverter_common.json, "
                             "ort_quantization.json, polygraphy.txt, modelopt.json; fp16: also convert.py, which "
                             "makes FIXED.onnx again (checked)")
 

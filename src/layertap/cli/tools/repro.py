@@ -39,7 +39,8 @@ class ReproTool(Tool):
         g.add_argument("-o", "--out", required=True, metavar="DIR",
                        help="the package folder: new, empty, or a previous repro package (replaced)")
         g.add_argument("--module", default=None, metavar="PATH[#CALL]",
-                       help="the module call to package, e.g. layer3.1 or act#1 (its second call); "
+                       help="the module call to package, e.g. layer3.1 or act#1 (its second call); in files "
+                            "without module scopes (paddle2onnx, tf2onnx) a tensor name, or the node that makes it; "
                             "default: the first divergence")
         g.add_argument("--inputs", metavar="PATH",
                        help="samples: a folder of .npy/.npz files or one .npz; the one where the call's error "
