@@ -174,3 +174,41 @@ def test_long_generation_values_beyond_the_budget_go_to_disk(llama, llama_dynamo
     assert all(torch.equal(spilled[k], held[k]) for k in held)
     report = lt.compare(llama, ids, llama_dynamo_cache, steps=2, memory_budget=4096)
     assert report.ok and any("KiB of reference values were held on disk (memory_budget)" in n for n in report.notes)
+
+
+def test_int4_builder_file_against_its_fp32_builder_file_on_generated_feeds(llama_genai_fp32, llama_genai_int4, tmp_path):
+    """Two builder files alone (no genai_config.json beside them), no inputs given: a prefill of 16 random
+    tokens with an empty past whose head size (declared kv_cache_dim) comes from the GroupQueryAttention
+    node (kv_num_heads 2; packed QKV width 128 over 4 + 2 x 2 heads: 16). Never imports torch."""
+    import shutil
+    import subprocess
+    import sys
+
+    import onnx
+
+    from layertap.onnxfile.kvcache import kv_layout
+
+    bare = {}
+    for name, path in (("fp32", llama_genai_fp32), ("int4", llama_genai_int4)):
+        (tmp_path / name).mkdir()
+        for f in path.parent.glob("model.onnx*"):
+            shutil.copy(f, tmp_path / name)
+        bare[name] = tmp_path / name / "model.onnx"
+        graph = onnx.load(bare[name], load_external_data=False).graph
+        assert [d.dim_param or d.dim_value for d in graph.input[2].type.tensor_type.shape.dim][3] == "kv_cache_dim"
+        assert kv_layout(graph).dims == ("batch_size", 2, "past_sequence_length", 16)
+    saved = tmp_path / "feeds.npz"
+    report = lt.compare(bare["fp32"], None, bare["int4"], samples=2, save_inputs=saved)
+    assert report.samples == 2 and not report.ok
+    assert report.first_divergence == "model.layers.0.self_attn.q_proj"  # the first int4 MatMulNBits
+    rows = {r.name: r for r in report.rows}
+    assert rows["output"].shape == [1, 16, 256] and rows["output"].status == "FAIL"
+    assert rows["model.embed_tokens"].status == "pass"
+    feeds = np.load(saved)
+    assert feeds["input_ids"].shape == (2, 16) and feeds["past_key_values.0.key"].shape == (2, 2, 0, 16)
+    code = ("import sys\nfrom layertap.cli.main import main\n"
+            f"rc = main(['compare', {str(bare['fp32'])!r}, {str(bare['int4'])!r}, '--json'])\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\nsys.exit(rc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert '"first_divergence": "model.layers.0.self_attn.q_proj"' in done.stdout.replace("\n", "")

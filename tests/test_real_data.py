@@ -209,6 +209,59 @@ def test_ragged_token_rows_are_refused_saying_to_pad(text_model, tmp_path, capsy
         lt.extract_dataset(model, ragged, taps=["proj"], out=tmp_path / "o", progress=False)
 
 
+# -- datasets folders of images or arrays beside labels and captions ------------------------------
+@pytest.fixture(scope="module")
+def captioned(tmp_path_factory):
+    """Two datasets folders of 4 rows with a ClassLabel ``label``, a ``caption`` and a list of
+    ``captions``: one of images (an Image column), one of 3x16x16 arrays (``emb``)."""
+    from PIL import Image
+
+    work = tmp_path_factory.mktemp("captioned")
+    rng = np.random.default_rng(0)
+    text = {"label": [0, 1, 1, 0], "caption": ["a cat", "a dog", "two dogs", "a cat asleep"],
+            "captions": [["a cat", "cat"], ["a dog", "dog"], ["dogs", "two dogs"], ["cat", "sleeping cat"]]}
+    images = [Image.fromarray(rng.integers(0, 256, (20 + i, 24, 3), dtype=np.uint8)) for i in range(4)]
+    arrays = rng.standard_normal((4, 3, 16, 16)).astype(np.float32)
+    for name, column in (("images", {"image": images}), ("arrays", {"emb": list(arrays)})):
+        ds = datasets.Dataset.from_dict({**column, **text}).cast_column("label", datasets.ClassLabel(names=["cat", "dog"]))
+        if name == "images":
+            ds = ds.cast_column("image", datasets.Image())
+        ds.save_to_disk(str(work / name))
+    return work / "images", work / "arrays", arrays, text["label"]
+
+
+@pytest.mark.parametrize("kind", ["images", "arrays"])
+def test_extract_on_a_datasets_folder_skips_text_columns_and_keeps_labels(cnn_file, captioned, tmp_path, capsys, kind):
+    images, arrays, values, labels = captioned
+    folder = images if kind == "images" else arrays
+    out = tmp_path / "feats"
+    rc, _, err = _cli(capsys, "extract", cnn_file, "--data", folder, "--tap", "x", "-o", out, "--image-size", "16",
+                      "--batch-size", "2")
+    assert rc == 0, err
+    f = lt.load_features(out)
+    assert f.labels.tolist() == labels and f.classes == ["cat", "dog"]
+    assert f["x"].shape == (4, 3, 16, 16)
+    if kind == "arrays":
+        np.testing.assert_array_equal(f["x"][:], values)
+    assert f.manifest.data["data"]["column"] == ("image" if kind == "images" else "emb")
+    rc, _, err = _cli(capsys, "extract", cnn_file, "--data", folder, "--tap", "x", "-o", tmp_path / "o2",
+                      "--image-size", "16", "--columns", "caption")
+    assert rc == 2 and err.count("\n") == 1
+    assert f"column 'caption' of datasets folder '{folder}' holds text, and a model takes arrays" in err
+
+
+def test_a_datasets_object_in_memory_reads_as_its_folder_does(cnn_file, captioned, tmp_path):
+    """A Dataset given to lt.extract_dataset (any format) feeds its image column, not every column of a row."""
+    images, _, _, labels = captioned
+    ds = datasets.load_from_disk(str(images))
+    expected = lt.extract_dataset(cnn_file, images, taps=["x"], out=tmp_path / "folder", image_size=16, progress=False)
+    for fmt in (None, "numpy", "torch"):
+        f = lt.extract_dataset(cnn_file, ds.with_format(fmt), taps=["x"], out=tmp_path / f"mem_{fmt}", image_size=16,
+                               progress=False)
+        assert f.labels.tolist() == labels and f.classes == ["cat", "dog"]
+        np.testing.assert_array_equal(f["x"][:], expected["x"][:])
+
+
 # -- shard sizes ----------------------------------------------------------------------------------
 def test_shard_size_in_bytes_default_and_resume(tmp_path, capsys):
     """The default is 256MB; a size gives the samples per shard from the taps' bytes per sample

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import InputSpecError, LayertapError
 from ..metrics import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, ROUNDING_RTOL, Criterion
+from ..onnxfile.kvcache import KvLayout, kv_layout
 from ..onnxfile.modelfile import ModelFile
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -272,9 +273,12 @@ def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike |
     refuse_same_run(_path(ref), _path(cand), ref_rt, cand_rt)
     ref_side = OrtSide(ref, ref_rt)
     cand_side = OrtSide(cand, cand_rt)
-    given = [s if isinstance(s, (dict, list, tuple)) else [s] for s in given]
+    decoder, folder = kv_layout(ref_side.proto.graph), ref_side.path.parent
+    given = [_with_cache(s, decoder, folder) if isinstance(s, dict) else s if isinstance(s, (list, tuple)) else [s]
+             for s in given]
     save = options.pop("save_inputs")
-    reference = OnnxReference(ref_side, cand_side, given, n_random, random=_random_from_file(seed), **options)
+    reference = OnnxReference(ref_side, cand_side, given, n_random, random=_random_from_file(seed, decoder, folder),
+                              **options)
     if save is not None:
         save_samples(save, reference.feeds)
     report = compare_sides(reference, cand_side, criterion=options["criterion"], local=local,
@@ -322,21 +326,36 @@ def _criterion(metric: Any, rtol: Any, atol: Any, min_cosine: Any, min_sqnr_db: 
     return Criterion(metric, float(rtol), float(atol), float(min_cosine), float(min_sqnr_db), bool(check_finite))
 
 
-def _random_from_file(seed: int) -> Callable[[list[tuple[str, str]], dict[str, tuple], dict[str, int | None], int], list[Any]]:
+def _random_from_file(seed: int, decoder: KvLayout | None = None, folder: Path | None = None
+                      ) -> Callable[[list[tuple[str, str]], dict[str, tuple], dict[str, int | None], int], list[Any]]:
     """Draws random samples from the reference file's inputs (other symbolic sizes 1; integers below
-    the table they index, as ``run`` draws them), seeds after ``seed``."""
+    the table they index, as ``run`` draws them), seeds after ``seed``. A decoder file (``decoder``, its
+    KV layout) gets a prefill: token ids of 16 tokens (as ``run`` makes them) and the empty past, mask
+    and positions that fit them (:func:`~layertap.onnxfile.kvcache.complete_feeds`, sized by the file,
+    else the config in ``folder``)."""
 
     def draw(inputs: list[tuple[str, str]], shapes: dict[str, tuple], bounds: dict[str, int | None], n: int) -> list[Any]:
-        from ..inputs import random_samples
+        from ..inputs import SYMBOLIC_SIZE, random_samples
 
-        names = [name for name, _ in inputs]
+        made = decoder.names if decoder is not None else set()
+        names = [name for name, _ in inputs if name not in made]
         missing = [name for name in names if name not in shapes]
         if missing:
             raise InputSpecError(f"input {missing[0]!r} has no declared shape; pass the inputs (--input SHAPE)")
-        return random_samples(n, [(name, shapes[name], dt or "float32") for name, dt in inputs], seed + 1, symbolic=1,
-                              int_high=bounds)
+        plain = [(name, shapes[name], dt or "float32") for name, dt in inputs if name not in made]
+        samples = random_samples(n, plain, seed + 1, symbolic=1 if decoder is None else SYMBOLIC_SIZE, int_high=bounds)
+        return [_with_cache(s, decoder, folder) for s in samples]
 
     return draw
+
+
+def _with_cache(sample: dict[str, Any], decoder: KvLayout | None, folder: Path | None) -> dict[str, Any]:
+    """A decoder file's sample with the cache inputs it lacks: a prefill after its token ids."""
+    if decoder is None:
+        return sample
+    from ..onnxfile.kvcache import complete_feeds
+
+    return {**sample, **complete_feeds(decoder, sample, folder=folder)[0]}
 
 
 def _as_args(args: Any) -> tuple:

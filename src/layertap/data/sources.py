@@ -148,21 +148,24 @@ class ArrayFolder(MapSource):
 
 
 class HFDataset(MapSource):
-    """A Hugging Face ``datasets`` folder written by ``save_to_disk``; ids are row indices.
+    """A Hugging Face ``datasets`` folder written by ``save_to_disk`` (or a ``datasets.Dataset``
+    in memory: ``root`` None); ids are row indices.
 
     One column is the model's single input; several (``input_ids``, ``attention_mask``, ...)
-    are named inputs, by column name.
+    are named inputs, by column name. Text columns (a caption) are never inputs; the
+    ``label`` column gives the labels.
     """
 
     kind = "datasets"
 
-    def __init__(self, root: Path, ds: Any, columns: list[str], images: bool, preprocess: Preprocess | None) -> None:
+    def __init__(self, root: Path | None, ds: Any, columns: list[str], images: bool, preprocess: Preprocess | None) -> None:
         super().__init__(range(len(ds)))
         self.root = root
-        self.path = str(root)
+        self.path = None if root is None else str(root)
         self.columns = columns
         self.preprocess = preprocess if images else None
-        self.ds = ds if images else ds.with_format("numpy", columns=columns)
+        # images as PIL (whatever format a Dataset given in memory was set to), arrays as numpy
+        self.ds = ds.with_format(None) if images else ds.with_format("numpy", columns=columns)
         self.label_column = _label_column(ds, columns)
         if self.label_column is not None:
             self.labels = [int(v) for v in ds.data.column(self.label_column).to_pylist()]
@@ -330,6 +333,8 @@ def open_source(data: Any, preprocess: Callable[[], Preprocess | None], *, colum
         return _open_folder(Path(data), preprocess, _Opening(flag, list(columns) if columns else None, same_shape))
     if columns:
         raise LayertapError(f"columns={list(columns)!r} picks columns of a datasets folder, and data is a {type(data).__name__}")
+    if type(data).__name__ == "Dataset" and type(data).__module__.startswith("datasets"):
+        return _hf_source(data, None, preprocess, _Opening("data", None, same_shape))
     if type(data).__name__ == "DataLoader" and type(data).__module__.startswith("torch"):
         return IterSource(data, _maybe(preprocess), batched=True)
     if hasattr(data, "__len__") and hasattr(data, "__getitem__") and not isinstance(data, (dict, np.ndarray)):
@@ -408,11 +413,19 @@ def _open_hf(root: Path, preprocess: Callable[[], Preprocess | None], how: _Open
         ds = datasets.load_from_disk(str(root))
     except Exception as e:  # noqa: BLE001
         raise LayertapError(f"cannot read datasets folder '{root}': {first_line(e)}") from None
+    return _hf_source(ds, root, preprocess, how)
+
+
+def _hf_source(ds: Any, root: Path | None, preprocess: Callable[[], Preprocess | None], how: _Opening) -> HFDataset:
+    """A ``datasets.Dataset`` (read from ``root``, or given in memory) as a source: its input
+    columns picked, ragged token columns refused when samples must share a shape."""
+    where = "the datasets.Dataset" if root is None else f"datasets folder '{root}'"
     if len(ds) == 0:
-        raise LayertapError(f"{how.flag} '{root}' is an empty dataset (0 rows)")
-    columns, images = _pick_columns(ds, root, how.columns)
+        raise LayertapError(f"{how.flag} '{root}' is an empty dataset (0 rows)" if root is not None
+                            else "the datasets.Dataset given as data has no rows")
+    columns, images = _pick_columns(ds, where, how.columns)
     if how.same_shape:
-        _check_lengths(ds, root, columns)
+        _check_lengths(ds, where, columns)
     recipe = preprocess() if images else None
     if images and recipe is None:
         raise LayertapError("no preprocessing is known for this model; pass --image-size SIZE (and --mean/--std)")
@@ -423,9 +436,10 @@ _PREFERRED = ("pixel_values", "image", "img", "input", "inputs", "x", "array")
 _LABELS = ("label", "labels")
 
 
-def _pick_columns(ds: Any, root: Path, wanted: list[str] | None) -> tuple[list[str], bool]:
+def _pick_columns(ds: Any, where: str, wanted: list[str] | None) -> tuple[list[str], bool]:
     """The input columns: those asked for; else an Image column, else an array-valued one
-    (preferred names first), else every array-valued one (tokenised text: named inputs)."""
+    (preferred names first), else every array-valued one (tokenised text: named inputs).
+    Text columns (a caption, a list of captions) are never picked: a model takes numbers."""
     import datasets
 
     feats = ds.features
@@ -434,14 +448,18 @@ def _pick_columns(ds: Any, root: Path, wanted: list[str] | None) -> tuple[list[s
 
         for name in wanted:
             if name not in feats:
-                raise LayertapError(unknown_name("column", name, list(feats), hint=f"datasets folder '{root}' has the columns "
+                raise LayertapError(unknown_name("column", name, list(feats), hint=f"{where} has the columns "
                                                  f"{', '.join(feats)}; pass --columns with some of them"))
+            if holds_text(feats[name]):
+                raise LayertapError(f"column {name!r} of {where} holds text, and a model takes arrays: tokenise it into "
+                                    "columns of ids (input_ids, attention_mask) and pick those, or leave it out of --columns")
         images = [c for c in wanted if isinstance(feats[c], datasets.Image)]
         if images and len(wanted) > 1:
             raise LayertapError(f"--columns {','.join(wanted)}: an image column ({images[0]}) is fed alone; pick it only")
         return list(wanted), bool(images)
     images = [c for c, f in feats.items() if isinstance(f, datasets.Image)]
-    arrays = [c for c, f in feats.items() if not isinstance(f, (datasets.Value, datasets.ClassLabel, datasets.Image)) and c not in _LABELS]
+    arrays = [c for c, f in feats.items() if not isinstance(f, (datasets.Value, datasets.ClassLabel, datasets.Image))
+              and c not in _LABELS and not holds_text(f)]
     for pool, is_image in ((images, True), (arrays, False)):
         for name in _PREFERRED:
             if name in pool:
@@ -451,9 +469,27 @@ def _pick_columns(ds: Any, root: Path, wanted: list[str] | None) -> tuple[list[s
     if arrays:
         return arrays, False
     raise LayertapError(
-        f"datasets folder '{root}' has no image or array column to feed the model (columns: {', '.join(feats)}); "
+        f"{where} has no image or array column to feed the model (columns: {', '.join(feats)}); "
         "pass --columns NAME[,NAME]"
     )
+
+
+def holds_text(feature: Any) -> bool:
+    """Whether a ``datasets`` column holds strings anywhere (``Value("string")``, a list of captions).
+
+    Example:
+        >>> import datasets
+        >>> holds_text(datasets.List(datasets.Value("string"))), holds_text(datasets.List(datasets.Value("int64")))
+        (True, False)
+    """
+    if isinstance(feature, dict):
+        return any(holds_text(f) for f in feature.values())
+    if isinstance(feature, (list, tuple)):
+        return any(holds_text(f) for f in feature)
+    inner = getattr(feature, "feature", None)
+    if inner is not None:
+        return holds_text(inner)
+    return getattr(feature, "dtype", "") in ("string", "large_string")
 
 
 def _label_column(ds: Any, inputs: list[str]) -> str | None:
@@ -467,7 +503,7 @@ def _label_column(ds: Any, inputs: list[str]) -> str | None:
     return None
 
 
-def _check_lengths(ds: Any, root: Path, columns: list[str]) -> None:
+def _check_lengths(ds: Any, where: str, columns: list[str]) -> None:
     """Token columns whose rows differ in length cannot be stacked: say so before any run."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -479,7 +515,7 @@ def _check_lengths(ds: Any, root: Path, columns: list[str]) -> None:
         lo, hi = (v.as_py() for v in pc.min_max(pc.list_value_length(col)).values())
         if lo != hi:
             raise LayertapError(
-                f"column {name!r} of datasets folder '{root}' holds rows of different lengths ({lo} to {hi}) and samples "
+                f"column {name!r} of {where} holds rows of different lengths ({lo} to {hi}) and samples "
                 "must share one shape: pad when tokenising (tokenizer(..., padding='max_length', max_length=N))"
                 " or pass --pool mean|max|first (extract)"
             )

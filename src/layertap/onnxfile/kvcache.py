@@ -9,7 +9,8 @@ Three conventions are read from a file's declared inputs:
   cache's tensors in pytree order, layer-major key then value), the 4-D outputs after the first out;
 - ``past.N.key`` / ``past_key.N`` spellings of the first.
 
-The KV head count and head size come from the file's declared shapes, else a model config
+The KV head count and head size come from the file's declared shapes (the past's, the present's,
+else its ``GroupQueryAttention`` node: ``kv_num_heads`` and the packed QKV width), else a model config
 (``transformers`` config, ``config.json`` or GenAI's ``genai_config.json`` next to the file).
 """
 
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from ..errors import InputSpecError
+from .llm_names import attention_heads
 from .shapes import declared_dims
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -108,6 +110,8 @@ def kv_layout(graph: "onnx.GraphProto") -> KvLayout | None:
         more = _dims(shown) if shown is not None else ()
         if len(more) == 4:
             dims = tuple(more[k] if k in (1, 3) and not _known(d) and _known(more[k]) else d for k, d in enumerate(dims))
+    if len(dims) == 4 and not (_known(dims[1]) and _known(dims[3])):
+        dims = _attention_dims(graph, dims)
     import onnx
 
     dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else "float32"
@@ -116,6 +120,18 @@ def kv_layout(graph: "onnx.GraphProto") -> KvLayout | None:
         return next((n for n in names if n in options), None)
 
     return KvLayout(past, present, pick(IDS_NAMES), pick(MASK_NAMES), pick(POSITION_NAMES), dtype, dims)
+
+
+def _attention_dims(graph: "onnx.GraphProto", dims: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """The past's KV head count and head size where its declared shape leaves them symbolic (GenAI's
+    builder: ``kv_cache_dim``), read from the first ``GroupQueryAttention`` node, whose past is
+    batch x kv_num_heads x length x head size (:func:`~.llm_names.attention_heads`)."""
+    attn = next((n for n in graph.node if n.op_type == "GroupQueryAttention"), None)
+    found = attention_heads(graph, attn) if attn is not None else None
+    if found is None:
+        return dims
+    _, kv_heads, head = found
+    return dims[0], dims[1] if _known(dims[1]) else kv_heads, dims[2], dims[3] if _known(dims[3]) else head
 
 
 def _known(dim: int | str) -> bool:
