@@ -1,7 +1,9 @@
 """The conversions ``layertap fix`` tries, each with a list of ONNX node names kept in float32:
 float16 with onnxconverter-common (``keep_io_types=True``, ``node_block_list``) and int8 QDQ with
 ``onnxruntime.quantization.quantize_static`` (``nodes_to_exclude``), calibrated on real samples
-once (ONNX Runtime's calibration cache), so every set is quantised with the same ranges."""
+once (ONNX Runtime's calibration cache), so every set is quantised with the same ranges. The
+float16 file gets the converter's types repaired where ONNX Runtime would refuse them
+(:func:`retype_float16`: taps, model outputs that other nodes read too)."""
 
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ class Converter:
             raise LayertapError("int8 quantisation needs calibration samples (--calib PATH, else --inputs or --samples)")
         self.to, self.folder, self.calib = to, Path(folder), list(calib)
         self.cache = self.folder / "calibration.json"
+        self.retyped: dict[str, None] = {}  # what :func:`retype_float16` repaired in any conversion so far
 
     @property
     def tool(self) -> str:
@@ -79,6 +82,7 @@ class Converter:
 
         converted = float16.convert_float_to_float16(_copy(model), node_block_list=list(nodes), **FP16_OPTIONS)
         restore_float32(model, converted, nodes)
+        self.retyped.update(dict.fromkeys(retype_float16(converted, nodes)))
         onnx.save(converted, str(out))
 
     def _int8(self, model: "onnx.ModelProto", nodes: Sequence[str], out: Path) -> None:
@@ -136,6 +140,73 @@ def _float_outputs(model: "onnx.ModelProto", converted: "onnx.ModelProto") -> li
             out.type.tensor_type.elem_type = 1
             fixed.append(out.name)
     return fixed
+
+
+def retype_float16(converted: "onnx.ModelProto", nodes: Sequence[str], op_block_list: Any = None) -> list[str]:
+    """Make the types onnxconverter-common writes agree with the nodes that make and read them, so
+    ONNX Runtime loads the file; returns the tensors re-wired and the casts retyped.
+
+    With ``keep_io_types`` it renames the maker's output of each float32 model output and writes the
+    output itself with a ``Cast`` to float, but the other nodes reading that tensor (a tap: an
+    intermediate tensor that is also a model output) still read it by its name, now the float32 copy,
+    while it declares their outputs float16. Each reader it made float16 (a node outside ``nodes`` and
+    ``op_block_list``) reads the float16 tensor instead (made by a ``Cast`` where a kept node makes the
+    output). And a ``Cast`` to float it made float16 (its output declared float16) casts to float16.
+
+    Example:
+        >>> import onnx, onnx.helper as h
+        >>> from onnxconverter_common import float16
+        >>> vi = lambda n: h.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [2])
+        >>> g = h.make_graph([h.make_node("Relu", ["x"], ["tap"], name="r"), h.make_node("Neg", ["tap"], ["y"], name="n")],
+        ...                  "g", [vi("x")], [vi("y"), vi("tap")])
+        >>> m = float16.convert_float_to_float16(h.make_model(g), keep_io_types=True)
+        >>> retype_float16(m, []), [n.input[0] for n in m.graph.node if n.name == "n"]
+        (['tap'], ['r_cast_to_tap'])
+    """
+    from onnxconverter_common import float16
+
+    graph = converted.graph
+    blocked = set(float16.DEFAULT_OP_BLOCK_LIST if op_block_list is None else op_block_list)
+    kept = set(nodes)
+    declared = {v.name: v.type.tensor_type.elem_type for v in graph.value_info}
+    fixed = []
+    for out in graph.output:
+        readers = [n for n in graph.node if out.name in n.input and n.op_type != "Cast"
+                   and n.op_type not in blocked and n.name not in kept]
+        if out.type.tensor_type.elem_type != 1 or not readers:
+            continue
+        half = _float16_copy(graph, out, declared)
+        for n in readers:
+            for i, name in enumerate(n.input):
+                if name == out.name:
+                    n.input[i] = half
+        fixed.append(out.name)
+    for n in graph.node:
+        to = next((a for a in n.attribute if a.name == "to"), None)
+        if n.op_type == "Cast" and n.name not in kept and to is not None and to.i == 1 and declared.get(n.output[0]) == 10:
+            to.i = 10
+            fixed.append(n.name)
+    return fixed
+
+
+def _float16_copy(graph: Any, out: Any, declared: dict[str, int]) -> str:
+    """The float16 tensor holding model output ``out``'s values: what the converter's ``Cast`` to float
+    reads, else a new ``Cast`` to float16 of ``out`` (its maker was kept in float32)."""
+    from onnx import helper
+
+    at = next((i for i, n in enumerate(graph.node) if out.name in n.output), -1)
+    maker = graph.node[at] if at >= 0 else None
+    if maker is not None and maker.op_type == "Cast" and declared.get(maker.input[0]) == 10:
+        return maker.input[0]
+    taken = {v.name for v in graph.value_info} | {o for n in graph.node for o in n.output}
+    half = next(f"{out.name}_float16{k or ''}" for k in range(len(taken) + 1) if f"{out.name}_float16{k or ''}" not in taken)
+    graph.node.insert(at + 1, helper.make_node("Cast", [out.name], [half], name=half, to=10))
+    info = graph.value_info.add()
+    info.CopyFrom(out)
+    info.name = half
+    info.type.tensor_type.elem_type = 10
+    declared[half] = 10
+    return half
 
 
 def _copy(model: "onnx.ModelProto") -> "onnx.ModelProto":

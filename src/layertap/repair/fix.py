@@ -177,6 +177,8 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
                 notes.append(f"kept in float32 in every set (values beyond float16's range): {', '.join(required)}")
             forced = list(dict.fromkeys(forced + required))
             search(trials, graph_order(modules, groups) if naive else groups, forced, max_float, naive=naive)
+        if trials.converter.retyped:
+            notes.append(_retyped_note(list(trials.converter.retyped)))
         best = trials.best()
         best.chosen = True
         nodes = modules.names(best.kept)
@@ -188,6 +190,13 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
                 notes.append(check_script(config_out, ref_path, trials.files[best.step], folder))
         return FixReport(trials.steps, target=goal, to=to, nodes=nodes, float32=base, tool=trials.converter.tool,
                          notes=notes)
+
+
+def _retyped_note(names: list[str]) -> str:
+    """What layertap changed in the converter's files so that ONNX Runtime loads them."""
+    more = f" (+{len(names) - 3})" if len(names) > 3 else ""
+    return (f"onnxconverter-common writes types ONNX Runtime refuses (model outputs other nodes read, casts): "
+            f"{', '.join(names[:3])}{more}; layertap repairs them, as the convert.py of fix --config-out does")
 
 
 def _reference_file(ref: Any, args: Any, folder: Path, exporter: str) -> Path:
