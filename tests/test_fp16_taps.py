@@ -134,9 +134,10 @@ def test_kept_nodes_that_make_or_read_a_tap(in_range, tmp_path, kept):
     assert ("pool1_float16" in made) == (kept == "makers")  # pool1's reader conv2 is kept in "both"
 
 
-def test_a_cast_to_float_the_converter_declares_float16_casts_to_float16(tmp_path):
-    """onnxconverter-common retypes a Cast-to-float's output as float16 (as in TorchScript exports of
-    timm's ViT) and leaves its ``to``: the cast now makes float16, and fix converts the model."""
+def test_nodes_whose_type_an_attribute_fixes_make_the_float16_the_converter_declares(tmp_path):
+    """onnxconverter-common declares float16 the outputs of a Cast to float (as in TorchScript exports
+    of timm's ViT), a ConstantOfShape without value (as in dynamo exports of MaxUnpool2d) and a
+    Constant's value_floats, and leaves them making float: fix converts the model and it runs."""
     import onnx.helper as h
     from onnx import TensorProto
 
@@ -146,12 +147,16 @@ def test_a_cast_to_float_the_converter_declares_float16_casts_to_float16(tmp_pat
         return h.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4])
 
     nodes = [h.make_node("Mul", ["x", "x"], ["m"], name="/a/Mul"), h.make_node("Cast", ["m"], ["c"], to=1, name="/a/Cast"),
-             h.make_node("Relu", ["c"], ["y"], name="/b/Relu")]
-    src = tmp_path / "cast.onnx"
-    onnx.save(h.make_model(h.make_graph(nodes, "g", [vi("x")], [vi("y")], value_info=[vi("c"), vi("m")]),
+             h.make_node("Shape", ["x"], ["s"], name="/b/Shape"), h.make_node("ConstantOfShape", ["s"], ["z"], name="/b/Zeros"),
+             h.make_node("Constant", [], ["k"], value_floats=[1.0, 2.0, 3.0, 4.0], name="/b/Constant"),
+             h.make_node("Add", ["c", "z"], ["cz"], name="/c/Add"), h.make_node("Add", ["cz", "k"], ["y"], name="/c/Add_1")]
+    src = tmp_path / "typed.onnx"
+    onnx.save(h.make_model(h.make_graph(nodes, "g", [vi("x")], [vi("y")], value_info=[vi(n) for n in "mczk"]),
                            opset_imports=[h.make_opsetid("", 17)]), str(src))
-    assert "/a/Cast" in _refusal(_converter_alone(src, tmp_path / "alone.onnx"))
+    assert "Type Error" in _refusal(_converter_alone(src, tmp_path / "alone.onnx"))
     report = lt.fix(src, to="fp16", out=tmp_path / "out.onnx", samples=2)
-    assert report.ok and report.best.metric > 0.9999 and any("/a/Cast" in n for n in report.notes), str(report)
+    assert report.ok and report.best.metric > 0.9999, str(report)
+    assert any(all(name in n for name in ("/a/Cast", "/b/Zeros", "/b/Constant")) for n in report.notes), report.notes
     x = np.linspace(-2, 2, 4, dtype=np.float32)[None]
-    np.testing.assert_allclose(_session(tmp_path / "out.onnx").run(None, {"x": x})[0], x * x, rtol=1e-3)
+    got = _session(tmp_path / "out.onnx").run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, x * x + np.arange(1, 5), rtol=1e-3)

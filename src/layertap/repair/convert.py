@@ -144,14 +144,15 @@ def _float_outputs(model: "onnx.ModelProto", converted: "onnx.ModelProto") -> li
 
 def retype_float16(converted: "onnx.ModelProto", nodes: Sequence[str], op_block_list: Any = None) -> list[str]:
     """Make the types onnxconverter-common writes agree with the nodes that make and read them, so
-    ONNX Runtime loads the file; returns the tensors re-wired and the casts retyped.
+    ONNX Runtime loads the file; returns the model outputs re-wired and the nodes retyped.
 
     With ``keep_io_types`` it renames the maker's output of each float32 model output and writes the
     output itself with a ``Cast`` to float, but the other nodes reading that tensor (a tap: an
     intermediate tensor that is also a model output) still read it by its name, now the float32 copy,
     while it declares their outputs float16. Each reader it made float16 (a node outside ``nodes`` and
     ``op_block_list``) reads the float16 tensor instead (made by a ``Cast`` where a kept node makes the
-    output). And a ``Cast`` to float it made float16 (its output declared float16) casts to float16.
+    output). And it declares float16 the outputs of nodes whose type an attribute fixes without
+    changing the attribute (:func:`_float16_attributes`).
 
     Example:
         >>> import onnx, onnx.helper as h
@@ -181,12 +182,31 @@ def retype_float16(converted: "onnx.ModelProto", nodes: Sequence[str], op_block_
                 if name == out.name:
                     n.input[i] = half
         fixed.append(out.name)
-    for n in graph.node:
-        to = next((a for a in n.attribute if a.name == "to"), None)
-        if n.op_type == "Cast" and n.name not in kept and to is not None and to.i == 1 and declared.get(n.output[0]) == 10:
-            to.i = 10
-            fixed.append(n.name)
-    return fixed
+    made_half = [n for n in graph.node if n.output and declared.get(n.output[0]) == 10 and n.name not in kept
+                 and n.op_type not in blocked]
+    return fixed + [n.name for n in made_half if _float16_attributes(n)]
+
+
+def _float16_attributes(node: Any) -> bool:
+    """Make float16 a node whose float output type an attribute fixes, or its default: ``Cast``'s
+    ``to``, ``ConstantOfShape`` without ``value`` (a float 0), ``Constant``'s ``value_float(s)``;
+    whether it changed."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    attrs = {a.name: a for a in node.attribute}
+    if node.op_type == "Cast" and attrs["to"].i == 1:
+        attrs["to"].i = 10
+    elif node.op_type == "ConstantOfShape" and "value" not in attrs:
+        node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(np.zeros(1, np.float16))))
+    elif node.op_type == "Constant" and ("value_float" in attrs or "value_floats" in attrs):
+        old = attrs.get("value_float") or attrs["value_floats"]
+        values = np.array(old.f if old.name == "value_float" else list(old.floats), np.float16)
+        node.attribute.remove(old)
+        node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(values)))
+    else:
+        return False
+    return True
 
 
 def _float16_copy(graph: Any, out: Any, declared: dict[str, int]) -> str:
