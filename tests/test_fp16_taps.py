@@ -160,3 +160,28 @@ def test_nodes_whose_type_an_attribute_fixes_make_the_float16_the_converter_decl
     x = np.linspace(-2, 2, 4, dtype=np.float32)[None]
     got = _session(tmp_path / "out.onnx").run(None, {"x": x})[0]
     np.testing.assert_allclose(got, x * x + np.arange(1, 5), rtol=1e-3)
+
+
+@pytest.mark.parametrize("kept", [[], ["/r/Relu"], ["/n/Neg"], ["/r/Relu", "/n/Neg"]])
+def test_model_outputs_declared_again_in_value_info(tmp_path, kept):
+    """A file that declares its outputs in value_info too: the converter alone retypes them float16
+    (ONNX Runtime refuses it) or drops the cast a kept node's output needs (the converter fails)."""
+    import onnx.helper as h
+    from onnx import TensorProto
+
+    from layertap.repair.convert import Converter
+
+    def vi(name):
+        return h.make_tensor_value_info(name, TensorProto.FLOAT, ["n", 4])
+
+    nodes = [h.make_node("Relu", ["x"], ["tap"], name="/r/Relu"), h.make_node("Neg", ["tap"], ["y"], name="/n/Neg")]
+    src = tmp_path / "declared.onnx"
+    onnx.save(h.make_model(h.make_graph(nodes, "g", [vi("x")], [vi("y"), vi("tap")], value_info=[vi("tap"), vi("y")]),
+                           opset_imports=[h.make_opsetid("", 17)]), str(src))
+    with pytest.raises(Exception, match="Type Error|InitializeStateFromModelFileGraphProto|second cast node"):
+        _session(_converter_alone(src, tmp_path / "alone.onnx", node_block_list=kept))
+    path = Converter("fp16", tmp_path).convert(onnx.load(str(src)), kept, tmp_path / "h.onnx")
+    x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+    y, tap = _session(path).run(None, {"x": x})
+    np.testing.assert_allclose(tap, np.maximum(x, 0), rtol=1e-3)
+    np.testing.assert_allclose(y, -np.maximum(x, 0), rtol=1e-3)

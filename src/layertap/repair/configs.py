@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import LayertapError
 from ..files.writes import atomic_write_bytes
 from ..metrics import error_stats, similarity
-from .convert import FP16_OPTIONS, _float16_attributes, _float16_copy, _float_outputs, restore_float32, retype_float16
+from .convert import FP16_OPTIONS, SCRIPT_HELPERS
 
 TARGETS = ("cosine", "rel", "sqnr", "top1")
 # file name -> what it holds (written by :func:`write_configs`)
@@ -149,8 +149,7 @@ def convert_script() -> str:
         >>> "def restore_float32(" in text and "def retype_float16(" in text and "node_block_list" in text
         True
     """
-    helpers = "\n\n".join(inspect.getsource(f) for f in (restore_float32, _float_outputs, retype_float16, _float16_copy,
-                                                                      _float16_attributes))
+    helpers = "\n\n".join(inspect.getsource(f) for f in SCRIPT_HELPERS)
     return _CONVERT_PY.replace("# HELPERS", helpers)
 
 
@@ -175,11 +174,12 @@ def _json(obj: object) -> str:
 _CONVERT_PY = '''"""Make FIXED.onnx again: REF converted to float16 by onnxconverter-common with the options and
 node_block_list of onnxconverter_common.json, then the float32 weights and outputs of the kept nodes
 restored (the converter rounds and clamps them at max_finite_val, and casts a kept node's model
-output to float16), then the types it leaves disagreeing repaired: nodes that read a model output
-(a tap) read its float16 tensor, not the float32 copy made for the output, and nodes whose type an
-attribute fixes (a Cast to float, a ConstantOfShape without value) make the float16 it declares
-(ONNX Runtime refuses the file otherwise). Those options alone do
-not make FIXED.onnx when either step changes something.
+output to float16), and the types it leaves disagreeing repaired (ONNX Runtime refuses the file
+otherwise): value_info entries that repeat a model output's declaration are dropped first; nodes
+that read a model output (a tap) read its float16 tensor, not the float32 copy made for the
+output; nodes whose type an attribute fixes (a Cast to float, a ConstantOfShape without value)
+make the float16 it declares. Those options alone do not make FIXED.onnx when a step changes
+something.
 
     python convert.py REF.onnx FIXED.onnx
 
@@ -206,9 +206,10 @@ def main(argv):
     model = onnx.load(argv[1])
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
+    retyped = outputs_declared_once(copy)
     converted = float16.convert_float_to_float16(copy, **options)
     restored = restore_float32(model, converted, options["node_block_list"])
-    retyped = retype_float16(converted, options["node_block_list"], options.get("op_block_list"))
+    retyped += retype_float16(converted, options["node_block_list"], options.get("op_block_list"))
     onnx.save(converted, argv[2])
     print(f"float32 restored: {_some(restored)}; types repaired: {_some(retyped)}")
     return 0

@@ -80,9 +80,11 @@ class Converter:
         import onnx
         from onnxconverter_common import float16
 
-        converted = float16.convert_float_to_float16(_copy(model), node_block_list=list(nodes), **FP16_OPTIONS)
+        copy = _copy(model)
+        declared_once = outputs_declared_once(copy)
+        converted = float16.convert_float_to_float16(copy, node_block_list=list(nodes), **FP16_OPTIONS)
         restore_float32(model, converted, nodes)
-        self.retyped.update(dict.fromkeys(retype_float16(converted, nodes)))
+        self.retyped.update(dict.fromkeys(declared_once + retype_float16(converted, nodes)))
         onnx.save(converted, str(out))
 
     def _int8(self, model: "onnx.ModelProto", nodes: Sequence[str], out: Path) -> None:
@@ -140,6 +142,26 @@ def _float_outputs(model: "onnx.ModelProto", converted: "onnx.ModelProto") -> li
             out.type.tensor_type.elem_type = 1
             fixed.append(out.name)
     return fixed
+
+
+def outputs_declared_once(model: "onnx.ModelProto") -> list[str]:
+    """Drop the ``value_info`` entries that repeat a model output's declaration (some tools write
+    them); returns their names. onnxconverter-common retypes such an entry float16 while the output
+    stays float, and removes the cast that makes a kept node's output: ONNX Runtime refuses the file,
+    or the converter fails.
+
+    Example:
+        >>> import onnx.helper as h
+        >>> vi = h.make_tensor_value_info("y", 1, [2])
+        >>> m = h.make_model(h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g", [vi], [vi], value_info=[vi]))
+        >>> outputs_declared_once(m), len(m.graph.value_info)
+        (['y'], 0)
+    """
+    outputs = {o.name for o in model.graph.output}
+    repeated = [v for v in model.graph.value_info if v.name in outputs]
+    for v in repeated:
+        model.graph.value_info.remove(v)
+    return [v.name for v in repeated]
 
 
 def retype_float16(converted: "onnx.ModelProto", nodes: Sequence[str], op_block_list: Any = None) -> list[str]:
@@ -236,6 +258,10 @@ def _copy(model: "onnx.ModelProto") -> "onnx.ModelProto":
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     return copy
+
+
+# the steps around the converter, copied into --config-out's convert.py (configs.convert_script)
+SCRIPT_HELPERS = (outputs_declared_once, restore_float32, _float_outputs, retype_float16, _float16_copy, _float16_attributes)
 
 
 @contextlib.contextmanager
