@@ -91,7 +91,7 @@ def test_fix_fp16_of_a_tapped_export_loads_runs_and_matches_float32(tapped, tmp_
     report = lt.fix(tapped, to="fp16", out=out, samples=2, config_out=cfg)
     assert report.ok and {"conv2", "pool2", "norm"} <= set(report.kept) and "pool1" not in report.kept, str(report)
     _assert_close(tapped, out)
-    assert any("types ONNX Runtime refuses" in n and "relu1" in n for n in report.notes), report.notes
+    assert any("ONNX Runtime refuses, repaired" in n and "relu1" in n for n in report.notes), report.notes
     assert any("convert.py makes FIXED.onnx again (checked)" in n for n in report.notes), report.notes
     # the written options alone make a file ONNX Runtime refuses; convert.py repairs it as fix did
     options = json.loads((cfg / "onnxconverter_common.json").read_text())
@@ -110,7 +110,7 @@ def test_compare_fp16_block_list_of_a_tapped_export(tapped, tmp_path, capsys):
     block = tmp_path / "block.json"
     assert _main("compare", tapped, plain, "--metric", "cosine", "--fp16-block-list", block) == 1  # conv2 overflows
     err = capsys.readouterr().err
-    assert "a float16 conversion with it meets cosine:0.999" in err and "types ONNX Runtime refuses" in err, err
+    assert "a float16 conversion with it meets cosine:0.999" in err and "ONNX Runtime refuses, repaired" in err, err
     names = json.loads(block.read_text())
     assert names and "Type Error" in _refusal(_converter_alone(tapped, tmp_path / "alone.onnx", node_block_list=names))
     fixed = Converter("fp16", tmp_path).convert(onnx.load(str(tapped)), names, tmp_path / "fixed.onnx")

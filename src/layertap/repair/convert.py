@@ -192,10 +192,14 @@ def retype_float16(converted: "onnx.ModelProto", nodes: Sequence[str], op_block_
     blocked = set(float16.DEFAULT_OP_BLOCK_LIST if op_block_list is None else op_block_list)
     kept = set(nodes)
     declared = {v.name: v.type.tensor_type.elem_type for v in graph.value_info}
+    half_readers: dict[str, list[Any]] = {}  # a Cast reads either type; blocked and kept nodes read float
+    for n in graph.node:
+        if n.op_type != "Cast" and n.op_type not in blocked and n.name not in kept:
+            for name in dict.fromkeys(n.input):
+                half_readers.setdefault(name, []).append(n)
     fixed = []
     for out in graph.output:
-        readers = [n for n in graph.node if out.name in n.input and n.op_type != "Cast"
-                   and n.op_type not in blocked and n.name not in kept]
+        readers = half_readers.get(out.name, [])
         if out.type.tensor_type.elem_type != 1 or not readers:
             continue
         half = _float16_copy(graph, out, declared)

@@ -195,8 +195,7 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
 def _retyped_note(names: list[str]) -> str:
     """What layertap changed in the converter's files so that ONNX Runtime loads them."""
     more = f" (+{len(names) - 3})" if len(names) > 3 else ""
-    return (f"onnxconverter-common writes types ONNX Runtime refuses (model outputs other nodes read, nodes an attribute types): "
-            f"{', '.join(names[:3])}{more}; layertap repairs them, as the convert.py of fix --config-out does")
+    return f"types onnxconverter-common wrote and ONNX Runtime refuses, repaired (as by convert.py): {', '.join(names[:3])}{more}"
 
 
 def _reference_file(ref: Any, args: Any, folder: Path, exporter: str) -> Path:
