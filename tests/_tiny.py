@@ -1,4 +1,4 @@
-"""Tiny transformers models (random init, seeded) shared by several test files."""
+"""Tiny models (random init, seeded) shared by several test files."""
 
 from __future__ import annotations
 
@@ -42,4 +42,25 @@ def small_cnn():
     model.add_module("pool", nn.AdaptiveAvgPool2d(1))
     model.add_module("flat", nn.Flatten())
     model.add_module("fc", nn.Linear(8, 4))
+    return model.eval()
+
+
+def pool_cnn(overflow: float = 1.0):
+    """Three Conv-ReLU-MaxPool stages, GroupNorm, Linear: 3x16x16 images in, 4 logits out (seed 0).
+    ``overflow`` scales the second conv's weights: above ~1e3 its outputs leave float16's range,
+    and the GroupNorm after the pools brings them back."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    for i, (cin, cout) in enumerate([(3, 8), (8, 8), (8, 8)], 1):
+        model.add_module(f"conv{i}", nn.Conv2d(cin, cout, 3, padding=1))
+        model.add_module(f"relu{i}", nn.ReLU())
+        model.add_module(f"pool{i}", nn.MaxPool2d(2))
+    model.add_module("norm", nn.GroupNorm(1, 8))
+    model.add_module("flat", nn.Flatten())
+    model.add_module("fc", nn.Linear(8 * 2 * 2, 4))
+    with torch.no_grad():
+        model.conv2.weight.mul_(overflow)
     return model.eval()

@@ -256,23 +256,24 @@ def test_compare_fp16_block_list_now_fixes_the_overflow_model(overflow, tmp_path
 
 
 def test_a_model_the_converter_breaks_is_exit_2_with_its_reason(tmp_path, capsys):
-    """onnxconverter-common retypes a Cast-to-float's output as float16 (as in TorchScript exports of
-    timm's ViT): ONNX Runtime refuses the file, and fix says so in one line."""
+    """onnxconverter-common makes the input of a DynamicQuantizeLinear float16, which takes float
+    only: ONNX Runtime refuses the file, and fix says so in one line."""
     import onnx.helper as h
     from onnx import TensorProto
 
     def vi(name):
         return h.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4])
 
-    nodes = [h.make_node("Mul", ["x", "x"], ["m"], name="/a/Mul"), h.make_node("Cast", ["m"], ["c"], to=1, name="/a/Cast"),
-             h.make_node("Relu", ["c"], ["y"], name="/b/Relu")]
-    src = tmp_path / "cast.onnx"
-    onnx.save(h.make_model(h.make_graph(nodes, "g", [vi("x")], [vi("y")], value_info=[vi("c"), vi("m")]),
-                           opset_imports=[h.make_opsetid("", 17)]), str(src))
+    nodes = [h.make_node("Mul", ["x", "x"], ["m"], name="/a/Mul"),
+             h.make_node("DynamicQuantizeLinear", ["m"], ["q", "s", "z"], name="/b/DynamicQuantizeLinear"),
+             h.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="/b/DequantizeLinear")]
+    src = tmp_path / "dql.onnx"
+    onnx.save(h.make_model(h.make_graph(nodes, "g", [vi("x")], [vi("y")]), opset_imports=[h.make_opsetid("", 17)]),
+              str(src))
     rc = _main("fix", src, "--to", "fp16", "-o", tmp_path / "out.onnx", "--samples", "1")
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1
-    assert "onnxconverter-common" in err and "ONNX Runtime cannot load" in err and "/a/Cast" in err
+    assert "onnxconverter-common" in err and "ONNX Runtime cannot load" in err and "/b/DynamicQuantizeLinear" in err
     assert not (tmp_path / "out.onnx").exists()
 
 

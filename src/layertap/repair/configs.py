@@ -1,7 +1,8 @@
 """What ``layertap fix`` aims for and what it writes: the target (``cosine:0.999``, ``rel:1e-2``,
 ``sqnr:30``, ``top1:0.99``) measured on a model's outputs over every sample, and the kept set in
 each toolchain's form (``--config-out DIR``), with ``convert.py`` for float16: the converter's
-options alone do not restore what :func:`.convert.restore_float32` restores. Numpy only."""
+options alone do not restore what :func:`.convert.restore_float32` restores nor make the types
+:func:`.convert.retype_float16` repairs. Numpy only."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import numpy as np
 from ..errors import LayertapError
 from ..files.writes import atomic_write_bytes
 from ..metrics import error_stats, similarity
-from .convert import FP16_OPTIONS, _float_outputs, restore_float32
+from .convert import FP16_OPTIONS, SCRIPT_HELPERS
 
 TARGETS = ("cosine", "rel", "sqnr", "top1")
 # file name -> what it holds (written by :func:`write_configs`)
@@ -143,16 +144,16 @@ def write_configs(folder: str | os.PathLike, modules: Sequence[str], nodes: Sequ
 
 
 def convert_script() -> str:
-    """``convert.py``: onnxconverter-common with ``onnxconverter_common.json``, then the same restoring
-    step ``fix`` runs (:func:`.convert.restore_float32`, its source copied in). Imports onnx and
-    onnxconverter-common only.
+    """``convert.py``: onnxconverter-common with ``onnxconverter_common.json``, then the same steps
+    ``fix`` runs after it (:func:`.convert.restore_float32`, :func:`.convert.retype_float16`, their
+    source copied in). Imports onnx and onnxconverter-common only.
 
     Example:
         >>> text = convert_script()
-        >>> "def restore_float32(" in text and "node_block_list" in text
+        >>> "def restore_float32(" in text and "def retype_float16(" in text and "node_block_list" in text
         True
     """
-    helpers = "\n\n".join(inspect.getsource(f) for f in (restore_float32, _float_outputs))
+    helpers = "\n\n".join(inspect.getsource(f) for f in SCRIPT_HELPERS)
     return _CONVERT_PY.replace("# HELPERS", helpers)
 
 
@@ -177,7 +178,12 @@ def _json(obj: object) -> str:
 _CONVERT_PY = '''"""Make FIXED.onnx again: REF converted to float16 by onnxconverter-common with the options and
 node_block_list of onnxconverter_common.json, then the float32 weights and outputs of the kept nodes
 restored (the converter rounds and clamps them at max_finite_val, and casts a kept node's model
-output to float16). Those options alone do not make FIXED.onnx when that step changes something.
+output to float16), and the types it leaves disagreeing repaired (ONNX Runtime refuses the file
+otherwise): value_info entries that repeat a model output's declaration are dropped first; nodes
+that read a model output (a tap) read its float16 tensor, not the float32 copy made for the
+output; nodes whose type an attribute fixes (a Cast to float, a ConstantOfShape without value)
+make the float16 it declares. Those options alone do not make FIXED.onnx when a step changes
+something.
 
     python convert.py REF.onnx FIXED.onnx
 
@@ -204,12 +210,18 @@ def main(argv):
     model = onnx.load(argv[1])
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
+    retyped = outputs_declared_once(copy)
     converted = float16.convert_float_to_float16(copy, **options)
     restored = restore_float32(model, converted, options["node_block_list"])
+    retyped += retype_float16(converted, options["node_block_list"], options.get("op_block_list"))
     onnx.save(converted, argv[2])
-    more = f" (+{len(restored) - 3})" if len(restored) > 3 else ""
-    print(f"float32 restored: {', '.join(restored[:3]) or 'nothing'}{more}")
+    print(f"float32 restored: {_some(restored)}; types repaired: {_some(retyped)}")
     return 0
+
+
+def _some(names):
+    more = f" (+{len(names) - 3})" if len(names) > 3 else ""
+    return f"{', '.join(names[:3]) or 'nothing'}{more}"
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """The conversions ``layertap fix`` tries, each with a list of ONNX node names kept in float32:
 float16 with onnxconverter-common (``keep_io_types=True``, ``node_block_list``) and int8 QDQ with
 ``onnxruntime.quantization.quantize_static`` (``nodes_to_exclude``), calibrated on real samples
-once (ONNX Runtime's calibration cache), so every set is quantised with the same ranges."""
+once (ONNX Runtime's calibration cache), so every set is quantised with the same ranges. The
+float16 file gets the converter's types repaired where ONNX Runtime would refuse them
+(:func:`retype_float16`: taps, model outputs that other nodes read too)."""
 
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ class Converter:
             raise LayertapError("int8 quantisation needs calibration samples (--calib PATH, else --inputs or --samples)")
         self.to, self.folder, self.calib = to, Path(folder), list(calib)
         self.cache = self.folder / "calibration.json"
+        self.retyped: dict[str, None] = {}  # what :func:`retype_float16` repaired in any conversion so far
 
     @property
     def tool(self) -> str:
@@ -77,8 +80,11 @@ class Converter:
         import onnx
         from onnxconverter_common import float16
 
-        converted = float16.convert_float_to_float16(_copy(model), node_block_list=list(nodes), **FP16_OPTIONS)
+        copy = _copy(model)
+        declared_once = outputs_declared_once(copy)
+        converted = float16.convert_float_to_float16(copy, node_block_list=list(nodes), **FP16_OPTIONS)
         restore_float32(model, converted, nodes)
+        self.retyped.update(dict.fromkeys(declared_once + retype_float16(converted, nodes)))
         onnx.save(converted, str(out))
 
     def _int8(self, model: "onnx.ModelProto", nodes: Sequence[str], out: Path) -> None:
@@ -138,6 +144,117 @@ def _float_outputs(model: "onnx.ModelProto", converted: "onnx.ModelProto") -> li
     return fixed
 
 
+def outputs_declared_once(model: "onnx.ModelProto") -> list[str]:
+    """Drop the ``value_info`` entries that repeat a model output's declaration (some tools write
+    them); returns their names. onnxconverter-common retypes such an entry float16 while the output
+    stays float, and removes the cast that makes a kept node's output: ONNX Runtime refuses the file,
+    or the converter fails.
+
+    Example:
+        >>> import onnx.helper as h
+        >>> vi = h.make_tensor_value_info("y", 1, [2])
+        >>> m = h.make_model(h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g", [vi], [vi], value_info=[vi]))
+        >>> outputs_declared_once(m), len(m.graph.value_info)
+        (['y'], 0)
+    """
+    outputs = {o.name for o in model.graph.output}
+    repeated = [v for v in model.graph.value_info if v.name in outputs]
+    for v in repeated:
+        model.graph.value_info.remove(v)
+    return [v.name for v in repeated]
+
+
+def retype_float16(converted: "onnx.ModelProto", nodes: Sequence[str], op_block_list: Any = None) -> list[str]:
+    """Make the types onnxconverter-common writes agree with the nodes that make and read them, so
+    ONNX Runtime loads the file; returns the model outputs re-wired and the nodes retyped.
+
+    With ``keep_io_types`` it renames the maker's output of each float32 model output and writes the
+    output itself with a ``Cast`` to float, but the other nodes reading that tensor (a tap: an
+    intermediate tensor that is also a model output) still read it by its name, now the float32 copy,
+    while it declares their outputs float16. Each reader it made float16 (a node outside ``nodes`` and
+    ``op_block_list``) reads the float16 tensor instead (made by a ``Cast`` where a kept node makes the
+    output). And it declares float16 the outputs of nodes whose type an attribute fixes without
+    changing the attribute (:func:`_float16_attributes`).
+
+    Example:
+        >>> import onnx, onnx.helper as h
+        >>> from onnxconverter_common import float16
+        >>> vi = lambda n: h.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [2])
+        >>> g = h.make_graph([h.make_node("Relu", ["x"], ["tap"], name="r"), h.make_node("Neg", ["tap"], ["y"], name="n")],
+        ...                  "g", [vi("x")], [vi("y"), vi("tap")])
+        >>> m = float16.convert_float_to_float16(h.make_model(g), keep_io_types=True)
+        >>> retype_float16(m, []), [n.input[0] for n in m.graph.node if n.name == "n"]
+        (['tap'], ['r_cast_to_tap'])
+    """
+    from onnxconverter_common import float16
+
+    graph = converted.graph
+    blocked = set(float16.DEFAULT_OP_BLOCK_LIST if op_block_list is None else op_block_list)
+    kept = set(nodes)
+    declared = {v.name: v.type.tensor_type.elem_type for v in graph.value_info}
+    half_readers: dict[str, list[Any]] = {}  # a Cast reads either type; blocked and kept nodes read float
+    for n in graph.node:
+        if n.op_type != "Cast" and n.op_type not in blocked and n.name not in kept:
+            for name in dict.fromkeys(n.input):
+                half_readers.setdefault(name, []).append(n)
+    fixed = []
+    for out in graph.output:
+        readers = half_readers.get(out.name, [])
+        if out.type.tensor_type.elem_type != 1 or not readers:
+            continue
+        half = _float16_copy(graph, out, declared)
+        for n in readers:
+            for i, name in enumerate(n.input):
+                if name == out.name:
+                    n.input[i] = half
+        fixed.append(out.name)
+    made_half = [n for n in graph.node if n.output and declared.get(n.output[0]) == 10 and n.name not in kept
+                 and n.op_type not in blocked]
+    return fixed + [n.name for n in made_half if _float16_attributes(n)]
+
+
+def _float16_attributes(node: Any) -> bool:
+    """Make float16 a node whose float output type an attribute fixes, or its default: ``Cast``'s
+    ``to``, ``ConstantOfShape`` without ``value`` (a float 0), ``Constant``'s ``value_float(s)``;
+    whether it changed."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    attrs = {a.name: a for a in node.attribute}
+    if node.op_type == "Cast" and attrs["to"].i == 1:
+        attrs["to"].i = 10
+    elif node.op_type == "ConstantOfShape" and "value" not in attrs:
+        node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(np.zeros(1, np.float16))))
+    elif node.op_type == "Constant" and ("value_float" in attrs or "value_floats" in attrs):
+        old = attrs.get("value_float") or attrs["value_floats"]
+        values = np.array(old.f if old.name == "value_float" else list(old.floats), np.float16)
+        node.attribute.remove(old)
+        node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(values)))
+    else:
+        return False
+    return True
+
+
+def _float16_copy(graph: Any, out: Any, declared: dict[str, int]) -> str:
+    """The float16 tensor holding model output ``out``'s values: what the converter's ``Cast`` to float
+    reads, else a new ``Cast`` to float16 of ``out`` (its maker was kept in float32)."""
+    from onnx import helper
+
+    at = next((i for i, n in enumerate(graph.node) if out.name in n.output), -1)
+    maker = graph.node[at] if at >= 0 else None
+    if maker is not None and maker.op_type == "Cast" and declared.get(maker.input[0]) == 10:
+        return maker.input[0]
+    taken = {v.name for v in graph.value_info} | {o for n in graph.node for o in n.output}
+    half = next(f"{out.name}_float16{k or ''}" for k in range(len(taken) + 1) if f"{out.name}_float16{k or ''}" not in taken)
+    graph.node.insert(at + 1, helper.make_node("Cast", [out.name], [half], name=half, to=10))
+    info = graph.value_info.add()
+    info.CopyFrom(out)
+    info.name = half
+    info.type.tensor_type.elem_type = 10
+    declared[half] = 10
+    return half
+
+
 def _copy(model: "onnx.ModelProto") -> "onnx.ModelProto":
     """The converters edit the model they are given; the caller's stays as read."""
     import onnx
@@ -145,6 +262,10 @@ def _copy(model: "onnx.ModelProto") -> "onnx.ModelProto":
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     return copy
+
+
+# the steps around the converter, copied into --config-out's convert.py (configs.convert_script)
+SCRIPT_HELPERS = (outputs_declared_once, restore_float32, _float_outputs, retype_float16, _float16_copy, _float16_attributes)
 
 
 @contextlib.contextmanager

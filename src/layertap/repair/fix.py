@@ -207,6 +207,8 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
             forced = list(dict.fromkeys(forced + required))
             search(trials, graph_order(modules, groups) if naive else groups, forced, max_float, naive=naive,
                    start=out_of_range(report, to, modules))
+        if trials.converter.retyped:
+            notes.append(_retyped_note(list(trials.converter.retyped)))
         best = trials.best()
         best.chosen = True
         nodes = modules.names(best.kept)
@@ -229,6 +231,12 @@ def _unit_notes(units: Units) -> list[str]:
     if unnamed:
         notes.append(f"{unnamed} node(s) have no name: no converter can keep them in float32, so none is tried")
     return notes
+
+
+def _retyped_note(names: list[str]) -> str:
+    """What layertap changed in the converter's files so that ONNX Runtime loads them."""
+    more = f" (+{len(names) - 3})" if len(names) > 3 else ""
+    return f"types onnxconverter-common wrote and ONNX Runtime refuses, repaired (as by convert.py): {', '.join(names[:3])}{more}"
 
 
 def _reference_file(ref: Any, args: Any, samples: Any, folder: Path, exporter: str) -> Path:
