@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import LayertapError
 from ..files.writes import atomic_write_bytes, check_output_path
+from .words import chart_points, tick_indices
 
 if TYPE_CHECKING:  # pragma: no cover
     from .rows import CompareReport
@@ -51,9 +52,6 @@ def plot_figure(report: "CompareReport") -> Any:
     matplotlib.use("Agg", force=True)
     from matplotlib.figure import Figure
 
-    from ..reports.compare_page import chart_points, threshold_text
-    from ..reports.svg import tick_indices
-
     metric = report.criterion.metric
     rows, points, threshold = chart_points(report, metric, with_local=False)
     xs = list(range(len(rows)))
@@ -74,7 +72,7 @@ def plot_figure(report: "CompareReport") -> Any:
     if bad_x:
         ax.scatter(bad_x, bad_y, s=16, color="tab:red", label="FAIL", zorder=3)
     if threshold:
-        ax.axhline(threshold, color="tab:orange", linestyle="--", linewidth=1, label=threshold_text(report))
+        ax.axhline(threshold, color="tab:orange", linestyle="--", linewidth=1, label=report.threshold_text)
     if fx is not None:
         ax.axvline(fx, color="tab:red", linewidth=1.2)
         ax.annotate(
