@@ -20,7 +20,7 @@ ALLOWED = {
     "runtimes": {"core", "onnxfile"},
     "exporting": {"core", "pytorch", "onnxfile"},
     "comparing": {"core", "pytorch", "onnxfile", "runtimes"},
-    "reports": {"core", "onnxfile"},
+    "reports": {"core", "onnxfile", "comparing"},  # comparing.words only (WORDS_OF below)
     "dataset": {"core", "pytorch", "onnxfile", "reports", "runtimes"},
     "repair": {"core", "pytorch", "onnxfile", "runtimes", "exporting", "comparing"},
     "cli": {"core", "pytorch", "onnxfile", "runtimes", "exporting", "comparing", "reports", "dataset", "repair"},
@@ -29,6 +29,11 @@ ALLOWED = {
 # Parts any other part may import inside a function only: the HTML renderers
 # behind ``_repr_html_`` (a report object draws itself with them when asked).
 LAZY_FOR_ALL = {"reports"}
+# part -> the one module of another part it may read a report's words from: the compare
+# wing owns its words (explanation, metric and threshold text, chart points); its pages
+# only draw them, and the compare wing never reaches back into the pages.
+WORDS_OF = {"reports": {"comparing": "layertap.comparing.words"}}
+NEVER = {"comparing": {"reports"}}  # not even inside a function
 
 
 def _name(path: Path) -> str:
@@ -92,6 +97,13 @@ def test_imports_follow_the_rule(module):
         if not target.startswith("layertap") or target not in MODULES:
             continue
         other = _part(target)
+        if other in NEVER.get(part, ()):
+            bad.append(f"{target} ({part} never imports {other})")
+            continue
+        words = WORDS_OF.get(part, {}).get(other)
+        if words is not None and target != words:
+            bad.append(f"{target} ({part} may import only {words} of {other})")
+            continue
         if other == "root" or (other in LAZY_FOR_ALL and not eager):
             continue
         if other != part and other not in ALLOWED[part]:
@@ -145,6 +157,20 @@ def test_the_rule_catches_a_bad_import(tmp_path, monkeypatch):
     monkeypatch.setitem(MODULES, "layertap.pytorch.values", SRC / "pytorch" / "values.py")
     with pytest.raises(AssertionError, match="never import torch.*pytorch.values"):
         test_imports_follow_the_rule("layertap.onnxfile.bad")
+
+
+def test_the_rule_keeps_compare_words_in_the_compare_wing(tmp_path, monkeypatch):
+    # comparing never reaches into the pages, not even lazily; a page reads comparing.words only
+    for part, name, text in (("comparing", "bad", "def f():\n    from ..reports.compare_page import explain\n"),
+                             ("reports", "bad_page", "from ..comparing.api import compare\n")):
+        bad = tmp_path / "layertap" / part / f"{name}.py"
+        bad.parent.mkdir(parents=True)
+        bad.write_text(text)
+        monkeypatch.setitem(MODULES, f"layertap.{part}.{name}", bad)
+    with pytest.raises(AssertionError, match="comparing never imports reports"):
+        test_imports_follow_the_rule("layertap.comparing.bad")
+    with pytest.raises(AssertionError, match="reports may import only layertap.comparing.words of comparing"):
+        test_imports_follow_the_rule("layertap.reports.bad_page")
 
 
 def test_the_cycle_check_counts_imports_inside_functions():

@@ -56,7 +56,7 @@ def external_refs(html: str) -> list[str]:
 def test_png_encoder_round_trips_through_pillow():
     from PIL import Image
 
-    from layertap.reports.png import PALETTE, encode_png
+    from layertap.files.png import PALETTE, encode_png
 
     img = np.random.default_rng(0).integers(0, 256, size=(7, 13, 3), dtype=np.uint8)
     back = np.asarray(Image.open(io.BytesIO(encode_png(img))).convert("RGB"))
@@ -67,7 +67,7 @@ def test_png_encoder_round_trips_through_pillow():
 
 
 def test_thumbnails_by_rank_with_caps_and_bad_values():
-    from layertap.reports.png import NAN_INDEX
+    from layertap.files.png import NAN_INDEX
     from layertap.reports.tensors import MAX_CHANNELS, thumbnail
 
     x = np.random.default_rng(0).normal(size=(2, 40, 8, 8))

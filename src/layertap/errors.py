@@ -121,7 +121,29 @@ def unique_names(*groups: Iterable[tuple[str, Any]], what: str = "outputs", hint
     return out
 
 
-def first_line(e: BaseException) -> str:
-    """An exception's first line, whitespace collapsed (the error text a user sees)."""
-    text = str(e).strip()
-    return " ".join(text.splitlines()[0].split()) if text else type(e).__name__
+def one_line(error: object, *, first: bool = False, limit: int | None = None) -> str:
+    """An error's text as the one line a user sees: its lines joined (``first``: the first only),
+    whitespace collapsed, a runtime's ``Exception from src/...`` trail left out, cut at ``limit``
+    characters; the type's name when the text is empty. Every error message that quotes
+    another library's error (ONNX Runtime, OpenVINO, PyTorch, a converter) goes through here.
+
+    Example:
+        >>> one_line(RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT :" + chr(10) + "  bad dims"))
+        '[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : bad dims'
+        >>> one_line(RuntimeError("Exception from src/core.cpp:1:" + chr(10) + "Device FOO is not registered" + chr(10)))
+        'Device FOO is not registered'
+        >>> one_line(OSError("no such file" + chr(10) + "  (see the docs)"), first=True), one_line(KeyError())
+        ('no such file', 'KeyError')
+    """
+    lines = [" ".join(line.split()) for line in str(error).splitlines()]
+    lines = [line for line in lines if line]
+    kept = [line for line in lines if not line.startswith("Exception from ")] or lines
+    if not kept:
+        return type(error).__name__
+    text = kept[0] if first else " ".join(kept)
+    return text[:limit] if limit is not None else text
+
+
+def first_line(error: object) -> str:
+    """:func:`one_line` of the error's first line only (later lines hold a traceback or another tool's advice)."""
+    return one_line(error, first=True)

@@ -64,6 +64,16 @@ def compact_structure(structure: str) -> str:
     return _CLASS_RE.sub("(", text)
 
 
+def field(row: Any, key: str, default: Any = None) -> Any:
+    """A row's field whether the row is a dataclass or a dict (rows of any report version).
+
+    Example:
+        >>> field({"name": "fc"}, "name"), field({"name": "fc"}, "ok", "?")
+        ('fc', '?')
+    """
+    return row.get(key, default) if isinstance(row, dict) else getattr(row, key, default)
+
+
 def token_grid(rows: Any, limit: int = 40) -> tuple[list[str], list[tuple[str, list[tuple[float | None, bool | None]]]]]:
     """A layer x token grid of compare rows that carry token positions (``steps=``): the column
     names (token positions, the prompt's as ``FIRST..LAST``), then per module path its
@@ -81,11 +91,8 @@ def token_grid(rows: Any, limit: int = 40) -> tuple[list[str], list[tuple[str, l
         >>> token_grid([R(path="m.layers.0", token=None, tokens=None, rel_err=0.0, ok=True)])
         ([], [])
     """
-    def get(row: Any, key: str) -> Any:  # rows as dataclasses or as dicts (a report's JSON)
-        return row.get(key) if isinstance(row, dict) else getattr(row, key, None)
-
-    stepped = [(get(r, "path"), get(r, "token"), get(r, "tokens") or 1, get(r, "rel_err"), get(r, "ok"))
-               for r in rows if get(r, "token") is not None]
+    stepped = [(field(r, "path"), field(r, "token"), field(r, "tokens") or 1, field(r, "rel_err"), field(r, "ok"))
+               for r in rows if field(r, "token") is not None]
     columns: dict[int, str] = {}
     for _, token, n, _, _ in stepped:
         columns.setdefault(token, f"{token}..{token + n - 1}" if n > 1 else str(token))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal, Sequence
 
 from .errors import printable
+from .formats import field
 from .metrics import DEFAULT_ATOL, DEFAULT_RTOL
 
 
@@ -150,7 +151,7 @@ class Table:
 
     @staticmethod
     def _cell(row: Any, col: Column) -> str:
-        value = getattr(row, col.key, None) if not isinstance(row, dict) else row.get(col.key)
+        value = field(row, col.key)
         text = col.fmt(value) if col.fmt else ("-" if value is None else str(value))
         from rich.markup import escape
 

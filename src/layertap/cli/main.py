@@ -18,7 +18,7 @@ import sys
 import textwrap
 from typing import Iterator, NoReturn, Sequence
 
-from ..errors import LayertapError, printable
+from ..errors import LayertapError, one_line, printable
 from .console import quiet_exit, stdout_closed
 
 # subcommand -> "module:Class" under layertap.cli.tools; imported when the parser is built
@@ -176,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _unexpected(e: BaseException) -> int:
     """An error that is neither the user's nor a signal, as one line (--debug shows its traceback)."""
-    _error(f"{type(e).__name__}: {_first_line(e)} (rerun with --debug for the traceback)")
+    _error(f"{type(e).__name__}: {one_line(e)} (rerun with --debug for the traceback)")
     return 2
 
 
@@ -246,7 +246,7 @@ def _warnings_one_line() -> Iterator[None]:
         def show(message, category, filename, lineno, file=None, line=None):
             if not issubclass(category, LayertapWarning):
                 return default(message, category, filename, lineno, file, line)
-            text = printable(_first_line(message))
+            text = printable(one_line(message))
             if text not in shown:
                 shown.add(text)
                 sys.stderr.write(f"layertap: warning: {text}\n")
@@ -279,12 +279,7 @@ def _json_stdout(as_json: bool) -> Iterator[None]:
 
 
 def _error(message: str) -> None:
-    sys.stderr.write(f"layertap: error: {printable(_first_line(message))}\n")
-
-
-def _first_line(e: object) -> str:
-    text = str(e).strip() or type(e).__name__
-    return " ".join(text.split())  # one line, whatever the message held
+    sys.stderr.write(f"layertap: error: {printable(one_line(message))}\n")
 
 
 def _version() -> str:

@@ -10,6 +10,7 @@ The parts, each importing the others by their public names:
 * :mod:`.onnx_side` - ONNX Runtime runs in batches, feeds, the file's scopes under the model's paths;
 * :mod:`.align` - module calls <-> ONNX tensors (the plan), batches, rows;
 * :mod:`.weights` - the weight check: the same model, or :class:`DifferentWeightsError`;
+* :mod:`.words` - what a report says as plain text (explanation, threshold, chart points);
 * :mod:`.plot` - ``--plot`` PNG.
 
 Example:

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ..errors import InputSpecError, LayertapError, OnnxFileError
+from ..errors import InputSpecError, LayertapError, OnnxFileError, one_line
 from ..runtimes import is_ir
-from .torch_side import one_line, to_numpy
+from .torch_side import to_numpy
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx

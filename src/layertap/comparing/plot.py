@@ -1,18 +1,21 @@
 """``--plot``: error per module call in execution order, as a PNG.
 
-matplotlib is imported here only (Agg backend: no display needed), and the
-file is written atomically.
+matplotlib is imported here only (Agg backend: no display needed) and draws the
+chart; its pixels are written by the one PNG writer (files/png.py), atomically.
 """
 
 from __future__ import annotations
 
-import io
 import math
 import os
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..errors import LayertapError
+from ..files.png import encode_png
 from ..files.writes import atomic_write_bytes, check_output_path
+from .words import chart_points, tick_indices
 
 if TYPE_CHECKING:  # pragma: no cover
     from .rows import CompareReport
@@ -36,10 +39,13 @@ def write_plot(report: "CompareReport", path: str | os.PathLike) -> None:
         True
     """
     out = check_output_path(path, suffixes=(".png",))
-    fig = plot_figure(report)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    atomic_write_bytes(out, buf.getvalue())
+    fig = plot_figure(report)  # refuses first when matplotlib is missing
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    pixels = np.asarray(canvas.buffer_rgba())[..., :3]  # an opaque white figure: alpha is 255 everywhere
+    atomic_write_bytes(out, encode_png(pixels))
 
 
 def plot_figure(report: "CompareReport") -> Any:
@@ -50,9 +56,6 @@ def plot_figure(report: "CompareReport") -> Any:
         raise LayertapError("--plot needs matplotlib; pip install matplotlib") from None
     matplotlib.use("Agg", force=True)
     from matplotlib.figure import Figure
-
-    from ..reports.compare_page import chart_points, threshold_text
-    from ..reports.svg import tick_indices
 
     metric = report.criterion.metric
     rows, points, threshold = chart_points(report, metric, with_local=False)
@@ -74,7 +77,7 @@ def plot_figure(report: "CompareReport") -> Any:
     if bad_x:
         ax.scatter(bad_x, bad_y, s=16, color="tab:red", label="FAIL", zorder=3)
     if threshold:
-        ax.axhline(threshold, color="tab:orange", linestyle="--", linewidth=1, label=threshold_text(report))
+        ax.axhline(threshold, color="tab:orange", linestyle="--", linewidth=1, label=report.threshold_text)
     if fx is not None:
         ax.axvline(fx, color="tab:red", linewidth=1.2)
         ax.annotate(

@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Sequence
 from ..formats import fmt_db, fmt_float, fmt_shape, grid_lines
 from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, Criterion, ErrorStats
 from ..tables import Column, ToleranceReport
+from . import words
 
 PASS, FAIL, NO_COUNTERPART, ABSORBED = "pass", "FAIL", "no counterpart", "absorbed"
 # the note of a row whose tensor the candidate computes by name inside an If branch its runtime does not hand out
@@ -167,6 +168,23 @@ class CompareReport(ToleranceReport):
         row = self.first_divergence_row
         return row.name if row is not None else None
 
+    @property
+    def explanation(self) -> list[str]:
+        """The first divergence in words, one paragraph a string (what the HTML report's
+        "what happened" says): where, how big, what before and after, local vs carried error.
+
+        Example:
+            >>> r = CompareReport([CompareRow("fc", "fc", 0, "Linear", [1, 2], 0.5, 0.5, FAIL, False)])
+            >>> r.explanation[1]
+            'It is the first module compared: the inputs themselves may already differ.'
+        """
+        return words.explanation(self)
+
+    @property
+    def threshold_text(self) -> str:
+        """The line a row must stay on the right side of: ``rtol 0.001``, ``cosine threshold 0.999``."""
+        return words.threshold_text(self)
+
     def plot(self, path: str | os.PathLike) -> None:
         """Write the error-per-module PNG (log scale, first divergence marked) atomically."""
         from .plot import write_plot
@@ -238,10 +256,8 @@ class CompareReport(ToleranceReport):
         errors = f"max abs err {fmt_float(row.max_abs)}, rel err {fmt_float(row.rel_err)}"
         if self.criterion.metric == "rel":
             return errors
-        from ..reports.compare_page import metric_text, threshold_text
-
         value = row.cosine if self.criterion.metric == "cosine" else row.sqnr_db
-        return f"{metric_text(value, self.criterion.metric)} ({threshold_text(self)}), {errors}"
+        return f"{words.metric_text(value, self.criterion.metric)} ({self.threshold_text}), {errors}"
 
     def _rule(self) -> str:
         if self.criterion.metric == "rel":
@@ -256,9 +272,7 @@ class CompareReport(ToleranceReport):
 
         A divergence found at ``row`` may have started in any of them.
         """
-        from ..reports.compare_page import uncompared_before
-
-        return uncompared_before(self.rows, row)
+        return words.uncompared_before(self.rows, row)
 
     def weights_before(self, row: CompareRow) -> list[CompareRow]:
         """Rows up to ``row`` (included) whose module holds a parameter that differs: the likely cause."""
@@ -272,11 +286,9 @@ class CompareReport(ToleranceReport):
 
     def _before_divergence(self, row: CompareRow) -> str:
         """What the HTML explanation says of the calls just before ``row``, in the same words."""
-        from ..reports.compare_page import fused_words, gap_words
-
-        gap, fused = gap_words(self.rows, row), fused_words(self.rows, row)
-        words = f"every compared module before it agrees, but {gap}" if gap else "every module before it agrees"
-        return f"{words}; {fused}" if fused else words
+        gap, fused = words.gap_words(self.rows, row), words.fused_words(self.rows, row)
+        said = f"every compared module before it agrees, but {gap}" if gap else "every module before it agrees"
+        return f"{said}; {fused}" if fused else said
 
 
 # the statistics that do not decide pass/fail give way first on a narrow terminal

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
-from ..errors import InputSpecError, LayertapError
+from ..errors import InputSpecError, LayertapError, one_line
 from ..files.store import ArrayStore
 from ..pytorch.callhooks import CallHooks
 
@@ -50,10 +50,6 @@ def _shallow_tensors(values: list[Any]) -> Iterator[Any]:
     """The arguments and the members of tuple/list arguments (a cache object's tensors are not inputs)."""
     for v in values:
         yield from (v if isinstance(v, (tuple, list)) else (v,))
-
-
-def one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())[:400]
 
 
 class _TorchRecorder(CallHooks):
@@ -191,7 +187,7 @@ def run_torch(
                     "(layertap run FILE.onnx --tap NAME)") from e
             # Almost always inputs that do not fit the model; the chain keeps the traceback.
             raise InputSpecError(
-                f"{what} failed on the given inputs: {type(e).__name__}: {one_line(e)}"
+                f"{what} failed on the given inputs: {type(e).__name__}: {one_line(e, limit=400)}"
             ) from e
     root = ModuleCall(len(recorder.calls), "", 0, type(model).__name__)
     tensors = [t for _, t in flatten(out)]

@@ -424,16 +424,6 @@ def run_options() -> Any:
     return ro
 
 
-def one_line(error: BaseException) -> str:
-    """ONNX Runtime's message on one line (its messages may span several).
-
-    Example:
-        >>> one_line(RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT :" + chr(10) + "  bad dims"))
-        '[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : bad dims'
-    """
-    return " ".join(part.strip() for part in str(error).splitlines() if part.strip())
-
-
 def tensor_types(
     model: "onnx.ModelProto", folder: Path, tensors: Sequence[str] | None = None, *, source: SessionSource | None = None
 ) -> dict[str, "onnx.ValueInfoProto"]:

@@ -13,11 +13,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import LayertapError, OnnxFileError, SelectorError, unknown_name
+from ..errors import LayertapError, OnnxFileError, SelectorError, one_line, unknown_name
 from ..selectors import Tap
 from .feeds import make_feeds
 from .modelfile import ModelFile, model_file
-from .ort import SessionSource, one_line
+from .ort import SessionSource
 from .outputs import OutputAdder, dedupe
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import LayertapError
+from ..errors import LayertapError, one_line
 from .configs import Target
 from .convert import Converter
 from .units import Units
@@ -155,8 +155,6 @@ class Trials:
 
     def _load(self, path: Path) -> Any:
         """A session on a converted file; one ONNX Runtime refuses is the converter's failure (one line)."""
-        from ..onnxfile.ort import one_line
-
         try:
             return _session(path)
         except Exception as e:  # noqa: BLE001 - ORT raises its own exception types

@@ -2,7 +2,7 @@
 
 ``--report FILE.html`` on ``layers``, ``compare`` and ``extract`` writes a page
 built from the same fragments that ``_repr_html_`` shows in a notebook. The
-package needs numpy only (no torch, no matplotlib); PNGs are encoded here.
+package needs numpy only (no torch, no matplotlib); PNGs are encoded by files/png.py.
 
 Example:
     >>> import numpy as np, os, tempfile

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from .html import esc, field, section, table_fragment
+from ..formats import field
+from .html import esc, section, table_fragment
 from .svg import FAIL_COLOR, LINE_COLOR, PASS_COLOR, TOL_COLOR
 
 _W, _H, _L, _R, _T, _B = 640, 300, 64, 16, 20, 44

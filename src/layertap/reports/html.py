@@ -12,6 +12,7 @@ import html
 from typing import Any, Iterable, Sequence
 
 from .. import __version__
+from ..formats import field
 
 CSS = """
 .lt{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif;
@@ -197,11 +198,6 @@ def table_fragment(table: Any, limit: int = 2000) -> str:
     if isinstance(getattr(table, "ok", None), bool) and lines:  # a Report: its verdict first
         title = verdict(table.ok, lines[-1]) + title
     return title + grid_table([c.header for c in cols], body, numeric=numeric, row_classes=classes) + more + foot
-
-
-def field(row: Any, key: str, default: Any = None) -> Any:
-    """A row's field whether the row is a dataclass or a dict (rows of any report version)."""
-    return row.get(key, default) if isinstance(row, dict) else getattr(row, key, default)
 
 
 def _cell_text(table: Any, row: Any, col: Any) -> str:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ..formats import compact_structure, fmt_shape
-from .html import cards, esc, field, notes_list, section
+from ..formats import compact_structure, field, fmt_shape
+from .html import cards, esc, notes_list, section
 from .tree import Node, nest, render_tree
 
 MAX_TREE_ROWS = 5000  # rows drawn in one tree; the report says when more were left out

@@ -8,29 +8,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from .html import esc
+
+if TYPE_CHECKING:  # pragma: no cover - the points come from the compare wing; histograms need none of it
+    from ..comparing.words import ErrorPoint
 
 PASS_COLOR, FAIL_COLOR, LOCAL_COLOR, TOL_COLOR, LINE_COLOR = "#2f6fd0", "#c0262d", "#e07b00", "#8a8f99", "#b7bdc8"
 _W, _H = 960, 340
 _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 34, 96
 _MAX_TICK_LABELS = 32
 _VW, _VNAME, _VROW, _VTOP = 380, 170, 16, 36  # the phone chart: width, name column, px per row, top margin
-
-
-@dataclass(frozen=True)
-class ErrorPoint:
-    """One module call on the error chart: ``error`` accumulated, ``local`` its own (None: not computed);
-    ``text`` is what hovering its point says of its value (default ``error 0.0123``)."""
-
-    name: str
-    error: float | None
-    local: float | None = None
-    ok: bool | None = None
-    text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +47,7 @@ def error_chart(points: Sequence[ErrorPoint], *, tolerance: float | None, first:
     Exact zeros sit on a bottom line labelled 0; NaN/inf errors on the top edge as crosses.
 
     Example:
+        >>> from layertap.comparing.words import ErrorPoint
         >>> svg = error_chart([ErrorPoint("a", 1e-7), ErrorPoint("b", 0.5, 0.4, False)], tolerance=1e-3, first=1)
         >>> svg.startswith("<svg"), "first divergence: b" in svg
         (True, True)
@@ -96,6 +88,7 @@ def error_chart_vertical(points: Sequence[ErrorPoint], *, tolerance: float | Non
     left, the error across (log scale); every name is shown, at a readable size.
 
     Example:
+        >>> from layertap.comparing.words import ErrorPoint
         >>> svg = error_chart_vertical([ErrorPoint("a", 1e-7), ErrorPoint("b", 0.5, None, False)], tolerance=1e-3,
         ...                            first=1, axis=Axis(threshold="rtol 0.001"))
         >>> "errchart-v" in svg, "rtol 0.001" in svg, svg.count("<circle")
@@ -253,24 +246,9 @@ def _marker(cx: float, cy: float, p: ErrorPoint, v: float, key: str) -> str:
     return f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="{r}" fill="{color}" class="{cls}">{tip}</circle>'
 
 
-def tick_indices(n: int, first: int | None, most: int) -> list[int]:
-    """Which of ``n`` points get an axis label: every k-th, at most about ``most``, and always
-    the first divergence (its close neighbours give way so labels never overlap).
-
-    Example:
-        >>> tick_indices(10, 5, 5)
-        [0, 2, 5, 8]
-        >>> tick_indices(4, None, 40)
-        [0, 1, 2, 3]
-    """
-    step = max(1, math.ceil(n / most))
-    ticks = set(range(0, n, step))
-    if first is not None:
-        ticks = {t for t in ticks if abs(t - first) >= step} | {first}
-    return sorted(ticks)
-
-
 def _x_labels(points: Sequence[ErrorPoint], x: Callable[[int], float], first: int | None) -> list[str]:
+    from ..comparing.words import tick_indices  # the --plot PNG thins its labels the same way
+
     base = _H - _BOTTOM + 12
     out = []
     for i in tick_indices(len(points), first, _MAX_TICK_LABELS):

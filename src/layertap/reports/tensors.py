@@ -14,8 +14,8 @@ from typing import Mapping
 
 import numpy as np
 
+from ..files.png import GAP_INDEX, data_uri, encode_png, levels
 from .html import esc
-from .png import GAP_INDEX, data_uri, encode_png, levels
 from .svg import histogram
 
 MAX_TENSORS = 32       # tensors drawn per report; the rest get a stats row only

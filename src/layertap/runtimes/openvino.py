@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ..errors import LayertapError, OnnxFileError
+from ..errors import LayertapError, OnnxFileError, one_line
 from .base import InputInfo, RuntimeInfo, check_exposed
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,18 +44,6 @@ def load_openvino() -> Any:
     except ImportError:
         raise LayertapError(f"the OpenVINO runtime is not installed; {INSTALL}") from None
     return openvino
-
-
-def one_line(error: BaseException) -> str:
-    """OpenVINO's message without its ``Exception from src/...`` trail, on one line.
-
-    Example:
-        >>> one_line(RuntimeError("Exception from src/core.cpp:1:" + chr(10) + "Device FOO is not registered" + chr(10)))
-        'Device FOO is not registered'
-    """
-    lines = [ln.strip() for ln in str(error).splitlines()]
-    kept = [ln for ln in lines if ln and not ln.startswith("Exception from ")]
-    return " ".join(kept or [ln for ln in lines if ln])[:300]
 
 
 class OpenVinoEngine:
@@ -120,7 +108,7 @@ class OpenVinoRuntime:
         try:
             ran = self.core.compile_model(model, self.device, self.config).get_property("INFERENCE_PRECISION_HINT")
         except RuntimeError as e:
-            raise LayertapError(f"OpenVINO cannot compile for device {self.device}: {one_line(e)}") from None
+            raise LayertapError(f"OpenVINO cannot compile for device {self.device}: {one_line(e, limit=300)}") from None
         got = ran.get_type_name() if hasattr(ran, "get_type_name") else str(ran)
         if asked is not None and got != PRECISIONS[asked]:
             raise LayertapError(
@@ -143,7 +131,7 @@ class OpenVinoRuntime:
                 ov_model = self.core.read_model(inline_weights(model.model, model).SerializeToString())
         except RuntimeError as e:
             where = f"'{model}'" if isinstance(model, Path) else "the ONNX graph"
-            raise OnnxFileError(f"OpenVINO cannot read {where}: {one_line(e)}") from None
+            raise OnnxFileError(f"OpenVINO cannot read {where}: {one_line(e, limit=300)}") from None
         self._models[key] = (model, ov_model)
         self._int8 = self._int8 or has_int8(ov_model)
         return ov_model
@@ -176,7 +164,7 @@ class OpenVinoRuntime:
         try:
             m = self.core.read_model(inline_weights(part, source).SerializeToString())
         except RuntimeError as e:
-            raise OnnxFileError(f"OpenVINO cannot read the part graph: {one_line(e)}") from None
+            raise OnnxFileError(f"OpenVINO cannot read the part graph: {one_line(e, limit=300)}") from None
         return self._compile(m, None)
 
     def _compile(self, m: Any, only: Sequence[str] | None) -> OpenVinoEngine:
@@ -191,7 +179,7 @@ class OpenVinoRuntime:
         try:
             compiled = self.core.compile_model(m, self.device, self.config)
         except RuntimeError as e:
-            raise OnnxFileError(f"OpenVINO cannot compile the model for {self.device}: {one_line(e)}") from None
+            raise OnnxFileError(f"OpenVINO cannot compile the model for {self.device}: {one_line(e, limit=300)}") from None
         return OpenVinoEngine(compiled, positions, _inputs(m))
 
     def exposable(self, model: "SessionSource | Path") -> set[str] | None:

@@ -1,7 +1,8 @@
-"""A tiny PNG encoder (numpy + zlib) and colour maps for heat maps.
+"""The one PNG writer (numpy + zlib) and the colour maps of heat maps.
 
-Thumbnails are small, so a hand-written encoder (filter 0 on every row, one
-IDAT chunk) is enough and keeps reports free of Pillow and matplotlib.
+A hand-written encoder (filter 0 on every row, one IDAT chunk) keeps HTML
+reports free of Pillow and matplotlib: report thumbnails are encoded here, and
+so is the ``--plot`` chart (matplotlib draws it, this writes its pixels).
 """
 
 from __future__ import annotations
