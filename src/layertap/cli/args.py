@@ -46,7 +46,7 @@ class Args:
     tolerance: Tolerance = field(init=False, repr=False)
     json: bool = False
     report: str | None = None  # as given (checked)
-    dataset: Any = None
+    dataset: DatasetOptions | None = None  # extract --data
     runtime: dict[str, Any] = field(default_factory=dict)  # runtime=, cand_runtime=, ov_precision=, ov_device= as given
 
 
@@ -456,3 +456,62 @@ def add_sample_options(group: Any) -> None:
     group.add_argument("--mean", type=floats, metavar="R,G,B",
                        help="per-channel mean of pixels in [0,1] (default: model config, else 0)")
     group.add_argument("--std", type=floats, metavar="R,G,B", help="per-channel std (default: model config, else 1)")
+
+
+@dataclass(frozen=True)
+class DatasetOptions:
+    """The options of extraction over ``--data`` (``data`` is None without it)."""
+
+    data: str
+    out: str  # -o OUT_DIR
+    batch_size: int
+    workers: int
+    format: str
+    dtype: str
+    pool: str
+    shard_size: int | str  # samples, or a size (256MB)
+    resume: bool
+    limit: int | None
+    device: str
+    skip_bad: bool
+    image_size: str | None
+    mean: list[float] | None
+    std: list[float] | None
+    ray: str | None
+    columns: list[str] | None
+
+
+class DatasetArgs(ArgGroup):
+    """``--data`` and the options of extraction over a dataset."""
+
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        from ..dataset.arrays import DTYPES, POOLS
+        from ..dataset.job import DEFAULT_SHARD_SIZE
+        from ..dataset.shards import FORMATS
+
+        g = parser.add_argument_group("dataset (with --data; -o is then an OUT_DIR)")
+        g.add_argument("--data", metavar="PATH", help="folder of images, of .npy/.npz samples, or a datasets save_to_disk folder")
+        g.add_argument("--batch-size", type=positive_int, default=64, metavar="N", help="samples per forward (default 64)")
+        g.add_argument("--workers", type=nonneg_int, default=0, metavar="N", help="DataLoader workers that load ahead (default 0)")
+        g.add_argument("--format", choices=FORMATS, default="safetensors", help="shard format (default safetensors)")
+        g.add_argument("--dtype", choices=DTYPES, default="float32", help="dtype of floating features (default float32)")
+        g.add_argument("--pool", choices=POOLS, default="none", help="pool spatial (NCHW) or token (NTD) axes (default none)")
+        g.add_argument("--shard-size", default=DEFAULT_SHARD_SIZE, metavar="N|SIZE",
+                       help=f"samples per shard file (1024), or the size of a shard's features (256MB, 1GiB; default "
+                            f"{DEFAULT_SHARD_SIZE}: samples per shard from the taps' bytes per sample)")
+        g.add_argument("--resume", action="store_true", help="continue an interrupted run in OUT_DIR (same options)")
+        g.add_argument("--limit", type=positive_int, metavar="N", help="only the first N samples")
+        g.add_argument("--device", default="cpu", metavar="cpu|cuda", help="PyTorch device (default cpu)")
+        g.add_argument("--skip-bad", action="store_true", help="skip unreadable samples (listed in the manifest) instead of stopping")
+        add_sample_options(g)
+        g.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                       help="run on Ray Data: a local Ray without ADDRESS, else join the cluster at ADDRESS (e.g. auto, ray://head:10001)")
+
+    def parse(self, ns: argparse.Namespace, args: Args) -> None:
+        if ns.data is not None:
+            from ..dataset.job import parse_shard_size
+
+            samples, _ = parse_shard_size(ns.shard_size)  # a typo fails before the model loads
+            args.dataset = DatasetOptions(ns.data, ns.output, ns.batch_size, ns.workers, ns.format, ns.dtype, ns.pool,
+                                          samples or ns.shard_size, ns.resume, ns.limit, ns.device, ns.skip_bad, ns.image_size,
+                                          ns.mean, ns.std, ns.ray, ns.columns)

@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..data.images import Preprocess, choose_recipe
-from ..data.sources import Bad, IterSource, MapSource, open_source, reference
 from ..errors import LayertapError
+from ..samples.images import Preprocess, choose_recipe
+from ..samples.sources import Bad, IterSource, MapSource, open_source, reference
 from .arrays import DTYPES, POOLS, check_choice
 from .backends import BackendSpec
 from .features import Features, load_features

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
 from ..errors import LayertapError
+from ..samples.declared import Declared, as_feeds, random_feeds, read_samples
 from ..tables import Column, Report
 from .configs import Target, check_script, write_configs
 from .convert import FORMATS, Converter
-from .data import Declared, as_feeds, example_from_samples, random_feeds, read_samples
 from .search import FixStep, Trials, beyond_range, graph_order, out_of_range, rank, search
 from .units import Units, units_of
 
@@ -240,6 +240,8 @@ def _reference_file(ref: Any, args: Any, samples: Any, folder: Path, exporter: s
             raise LayertapError(f"ONNX file '{path}' does not exist")
         return path
     if args is None and isinstance(samples, (str, os.PathLike)):
+        from ..pytorch.example_inputs import example_from_samples
+
         args = example_from_samples(ref, samples)
     if args is None:
         raise LayertapError("a PyTorch reference needs one sample to export with (args=...)")

@@ -237,9 +237,9 @@ class _UsedInputs:
     def load(self, ref: Any, cand: Any, onnx_ref: bool) -> list[Any]:
         """The samples as compare's ``inputs=`` reads them (dicts by input name for an ONNX
         reference, else arguments in the candidate's input order)."""
-        from ...comparing.api import read_inputs
+        from ...comparing.api import reference_samples
 
-        return list(read_inputs(ref, cand, onnx_ref, None, None, self.path, None, limit=None, columns=None,
+        return list(reference_samples(ref, cand, onnx_ref, None, None, self.path, None, limit=None, columns=None,
                                 recipe=(None, None, None, None))[3])
 
     def close(self) -> None:

@@ -58,10 +58,10 @@ class ReproTool(Tool):
         opts: CompareOptions = args.own
         cand, ref, sample_args, kwargs, samples = sides(args, opts)
         if opts.inputs is not None:  # every sample of --inputs, read as compare reads them
-            from ...comparing.api import read_inputs
+            from ...comparing.api import reference_samples
 
             recipe = (opts.library.get("preprocess"), None, None, None)
-            ref, cand, _, samples = read_inputs(ref, cand, args.model.is_onnx, None, None, opts.inputs, None, limit=None,
+            ref, cand, _, samples = reference_samples(ref, cand, args.model.is_onnx, None, None, opts.inputs, None, limit=None,
                                                 columns=None, recipe=recipe)
         if samples is not None:
             samples = _given(samples)
