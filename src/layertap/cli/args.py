@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import LayertapError
+from ..options import RuntimeOptions, SampleOptions
 from ..runtimes import is_ir
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,7 +48,7 @@ class Args:
     json: bool = False
     report: str | None = None  # as given (checked)
     dataset: DatasetOptions | None = None  # extract --data
-    runtime: dict[str, Any] = field(default_factory=dict)  # runtime=, cand_runtime=, ov_precision=, ov_device= as given
+    runtime: RuntimeOptions = field(default_factory=RuntimeOptions)  # RuntimeArgs
 
 
 class ArgGroup:
@@ -336,8 +337,9 @@ class ToleranceArgs(ArgGroup):
 
 
 class RuntimeArgs(ArgGroup):
-    """``--runtime ort|openvino`` (with ``cand=True`` also ``--cand-runtime``), ``--ov-precision``,
-    ``--ov-device``: what runs an ONNX file; parsed into the library's keywords (only those given)."""
+    """``--runtime ort|openvino``, ``--ov-precision``, ``--ov-device`` (with ``cand=True`` also
+    ``--cand-runtime``, ``--providers``, ``--cand-providers``, ``--no-ort-opt``, ``--ref-no-ort-opt``):
+    what runs each ONNX file, parsed once into :class:`~layertap.options.RuntimeOptions`."""
 
     def __init__(self, *, cand: bool = False) -> None:
         self.cand = cand
@@ -353,10 +355,25 @@ class RuntimeArgs(ArgGroup):
         g.add_argument("--ov-precision", choices=("f32", "bf16", "f16"), default=None,
                        help="OpenVINO's inference precision (default: the device's own, bf16 on CPUs with AMX)")
         g.add_argument("--ov-device", default=None, metavar="DEVICE", help="OpenVINO device: CPU (default), GPU, NPU")
+        if self.cand:
+            self._add_ort(g)
+
+    @staticmethod
+    def _add_ort(g: Any) -> None:
+        g.add_argument("--providers", metavar="EP[,EP]", default=None,
+                       help="ONNX Runtime execution providers of an ONNX reference (CUDA, TensorRT, OpenVINO, CoreML; default CPU)")
+        g.add_argument("--cand-providers", metavar="EP[,EP]", default=None,
+                       help="execution providers of the candidate (default CPU)")
+        g.add_argument("--no-ort-opt", action="store_true",
+                       help="run the candidate with ORT graph optimisations disabled (exposed outputs can change its fusions)")
+        g.add_argument("--ref-no-ort-opt", action="store_true",
+                       help="run an ONNX reference with ORT graph optimisations disabled")
 
     def parse(self, ns: argparse.Namespace, args: Args) -> None:
-        keys = ("runtime", "cand_runtime", "ov_precision", "ov_device")
-        args.runtime = {k: getattr(ns, k) for k in keys if getattr(ns, k, None) is not None}
+
+        both = dict(cand_runtime=ns.cand_runtime, providers=ns.providers, cand_providers=ns.cand_providers,
+                    ort_optimizations=not ns.no_ort_opt, ref_ort_optimizations=not ns.ref_no_ort_opt) if self.cand else {}
+        args.runtime = RuntimeOptions(runtime=ns.runtime, ov_precision=ns.ov_precision, ov_device=ns.ov_device, **both)
 
 
 class JsonArgs(ArgGroup):
@@ -460,7 +477,8 @@ def add_sample_options(group: Any) -> None:
 
 @dataclass(frozen=True)
 class DatasetOptions:
-    """The options of extraction over ``--data`` (``data`` is None without it)."""
+    """The options of extraction over ``--data``; how its samples are read (``--limit``, ``--columns``,
+    ``--image-size``, ``--mean``, ``--std``) as the library's :class:`~layertap.options.SampleOptions`."""
 
     data: str
     out: str  # -o OUT_DIR
@@ -471,14 +489,10 @@ class DatasetOptions:
     pool: str
     shard_size: int | str  # samples, or a size (256MB)
     resume: bool
-    limit: int | None
     device: str
     skip_bad: bool
-    image_size: str | None
-    mean: list[float] | None
-    std: list[float] | None
     ray: str | None
-    columns: list[str] | None
+    sampling: SampleOptions
 
 
 class DatasetArgs(ArgGroup):
@@ -512,6 +526,7 @@ class DatasetArgs(ArgGroup):
             from ..dataset.job import parse_shard_size
 
             samples, _ = parse_shard_size(ns.shard_size)  # a typo fails before the model loads
+            sampling = SampleOptions(limit=ns.limit, columns=ns.columns, image_size=ns.image_size, mean=ns.mean,
+                                     std=ns.std)
             args.dataset = DatasetOptions(ns.data, ns.output, ns.batch_size, ns.workers, ns.format, ns.dtype, ns.pool,
-                                          samples or ns.shard_size, ns.resume, ns.limit, ns.device, ns.skip_bad, ns.image_size,
-                                          ns.mean, ns.std, ns.ray, ns.columns)
+                                          samples or ns.shard_size, ns.resume, ns.device, ns.skip_bad, ns.ray, sampling)

@@ -50,6 +50,7 @@ from ..errors import LayertapError
 from ..metrics import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, ROUNDING_RTOL, Criterion
 from ..onnxfile.kvcache import kv_layout
 from ..onnxfile.modelfile import ModelFile
+from ..options import RuntimeOptions, SampleOptions
 from ..samples.declared import read_inputs
 from ..samples.drawn import given_samples, random_for_file, with_cache
 from ..samples.loading import save_samples
@@ -105,6 +106,8 @@ def compare(
     columns: Sequence[str] | None = None,
     image_size: Any = None, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
     preprocess: Preprocess | None = None,
+    runtime_options: RuntimeOptions | None = None,
+    sample_options: SampleOptions | None = None,
 ) -> CompareReport:
     """Compare a reference with an ONNX candidate layer by layer in ONNX Runtime.
 
@@ -169,6 +172,12 @@ def compare(
             comparison exactly (an array per input: samples of batch 1 joined on the batch axis,
             e.g. 4 samples of ``1x3x224x224`` as ``4x3x224x224``; see
             :func:`~layertap.samples.loading.save_samples`).
+        runtime_options, sample_options: the same options as objects
+            (:class:`~layertap.options.RuntimeOptions`: ``runtime``, ``cand_runtime``, ``providers``,
+            ``cand_providers``, ``ort_optimizations``, ``ref_ort_optimizations``, ``ov_precision``,
+            ``ov_device``; :class:`~layertap.options.SampleOptions`: ``samples``, ``inputs``, ``limit``,
+            ``columns``, ``image_size``, ``mean``, ``std``, ``preprocess``, ``save_inputs``, ``seed``);
+            a keyword not left at its default replaces the object's field.
 
     Returns:
         A :class:`CompareReport`: ``.ok``, ``.rows`` (one per module call, in
@@ -186,25 +195,40 @@ def compare(
         >>> lt.compare(path, None, path, ref_ort_optimizations=False).ok
         True
     """
-    cand = _candidate(cand, onnx_path)
+    runs = RuntimeOptions.merged(runtime_options, runtime=runtime, cand_runtime=cand_runtime, providers=providers,
+                                 cand_providers=cand_providers, ort_optimizations=ort_optimizations,
+                                 ref_ort_optimizations=ref_ort_optimizations, ov_precision=ov_precision, ov_device=ov_device)
+    sampling = SampleOptions.merged(sample_options, samples=samples, inputs=inputs, limit=limit, columns=columns,
+                                    image_size=image_size, mean=mean, std=std, preprocess=preprocess,
+                                    save_inputs=save_inputs, seed=seed)
     criterion, tolerance_given = _judging(metric, rtol, atol, min_cosine, min_sqnr_db, check_finite, batch_outputs, memory_budget)
-    onnx_ref = isinstance(ref, (str, os.PathLike, ModelFile))
-    ref_rt, cand_rt = side_runtimes(onnx_ref, runtime, cand_runtime, (providers, cand_providers),
-                                    (ref_ort_optimizations, ort_optimizations), ov_precision, ov_device)
-    criterion, precision_note = rounding_criterion(criterion, tolerance_given, (ref_rt, cand_rt))
-    _check_steps_use(steps, onnx_ref or samples is not None or inputs is not None)
-    if inputs is not None or save_inputs is not None:
-        ref, cand, args, samples = reference_samples(ref, cand, onnx_ref, args, samples, inputs, save_inputs, limit=limit,
-                                                     columns=columns, recipe=(preprocess, image_size, mean, std))
-    given, n_random = given_samples(args if onnx_ref else _as_args(args), samples)
     options = dict(criterion=criterion, modules=modules, batch_outputs=batch_outputs, memory_budget=memory_budget,
-                   allow_different_weights=allow_different_weights, save_inputs=save_inputs)
+                   allow_different_weights=allow_different_weights)
+    return _compare(ref, args, _candidate(cand, onnx_path), runs, sampling, options, tolerance_given=tolerance_given,
+                    kwargs=dict(kwargs or {}), method=method, local=local, progress=progress, steps=steps)
+
+
+def _compare(ref: Any, args: Any, cand: Any, runs: RuntimeOptions, sampling: SampleOptions, options: dict[str, Any], *,
+             tolerance_given: bool, kwargs: dict, method: str | Callable[..., Any], local: bool,
+             progress: Progress | None, steps: int | None) -> CompareReport:
+    """``compare`` on its options as objects: the runtimes opened, the samples read, the rows' rule
+    fitted to a reduced precision, then the sides built for the kind of reference."""
+    onnx_ref = isinstance(ref, (str, os.PathLike, ModelFile))
+    ref_rt, cand_rt = side_runtimes(onnx_ref, runs)
+    criterion, precision_note = rounding_criterion(options["criterion"], tolerance_given, (ref_rt, cand_rt))
+    _check_steps_use(steps, onnx_ref or sampling.samples is not None or sampling.inputs is not None)
+    samples = sampling.samples
+    if sampling.inputs is not None or sampling.save_inputs is not None:
+        ref, cand, args, samples = reference_samples(ref, cand, onnx_ref, args, sampling)
+    given, n_random = given_samples(args if onnx_ref else _as_args(args), samples)
+    options = dict(options, criterion=criterion, save_inputs=sampling.save_inputs)
     if onnx_ref:
-        report = _compare_files(ref, cand, given, n_random, ref_rt, cand_rt, options, seed=seed, local=local,
+        report = _compare_files(ref, cand, given, n_random, ref_rt, cand_rt, options, seed=sampling.seed, local=local,
                                 progress=progress)
     else:
-        report = _compare_torch(ref, cand, given, n_random, cand_rt, options, kwargs=dict(kwargs or {}), method=method,
-                                ort_optimizations=ort_optimizations, seed=seed, local=local, progress=progress, steps=steps)
+        report = _compare_torch(ref, cand, given, n_random, cand_rt, options, kwargs=kwargs, method=method,
+                                ort_optimizations=runs.ort_optimizations, seed=sampling.seed, local=local,
+                                progress=progress, steps=steps)
     report.notes[:0] = [precision_note] if precision_note else []
     return report
 
@@ -230,14 +254,16 @@ def rounding_criterion(criterion: Criterion, given: bool, runtimes: Sequence[Any
     return criterion, ""
 
 
-def side_runtimes(onnx_ref: bool, runtime: str | None, cand_runtime: str | None, providers: tuple[Any, Any],
-                  optimize: tuple[bool | None, bool], ov_precision: str | None, ov_device: str | None) -> tuple[Any, Any]:
+def side_runtimes(onnx_ref: bool, runs: RuntimeOptions) -> tuple[Any, Any]:
     """The reference's runtime (``None`` for a PyTorch reference) and the candidate's, each opened by
     :func:`~layertap.runtimes.open_runtime`; OpenVINO's options go to the sides that run OpenVINO.
-    ``optimize``: ORT's graph optimisations per side (the reference's ``None``: the candidate's);
-    turning them off for a side that OpenVINO runs is refused, not ignored."""
+    ORT's graph optimisations per side (the reference's ``None``: the candidate's); turning them off
+    for a side that OpenVINO runs is refused, not ignored."""
     from ..runtimes import open_runtime
 
+    runtime, cand_runtime, ov_precision, ov_device = runs.runtime, runs.cand_runtime, runs.ov_precision, runs.ov_device
+    providers = (runs.providers, runs.cand_providers)
+    optimize = (runs.ref_ort_optimizations, runs.ort_optimizations)
     if providers[0] is not None and not onnx_ref:
         raise LayertapError(
             "--providers (providers=) picks the execution providers of an ONNX reference, and REF here is a PyTorch "
@@ -371,14 +397,12 @@ def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[
     return report
 
 
-def reference_samples(ref: Any, cand: Any, onnx_ref: bool, args: Any, samples: Any, inputs: str | os.PathLike | None,
-                      save_inputs: str | os.PathLike | None, *, limit: int | None, columns: Sequence[str] | None,
-                      recipe: tuple) -> tuple[Any, Any, Any, Any]:
-    """``(ref, cand, args, samples)`` with ``inputs=PATH`` read (:func:`~layertap.samples.declared.read_inputs`)
+def reference_samples(ref: Any, cand: Any, onnx_ref: bool, args: Any, sampling: SampleOptions) -> tuple[Any, Any, Any, Any]:
+    """``(ref, cand, args, samples)`` with ``sampling.inputs`` read (:func:`~layertap.samples.declared.read_inputs`)
     as the reference takes samples: dicts by input name for an ONNX reference, else tensors in the
-    candidate's input order. ``recipe``: ``(preprocess, image_size, mean, std)``; without ``preprocess``
-    a PyTorch reference's zoo config (timm) gives the image recipe."""
-    preprocess, *rest = recipe
+    candidate's input order. Without ``sampling.preprocess`` a PyTorch reference's zoo config (timm)
+    gives the image recipe."""
+    preprocess = sampling.preprocess
 
     def zoo() -> Preprocess | None:
         if preprocess is not None or onnx_ref:
@@ -387,9 +411,8 @@ def reference_samples(ref: Any, cand: Any, onnx_ref: bool, args: Any, samples: A
 
         return zoo_recipe(ref)
 
-    ref, cand, args, samples = read_inputs(ref, cand, onnx_ref, args, samples, inputs, save_inputs, limit=limit,
-                                           columns=columns, recipe=(zoo, *rest))
-    if inputs is None or onnx_ref:
+    ref, cand, args, samples = read_inputs(ref, cand, onnx_ref, args, sampling, zoo)
+    if sampling.inputs is None or onnx_ref:
         return ref, cand, args, samples
     from ..pytorch.example_inputs import sample_tensors
 

@@ -19,6 +19,7 @@ from ..onnxfile.shapes import input_dims
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
+    from ..options import SampleOptions
     from .images import Preprocess
 
 Feed = dict[str, np.ndarray]
@@ -124,22 +125,22 @@ def random_feeds(model: "onnx.ModelProto", declared: list[Declared], n: int, see
     return draw([(d.name, d.dtype) for d in declared], {d.name: d.dims for d in declared}, bounds, n)
 
 
-def read_inputs(ref: Any, cand: Any, onnx_ref: bool, args: Any, samples: Any, inputs: str | os.PathLike | None,
-                save_inputs: str | os.PathLike | None, *, limit: int | None, columns: Sequence[str] | None,
-                recipe: tuple) -> tuple[Any, Any, Any, Any]:
-    """``(ref, cand, args, samples)`` with ``inputs=PATH`` read for the file whose inputs the samples
-    feed (an ONNX reference's, else the candidate's), each sample a dict in that file's input order;
-    the files come back read, so nothing reads them twice. ``save_inputs`` is checked. ``recipe``:
-    ``(zoo, image_size, mean, std)``, ``zoo()`` the model's own image recipe (or None)."""
+def read_inputs(ref: Any, cand: Any, onnx_ref: bool, args: Any, sampling: SampleOptions,
+                zoo: Callable[[], Preprocess | None] = lambda: None) -> tuple[Any, Any, Any, Any]:
+    """``(ref, cand, args, samples)`` with ``sampling.inputs`` read for the file whose inputs the
+    samples feed (an ONNX reference's, else the candidate's), each sample a dict in that file's input
+    order (``limit``, ``columns``, the image recipe of ``sampling``; ``zoo()``: the model's own recipe);
+    the files come back read, so nothing reads them twice. ``sampling.save_inputs`` is checked."""
     from ..files.writes import check_output_path
     from ..onnxfile.feeds import declared_inputs
     from ..onnxfile.modelfile import model_file
 
+    inputs, save_inputs = sampling.inputs, sampling.save_inputs
     if save_inputs is not None:
         check_output_path(save_inputs, inputs=(inputs,) if inputs is not None else (), suffixes=(".npz",))
     if inputs is None:
-        return ref, cand, args, samples
-    if args is not None or samples is not None:
+        return ref, cand, args, sampling.samples
+    if args is not None or sampling.samples is not None:
         raise LayertapError("give the samples one way: inputs=PATH (--inputs), or args/samples (--input/--samples)")
     from .loading import load_samples
 
@@ -147,8 +148,9 @@ def read_inputs(ref: Any, cand: Any, onnx_ref: bool, args: Any, samples: Any, in
     ref = model_file(ref) if onnx_ref else ref
     graph = (ref if onnx_ref else cand).model.graph
     names, ranks = declared_inputs(graph)
-    return ref, cand, None, load_samples(inputs, names, ranks, preprocess=_recipe(graph, *recipe), columns=columns,
-                                         limit=limit)
+    preprocess = _recipe(graph, zoo, sampling.image_size, sampling.mean, sampling.std)
+    return ref, cand, None, load_samples(inputs, names, ranks, preprocess=preprocess, columns=sampling.columns,
+                                         limit=sampling.limit)
 
 
 def _recipe(graph: Any, zoo: Callable[[], Preprocess | None], image_size: Any, mean: Any, std: Any

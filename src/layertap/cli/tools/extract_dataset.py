@@ -17,12 +17,11 @@ def run_dataset(args: Args) -> int:
     try:
         feats = extract_dataset(
             m.text, d.data, args.tap_texts, d.out, batch_size=d.batch_size, shard_size=d.shard_size, format=d.format,
-            dtype=d.dtype, pool=d.pool, resume=d.resume, limit=d.limit, workers=d.workers, device=d.device,
-            method=m.method, stop_early=args.own, skip_bad=d.skip_bad, image_size=d.image_size, mean=d.mean,
-            std=d.std, weights=m.weights, config=m.config, unsafe_pickle=m.unsafe_pickle,
-            weights_key=m.weights_key, weights_strict=m.weights_strict,
-            engine="ray" if d.ray is not None else "local", ray_address=d.ray or None, columns=d.columns,
-            **args.runtime,
+            dtype=d.dtype, pool=d.pool, resume=d.resume, workers=d.workers, device=d.device,
+            method=m.method, stop_early=args.own, skip_bad=d.skip_bad, weights=m.weights, config=m.config,
+            unsafe_pickle=m.unsafe_pickle, weights_key=m.weights_key, weights_strict=m.weights_strict,
+            engine="ray" if d.ray is not None else "local", ray_address=d.ray or None,
+            runtime_options=args.runtime, sample_options=d.sampling,
         )
     except (KeyboardInterrupt, Terminated) as stop:
         stop.kept = _kept_note(args)  # type: ignore[union-attr]  # main's exit line says it
