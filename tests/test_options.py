@@ -41,6 +41,8 @@ def test_a_keyword_replaces_the_objects_field(tiny):
     assert (merged.runtime, merged.cand_providers, merged.ort_optimizations) == ("ort", ["CPU"], False)
     arrays = [np.ones((1, 4), np.float32)] * 2
     assert SampleOptions.merged(SampleOptions(seed=1), samples=arrays).samples is arrays
+    with pytest.raises(LayertapError, match="expected a layertap.options.SampleOptions, got dict"):
+        lt.compare(tiny, None, tiny, sample_options={"samples": 2})
     # the object's own checks still apply: OpenVINO's options without OpenVINO are refused
     with pytest.raises(LayertapError, match="apply to the OpenVINO runtime"):
         lt.compare(tiny, None, tiny, runtime_options=RuntimeOptions(ov_device="CPU"))

@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Sequence, TypeVar
 
+from .errors import LayertapError
+
 _O = TypeVar("_O", "RuntimeOptions", "SampleOptions")
 
 
@@ -20,7 +22,8 @@ def _merged(cls: type[_O], given: _O | None, keywords: dict[str, Any]) -> _O:
     object's field: the documented keywords and an options object combine, the keywords winning."""
     base = given if given is not None else cls()
     if not isinstance(base, cls):
-        raise TypeError(f"expected a {cls.__name__}, got {type(base).__name__}")
+        raise LayertapError(f"expected a layertap.options.{cls.__name__}, got {type(base).__name__}; build one with "
+                            f"{cls.__name__}(...) or give the keywords instead")
     defaults = {f.name: f.default for f in dataclasses.fields(cls)}
     changed = {k: v for k, v in keywords.items() if not _is_default(v, defaults[k])}
     return dataclasses.replace(base, **changed) if changed else base

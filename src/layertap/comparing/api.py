@@ -195,6 +195,7 @@ def compare(
         >>> lt.compare(path, None, path, ref_ort_optimizations=False).ok
         True
     """
+    cand = _candidate(cand, onnx_path)
     runs = RuntimeOptions.merged(runtime_options, runtime=runtime, cand_runtime=cand_runtime, providers=providers,
                                  cand_providers=cand_providers, ort_optimizations=ort_optimizations,
                                  ref_ort_optimizations=ref_ort_optimizations, ov_precision=ov_precision, ov_device=ov_device)
@@ -204,7 +205,7 @@ def compare(
     criterion, tolerance_given = _judging(metric, rtol, atol, min_cosine, min_sqnr_db, check_finite, batch_outputs, memory_budget)
     options = dict(criterion=criterion, modules=modules, batch_outputs=batch_outputs, memory_budget=memory_budget,
                    allow_different_weights=allow_different_weights)
-    return _compare(ref, args, _candidate(cand, onnx_path), runs, sampling, options, tolerance_given=tolerance_given,
+    return _compare(ref, args, cand, runs, sampling, options, tolerance_given=tolerance_given,
                     kwargs=dict(kwargs or {}), method=method, local=local, progress=progress, steps=steps)
 
 
