@@ -121,7 +121,7 @@ def test_compare_on_an_image_folder_with_the_zoo_preprocessing_and_a_saved_rerun
 def test_compare_onnx_reference_on_an_image_folder_needs_image_size(cnn_file, tmp_path, capsys):
     from PIL import Image
 
-    from layertap.data.images import from_options
+    from layertap.samples.images import from_options
 
     images = image_folder(tmp_path / "imgs", n=4)
     rc, _, err = _cli(capsys, "compare", cnn_file, cnn_file, "--no-ort-opt", "--inputs", images)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import LayertapError
+from ..options import RuntimeOptions, SampleOptions
 from ..runtimes import is_ir
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -46,8 +47,8 @@ class Args:
     tolerance: Tolerance = field(init=False, repr=False)
     json: bool = False
     report: str | None = None  # as given (checked)
-    dataset: Any = None
-    runtime: dict[str, Any] = field(default_factory=dict)  # runtime=, cand_runtime=, ov_precision=, ov_device= as given
+    dataset: DatasetOptions | None = None  # extract --data
+    runtime: RuntimeOptions = field(default_factory=RuntimeOptions)  # RuntimeArgs
 
 
 class ArgGroup:
@@ -336,8 +337,9 @@ class ToleranceArgs(ArgGroup):
 
 
 class RuntimeArgs(ArgGroup):
-    """``--runtime ort|openvino`` (with ``cand=True`` also ``--cand-runtime``), ``--ov-precision``,
-    ``--ov-device``: what runs an ONNX file; parsed into the library's keywords (only those given)."""
+    """``--runtime ort|openvino``, ``--ov-precision``, ``--ov-device`` (with ``cand=True`` also
+    ``--cand-runtime``, ``--providers``, ``--cand-providers``, ``--no-ort-opt``, ``--ref-no-ort-opt``):
+    what runs each ONNX file, parsed once into :class:`~layertap.options.RuntimeOptions`."""
 
     def __init__(self, *, cand: bool = False) -> None:
         self.cand = cand
@@ -353,10 +355,25 @@ class RuntimeArgs(ArgGroup):
         g.add_argument("--ov-precision", choices=("f32", "bf16", "f16"), default=None,
                        help="OpenVINO's inference precision (default: the device's own, bf16 on CPUs with AMX)")
         g.add_argument("--ov-device", default=None, metavar="DEVICE", help="OpenVINO device: CPU (default), GPU, NPU")
+        if self.cand:
+            self._add_ort(g)
+
+    @staticmethod
+    def _add_ort(g: Any) -> None:
+        g.add_argument("--providers", metavar="EP[,EP]", default=None,
+                       help="ONNX Runtime execution providers of an ONNX reference (CUDA, TensorRT, OpenVINO, CoreML; default CPU)")
+        g.add_argument("--cand-providers", metavar="EP[,EP]", default=None,
+                       help="execution providers of the candidate (default CPU)")
+        g.add_argument("--no-ort-opt", action="store_true",
+                       help="run the candidate with ORT graph optimisations disabled (exposed outputs can change its fusions)")
+        g.add_argument("--ref-no-ort-opt", action="store_true",
+                       help="run an ONNX reference with ORT graph optimisations disabled")
 
     def parse(self, ns: argparse.Namespace, args: Args) -> None:
-        keys = ("runtime", "cand_runtime", "ov_precision", "ov_device")
-        args.runtime = {k: getattr(ns, k) for k in keys if getattr(ns, k, None) is not None}
+
+        both = dict(cand_runtime=ns.cand_runtime, providers=ns.providers, cand_providers=ns.cand_providers,
+                    ort_optimizations=not ns.no_ort_opt, ref_ort_optimizations=not ns.ref_no_ort_opt) if self.cand else {}
+        args.runtime = RuntimeOptions(runtime=ns.runtime, ov_precision=ns.ov_precision, ov_device=ns.ov_device, **both)
 
 
 class JsonArgs(ArgGroup):
@@ -456,3 +473,60 @@ def add_sample_options(group: Any) -> None:
     group.add_argument("--mean", type=floats, metavar="R,G,B",
                        help="per-channel mean of pixels in [0,1] (default: model config, else 0)")
     group.add_argument("--std", type=floats, metavar="R,G,B", help="per-channel std (default: model config, else 1)")
+
+
+@dataclass(frozen=True)
+class DatasetOptions:
+    """The options of extraction over ``--data``; how its samples are read (``--limit``, ``--columns``,
+    ``--image-size``, ``--mean``, ``--std``) as the library's :class:`~layertap.options.SampleOptions`."""
+
+    data: str
+    out: str  # -o OUT_DIR
+    batch_size: int
+    workers: int
+    format: str
+    dtype: str
+    pool: str
+    shard_size: int | str  # samples, or a size (256MB)
+    resume: bool
+    device: str
+    skip_bad: bool
+    ray: str | None
+    sampling: SampleOptions
+
+
+class DatasetArgs(ArgGroup):
+    """``--data`` and the options of extraction over a dataset."""
+
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        from ..dataset.arrays import DTYPES, POOLS
+        from ..dataset.job import DEFAULT_SHARD_SIZE
+        from ..dataset.shards import FORMATS
+
+        g = parser.add_argument_group("dataset (with --data; -o is then an OUT_DIR)")
+        g.add_argument("--data", metavar="PATH", help="folder of images, of .npy/.npz samples, or a datasets save_to_disk folder")
+        g.add_argument("--batch-size", type=positive_int, default=64, metavar="N", help="samples per forward (default 64)")
+        g.add_argument("--workers", type=nonneg_int, default=0, metavar="N", help="DataLoader workers that load ahead (default 0)")
+        g.add_argument("--format", choices=FORMATS, default="safetensors", help="shard format (default safetensors)")
+        g.add_argument("--dtype", choices=DTYPES, default="float32", help="dtype of floating features (default float32)")
+        g.add_argument("--pool", choices=POOLS, default="none", help="pool spatial (NCHW) or token (NTD) axes (default none)")
+        g.add_argument("--shard-size", default=DEFAULT_SHARD_SIZE, metavar="N|SIZE",
+                       help=f"samples per shard file (1024), or the size of a shard's features (256MB, 1GiB; default "
+                            f"{DEFAULT_SHARD_SIZE}: samples per shard from the taps' bytes per sample)")
+        g.add_argument("--resume", action="store_true", help="continue an interrupted run in OUT_DIR (same options)")
+        g.add_argument("--limit", type=positive_int, metavar="N", help="only the first N samples")
+        g.add_argument("--device", default="cpu", metavar="cpu|cuda", help="PyTorch device (default cpu)")
+        g.add_argument("--skip-bad", action="store_true", help="skip unreadable samples (listed in the manifest) instead of stopping")
+        add_sample_options(g)
+        g.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                       help="run on Ray Data: a local Ray without ADDRESS, else join the cluster at ADDRESS (e.g. auto, ray://head:10001)")
+
+    def parse(self, ns: argparse.Namespace, args: Args) -> None:
+        if ns.data is not None:
+            from ..dataset.job import parse_shard_size
+
+            samples, _ = parse_shard_size(ns.shard_size)  # a typo fails before the model loads
+            sampling = SampleOptions(limit=ns.limit, columns=ns.columns, image_size=ns.image_size, mean=ns.mean,
+                                     std=ns.std)
+            args.dataset = DatasetOptions(ns.data, ns.output, ns.batch_size, ns.workers, ns.format, ns.dtype, ns.pool,
+                                          samples or ns.shard_size, ns.resume, ns.device, ns.skip_bad, ns.ray, sampling)

@@ -46,17 +46,20 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..errors import InputSpecError, LayertapError
+from ..errors import LayertapError
 from ..metrics import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, ROUNDING_RTOL, Criterion
-from ..onnxfile.kvcache import KvLayout, kv_layout
+from ..onnxfile.kvcache import kv_layout
 from ..onnxfile.modelfile import ModelFile
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..data.images import Preprocess
+from ..options import RuntimeOptions, SampleOptions
+from ..samples.declared import read_inputs
+from ..samples.drawn import given_samples, random_for_file, with_cache
+from ..samples.loading import save_samples
 from .driver import Progress, compare_sides
 from .onnx_side import FUSION_NOTE, OrtSide
 from .rows import CompareReport
-from .samples import given_samples, load_samples, save_samples
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..samples.images import Preprocess
 
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of intermediates held at once, per side
 
@@ -103,6 +106,8 @@ def compare(
     columns: Sequence[str] | None = None,
     image_size: Any = None, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
     preprocess: Preprocess | None = None,
+    runtime_options: RuntimeOptions | None = None,
+    sample_options: SampleOptions | None = None,
 ) -> CompareReport:
     """Compare a reference with an ONNX candidate layer by layer in ONNX Runtime.
 
@@ -158,7 +163,7 @@ def compare(
             names both (:mod:`.steps`).
         inputs: the samples from a path instead of ``args``/``samples``: any folder
             ``lt.extract_dataset`` reads (images, ``.npy``/``.npz`` files, a ``datasets`` folder)
-            or one ``.npz`` (see :func:`~layertap.comparing.samples.load_samples`); ``limit``
+            or one ``.npz`` (see :func:`~layertap.samples.loading.load_samples`); ``limit``
             reads the first N; ``columns`` picks a ``datasets`` folder's input columns.
         image_size, mean, std: image preprocessing when the model's config gives none (a timm
             model's is used; ``preprocess`` gives the model's recipe, e.g.
@@ -166,7 +171,13 @@ def compare(
         save_inputs: write the samples compared to this ``.npz``; ``inputs=`` of it repeats the
             comparison exactly (an array per input: samples of batch 1 joined on the batch axis,
             e.g. 4 samples of ``1x3x224x224`` as ``4x3x224x224``; see
-            :func:`~layertap.comparing.samples.save_samples`).
+            :func:`~layertap.samples.loading.save_samples`).
+        runtime_options, sample_options: the same options as objects
+            (:class:`~layertap.options.RuntimeOptions`: ``runtime``, ``cand_runtime``, ``providers``,
+            ``cand_providers``, ``ort_optimizations``, ``ref_ort_optimizations``, ``ov_precision``,
+            ``ov_device``; :class:`~layertap.options.SampleOptions`: ``samples``, ``inputs``, ``limit``,
+            ``columns``, ``image_size``, ``mean``, ``std``, ``preprocess``, ``save_inputs``, ``seed``);
+            a keyword not left at its default replaces the object's field.
 
     Returns:
         A :class:`CompareReport`: ``.ok``, ``.rows`` (one per module call, in
@@ -185,24 +196,40 @@ def compare(
         True
     """
     cand = _candidate(cand, onnx_path)
+    runs = RuntimeOptions.merged(runtime_options, runtime=runtime, cand_runtime=cand_runtime, providers=providers,
+                                 cand_providers=cand_providers, ort_optimizations=ort_optimizations,
+                                 ref_ort_optimizations=ref_ort_optimizations, ov_precision=ov_precision, ov_device=ov_device)
+    sampling = SampleOptions.merged(sample_options, samples=samples, inputs=inputs, limit=limit, columns=columns,
+                                    image_size=image_size, mean=mean, std=std, preprocess=preprocess,
+                                    save_inputs=save_inputs, seed=seed)
     criterion, tolerance_given = _judging(metric, rtol, atol, min_cosine, min_sqnr_db, check_finite, batch_outputs, memory_budget)
-    onnx_ref = isinstance(ref, (str, os.PathLike, ModelFile))
-    ref_rt, cand_rt = side_runtimes(onnx_ref, runtime, cand_runtime, (providers, cand_providers),
-                                    (ref_ort_optimizations, ort_optimizations), ov_precision, ov_device)
-    criterion, precision_note = rounding_criterion(criterion, tolerance_given, (ref_rt, cand_rt))
-    _check_steps_use(steps, onnx_ref or samples is not None or inputs is not None)
-    if inputs is not None or save_inputs is not None:
-        ref, cand, args, samples = read_inputs(ref, cand, onnx_ref, args, samples, inputs, save_inputs, limit=limit,
-                                                columns=columns, recipe=(preprocess, image_size, mean, std))
-    given, n_random = given_samples(args if onnx_ref else _as_args(args), samples)
     options = dict(criterion=criterion, modules=modules, batch_outputs=batch_outputs, memory_budget=memory_budget,
-                   allow_different_weights=allow_different_weights, save_inputs=save_inputs)
+                   allow_different_weights=allow_different_weights)
+    return _compare(ref, args, cand, runs, sampling, options, tolerance_given=tolerance_given,
+                    kwargs=dict(kwargs or {}), method=method, local=local, progress=progress, steps=steps)
+
+
+def _compare(ref: Any, args: Any, cand: Any, runs: RuntimeOptions, sampling: SampleOptions, options: dict[str, Any], *,
+             tolerance_given: bool, kwargs: dict, method: str | Callable[..., Any], local: bool,
+             progress: Progress | None, steps: int | None) -> CompareReport:
+    """``compare`` on its options as objects: the runtimes opened, the samples read, the rows' rule
+    fitted to a reduced precision, then the sides built for the kind of reference."""
+    onnx_ref = isinstance(ref, (str, os.PathLike, ModelFile))
+    ref_rt, cand_rt = side_runtimes(onnx_ref, runs)
+    criterion, precision_note = rounding_criterion(options["criterion"], tolerance_given, (ref_rt, cand_rt))
+    _check_steps_use(steps, onnx_ref or sampling.samples is not None or sampling.inputs is not None)
+    samples = sampling.samples
+    if sampling.inputs is not None or sampling.save_inputs is not None:
+        ref, cand, args, samples = reference_samples(ref, cand, onnx_ref, args, sampling)
+    given, n_random = given_samples(args if onnx_ref else _as_args(args), samples)
+    options = dict(options, criterion=criterion, save_inputs=sampling.save_inputs)
     if onnx_ref:
-        report = _compare_files(ref, cand, given, n_random, ref_rt, cand_rt, options, seed=seed, local=local,
+        report = _compare_files(ref, cand, given, n_random, ref_rt, cand_rt, options, seed=sampling.seed, local=local,
                                 progress=progress)
     else:
-        report = _compare_torch(ref, cand, given, n_random, cand_rt, options, kwargs=dict(kwargs or {}), method=method,
-                                ort_optimizations=ort_optimizations, seed=seed, local=local, progress=progress, steps=steps)
+        report = _compare_torch(ref, cand, given, n_random, cand_rt, options, kwargs=kwargs, method=method,
+                                ort_optimizations=runs.ort_optimizations, seed=sampling.seed, local=local,
+                                progress=progress, steps=steps)
     report.notes[:0] = [precision_note] if precision_note else []
     return report
 
@@ -228,14 +255,16 @@ def rounding_criterion(criterion: Criterion, given: bool, runtimes: Sequence[Any
     return criterion, ""
 
 
-def side_runtimes(onnx_ref: bool, runtime: str | None, cand_runtime: str | None, providers: tuple[Any, Any],
-                  optimize: tuple[bool | None, bool], ov_precision: str | None, ov_device: str | None) -> tuple[Any, Any]:
+def side_runtimes(onnx_ref: bool, runs: RuntimeOptions) -> tuple[Any, Any]:
     """The reference's runtime (``None`` for a PyTorch reference) and the candidate's, each opened by
     :func:`~layertap.runtimes.open_runtime`; OpenVINO's options go to the sides that run OpenVINO.
-    ``optimize``: ORT's graph optimisations per side (the reference's ``None``: the candidate's);
-    turning them off for a side that OpenVINO runs is refused, not ignored."""
+    ORT's graph optimisations per side (the reference's ``None``: the candidate's); turning them off
+    for a side that OpenVINO runs is refused, not ignored."""
     from ..runtimes import open_runtime
 
+    runtime, cand_runtime, ov_precision, ov_device = runs.runtime, runs.cand_runtime, runs.ov_precision, runs.ov_device
+    providers = (runs.providers, runs.cand_providers)
+    optimize = (runs.ref_ort_optimizations, runs.ort_optimizations)
     if providers[0] is not None and not onnx_ref:
         raise LayertapError(
             "--providers (providers=) picks the execution providers of an ONNX reference, and REF here is a PyTorch "
@@ -274,10 +303,10 @@ def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike |
     ref_side = OrtSide(ref, ref_rt)
     cand_side = OrtSide(cand, cand_rt)
     decoder, folder = kv_layout(ref_side.proto.graph), ref_side.path.parent
-    given = [_with_cache(s, decoder, folder) if isinstance(s, dict) else s if isinstance(s, (list, tuple)) else [s]
+    given = [with_cache(s, decoder, folder) if isinstance(s, dict) else s if isinstance(s, (list, tuple)) else [s]
              for s in given]
     save = options.pop("save_inputs")
-    reference = OnnxReference(ref_side, cand_side, given, n_random, random=_random_from_file(seed, decoder, folder),
+    reference = OnnxReference(ref_side, cand_side, given, n_random, random=random_for_file(seed, decoder, folder),
                               **options)
     if save is not None:
         save_samples(save, reference.feeds)
@@ -326,38 +355,6 @@ def _criterion(metric: Any, rtol: Any, atol: Any, min_cosine: Any, min_sqnr_db: 
     return Criterion(metric, float(rtol), float(atol), float(min_cosine), float(min_sqnr_db), bool(check_finite))
 
 
-def _random_from_file(seed: int, decoder: KvLayout | None = None, folder: Path | None = None
-                      ) -> Callable[[list[tuple[str, str]], dict[str, tuple], dict[str, int | None], int], list[Any]]:
-    """Draws random samples from the reference file's inputs (other symbolic sizes 1; integers below
-    the table they index, as ``run`` draws them), seeds after ``seed``. A decoder file (``decoder``, its
-    KV layout) gets a prefill: token ids of 16 tokens (as ``run`` makes them) and the empty past, mask
-    and positions that fit them (:func:`~layertap.onnxfile.kvcache.complete_feeds`, sized by the file,
-    else the config in ``folder``)."""
-
-    def draw(inputs: list[tuple[str, str]], shapes: dict[str, tuple], bounds: dict[str, int | None], n: int) -> list[Any]:
-        from ..inputs import SYMBOLIC_SIZE, random_samples
-
-        made = decoder.names if decoder is not None else set()
-        names = [name for name, _ in inputs if name not in made]
-        missing = [name for name in names if name not in shapes]
-        if missing:
-            raise InputSpecError(f"input {missing[0]!r} has no declared shape; pass the inputs (--input SHAPE)")
-        plain = [(name, shapes[name], dt or "float32") for name, dt in inputs if name not in made]
-        samples = random_samples(n, plain, seed + 1, symbolic=1 if decoder is None else SYMBOLIC_SIZE, int_high=bounds)
-        return [_with_cache(s, decoder, folder) for s in samples]
-
-    return draw
-
-
-def _with_cache(sample: dict[str, Any], decoder: KvLayout | None, folder: Path | None) -> dict[str, Any]:
-    """A decoder file's sample with the cache inputs it lacks: a prefill after its token ids."""
-    if decoder is None:
-        return sample
-    from ..onnxfile.kvcache import complete_feeds
-
-    return {**sample, **complete_feeds(decoder, sample, folder=folder)[0]}
-
-
 def _as_args(args: Any) -> tuple:
     """A PyTorch sample's positional arguments as a tuple."""
     return tuple(args) if isinstance(args, (tuple, list)) else (args,)
@@ -401,53 +398,26 @@ def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[
     return report
 
 
-def read_inputs(ref: Any, cand: Any, onnx_ref: bool, args: Any, samples: Any, inputs: str | os.PathLike | None,
-                 save_inputs: str | os.PathLike | None, *, limit: int | None, columns: Sequence[str] | None,
-                 recipe: tuple) -> tuple[Any, Any, Any, Any]:
-    """``(ref, cand, args, samples)`` with ``inputs=PATH`` read for the file whose inputs the samples
-    feed (an ONNX reference's, else the candidate's); the files come back read, so nothing reads them
-    twice. A PyTorch reference gets tensors in the candidate's input order. ``save_inputs`` is checked."""
-    from ..files.writes import check_output_path
-    from ..onnxfile.feeds import declared_inputs
-    from ..onnxfile.modelfile import model_file
+def reference_samples(ref: Any, cand: Any, onnx_ref: bool, args: Any, sampling: SampleOptions) -> tuple[Any, Any, Any, Any]:
+    """``(ref, cand, args, samples)`` with ``sampling.inputs`` read (:func:`~layertap.samples.declared.read_inputs`)
+    as the reference takes samples: dicts by input name for an ONNX reference, else tensors in the
+    candidate's input order. Without ``sampling.preprocess`` a PyTorch reference's zoo config (timm)
+    gives the image recipe."""
+    preprocess = sampling.preprocess
 
-    if save_inputs is not None:
-        check_output_path(save_inputs, inputs=(inputs,) if inputs is not None else (), suffixes=(".npz",))
-    if inputs is None:
+    def zoo() -> Preprocess | None:
+        if preprocess is not None or onnx_ref:
+            return preprocess
+        from ..pytorch.preprocessing import zoo_recipe
+
+        return zoo_recipe(ref)
+
+    ref, cand, args, samples = read_inputs(ref, cand, onnx_ref, args, sampling, zoo)
+    if sampling.inputs is None or onnx_ref:
         return ref, cand, args, samples
-    if args is not None or samples is not None:
-        raise LayertapError("give the samples one way: inputs=PATH (--inputs), or args/samples (--input/--samples)")
-    cand = model_file(cand)
-    ref = model_file(ref) if onnx_ref else ref
-    names, ranks = declared_inputs((ref if onnx_ref else cand).model.graph)
-    loaded = load_samples(inputs, names, ranks, preprocess=_recipe(ref, cand, onnx_ref, *recipe), columns=columns, limit=limit)
-    if onnx_ref:
-        return ref, cand, None, loaded
-    import numpy as np
-    import torch
+    from ..pytorch.example_inputs import sample_tensors
 
-    return ref, cand, None, [tuple(torch.from_numpy(np.ascontiguousarray(s[n])) for n in names) for s in loaded]
-
-
-def _recipe(ref: Any, cand: ModelFile, onnx_ref: bool, preprocess: Preprocess | None, image_size: Any, mean: Any, std: Any
-            ) -> Callable[[], Preprocess | None]:
-    """The image recipe, found only when images turn up: ``--image-size``, else ``preprocess`` or the
-    reference's zoo config (timm), else the fixed image size of the file the images feed; ``--mean``/``--std``
-    replace the normalisation."""
-    def recipe() -> Preprocess | None:
-        from ..data.images import choose_recipe
-        from ..onnxfile.feeds import image_input_size
-
-        def zoo() -> Preprocess | None:
-            if preprocess is not None or onnx_ref:
-                return preprocess
-            from ..pytorch.preprocessing import zoo_recipe
-
-            return zoo_recipe(ref)
-
-        return choose_recipe(image_size, mean, std, zoo, lambda: image_input_size((ref if onnx_ref else cand).model.graph))
-
-    return recipe
+    return ref, cand, args, [sample_tensors(s) for s in samples]
 
 
 def _path(source: str | os.PathLike | ModelFile) -> Path:

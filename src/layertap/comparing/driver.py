@@ -6,7 +6,7 @@ candidate tensors answering them (:class:`~.align.Item`), and contiguous batches
 (:func:`plan_batches`), each one run of the candidate within the memory budget. The
 *candidate* (:class:`Candidate`: :class:`~.onnx_side.OrtSide`) runs a batch's tensors on a
 sample's feed. The driver pairs them into rows (:class:`~.align.RowBuilder`), adds each
-call's local error (:mod:`.local`), merges the samples (:func:`~.samples.merge_samples`) and
+call's local error (:mod:`.local`), merges the samples (:func:`~.merging.merge_samples`) and
 writes the notes (:func:`run_notes`). Another runtime is another side; the driver stays.
 
 Order of runs: a sample whose tensors fit one batch runs at once and its reference values
@@ -34,8 +34,8 @@ from ..metrics import Criterion
 from .align import Item, RowBuilder, blame_rewritten, pack_batches
 from .background import Background
 from .local import PairsOf, RefLookup, local_errors
+from .merging import merge_samples
 from .rows import CompareReport, CompareRow
-from .samples import merge_samples
 from .torch_side import ArrayStore
 from .weights import WeightCheck
 

@@ -34,13 +34,13 @@ from ..metrics import Criterion
 from ..onnxfile.feeds import integer_bounds
 from ..onnxfile.graph_facts import stand_ins
 from ..onnxfile.metadata import own_outputs
+from ..samples.drawn import Sample as Given
 from .align import Item, RowBuilder
 from .driver import Sample, module_filter, plan_batches
 from .local import PairsOf, RefLookup, onnx_ref_inputs, ref_needs
 from .nchwc import blocked_stand_ins
 from .onnx_side import IF_BRANCHES, OrtSide, absorb_unexposable, check_feed_shapes
 from .rows import ABSORBED, IN_BRANCH, NO_COUNTERPART, CompareRow, same_shape
-from .samples import Sample as Given
 from .structure import pair_unnamed
 from .torch_side import ArrayStore, ModuleCall
 from .weights import PendingCheck, WeightCheck, check_file_weights

@@ -6,9 +6,10 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..data.images import Preprocess, choose_recipe
-from ..data.sources import Bad, IterSource, MapSource, open_source, reference
 from ..errors import LayertapError
+from ..options import RuntimeOptions, SampleOptions
+from ..samples.images import Preprocess, choose_recipe
+from ..samples.sources import Bad, IterSource, MapSource, open_source, reference
 from .arrays import DTYPES, POOLS, check_choice
 from .backends import BackendSpec
 from .features import Features, load_features
@@ -50,6 +51,8 @@ def extract_dataset(
     ov_precision: str | None = None,
     ov_device: str | None = None,
     columns: Sequence[str] | None = None,
+    runtime_options: RuntimeOptions | None = None,
+    sample_options: SampleOptions | None = None,
 ) -> Features:
     """Run a model over a whole dataset and save the tapped tensors in shards.
 
@@ -81,6 +84,10 @@ def extract_dataset(
             default) or ``"openvino"``, with OpenVINO's precision (``f32``/``bf16``/``f16``) and device.
         columns: the input columns of a ``datasets`` folder (default: its image or array column,
             else every array column, as named inputs); a ``label`` column is kept as labels.
+        runtime_options, sample_options: those options as objects
+            (:class:`~layertap.options.RuntimeOptions`: ``runtime``, ``ov_precision``, ``ov_device``;
+            :class:`~layertap.options.SampleOptions`: ``limit``, ``columns``, ``image_size``, ``mean``,
+            ``std``); a keyword not left at its default replaces the object's field.
 
     Returns:
         :class:`~layertap.dataset.features.Features` over OUT_DIR (see ``lt.load_features``).
@@ -95,22 +102,18 @@ def extract_dataset(
         >>> len(f), f["0"].shape, f["0"].dtype.name, len(f.manifest.data["shards"])
         (10, (10, 4), 'float32', 2)
     """
-    opts = _options(batch_size, shard_size, format, dtype, pool, limit, skip_bad, workers)
+    runs = RuntimeOptions.merged(runtime_options, runtime=runtime, ov_precision=ov_precision, ov_device=ov_device)
+    sampling = SampleOptions.merged(sample_options, limit=limit, columns=columns, image_size=image_size, mean=mean, std=std)
+    opts = _options(batch_size, shard_size, format, dtype, pool, sampling.limit, skip_bad, workers)
     check_choice("engine", engine, ENGINES)
     tap_texts = _tap_texts(taps, model_or_path)
     spec = BackendSpec(_model_arg(model_or_path), tap_texts, method=method, stop_early=stop_early, device=device,
                        weights=None if weights is None else str(Path(weights).resolve()), config=config, unsafe_pickle=unsafe_pickle,
-                       weights_key=weights_key, weights_strict=weights_strict,
-                       runtime=_runtime(model_or_path, runtime, ov_precision, ov_device))
-    recipe: list[Preprocess | None] = []
-
-    def preprocess() -> Preprocess | None:
-        if not recipe:
-            recipe.append(_preprocess(spec, image_size, mean, std))
-        return recipe[0]
-
-    source, out_dir = _open_data(data, out, preprocess, columns, same_shape=opts.pool == "none")
-    count = (len(source) if limit is None else min(limit, len(source))) if isinstance(source, MapSource) else None
+                       weights_key=weights_key, weights_strict=weights_strict, runtime=_runtime(model_or_path, runs))
+    recipe: list[Preprocess | None] = []  # found once, when a sample needs it
+    source, out_dir = _open_data(data, out, _recipe_once(spec, sampling, recipe), sampling.columns,
+                                 same_shape=opts.pool == "none")
+    count = (len(source) if opts.limit is None else min(opts.limit, len(source))) if isinstance(source, MapSource) else None
     header = _header(spec, source, opts.recorded(tap_texts, device, _threads(spec)), recipe)
     ref = _reference(source, skip_bad)
     _check_device(spec, device)
@@ -132,10 +135,9 @@ def _header(spec: BackendSpec, source: MapSource | IterSource, options: dict, re
     return {"model": spec.describe(), "data": source.describe(), "options": options, "preprocessing": used}
 
 
-def _runtime(model: Any, runtime: str | None, ov_precision: str | None, ov_device: str | None) -> dict[str, Any]:
+def _runtime(model: Any, runs: RuntimeOptions) -> dict[str, Any]:
     """The runtime options of an ONNX file, checked now (a bad device or precision writes nothing)."""
-    pairs = (("runtime", runtime), ("ov_precision", ov_precision), ("ov_device", ov_device))
-    given: dict[str, Any] = {k: v for k, v in pairs if v is not None}
+    given: dict[str, Any] = runs.one_file()
     if not given:
         return {}
     if not (isinstance(model, (str, os.PathLike)) and str(model).lower().endswith(".onnx")):
@@ -247,7 +249,18 @@ def _reference(source: Any, skip_bad: bool) -> Any:
     return ref
 
 
-def _preprocess(spec: BackendSpec, image_size: Any, mean: Any, std: Any) -> Preprocess | None:
+def _recipe_once(spec: BackendSpec, sampling: SampleOptions, recipe: list[Preprocess | None]
+                 ) -> Callable[[], Preprocess | None]:
+    """The image recipe, looked up on the first call and kept in ``recipe`` (the manifest records it)."""
+    def preprocess() -> Preprocess | None:
+        if not recipe:
+            recipe.append(_preprocess(spec, sampling))
+        return recipe[0]
+
+    return preprocess
+
+
+def _preprocess(spec: BackendSpec, sampling: SampleOptions) -> Preprocess | None:
     """The image recipe: --image-size if given, else the model's zoo config, else the ONNX input size."""
     def zoo() -> Preprocess | None:
         if spec.is_onnx:
@@ -256,7 +269,8 @@ def _preprocess(spec: BackendSpec, image_size: Any, mean: Any, std: Any) -> Prep
 
         return zoo_recipe(spec.model)
 
-    return choose_recipe(image_size, mean, std, zoo, lambda: _onnx_image_size(Path(spec.model)) if spec.is_onnx else None)
+    return choose_recipe(sampling.image_size, sampling.mean, sampling.std, zoo,
+                         lambda: _onnx_image_size(Path(spec.model)) if spec.is_onnx else None)
 
 
 def _onnx_image_size(path: Path) -> tuple[int, int] | None:

@@ -14,8 +14,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..data.sources import Bad, Reference, check_sample
 from ..errors import LayertapError
+from ..samples.sources import Bad, Reference, check_sample
 from .arrays import cast, pool, pooled_axes
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ..data.sources import IterSource, MapSource, Reference
 from ..errors import LayertapError
+from ..samples.sources import IterSource, MapSource, Reference
 from .arrays import numpy_dtype
 from .backends import BackendSpec
 from .batches import BatchRunner, Collated, ShardData, collate, keyed_layout

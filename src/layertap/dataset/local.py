@@ -17,8 +17,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..data.sources import Bad, IterSource, reference
 from ..errors import LayertapError
+from ..samples.sources import Bad, IterSource, reference
 from .backends import pin_threads
 from .batches import BatchResult, Collated, ShardAssembler, ShardData, batch_ranges, chunked, collate
 from .job import Job

@@ -21,8 +21,8 @@ import json
 import logging
 from typing import Any
 
-from ..data.sources import MapSource
 from ..errors import LayertapError
+from ..samples.sources import MapSource
 from .backends import pin_threads
 from .batches import ShardAssembler, ShardData, batch_ranges, shard_count
 from .job import Job

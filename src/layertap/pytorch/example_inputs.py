@@ -1,9 +1,12 @@
 """Example inputs for a model run: tensors from ``--input`` specs or the spec's
-defaults, their one-line description, and the error for a run that failed on them."""
+defaults, their one-line description, and the error for a run that failed on them; the tensors
+``--inputs``' samples give (``example_from_samples``, ``sample_tensors``)."""
 
 from __future__ import annotations
 
 import inspect
+import os
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -117,3 +120,50 @@ def run_failed(error: Exception, info: ModelInfo, method: str, args: tuple, kwar
 
 def _shape_text(shape: Sequence[int] | None) -> str:
     return "x".join(str(d) for d in shape or ())
+
+
+def example_from_samples(model: Any, path: str | os.PathLike) -> tuple[Any, ...]:
+    """The first sample of ``--inputs PATH`` as the tensors a PyTorch model is exported with, when no
+    ``--input`` gives its shape: its arrays fill ``forward``'s parameters that have no default, in
+    order (or by name). No file says the inputs' ranks yet, so the sample is tried with a batch axis
+    of 1 before it (a ``.npz`` row, an image), then as stored (a row that holds its own batch axis):
+    the first layout the model runs on is taken, and the samples are then read against the
+    exported file's inputs as for any file.
+
+    Raises:
+        LayertapError: the file holds no sample, or the model runs on neither layout (naming both).
+    """
+    from ..samples.loading import load_samples
+
+    p = Path(path)
+    params = inspect.signature(model.forward).parameters.values()
+    names = [q.name for q in params if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD) and q.default is q.empty]
+    names = names or ["input"]
+    first = load_samples(p, names, [None] * len(names), limit=1)
+    if not first:
+        raise LayertapError(f"--inputs '{p}' holds no sample to export the model with; give --input SHAPE")
+    rows = p.is_file() and p.suffix == ".npz"  # a .npz row keeps its leading axis: its own layout is a[i]
+    stored = [first[0][n][0] if rows else first[0][n] for n in names]
+    errors: list[str] = []
+    for layout in ([a[None] for a in stored], stored):
+        args = tuple(torch.from_numpy(np.array(a)) for a in layout)
+        try:
+            with torch.no_grad():
+                model(*args)
+        except Exception as e:  # noqa: BLE001 - the model's own error, said in one line below
+            errors.append(f"{' '.join('x'.join(map(str, a.shape)) for a in layout)} ({type(e).__name__}: {first_line(e)})")
+            continue
+        return args
+    raise LayertapError(f"--inputs '{p}': the model runs on its first sample neither with a batch axis nor as stored: "
+                        f"{'; '.join(errors)}; give --input SHAPE")
+
+
+def sample_tensors(sample: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
+    """A sample read for a file's inputs (a dict in its input order) as a PyTorch model's positional
+    arguments.
+
+    Example:
+        >>> [t.shape for t in sample_tensors({"x": np.zeros((1, 2), np.float32)})]
+        [torch.Size([1, 2])]
+    """
+    return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in sample.values())

@@ -1,12 +1,12 @@
 """The image recipes the model zoos record (torchvision weights transforms, timm's data config),
-as :class:`~layertap.data.images.Preprocess`: read without downloading anything."""
+as :class:`~layertap.samples.images.Preprocess`: read without downloading anything."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from ..data.images import RESAMPLE, Preprocess
+from ..samples.images import RESAMPLE, Preprocess
 
 
 def zoo_recipe(model: Any) -> Preprocess | None:

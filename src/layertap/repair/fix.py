@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
 from ..errors import LayertapError
+from ..options import SampleOptions
+from ..samples.declared import Declared, as_feeds, random_feeds, read_samples
 from ..tables import Column, Report
 from .configs import Target, check_script, write_configs
 from .convert import FORMATS, Converter
-from .data import Declared, as_feeds, example_from_samples, random_feeds, read_samples
 from .search import FixStep, Trials, beyond_range, graph_order, out_of_range, rank, search
 from .units import Units, units_of
 
@@ -144,7 +145,8 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
         target: str | Target = "cosine:0.999", samples: int | Sequence[Any] | None = None,
         calib: str | os.PathLike | Sequence[Any] | None = None, keep: Sequence[str] = (), max_float: int | None = None,
         config_out: str | os.PathLike | None = None, seed: int = 0, naive: bool = False, rank_report: Any = None,
-        exporter: str = "dynamo", on_step: Callable[[FixStep], None] | None = None) -> FixReport:
+        exporter: str = "dynamo", on_step: Callable[[FixStep], None] | None = None,
+        sample_options: SampleOptions | None = None) -> FixReport:
     """Convert ``ref`` to ``to`` (``fp16`` or ``int8``) keeping the fewest modules in float32 that meet ``target``.
 
     Args:
@@ -165,6 +167,9 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
         rank_report: a comparison of a plain conversion with REF to rank by (else one is made).
         exporter: how a PyTorch ``ref`` is exported (``dynamo`` or ``torchscript``).
         on_step: called with each step as it is measured.
+        sample_options: ``samples`` and ``seed`` as an object (:class:`~layertap.options.SampleOptions`;
+            its ``inputs`` is a folder / ``.npz`` of samples, ``limit`` reads its first N); a keyword not
+            left at its default replaces the object's field.
 
     Returns:
         A :class:`FixReport` (``.ok``, ``.kept``, ``.nodes``, ``.steps``).
@@ -180,16 +185,18 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
     if to not in FORMATS:
         raise LayertapError(f"unknown conversion --to {to!r}; use one of {', '.join(FORMATS)}")
     goal = Target.parse(target)
+    sampling = SampleOptions.merged(sample_options, samples=samples, seed=seed)
+    given: Any = sampling.inputs if sampling.inputs is not None else sampling.samples
     if max_float is not None and (not isinstance(max_float, int) or max_float < 0):
         raise LayertapError(f"--max-float must be a number of modules (nodes, in a file without module scopes) >= 0, "
                             f"got {max_float!r}")
     with tempfile.TemporaryDirectory(prefix="layertap-fix-") as tmp:
         folder = Path(tmp)
-        ref_path = _reference_file(ref, args, samples, folder, exporter)
+        ref_path = _reference_file(ref, args, given, folder, exporter)
         out_path = _check_out(out, ref_path, config_out)
         model = _load(ref_path)
         declared = Declared.of(model)
-        feeds = _feeds(model, declared, args, samples, seed)
+        feeds = _feeds(model, declared, args, given, sampling)
         calib_feeds = _calib(calib, declared, feeds) if to == "int8" else []
         modules = units_of(model)
         notes = _unit_notes(modules)
@@ -248,6 +255,8 @@ def _reference_file(ref: Any, args: Any, samples: Any, folder: Path, exporter: s
             raise LayertapError(f"ONNX file '{path}' does not exist")
         return path
     if args is None and isinstance(samples, (str, os.PathLike)):
+        from ..pytorch.example_inputs import example_from_samples
+
         args = example_from_samples(ref, samples)
     if args is None:
         raise LayertapError("a PyTorch reference needs one sample to export with (args=...)")
@@ -285,16 +294,17 @@ def _load(path: Path) -> Any:
     return mf.model
 
 
-def _feeds(model: Any, declared: list[Declared], args: Any, samples: Any, seed: int) -> list[dict[str, Any]]:
-    """The comparison samples: given ones, a folder / ``.npz``, or ``N`` random (default 1)."""
+def _feeds(model: Any, declared: list[Declared], args: Any, samples: Any, sampling: SampleOptions) -> list[dict[str, Any]]:
+    """The comparison samples: given ones, a folder / ``.npz`` (its first ``sampling.limit``), or ``N``
+    random (default 1, seeds after ``sampling.seed``)."""
     if isinstance(samples, (str, os.PathLike)):
-        return read_samples(samples, declared, "--inputs")
+        return read_samples(samples, declared, "--inputs", limit=sampling.limit)
     given = [args] if args is not None else []
     if samples is not None and not isinstance(samples, int):
         given += list(samples)
     feeds = as_feeds(given, declared, "input")
     n = samples if isinstance(samples, int) else (0 if feeds else 1)
-    feeds += random_feeds(model, declared, max(n - len(feeds), 0), seed + len(feeds))
+    feeds += random_feeds(model, declared, max(n - len(feeds), 0), sampling.seed + len(feeds))
     if not feeds:
         raise LayertapError("no samples to compare on; give samples=N or a samples folder")
     return feeds

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 from ..errors import LayertapError, printable, unknown_name
 from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
 from ..onnxfile.modelfile import ModelFile
+from ..options import RuntimeOptions
 from .repro_files import MARKER, check_package, finish_package, write_package
 
 
@@ -81,7 +82,8 @@ class ReproReport:
 def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None = None, *, out: str | os.PathLike = "repro",
           module: str | None = None, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL, kwargs: dict | None = None,
           method: str = "forward", ort_optimizations: bool = True, allow_different_weights: bool = False,
-          command: str | None = None, progress: Any = None, samples: Sequence[Any] | None = None) -> ReproReport:
+          command: str | None = None, progress: Any = None, samples: Sequence[Any] | None = None,
+          runtime_options: RuntimeOptions | None = None) -> ReproReport:
     """Write a minimal package that reproduces one module call's mismatch between ``ref`` and ``cand``.
 
     Args:
@@ -95,6 +97,8 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
         command: the command line the README names (default: this call).
         samples: several samples instead of ``args``: all are compared, and the one where the
             call's error is worst is packaged (README.md and repro.json name it).
+        runtime_options: what runs each file in the comparisons (:class:`~layertap.options.RuntimeOptions`);
+            ``ort_optimizations`` not left at its default replaces its field.
 
     Returns:
         A :class:`ReproReport` (``.module``, ``.error``, ``.files``, ``.reproduced``).
@@ -123,7 +127,8 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
     if path is not None:
         path = _check_known(ref, cand, path)
     target = _check_out(out, [p for p in (_source_path(ref), _source_path(cand)) if p is not None])
-    options = dict(rtol=rtol, atol=atol, kwargs=kwargs, method=method, ort_optimizations=ort_optimizations,
+    runs = RuntimeOptions.merged(runtime_options, ort_optimizations=ort_optimizations)
+    options = dict(rtol=rtol, atol=atol, kwargs=kwargs, method=method, runtime_options=runs,
                    allow_different_weights=allow_different_weights, progress=progress)
     sample = None
     if samples is not None and len(samples) > 1:

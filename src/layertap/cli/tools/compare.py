@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ...errors import LayertapError, OnnxFileError, printable
+from ...options import SampleOptions
 from ...runtimes import is_ir
 from ..args import (
     Args,
@@ -37,7 +38,8 @@ class CompareOptions:
     samples: int | None
     outputs: dict[str, Path]  # "plot", "fp16", "inputs" (--save-inputs): checked paths
     node_data: str | None
-    library: dict[str, Any]  # compare()'s keyword options
+    library: dict[str, Any]  # compare()'s keyword options (the rule, modules, memory)
+    sampling: SampleOptions = field(default_factory=SampleOptions)  # --inputs, --limit, ..., --save-inputs
 
 
 class CompareTool(Tool):
@@ -88,14 +90,6 @@ class CompareTool(Tool):
         g.add_argument("--fp16-block-list", metavar="FILE.json",
                        help="write the ONNX node names that should stay float32, for onnxconverter_common's "
                             "float16 converter (convert_float_to_float16's node_block_list)")
-        g.add_argument("--providers", metavar="EP[,EP]", default=None,
-                       help="ONNX Runtime execution providers of an ONNX reference (CUDA, TensorRT, OpenVINO, CoreML; default CPU)")
-        g.add_argument("--cand-providers", metavar="EP[,EP]", default=None,
-                       help="execution providers of the candidate (default CPU)")
-        g.add_argument("--no-ort-opt", action="store_true",
-                       help="run the candidate with ORT graph optimisations disabled (exposed outputs can change its fusions)")
-        g.add_argument("--ref-no-ort-opt", action="store_true",
-                       help="run an ONNX reference with ORT graph optimisations disabled")
         g.add_argument("--memory-budget", type=positive_int, default=1024, metavar="MB",
                        help="MB of intermediates held at once on each side; PyTorch values beyond it spill to a "
                             "temporary folder and ONNX Runtime runs in more, smaller batches (default 1024)")
@@ -124,7 +118,9 @@ class CompareTool(Tool):
                 raise LayertapError(f"{flag} applies to the samples of --inputs PATH; give --inputs too")
         args.reads = (ns.onnx, ns.model) if ref_onnx else (ns.onnx,)
         outputs = _check_outputs(ns, args.reads)
-        return CompareOptions(ns.onnx, ns.inputs, ns.samples, outputs, ns.node_data, _options(ns))
+        sampling = SampleOptions(inputs=ns.inputs, limit=ns.limit, columns=ns.columns, image_size=ns.image_size,
+                                 mean=ns.mean, std=ns.std, save_inputs=ns.save_inputs, seed=ns.seed)
+        return CompareOptions(ns.onnx, ns.inputs, ns.samples, outputs, ns.node_data, _options(ns), sampling)
 
     def run(self, args: Args) -> int:
         opts: CompareOptions = args.own
@@ -133,12 +129,13 @@ class CompareTool(Tool):
 
         from ...comparing import compare
 
-        library, used = _keeping_inputs(opts)
+        sampling, used = _keeping_inputs(opts)
         try:
             with StepProgress(enabled=sys.stderr.isatty()) as progress:
                 report = compare(ref, sample_args, cand, samples=samples, kwargs=kwargs, progress=progress,
                                  method=args.model.method, rtol=tol.rtol if tol.given else None,
-                                 atol=tol.atol if tol.given else None, seed=args.inputs.seed, **library, **args.runtime)
+                                 atol=tol.atol if tol.given else None, runtime_options=args.runtime,
+                                 sample_options=sampling, **opts.library)
             _write_outputs(args, report, cand)
             self.print_table(report, as_json=args.json)
             if "fp16" in opts.outputs:
@@ -237,10 +234,9 @@ class _UsedInputs:
     def load(self, ref: Any, cand: Any, onnx_ref: bool) -> list[Any]:
         """The samples as compare's ``inputs=`` reads them (dicts by input name for an ONNX
         reference, else arguments in the candidate's input order)."""
-        from ...comparing.api import read_inputs
+        from ...comparing.api import reference_samples
 
-        return list(read_inputs(ref, cand, onnx_ref, None, None, self.path, None, limit=None, columns=None,
-                                recipe=(None, None, None, None))[3])
+        return list(reference_samples(ref, cand, onnx_ref, None, SampleOptions(inputs=self.path))[3])
 
     def close(self) -> None:
         if self.folder is not None:
@@ -249,14 +245,13 @@ class _UsedInputs:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _keeping_inputs(opts: CompareOptions) -> tuple[dict[str, Any], _UsedInputs | None]:
-    """The library options, with the samples read from ``--inputs`` kept when ``--fp16-block-list`` needs them."""
-    library = dict(opts.library)
-    if "fp16" not in opts.outputs or library.get("inputs") is None:
-        return library, None
-    used = _UsedInputs(None if library.get("save_inputs") is None else str(library["save_inputs"]))
-    library["save_inputs"] = used.path
-    return library, used
+def _keeping_inputs(opts: CompareOptions) -> tuple[SampleOptions, _UsedInputs | None]:
+    """The sample options, with the samples read from ``--inputs`` kept when ``--fp16-block-list`` needs them."""
+    sampling = opts.sampling
+    if "fp16" not in opts.outputs or sampling.inputs is None:
+        return sampling, None
+    used = _UsedInputs(None if sampling.save_inputs is None else str(sampling.save_inputs))
+    return replace(sampling, save_inputs=used.path), used
 
 
 def _block_list(args: Args, report: Any, cand: Any, ref: Any, samples: tuple[Any, Any]) -> None:
@@ -288,6 +283,7 @@ def _options_text() -> str:
 
 
 def _options(ns: argparse.Namespace) -> dict[str, Any]:
+    """compare()'s keyword options beside its option objects: the rule, modules, memory, decode steps."""
     from ...metrics import DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB
 
     return dict(
@@ -297,21 +293,10 @@ def _options(ns: argparse.Namespace) -> dict[str, Any]:
         check_finite=ns.check_finite,
         local=ns.local,
         modules=ns.module,
-        providers=ns.providers,
-        cand_providers=ns.cand_providers,
-        ort_optimizations=not ns.no_ort_opt,
-        ref_ort_optimizations=not ns.ref_no_ort_opt,
         batch_outputs=ns.batch_outputs,
         memory_budget=ns.memory_budget << 20,
         allow_different_weights=ns.allow_different_weights,
         **({"steps": ns.steps} if ns.steps is not None else {}),
-        inputs=ns.inputs,
-        limit=ns.limit,
-        columns=ns.columns,
-        image_size=ns.image_size,
-        mean=ns.mean,
-        std=ns.std,
-        save_inputs=ns.save_inputs,
     )
 
 
@@ -337,7 +322,8 @@ def _torch_inputs(args: Args, opts: CompareOptions, cand: _Candidate) -> tuple[A
         from ...pytorch.preprocessing import zoo_recipe
 
         spec = args.model.text
-        opts.library["preprocess"] = zoo_recipe(spec) if spec.startswith("torchvision:") else None  # timm: the module's
+        preprocess = zoo_recipe(spec) if spec.startswith("torchvision:") else None  # timm: the module's
+        opts.sampling = replace(opts.sampling, preprocess=preprocess)
         from ..console import status
 
         with status(f"loading {spec}"):

@@ -12,10 +12,10 @@ from pathlib import Path
 from ...errors import LayertapError
 from ...formats import fmt_shape
 from ...tables import Column, Table
-from ..args import Args, InputArgs, ModelArgs, OutputArgs, ReportArgs, RuntimeArgs, TapArgs
+from ..args import Args, DatasetArgs, InputArgs, ModelArgs, OutputArgs, ReportArgs, RuntimeArgs, TapArgs
 from ..console import status
 from .base import Tool, running
-from .extract_dataset import DatasetArgs, run_dataset
+from .extract_dataset import run_dataset
 
 
 def to_numpy(tensors: dict) -> tuple[dict, list[str]]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import LayertapError, OnnxFileError
+from ...options import SampleOptions
 from ..args import Args, InputArgs, ModelArgs, ToleranceArgs, is_onnx_path
 from ..console import StepProgress
 from .base import Tool
@@ -58,11 +59,10 @@ class ReproTool(Tool):
         opts: CompareOptions = args.own
         cand, ref, sample_args, kwargs, samples = sides(args, opts)
         if opts.inputs is not None:  # every sample of --inputs, read as compare reads them
-            from ...comparing.api import read_inputs
+            from ...comparing.api import reference_samples
 
-            recipe = (opts.library.get("preprocess"), None, None, None)
-            ref, cand, _, samples = read_inputs(ref, cand, args.model.is_onnx, None, None, opts.inputs, None, limit=None,
-                                                columns=None, recipe=recipe)
+            sampling = SampleOptions(inputs=opts.inputs, preprocess=opts.sampling.preprocess)
+            ref, cand, _, samples = reference_samples(ref, cand, args.model.is_onnx, None, sampling)
         if samples is not None:
             samples = _given(samples)
         from ...repair.repro import repro

@@ -57,13 +57,13 @@ class RunTool(Tool):
 
         inputs = _inputs(args.inputs.specs)
         notes: list[str] = []  # said once the run succeeded: an error names generated inputs itself
-        values = run(args.own, inputs, taps=args.tap_texts, seed=args.inputs.seed, notify=notes.append, **args.runtime)
+        values = run(args.own, inputs, taps=args.tap_texts, seed=args.inputs.seed, notify=notes.append, **args.runtime.one_file())
         if args.output:
             save_arrays(args.output, values, notify=notes.append)
         for note in notes:
             self.say(note)
         table = RunTable([_row(k, v) for k, v in values.items()])
-        if args.runtime.get("runtime") == "openvino":
+        if args.runtime.runtime == "openvino":
             table.__dict__["title"] = "OpenVINO outputs"
         self.print_table(table, as_json=args.json)
         if args.output and not args.json:

@@ -1,29 +1,23 @@
-"""Many inputs for ``lt.compare``: reading ``--inputs`` (through :mod:`layertap.data.sources`,
-as ``extract --data`` reads), writing ``--save-inputs``, and merging per-sample rows into
-one row per module call (worst sample kept).
+"""Samples from a path and to one: ``--inputs`` (``inputs=``: one ``.npz``/``.npy``, or any folder
+``extract --data`` reads, through :mod:`.sources`) and ``--save-inputs`` (``save_inputs=``: the
+feeds compared, as one ``.npz`` that ``--inputs`` reads back the same).
 
 numpy only: an ONNX-vs-ONNX comparison never imports torch.
 """
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from ..errors import InputSpecError, LayertapError
-from ..metrics import Criterion
-from .rows import CompareRow
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..data.images import Preprocess
-
-Sample = dict[str, np.ndarray] | list[np.ndarray]
+    from .images import Preprocess
 
 
 def load_samples(path: str | os.PathLike, input_names: Sequence[str], input_ranks: Sequence[int | None], *,
@@ -32,7 +26,7 @@ def load_samples(path: str | os.PathLike, input_names: Sequence[str], input_rank
     """The samples of ``--inputs PATH`` (at most ``limit``), as dicts by input name.
 
     PATH is one ``.npz`` (one sample per leading index of its arrays) or ``.npy``, or any
-    folder ``extract --data`` reads (:func:`layertap.data.sources.open_source`): ``.npy``/``.npz``
+    folder ``extract --data`` reads (:func:`layertap.samples.sources.open_source`): ``.npy``/``.npz``
     files (one sample each), images (``preprocess()`` gives the recipe) or a ``datasets``
     folder (``columns`` picks its input columns). A ``.npz`` names its arrays after the inputs
     (or ``arr_0``.. in input order); a ``.npy`` or a lone column is the single input of a
@@ -110,7 +104,7 @@ def _folder_samples(root: Path, input_names: Sequence[str], input_ranks: Sequenc
                     preprocess: Callable[[], Preprocess | None], columns: Sequence[str] | None,
                     limit: int | None) -> list[dict[str, np.ndarray]]:
     """Every sample of a folder, read as ``extract --data`` reads it, fitted to the inputs."""
-    from ..data.sources import Bad, MapSource, open_source
+    from .sources import Bad, MapSource, open_source
 
     source = open_source(root, preprocess, columns=columns, same_shape=True, flag="--inputs")
     assert isinstance(source, MapSource)  # a path opens as a folder
@@ -160,89 +154,3 @@ def save_samples(path: str | os.PathLike, feeds: Sequence[dict[str, np.ndarray]]
         batch_of_one = values[0].ndim > 0 and values[0].shape[0] == 1
         stacked[name] = np.concatenate(values) if batch_of_one else np.stack(values)
     return save_arrays(path, stacked)
-
-
-def given_samples(args: Any, samples: Any) -> tuple[list[Any], int]:
-    """``compare``'s ``args`` and ``samples`` as the samples given and how many more to draw at
-    random: ``samples=N`` adds ``N - 1`` to ``args`` (``N`` without ``args``), a list replaces
-    ``args``. Raises :class:`~layertap.errors.LayertapError` for ``N < 1`` or an empty list.
-
-    Example:
-        >>> given_samples("x", 3), given_samples(None, None), given_samples("x", ["a", "b"])
-        ((['x'], 2), ([], 1), (['a', 'b'], 0))
-    """
-    given = [] if args is None else [args]
-    if isinstance(samples, int) and not isinstance(samples, bool):
-        if samples < 1:
-            raise LayertapError(f"samples must be a positive number, got {samples!r}")
-        return given, samples - len(given)
-    if samples is not None:
-        given = list(samples)
-        if not given:
-            raise LayertapError("samples is empty: give at least one sample")
-        return given, 0
-    return given, 0 if given else 1
-
-
-# ---------------------------------------------------------------------------
-# merging rows over samples
-# ---------------------------------------------------------------------------
-def badness(row: CompareRow, metric: str) -> float:
-    """How bad a compared row is by the deciding metric (higher is worse; NaN is worst)."""
-    value = {"cosine": row.cosine, "sqnr": row.sqnr_db}.get(metric, row.rel_err)
-    if value is None:
-        return -math.inf
-    if isinstance(value, float) and math.isnan(value):
-        return math.inf
-    return -value if metric in ("cosine", "sqnr") else value
-
-
-def merge_samples(per_sample: Sequence[Sequence[CompareRow]], criterion: Criterion) -> tuple[list[CompareRow], dict[str, int]]:
-    """One row per module call over all samples, and how often each was the first divergence.
-
-    A row is the worst sample's row (by ``criterion.metric``) with ``worst_sample`` set;
-    it fails when any sample failed (a failing sample beats a passing one). Rows keep the
-    order of the first sample that has them.
-
-    Example:
-        >>> from layertap.comparing.rows import PASS, FAIL
-        >>> a = [CompareRow("fc", "fc", 0, "Linear", [1], 0.0, 0.0, PASS, True)]
-        >>> b = [CompareRow("fc", "fc", 0, "Linear", [1], 1.0, 0.5, FAIL, False)]
-        >>> rows, counts = merge_samples([a, b], Criterion())
-        >>> rows[0].status, rows[0].worst_sample, counts
-        ('FAIL', 1, {'fc': 1})
-    """
-    order: list[str] = []
-    best: dict[str, tuple[CompareRow, int]] = {}
-    local: dict[str, float] = {}
-    firsts: collections.Counter[str] = collections.Counter()
-    for s, rows in enumerate(per_sample):
-        first = next((r.name for r in rows if r.ok is False), None)
-        if first is not None:
-            firsts[first] += 1
-        for r in rows:
-            if r.name not in best:
-                order.append(r.name)
-                best[r.name] = (r, s)
-            elif _worse(r, best[r.name][0], criterion.metric):
-                best[r.name] = (r, s)
-            if r.local_rel is not None:
-                local[r.name] = max(local.get(r.name, -math.inf), r.local_rel)
-    merged = []
-    for name in order:
-        row, s = best[name]
-        fields: dict[str, Any] = {"worst_sample": s if len(per_sample) > 1 and row.ok is not None else None}
-        if name in local:
-            fields["local_rel"] = local[name]
-        # a copy only where a field changes (with one sample, none does)
-        changed = any(getattr(row, k) != v for k, v in fields.items())
-        merged.append(dataclasses.replace(row, **fields) if changed else row)
-    return merged, dict(firsts)
-
-
-def _worse(a: CompareRow, b: CompareRow, metric: str) -> bool:
-    if (a.ok is False) != (b.ok is False):
-        return a.ok is False
-    if b.ok is None and a.ok is not None:
-        return True
-    return badness(a, metric) > badness(b, metric)

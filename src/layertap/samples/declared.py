@@ -1,15 +1,15 @@
-"""Samples for ``layertap fix``: the comparison samples and the calibration samples, as feeds of
-the float32 file (input name -> array with its batch axis), checked against the file's declared
-inputs before any conversion. Folders are read as ``extract --data`` reads them
-(:mod:`layertap.data.sources`: images, ``.npy``/``.npz`` files, ``datasets`` folders); one
-``.npz`` holds one sample per leading index."""
+"""Samples as feeds of a file's declared inputs: ``Declared`` (a file's inputs), ``as_feeds`` (given
+samples checked and cast against them), ``read_samples`` (``fix``'s ``--inputs``/``--calib``: a folder
+read as ``extract --data`` reads it, through :mod:`.sources`, or one ``.npz``), ``read_inputs``
+(``compare``'s ``--inputs``: read for the file whose inputs the samples feed, with its image recipe)
+and ``random_feeds`` (:func:`.drawn.random_for_file` on a file's declared inputs)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from ..onnxfile.shapes import input_dims
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
+
+    from ..options import SampleOptions
+    from .images import Preprocess
 
 Feed = dict[str, np.ndarray]
 
@@ -84,13 +87,13 @@ def read_samples(path: str | os.PathLike, declared: list[Declared], what: str, l
     at most ``limit``; images are resized and centre-cropped to the input's size (pixels in [0, 1])."""
     p = Path(path)
     if p.is_file() and p.suffix == ".npz":
-        from ..comparing.samples import load_samples
+        from .loading import load_samples
 
         samples: list[Any] = load_samples(p, [d.name for d in declared], [len(d.dims) for d in declared])
         return as_feeds(samples[:limit], declared, what)
     if not p.exists():
         raise LayertapError(f"{what} '{p}' does not exist (give a folder of images, .npy/.npz files, a datasets folder, or one .npz)")
-    from ..data.sources import Bad, MapSource, open_source
+    from .sources import Bad, MapSource, open_source
 
     source = cast(MapSource, open_source(p, lambda: _preprocess(declared)))  # a path always opens by index
     n = len(source) if limit is None else min(limit, len(source))
@@ -101,50 +104,9 @@ def read_samples(path: str | os.PathLike, declared: list[Declared], what: str, l
     return as_feeds(loaded, declared, what)
 
 
-def example_from_samples(model: Any, path: str | os.PathLike) -> tuple[Any, ...]:
-    """The first sample of ``--inputs PATH`` as the tensors a PyTorch model is exported with, when no
-    ``--input`` gives its shape: its arrays fill ``forward``'s parameters that have no default, in
-    order (or by name). No file says the inputs' ranks yet, so the sample is tried with a batch axis
-    of 1 before it (a ``.npz`` row, an image), then as stored (a row that holds its own batch axis):
-    the first layout the model runs on is taken, and the samples are then read against the
-    exported file's inputs as for any file.
-
-    Raises:
-        LayertapError: the file holds no sample, or the model runs on neither layout (naming both).
-    """
-    import inspect
-
-    import torch
-
-    from ..comparing.samples import load_samples
-    from ..errors import first_line
-
-    p = Path(path)
-    params = inspect.signature(model.forward).parameters.values()
-    names = [q.name for q in params if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD) and q.default is q.empty]
-    names = names or ["input"]
-    first = load_samples(p, names, [None] * len(names), limit=1)
-    if not first:
-        raise LayertapError(f"--inputs '{p}' holds no sample to export the model with; give --input SHAPE")
-    rows = p.is_file() and p.suffix == ".npz"  # a .npz row keeps its leading axis: its own layout is a[i]
-    stored = [first[0][n][0] if rows else first[0][n] for n in names]
-    errors: list[str] = []
-    for layout in ([a[None] for a in stored], stored):
-        args = tuple(torch.from_numpy(np.array(a)) for a in layout)
-        try:
-            with torch.no_grad():
-                model(*args)
-        except Exception as e:  # noqa: BLE001 - the model's own error, said in one line below
-            errors.append(f"{' '.join('x'.join(map(str, a.shape)) for a in layout)} ({type(e).__name__}: {first_line(e)})")
-            continue
-        return args
-    raise LayertapError(f"--inputs '{p}': the model runs on its first sample neither with a batch axis nor as stored: "
-                        f"{'; '.join(errors)}; give --input SHAPE")
-
-
 def _preprocess(declared: list[Declared]) -> Any:
     """Images fit the first 4-D input's height and width (``N,C,H,W`` with fixed H and W)."""
-    from ..data.images import from_options
+    from .images import from_options
 
     for d in declared:
         if len(d.dims) == 4 and all(isinstance(x, int) and x > 0 for x in d.dims[2:]):
@@ -154,9 +116,52 @@ def _preprocess(declared: list[Declared]) -> Any:
 
 def random_feeds(model: "onnx.ModelProto", declared: list[Declared], n: int, seed: int) -> list[Feed]:
     """``n`` seeded random samples of the file's inputs (other symbolic sizes 1; token ids below
-    the table they index), as ``compare`` draws them."""
-    from ..inputs import random_samples
+    the table they index), as ``compare`` draws them (:func:`.drawn.random_for_file`)."""
     from ..onnxfile.feeds import integer_bounds
+    from .drawn import random_for_file
 
     bounds = integer_bounds(model.graph, [d.name for d in declared])
-    return random_samples(n, [(d.name, list(d.dims), d.dtype) for d in declared], seed + 1, symbolic=1, int_high=bounds)
+    draw = random_for_file(seed)
+    return draw([(d.name, d.dtype) for d in declared], {d.name: d.dims for d in declared}, bounds, n)
+
+
+def read_inputs(ref: Any, cand: Any, onnx_ref: bool, args: Any, sampling: SampleOptions,
+                zoo: Callable[[], Preprocess | None] = lambda: None) -> tuple[Any, Any, Any, Any]:
+    """``(ref, cand, args, samples)`` with ``sampling.inputs`` read for the file whose inputs the
+    samples feed (an ONNX reference's, else the candidate's), each sample a dict in that file's input
+    order (``limit``, ``columns``, the image recipe of ``sampling``; ``zoo()``: the model's own recipe);
+    the files come back read, so nothing reads them twice. ``sampling.save_inputs`` is checked."""
+    from ..files.writes import check_output_path
+    from ..onnxfile.feeds import declared_inputs
+    from ..onnxfile.modelfile import model_file
+
+    inputs, save_inputs = sampling.inputs, sampling.save_inputs
+    if save_inputs is not None:
+        check_output_path(save_inputs, inputs=(inputs,) if inputs is not None else (), suffixes=(".npz",))
+    if inputs is None:
+        return ref, cand, args, sampling.samples
+    if args is not None or sampling.samples is not None:
+        raise LayertapError("give the samples one way: inputs=PATH (--inputs), or args/samples (--input/--samples)")
+    from .loading import load_samples
+
+    cand = model_file(cand)
+    ref = model_file(ref) if onnx_ref else ref
+    graph = (ref if onnx_ref else cand).model.graph
+    names, ranks = declared_inputs(graph)
+    preprocess = _recipe(graph, zoo, sampling.image_size, sampling.mean, sampling.std)
+    return ref, cand, None, load_samples(inputs, names, ranks, preprocess=preprocess, columns=sampling.columns,
+                                         limit=sampling.limit)
+
+
+def _recipe(graph: Any, zoo: Callable[[], Preprocess | None], image_size: Any, mean: Any, std: Any
+            ) -> Callable[[], Preprocess | None]:
+    """The image recipe, found only when images turn up: ``--image-size``, else ``zoo()`` (the model's
+    own: ``preprocess=``, a zoo config), else the fixed image size of the file the images feed
+    (``graph``); ``--mean``/``--std`` replace the normalisation."""
+    def recipe() -> Preprocess | None:
+        from ..onnxfile.feeds import image_input_size
+        from .images import choose_recipe
+
+        return choose_recipe(image_size, mean, std, zoo, lambda: image_input_size(graph))
+
+    return recipe
