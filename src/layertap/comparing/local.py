@@ -81,7 +81,8 @@ class LocalGraph:
                 return nodes, entering
         # a tensor row (no module scopes): the nodes that make it, from the reference's tensor of that
         # name through the conversion after it (a QDQ file's Q/DQ pair), so its own node is in the part
-        chains = [s for t in tensors for s in self._made_from(t, path)]
+        name = path if self.smap.source == "none" else ""  # a module path may equal a tensor name (dynamo's relu)
+        chains = [s for t in tensors for s in self._made_from(t, name)]
         nodes = sorted({self.producer[s] for s in chains if s in self.producer})
         return nodes, self.facts.entering(nodes)
 
