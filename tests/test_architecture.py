@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "layertap"
-CORE = {"errors", "selectors", "tables", "formats", "inputs", "files", "data", "specs", "metrics"}
+CORE = {"errors", "selectors", "tables", "text", "inputs", "files", "data", "specs", "metrics"}
 # part -> parts it may import (itself always). ``core`` is the top-level modules above.
 ALLOWED = {
     "core": {"core"},

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from ..formats import fmt_db, fmt_float, fmt_shape, token_grid
+from ..text import fmt_db, fmt_float, fmt_shape, token_grid
 from .html import cards, esc, field, grid_table, notes_list, section, verdict
 from .svg import FAIL_COLOR, LOCAL_COLOR, PASS_COLOR, TOL_COLOR, Axis, ErrorPoint, error_chart, error_chart_vertical
 from .tree import Node, nest, render_tree
