@@ -22,9 +22,12 @@ ALLOWED = {
     "comparing": {"core", "pytorch", "onnxfile", "runtimes"},
     "reports": {"core", "onnxfile"},
     "dataset": {"core", "pytorch", "onnxfile", "reports", "runtimes"},
-    "repair": {"core", "pytorch", "onnxfile", "runtimes", "exporting", "comparing"},
-    "cli": {"core", "pytorch", "onnxfile", "runtimes", "exporting", "comparing", "reports", "dataset", "repair"},
-    "root": {"core", "pytorch", "onnxfile", "runtimes", "exporting", "comparing", "reports", "dataset", "repair", "cli"},  # layertap/__init__.py, __main__.py
+    "fixing": {"core", "pytorch", "onnxfile", "runtimes", "exporting", "comparing"},
+    "reproducing": {"core", "onnxfile", "runtimes", "comparing"},
+    "cli": {"core", "pytorch", "onnxfile", "runtimes", "exporting", "comparing", "reports", "dataset", "fixing",
+            "reproducing"},
+    "root": {"core", "pytorch", "onnxfile", "runtimes", "exporting", "comparing", "reports", "dataset", "fixing",
+             "reproducing", "cli"},  # layertap/__init__.py, __main__.py
 }
 # Parts any other part may import inside a function only: the HTML renderers
 # behind ``_repr_html_`` (a report object draws itself with them when asked).
