@@ -53,8 +53,9 @@ from ..onnxfile.modelfile import ModelFile
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..data.images import Preprocess
+from ..runtimes.ort import FUSION_NOTE
 from .driver import Progress, compare_sides
-from .onnx_side import FUSION_NOTE, OrtSide
+from .onnx_side import OrtSide
 from .rows import CompareReport
 from .samples import given_samples, load_samples, save_samples
 
@@ -283,7 +284,7 @@ def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike |
         save_samples(save, reference.feeds)
     report = compare_sides(reference, cand_side, criterion=options["criterion"], local=local,
                            memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
-                           ort_optimizations=cand_rt.optimize if cand_rt.name == "ort" else True, reference=_shown(ref),
+                           ort_optimizations=cand_rt.optimize, reference=_shown(ref),
                            runtimes={"reference": ref_side.describe().to_dict(), "candidate": cand_side.describe().to_dict()})
     # again after the runs: what each side ran on (ORT leaves out a provider that fails to load)
     report.runtimes.update(reference=ref_side.describe().to_dict(), candidate=cand_side.describe().to_dict())
