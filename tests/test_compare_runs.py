@@ -84,8 +84,8 @@ def test_sample_dependent_overflow_found_on_the_right_sample(big):
 def test_fp16_block_list_round_trip(big, tmp_path):
     """The written list, given to convert_float_to_float16 with the options it names, makes the comparison pass."""
     import layertap as lt
-    from layertap.repair.convert import FP16_OPTIONS
-    from layertap.repair.fix import write_block_list
+    from layertap.fixing.convert import FP16_OPTIONS
+    from layertap.fixing.fix import write_block_list
 
     _, _, fp32, fp16 = big
     samples = _samples([20.0])

@@ -155,8 +155,8 @@ def test_fp16_prunes_the_readers_of_an_overflowing_value_when_the_target_holds_w
 def test_int8_tiny_cnn_calibrated_on_a_folder_and_excluded_nodes_taken_by_quantize_static(cnn, tmp_path):
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
-    from layertap.repair.configs import Target
-    from layertap.repair.search import _run_all, _session
+    from layertap.fixing.configs import Target
+    from layertap.fixing.search import _run_all, _session
 
     path, folder = cnn
     cfg = tmp_path / "cfg"  # not there yet: fix makes it
@@ -209,7 +209,7 @@ def test_unreachable_target_exits_1_with_the_best_set(cnn, tmp_path, capsys):
 
 
 def test_calibration_of_the_wrong_shape_is_exit_2_before_any_conversion(cnn, tmp_path, capsys, monkeypatch):
-    from layertap.repair.convert import Converter
+    from layertap.fixing.convert import Converter
 
     path, _ = cnn
     bad = tmp_path / "bad"
@@ -232,7 +232,7 @@ def test_compare_fp16_block_list_now_fixes_the_overflow_model(overflow, tmp_path
     the Linear as the plain one did; now the list comes from converted and verified sets."""
     from onnxconverter_common import float16
 
-    from layertap.repair.convert import FP16_OPTIONS
+    from layertap.fixing.convert import FP16_OPTIONS
 
     fp32, fp16 = overflow
     folder = tmp_path / "samples"

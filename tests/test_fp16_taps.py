@@ -104,7 +104,7 @@ def test_fix_fp16_of_a_tapped_export_loads_runs_and_matches_float32(tapped, tmp_
 
 
 def test_compare_fp16_block_list_of_a_tapped_export(tapped, tmp_path, capsys):
-    from layertap.repair.convert import Converter
+    from layertap.fixing.convert import Converter
 
     plain = Converter("fp16", tmp_path).convert(onnx.load(str(tapped)), [], tmp_path / "plain.onnx")
     block = tmp_path / "block.json"
@@ -121,7 +121,7 @@ def test_compare_fp16_block_list_of_a_tapped_export(tapped, tmp_path, capsys):
 def test_kept_nodes_that_make_or_read_a_tap(in_range, tmp_path, kept):
     """A tap made by a node kept in float32 and read by float16 nodes is read through a Cast to
     float16; one made in float16 and read by kept nodes, in float32."""
-    from layertap.repair.convert import Converter
+    from layertap.fixing.convert import Converter
 
     model = onnx.load(str(in_range))
     outs = {o.name for o in model.graph.output}
@@ -169,7 +169,7 @@ def test_model_outputs_declared_again_in_value_info(tmp_path, kept):
     import onnx.helper as h
     from onnx import TensorProto
 
-    from layertap.repair.convert import Converter
+    from layertap.fixing.convert import Converter
 
     def vi(name):
         return h.make_tensor_value_info(name, TensorProto.FLOAT, ["n", 4])

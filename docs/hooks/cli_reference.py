@@ -48,7 +48,7 @@ def api_markdown() -> str:
 
 
 def _defined_at(module: str, name: str) -> str:
-    """``layertap.repair.fix.fix`` for ``(".repair", "fix")``: where the package imports a name
+    """``layertap.fixing.fix.fix`` for ``(".fixing", "fix")``: where the package imports a name
     from a subpackage that has a submodule of the same name, the dotted path would name the module."""
     path = "layertap" + module
     folder = SRC.joinpath(*path.split("."))

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal, Sequence
 
 from .errors import printable
-from .formats import field
 from .metrics import DEFAULT_ATOL, DEFAULT_RTOL
+from .text import field
 
 
 @dataclass(frozen=True)

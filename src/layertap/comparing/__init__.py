@@ -5,7 +5,7 @@ The parts, each importing the others by their public names:
 * :mod:`.api` - ``compare`` itself: options, samples, the two sides;
 * :mod:`.driver` - the one driver: samples in batches, rows, local errors, notes;
 * :mod:`.torch_ref`, :mod:`.onnx_ref` - the two references (a hooked model; an ONNX file in ORT);
-* :mod:`.report` - :class:`CompareRow`, :class:`CompareReport`, row statuses, :func:`pair_tensors`;
+* :mod:`.rows` - :class:`CompareRow`, :class:`CompareReport`, row statuses, :func:`pair_tensors`;
 * :mod:`.torch_side` - the hooked PyTorch run and the value store that spills to disk;
 * :mod:`.onnx_side` - ONNX Runtime runs in batches, feeds, the file's scopes under the model's paths;
 * :mod:`.align` - module calls <-> ONNX tensors (the plan), batches, rows;

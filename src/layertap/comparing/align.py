@@ -12,8 +12,8 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
-from ..formats import fmt_shape
 from ..metrics import Criterion, ErrorStats
+from ..text import fmt_shape
 from .rows import ABSORBED, FAIL, NO_COUNTERPART, PASS, CompareRow, merge_stats, pair_tensors, same_shape, stat_fields
 from .torch_side import ArrayStore, ModuleCall
 

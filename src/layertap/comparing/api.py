@@ -51,11 +51,12 @@ from ..metrics import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEF
 from ..onnxfile.kvcache import kv_layout
 from ..onnxfile.modelfile import ModelFile
 from ..options import RuntimeOptions, SampleOptions
+from ..runtimes.ort import FUSION_NOTE
 from ..samples.declared import read_inputs
 from ..samples.drawn import given_samples, random_for_file, with_cache
 from ..samples.loading import save_samples
 from .driver import Progress, compare_sides
-from .onnx_side import FUSION_NOTE, OrtSide
+from .onnx_side import OrtSide
 from .rows import CompareReport
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -312,7 +313,7 @@ def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike |
         save_samples(save, reference.feeds)
     report = compare_sides(reference, cand_side, criterion=options["criterion"], local=local,
                            memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
-                           ort_optimizations=cand_rt.optimize if cand_rt.name == "ort" else True, reference=_shown(ref),
+                           ort_optimizations=cand_rt.optimize, reference=_shown(ref),
                            runtimes={"reference": ref_side.describe().to_dict(), "candidate": cand_side.describe().to_dict()})
     # again after the runs: what each side ran on (ORT leaves out a provider that fails to load)
     report.runtimes.update(reference=ref_side.describe().to_dict(), candidate=cand_side.describe().to_dict())

@@ -468,7 +468,7 @@ def refuse_same_run(a: Path, b: Path, ref_runtime: Any, cand_runtime: Any) -> No
         same = os.path.samefile(a, b)
     except OSError:
         same = False
-    how = [(rt.describe(), getattr(rt, "optimize", True)) for rt in (ref_runtime, cand_runtime)]
+    how = [(rt.describe(), rt.optimize) for rt in (ref_runtime, cand_runtime)]
     if same and how[0] == how[1]:
         raise LayertapError(
             f"REF and CAND are the same file '{a}' run the same way; compare two runs by giving --cand-runtime, "

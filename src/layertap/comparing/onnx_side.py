@@ -25,12 +25,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..onnxfile.modelfile import ModelFile
     from ..runtimes import Runtime, RuntimeInfo
 
-FUSION_NOTE = (
-    "exposing intermediate tensors as ONNX Runtime outputs can stop ORT from fusing the nodes that "
-    "produce them, so this run may differ slightly from a plain run of the file; compare with "
-    "ort_optimizations=False (--no-ort-opt) to rule ORT's graph optimisations out"
-)
-
 
 class OrtRunner:
     """Sessions over an in-memory copy of the graph with chosen tensors as outputs.
@@ -61,7 +55,7 @@ class OrtRunner:
     @property
     def optimize(self) -> bool:
         """ONNX Runtime's graph optimisations (always on for another runtime)."""
-        return bool(getattr(self.runtime, "optimize", True))
+        return self.runtime.optimize
 
     def exposable(self) -> set[str] | None:
         """The tensors the runtime can hand out (``None``: every tensor of the graph)."""
@@ -201,16 +195,14 @@ class OrtSide:
         """How the side ran: ``label: PATH in RUNTIME VERSION on DEVICE, PRECISION ...`` next to another
         ONNX run, else the runtime line and what departs from a plain run (and ORT's fusion caveat
         when the first divergence ``rounding`` could be ORT's)."""
-        r = self.runner
-        ort = r.runtime.name == "ort"
-        opt = "" if not ort else (", with graph optimisations" if r.optimize
-                                  else ", with graph optimisations disabled (ORT_DISABLE_ALL)")
-        ran = f"{self.describe().text()}{opt}"
+        runtime = self.runner.runtime
+        settings = runtime.settings()
+        ran = self.describe().text() + (f", {settings}" if settings else "")
         if label is not None:
             return [f"{label}: {self.path} in {ran}"]
         notes = [f"the candidate ran in {ran}"]
-        if ort and r.optimize and rounding:
-            notes.append(FUSION_NOTE)
+        if rounding and runtime.rounding_note():
+            notes.append(runtime.rounding_note())
         return notes
 
     def close(self) -> None:
@@ -233,7 +225,7 @@ def carry_branches(runner: OrtRunner) -> list[str]:
     from ..onnxfile.branches import Carrier, branch_tensors, has_subgraphs
 
     graph = runner.proto.graph
-    if getattr(runner.runtime, "name", None) != "ort" or runner.file is not None or not has_subgraphs(graph):
+    if not runner.runtime.carries_branches or runner.file is not None or not has_subgraphs(graph):
         return []
     carrier, carried = Carrier(runner.proto), []
     for name in branch_tensors(graph, ops=IF_BRANCHES):

@@ -10,9 +10,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
-from ..formats import fmt_db, fmt_float, fmt_shape, grid_lines
 from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, Criterion, ErrorStats
 from ..tables import Column, ToleranceReport
+from ..text import fmt_db, fmt_float, fmt_shape, grid_lines
 from . import words
 
 PASS, FAIL, NO_COUNTERPART, ABSORBED = "pass", "FAIL", "no counterpart", "absorbed"

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from ..errors import LayertapError
-from ..formats import fmt_float, fmt_shape
 from ..onnxfile.weights import Allowance, format_allowance
+from ..text import fmt_float, fmt_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..onnxfile.ort import SessionSource

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..formats import field, fmt_db, fmt_float, fmt_shape
+from ..text import field, fmt_db, fmt_float, fmt_shape
 
 #: metric -> (row field, threshold attribute of the criterion, column header)
 METRICS = {

@@ -178,8 +178,8 @@ class OnnxBackend:
     kind = "onnx"
 
     def __init__(self, path: Path, taps: Sequence[str], runtime: dict[str, Any] | None = None) -> None:
-        from ..onnxfile.runner import TappedSession
         from ..runtimes import open_runtime
+        from ..runtimes.runner import TappedSession
 
         if not path.is_file():
             raise LayertapError(f"ONNX file '{path}' does not exist")
@@ -188,7 +188,8 @@ class OnnxBackend:
         first = self.session.session.get_inputs()
         self.inputs = [i.name for i in first]
         # A file exported with a fixed batch of 1 still works: one sample per run.
-        self.one_at_a_time = len(first) > 0 and bool(first[0].shape) and first[0].shape[0] == 1
+        shape = first[0].shape if first else None
+        self.one_at_a_time = shape is not None and len(shape) > 0 and shape[0] == 1
 
     def run(self, batch: Any) -> dict[str, np.ndarray]:
         """name -> array (batch first) for one batched input."""

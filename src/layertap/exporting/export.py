@@ -526,16 +526,13 @@ def _verify(final: Path, plan: _Plan, rows: list[ExportRow], rtol: float, atol: 
     every row with ORT's message rather than stopping the export: the file
     is written, the report says what broke, the CLI exits 1.
     """
-    import onnxruntime as ort
+    from ..onnxfile.ort import open_session, quiet_options, run_options
 
-    # Severity 4 (fatal only): a failing kernel logs its error on stderr
+    # fatal log lines only: a failing kernel logs its error on stderr
     # besides raising it, and the report already carries the message.
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 4
-    run_opts = ort.RunOptions()
-    run_opts.log_severity_level = 4
+    run_opts = run_options()
     try:
-        sess = ort.InferenceSession(str(final), opts, providers=["CPUExecutionProvider"])
+        sess = open_session(str(final), quiet_options)
     except Exception as e:
         raise LayertapError(f"ONNX Runtime cannot load the exported model: {_reason(e)}") from e
     runs: list[tuple[tuple, list, str | None]] = [(plan.example, plan.reference, None)]

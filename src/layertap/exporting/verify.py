@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from ..formats import fmt_float, fmt_ok, fmt_shape
 from ..metrics import error_stats
 from ..tables import Column, ToleranceReport
+from ..text import fmt_float, fmt_ok, fmt_shape
 
 
 def _has_special(a: np.ndarray) -> bool:

@@ -88,7 +88,8 @@ class Carrier:
     """Carries branch tensors of ``model`` out to its main graph (edits ``model`` in place).
 
     Example:
-        >>> import numpy as np, onnx.helper as h, onnxruntime as ort
+        >>> import numpy as np, onnx.helper as h
+        >>> from layertap.onnxfile.ort import open_session
         >>> f = lambda n: h.make_tensor_value_info(n, 1, [2])
         >>> then = h.make_graph([h.make_node("Relu", ["x"], ["r"]), h.make_node("Neg", ["r"], ["a"])], "then", [], [f("a")])
         >>> other = h.make_graph([h.make_node("Abs", ["x"], ["b"])], "else", [], [f("b")])
@@ -98,7 +99,7 @@ class Carrier:
         >>> Carrier(m).carry("r")
         'r'
         >>> _ = m.graph.output.append(h.make_tensor_value_info("r", 1, None))
-        >>> s = ort.InferenceSession(m.SerializeToString())
+        >>> s = open_session(m.SerializeToString())
         >>> x = np.array([-1, 2], np.float32)
         >>> [v.tolist() for v in s.run(None, {"c": np.array(True), "x": x})]
         [[-0.0, -2.0], [0.0, 2.0]]

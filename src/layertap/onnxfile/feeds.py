@@ -78,12 +78,12 @@ def make_feeds(sess: Any, graph: "onnx.GraphProto", inputs: Any, seed: int = 0, 
     Example:
         >>> import onnx.helper as h
         >>> from pathlib import Path
-        >>> from layertap.onnxfile.ort import ort_session
+        >>> from layertap.onnxfile.ort import SessionSource
         >>> g = h.make_graph([h.make_node("Gather", ["E", "ids"], ["y"])], "g",
         ...     [h.make_tensor_value_info("ids", 7, ["batch", "seq"])], [h.make_tensor_value_info("y", 1, None)],
         ...     [h.make_tensor("E", 1, [5, 2], [0.0] * 10)])
         >>> m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
-        >>> f = make_feeds(ort_session(m, Path(".")), m.graph, None)
+        >>> f = make_feeds(SessionSource(m, Path(".")).session(), m.graph, None)
         >>> f.arrays["ids"].shape, int(f.arrays["ids"].max()) < 5, f.generated
         ((1, 16), True, ['ids=1x16 int64 in [0, 5)'])
     """

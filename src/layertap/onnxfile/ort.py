@@ -29,26 +29,6 @@ _ORT_ELEM = {
 }
 
 
-def ort_session(model: "onnx.ModelProto", folder: Path, *, optimize: bool = True,
-                providers: Sequence[str] | None = None) -> Any:
-    """An ORT session (CPU unless ``providers`` says otherwise) on an in-memory model
-    whose external data lies in ``folder``.
-
-    ``optimize=False`` turns ORT's graph optimisations off (``ORT_DISABLE_ALL``);
-    ``providers``: full ORT provider names, as :func:`resolve_providers` returns them.
-
-    Example:
-        >>> import onnx, onnx.helper as h
-        >>> from pathlib import Path
-        >>> g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g",
-        ...     [h.make_tensor_value_info("x", 1, [2])], [h.make_tensor_value_info("y", 1, [2])])
-        >>> m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
-        >>> [o.name for o in ort_session(m, Path(".")).get_outputs()]
-        ['y']
-    """
-    return SessionSource(model, folder).session(optimize=optimize, providers=providers)
-
-
 # short names users type -> ORT's provider names
 _PROVIDER_ALIASES = {
     "cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider",
@@ -196,8 +176,7 @@ class SessionSource:
         quiet_logs()
 
         def options() -> Any:
-            so = ort.SessionOptions()
-            so.log_severity_level = _FATAL  # ORT's own error lines would reach stderr; its exception keeps the text
+            so = quiet_options()
             if not optimize:
                 so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
             # ORT's worker threads spin-wait for work by default, taking cores from what layertap does
@@ -208,7 +187,7 @@ class SessionSource:
                 so.add_external_initializers(list(names), [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays])
             return so
 
-        return exact_session(data, options, providers)
+        return open_session(data, options, providers)
 
 
 # ONNX Runtime's own session option: on x86 CPUs without VNNI its u8 x s8 int8 kernels add pairs of
@@ -229,32 +208,46 @@ def int8_saturates() -> bool:
         >>> int8_saturates() in (True, False)
         True
     """
-    import onnxruntime as ort
-
     model, feed, exact, _ = int8_probe()
-    so = ort.SessionOptions()
-    so.log_severity_level = _FATAL
-    got = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    got = open_session(model.SerializeToString(), quiet_options, exact_int8=False).run(None, feed)[0]
     return float(np.asarray(got).item()) != exact
 
 
-def exact_session(model: "str | bytes", options: Callable[[], Any] | None = None, providers: Sequence[str] | None = None) -> Any:
+def quiet_options() -> Any:
+    """``SessionOptions`` that keep ONNX Runtime's own log lines off stderr (its exception keeps the text).
+
+    Example:
+        >>> quiet_options().log_severity_level
+        4
+    """
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = _FATAL
+    return so
+
+
+def open_session(model: "str | bytes", options: Callable[[], Any] | None = None, providers: Sequence[str] | None = None,
+                 *, exact_int8: bool = True) -> Any:
     """An ``InferenceSession`` on ``model`` (a path or serialised bytes) with the ``SessionOptions``
-    ``options()`` makes, whose int8 sums are exact on every CPU: :data:`EXACT_INT8` is added where
-    ORT's kernels saturate (:func:`int8_saturates`; it applies with graph optimisations, as at
+    ``options()`` makes: the one place layertap creates an ONNX Runtime session (:class:`SessionSource`
+    and the ``ort`` runtime open theirs through it; only a repro package's standalone ``repro.py``
+    has its own). Its int8 sums are exact on every CPU: :data:`EXACT_INT8` is added where ORT's
+    kernels saturate (:func:`int8_saturates`; it applies with graph optimisations, as at
     ``ORT_DISABLE_ALL`` nothing is fused and the float QDQ path runs). Where ORT refuses it (two
-    nodes reading one int8 weight) the session is opened as ORT opens it by default.
+    nodes reading one int8 weight), or with ``exact_int8=False``, the session is opened as ORT
+    opens it by default.
 
     Example:
         >>> model, feed, exact, saturated = int8_probe()
-        >>> float(exact_session(model.SerializeToString()).run(None, feed)[0].item()) == exact, exact, saturated
+        >>> float(open_session(model.SerializeToString()).run(None, feed)[0].item()) == exact, exact, saturated
         (True, 64516.0, 510.0)
     """
     import onnxruntime as ort
 
     make = options or ort.SessionOptions
     chosen = list(providers or ["CPUExecutionProvider"])
-    if not int8_saturates():
+    if not exact_int8 or not int8_saturates():
         return ort.InferenceSession(model, make(), providers=chosen)
     so = make()
     so.add_session_config_entry(*EXACT_INT8)

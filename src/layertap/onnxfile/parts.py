@@ -45,7 +45,8 @@ class PartCutter:
     """Cuts parts out of one model (see the module doc).
 
     Example:
-        >>> import numpy as np, onnx.helper as h, onnx.numpy_helper as nh, onnxruntime as ort
+        >>> import numpy as np, onnx.helper as h, onnx.numpy_helper as nh
+        >>> from layertap.onnxfile.ort import open_session
         >>> w = nh.from_array(np.full((2, 2), 2, np.float32), "w")
         >>> g = h.make_graph([h.make_node("Relu", ["x"], ["r"]), h.make_node("MatMul", ["r", "w"], ["y"])], "g",
         ...     [h.make_tensor_value_info("x", 1, [1, 2])], [h.make_tensor_value_info("y", 1, [1, 2])], [w])
@@ -54,7 +55,7 @@ class PartCutter:
         >>> part = cut.model([piece])
         >>> [i.name for i in part.graph.input], [t.name for t in part.graph.initializer]
         (['r'], ['w'])
-        >>> ort.InferenceSession(part.SerializeToString()).run(None, {"r": np.ones((1, 2), np.float32)})[0]
+        >>> open_session(part.SerializeToString()).run(None, {"r": np.ones((1, 2), np.float32)})[0]
         array([[4., 4.]], dtype=float32)
     """
 

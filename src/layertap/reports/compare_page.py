@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..comparing.words import METRICS, chart_points, explanation, first_index, metric_of, threshold_text
-from ..formats import field, fmt_db, fmt_float, fmt_shape, token_grid
+from ..text import field, fmt_db, fmt_float, fmt_shape, token_grid
 from .html import cards, esc, grid_table, notes_list, section, verdict
 from .svg import FAIL_COLOR, LOCAL_COLOR, PASS_COLOR, TOL_COLOR, Axis, error_chart, error_chart_vertical
 from .tree import Node, nest, render_tree

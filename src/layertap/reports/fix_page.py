@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from ..formats import field
+from ..text import field
 from .html import esc, section, table_fragment
 from .svg import FAIL_COLOR, LINE_COLOR, PASS_COLOR, TOL_COLOR
 

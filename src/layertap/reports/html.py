@@ -12,7 +12,7 @@ import html
 from typing import Any, Iterable, Sequence
 
 from .. import __version__
-from ..formats import field
+from ..text import field
 
 CSS = """
 .lt{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif;

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ..formats import compact_structure, field, fmt_shape
+from ..text import compact_structure, field, fmt_shape
 from .html import cards, esc, notes_list, section
 from .tree import Node, nest, render_tree
 

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..formats import field
+from ..text import field
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..onnxfile.modelfile import ModelFile

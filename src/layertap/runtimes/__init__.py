@@ -99,7 +99,7 @@ def run(
         >>> bool((lt.run(path, taps=["act"], runtime="openvino")["act"] == acts["act"]).all())
         True
     """
-    from ..onnxfile.runner import TappedSession
+    from .runner import TappedSession
 
     engine = open_runtime(runtime, providers=providers, ov_precision=ov_precision, ov_device=ov_device)
     if is_ir(path):

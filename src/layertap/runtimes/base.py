@@ -64,13 +64,33 @@ class Engine(Protocol):
 
 
 class Runtime(Protocol):
-    """Opens engines; one instance per side, so its settings (device, precision) hold for every engine."""
+    """Opens engines; one instance per side, so its settings (device, precision) hold for every engine.
+
+    What differs between runtimes is said here, never by asking a runtime's ``name``.
+    """
 
     name: str
+    #: graph optimisations on (ONNX Runtime's switch, ``--no-ort-opt``; a runtime without one: always True)
+    optimize: bool
+    #: tensors inside ``If`` branches may be carried out as outputs of their ``If``
+    #: (:mod:`layertap.onnxfile.branches`; OpenVINO's CPU plug-in refuses an ``If`` whose branches differ in shape)
+    carries_branches: bool
 
     def open(self, model: "SessionSource | Path", outputs: Sequence["str | onnx.ValueInfoProto"] = (), *,
              only: bool = False) -> Engine:
         """An engine on the whole model with ``outputs`` exposed beside (``only``: instead of) its own."""
+
+    def open_tapped(self, source: "SessionSource", tensors: Sequence[str]) -> Engine:
+        """An engine on ``source``, whose graph already has ``tensors`` among its outputs (added in
+        memory, typed): ONNX Runtime runs that graph; a runtime that reads the unedited file
+        (OpenVINO) exposes them by name."""
+
+    def settings(self) -> str:
+        """The settings a run's note names beside :meth:`describe` (``""``: none)."""
+
+    def rounding_note(self) -> str:
+        """Why a first divergence within rounding may come from running with tensors exposed
+        (``""``: nothing to say)."""
 
     def open_part(self, source: "SessionSource", part: "onnx.ModelProto") -> Engine:
         """An engine on a graph built from ``source`` 's nodes, reading its weights (``--local``)."""

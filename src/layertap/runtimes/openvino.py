@@ -83,6 +83,8 @@ class OpenVinoRuntime:
     """
 
     name = "openvino"
+    optimize = True  # its own graph transformations always apply
+    carries_branches = False  # its CPU plug-in refuses an If whose branches give tensors of different shapes
 
     def __init__(self, device: str = "CPU", precision: str | None = None) -> None:
         ov = load_openvino()
@@ -159,6 +161,15 @@ class OpenVinoRuntime:
         if own:
             m.add_outputs(own)
         return self._compile(m, names if only else None)
+
+    def open_tapped(self, source: "SessionSource", tensors: Sequence[str]) -> OpenVinoEngine:
+        return self.open(source, tensors)  # read from the unedited file: the taps exposed by name
+
+    def settings(self) -> str:
+        return ""  # device and precision: describe()
+
+    def rounding_note(self) -> str:
+        return ""
 
     def open_part(self, source: "SessionSource", part: "onnx.ModelProto") -> OpenVinoEngine:
         try:
@@ -287,7 +298,7 @@ def ir_graph(runtime: "OpenVinoRuntime | Any", path: Path) -> "onnx.ModelProto":
     is never run (the IR file is). An unnamed tensor gets the name ``ov:NODE:K``."""
     import onnx.helper as h
 
-    if getattr(runtime, "name", None) != "openvino":
+    if not isinstance(runtime, OpenVinoRuntime):
         raise LayertapError(f"'{path}' is an OpenVINO IR, which only OpenVINO runs: add --runtime openvino "
                             "(--cand-runtime openvino for the candidate)")
     m = runtime.read(path)

@@ -42,10 +42,25 @@ class OrtEngine:
         return dict(zip(wanted, self.session.run(wanted, feed, run_options())))
 
 
+#: what a compare says when its first divergence is within rounding and ORT optimised the graph
+FUSION_NOTE = (
+    "exposing intermediate tensors as ONNX Runtime outputs can stop ORT from fusing the nodes that "
+    "produce them, so this run may differ slightly from a plain run of the file; compare with "
+    "ort_optimizations=False (--no-ort-opt) to rule ORT's graph optimisations out"
+)
+
+
 class OrtRuntime:
-    """ONNX Runtime on ``providers`` (CPU by default), graph optimisations on unless ``optimize`` is False."""
+    """ONNX Runtime on ``providers`` (CPU by default), graph optimisations on unless ``optimize`` is False.
+
+    Example:
+        >>> rt = OrtRuntime(optimize=False)
+        >>> rt.settings(), rt.rounding_note(), OrtRuntime().settings()
+        ('with graph optimisations disabled (ORT_DISABLE_ALL)', '', 'with graph optimisations')
+    """
 
     name = "ort"
+    carries_branches = True  # a tensor carried out of an If branch: an empty value when the branch did not run
 
     def __init__(self, providers: Sequence[str] | str | None = None, optimize: bool = True) -> None:
         from ..onnxfile.ort import resolve_providers
@@ -59,8 +74,17 @@ class OrtRuntime:
         source = _source(model) if isinstance(model, Path) else model
         return self._engine(source.session(outputs, only=only, optimize=self.optimize, providers=self.providers))
 
+    def open_tapped(self, source: "SessionSource", tensors: Sequence[str]) -> OrtEngine:
+        return self.open(source)  # the taps are outputs of the in-memory graph, typed there
+
     def open_part(self, source: "SessionSource", part: "onnx.ModelProto") -> OrtEngine:
         return self._engine(source.session_for(part, optimize=self.optimize, providers=self.providers))
+
+    def settings(self) -> str:
+        return "with graph optimisations" if self.optimize else "with graph optimisations disabled (ORT_DISABLE_ALL)"
+
+    def rounding_note(self) -> str:
+        return FUSION_NOTE if self.optimize else ""
 
     def _engine(self, session: Any) -> OrtEngine:
         self.ran = list(session.get_providers())

@@ -257,8 +257,8 @@ def _keeping_inputs(opts: CompareOptions) -> tuple[SampleOptions, _UsedInputs | 
 def _block_list(args: Args, report: Any, cand: Any, ref: Any, samples: tuple[Any, Any]) -> None:
     """--fp16-block-list: the first step of ``fix --to fp16`` (ranked by this comparison), so the list
     written is one a float16 conversion was verified with; says when no list meets the target."""
-    from ...repair.configs import Target
-    from ...repair.fix import fmt_metric, write_block_list
+    from ...fixing.configs import Target
+    from ...fixing.fix import fmt_metric, write_block_list
 
     lib = args.own.library
     target = {"cosine": Target("cosine", lib["min_cosine"]), "sqnr": Target("sqnr", lib["min_sqnr_db"])}.get(
@@ -277,7 +277,7 @@ def _block_list(args: Args, report: Any, cand: Any, ref: Any, samples: tuple[Any
 
 
 def _options_text() -> str:
-    from ...repair.convert import FP16_OPTIONS
+    from ...fixing.convert import FP16_OPTIONS
 
     return ", ".join(f"{k}={v!r}" for k, v in FP16_OPTIONS.items())
 

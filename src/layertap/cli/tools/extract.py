@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import LayertapError
-from ...formats import fmt_shape
 from ...tables import Column, Table
+from ...text import fmt_shape
 from ..args import Args, DatasetArgs, InputArgs, ModelArgs, OutputArgs, ReportArgs, RuntimeArgs, TapArgs
 from ..console import status
 from .base import Tool, running

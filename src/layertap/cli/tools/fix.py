@@ -23,7 +23,7 @@ class FixOptions:
     inputs: str | None
     samples: int | None
     calib: str | None
-    target: Any  # repair.configs.Target
+    target: Any  # fixing.configs.Target
     max_float: int | None
     keep: list[str]
     config_out: str | None
@@ -72,7 +72,7 @@ class FixTool(Tool):
                             "makes FIXED.onnx again (checked)")
 
     def parse_own(self, ns: argparse.Namespace, args: Args) -> FixOptions:
-        from ...repair.configs import Target
+        from ...fixing.configs import Target
 
         target = Target.parse(ns.target)
         if ns.calib is not None and ns.to != "int8":
@@ -85,7 +85,7 @@ class FixTool(Tool):
             if path is not None and not Path(path).exists():
                 raise LayertapError(f"{what} '{path}' does not exist")
         if ns.config_out is not None:
-            from ...repair.configs import check_config_out
+            from ...fixing.configs import check_config_out
 
             check_config_out(ns.config_out)
         args.reads = tuple(p for p in (ns.model if is_onnx_path(ns.model) else None, ns.inputs, ns.calib) if p)
@@ -94,7 +94,7 @@ class FixTool(Tool):
     def run(self, args: Args) -> int:
         opts: FixOptions = args.own
         ref, first = _reference(args)
-        from ...repair import fix
+        from ...fixing import fix
 
         samples: Any = opts.inputs if opts.inputs is not None else (opts.samples or 8)
         report = fix(ref, first, to=opts.to, out=str(args.output), target=opts.target, samples=samples,
@@ -133,7 +133,7 @@ def _reference(args: Args) -> tuple[Any, Any]:
 
 
 def _say_step(step: Any) -> None:
-    from ...repair.fix import fmt_metric
+    from ...fixing.fix import fmt_metric
 
     changed = ", ".join(step.changed[:4]) + (f" (+{len(step.changed) - 4})" if len(step.changed) > 4 else "")
     # no verdict here: a set that meets the metric may still lack a module every set must keep

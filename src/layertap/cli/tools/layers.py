@@ -32,8 +32,8 @@ class LayersTool(Tool):
         if m.is_onnx:
             return self.run_onnx(args)
 
-        from ...pytorch.layers import layers
         from ...pytorch.memory import ModelTooLargeError
+        from ...pytorch.module_table import layers
         from .base import running
 
         # Shapes need no weights: without --input/--weights a big model is listed from the meta device.
@@ -74,7 +74,7 @@ class LayersTool(Tool):
                 raise LayertapError(f"{flag} does not apply to an ONNX file ({m.text}); its tensors are listed without running it")
         if m.method != "forward":
             raise LayertapError(f"--method does not apply to an ONNX file ({m.text})")
-        from ...onnxfile.layers import onnx_layers
+        from ...onnxfile.tensor_table import onnx_layers
 
         if is_ir(m.text):  # an OpenVINO IR: its tensors as OpenVINO reads them
             from ...runtimes import open_runtime
@@ -94,7 +94,7 @@ class LayersTool(Tool):
 def _meta_layers(model, args: tuple, kwargs: dict, method: str, why: str):
     """The layers table of a model built on the meta device: shapes from a forward on meta
     tensors, or the module list alone when the forward needs real values."""
-    from ...pytorch.layers import layers
+    from ...pytorch.module_table import layers
 
     try:
         table = layers(model, *args, method=method, **kwargs)

@@ -65,7 +65,7 @@ class ReproTool(Tool):
             ref, cand, _, samples = reference_samples(ref, cand, args.model.is_onnx, None, sampling)
         if samples is not None:
             samples = _given(samples)
-        from ...repair.repro import repro
+        from ...reproducing.repro import repro
 
         with StepProgress(enabled=sys.stderr.isatty()) as progress:
             report = repro(ref, sample_args, cand, out=opts.outputs["out"], module=opts.library["module"],

@@ -6,8 +6,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from ...formats import fmt_float, fmt_shape
 from ...tables import Column, Table
+from ...text import fmt_float, fmt_shape
 from ..args import Args, InputArgs, JsonArgs, OutputArgs, RuntimeArgs, TapArgs
 from .base import Tool
 

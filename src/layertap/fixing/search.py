@@ -235,14 +235,14 @@ def graph_order(modules: Units, groups: list[list[str]]) -> list[list[str]]:
 def _session(path: Path) -> Any:
     import onnxruntime as ort
 
-    from ..onnxfile.ort import exact_session
+    from ..onnxfile.ort import open_session
 
     def options() -> Any:
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         return opts
 
-    return exact_session(os.fspath(path), options)
+    return open_session(os.fspath(path), options)
 
 
 def _run_all(sess: Any, feeds: list[dict[str, Any]]) -> list[list[np.ndarray]]:

@@ -2,7 +2,7 @@
 
 No edited file is written: the graph (weights left on disk) gets the extra
 outputs in memory, and the runtime (ONNX Runtime, OpenVINO: a
-``layertap.runtimes`` runtime, handed in by the caller) reads it from there.
+:class:`~layertap.runtimes.base.Runtime` handed in by the caller) opens it from there.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import LayertapError, OnnxFileError, SelectorError, one_line, unknown_name
+from ..onnxfile.feeds import make_feeds
+from ..onnxfile.modelfile import ModelFile, model_file
+from ..onnxfile.ort import SessionSource
+from ..onnxfile.outputs import OutputAdder, dedupe
 from ..selectors import Tap
-from .feeds import make_feeds
-from .modelfile import ModelFile, model_file
-from .ort import SessionSource
-from .outputs import OutputAdder, dedupe
+from .base import Runtime
 
 
 class TappedSession:
@@ -26,8 +27,9 @@ class TappedSession:
 
     Build it once and call :meth:`run` for many inputs (dataset extraction);
     ``lt.run`` is one such call. ``tap_names`` lists the names the taps give.
-    ``runtime``: a ``layertap.runtimes`` runtime (anything whose ``open(source)``
-    gives an engine with ``get_inputs()`` and ``run(names, feed)``).
+    ``runtime``: a :class:`~layertap.runtimes.base.Runtime`; its :meth:`~.base.Runtime.open_tapped`
+    opens the graph whose taps were made outputs here (``file``: a file it reads itself, an
+    OpenVINO IR, the taps exposed by name).
 
     Example:
         >>> import os, tempfile, onnx, onnx.helper as h
@@ -41,7 +43,7 @@ class TappedSession:
         (['r'], array([[0., 2.]], dtype=float32))
     """
 
-    def __init__(self, path: "str | os.PathLike | ModelFile", runtime: Any, taps: Sequence[str] = (), *,
+    def __init__(self, path: "str | os.PathLike | ModelFile", runtime: Runtime, taps: Sequence[str] = (), *,
                  file: Path | None = None) -> None:
         self.path = path.path if isinstance(path, ModelFile) else path
         self.runtime = runtime
@@ -68,10 +70,7 @@ class TappedSession:
         try:
             # ``file``: a file the runtime reads itself (an OpenVINO IR, ``mf`` its tensor names)
             tensors = list(dict.fromkeys(t for _, t in self.pairs))
-            if file is None and runtime.name == "ort":  # the taps are outputs of the in-memory graph
-                self.session = runtime.open(self.source)
-            else:  # a runtime reading the file itself exposes the tapped tensors by name
-                self.session = runtime.open(file or self.source, tensors)
+            self.session = runtime.open(file, tensors) if file is not None else runtime.open_tapped(self.source, tensors)
         except LayertapError:
             raise
         except Exception as e:  # noqa: BLE001 - ORT's own message, one line

@@ -1,5 +1,5 @@
-"""Repairs: ``lt.fix`` (keep the fewest modules in float32 that make a float16/int8 conversion
-meet a target) and ``lt.repro`` (a minimal package that reproduces one module's mismatch).
+"""``lt.fix``: keep the fewest modules in float32 that make a float16/int8 conversion meet a
+target (the search, the converters, the configurations each toolchain reads).
 
 Imports core, ``pytorch/``, ``onnxfile/``, ``runtimes/``, ``exporting/`` and ``comparing/``;
 only ``cli/`` and ``layertap/__init__.py`` import it.

@@ -6,8 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..formats import fmt_shape
 from ..tables import Column, Table
+from ..text import fmt_shape
 from .branches import has_subgraphs, subgraph_types
 from .modelfile import ModelFile, model_file
 from .shapes import declared_dims

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..formats import compact_structure, fmt_shape
 from ..tables import Column, Table
+from ..text import compact_structure, fmt_shape
 from .callgraph import is_plain_container
 from .callhooks import CallHooks, module_key
 from .capture import eager
