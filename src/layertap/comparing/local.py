@@ -43,10 +43,9 @@ class LocalGraph:
     """The candidate's nodes of several calls, each fed on its own (see module doc)."""
 
     def __init__(self, source: "SessionSource", runtime: "Runtime") -> None:
-        from ..onnxfile.graph_facts import GraphFacts
         from ..onnxfile.ort import inferred_types
         from ..onnxfile.parts import PartCutter
-        from ..onnxfile.scopes import ScopeMap
+        from ..onnxfile.scopemap import GraphFacts, ScopeMap
 
         self.sessions = source  # the candidate, its weights held once for every part run
         self.cand = cand = source.model

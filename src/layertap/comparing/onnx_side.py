@@ -384,7 +384,7 @@ class ScopeView:
     (dynamo) or ``model.layer1.0.conv1`` (TorchScript). The view strips such
     a prefix so that calls align with ``model.named_modules()``; the wrapper's
     own call (the bare prefix) is the model's result, compared as ``output``.
-    It offers the two :class:`~layertap.onnxfile.scopes.ScopeMap` queries the
+    It offers the two :class:`~layertap.onnxfile.scopemap.ScopeMap` queries the
     plan needs, ``counterparts()`` and ``calls(path)``.
     """
 

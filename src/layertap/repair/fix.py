@@ -328,7 +328,7 @@ def write_block_list(ref: Any, args: Any, samples: Any, report: Any, cand: Any, 
 
     from ..files.writes import atomic_write_bytes
     from ..onnxfile.modelfile import model_file
-    from ..onnxfile.scopes import ScopeMap
+    from ..onnxfile.scopemap import ScopeMap
 
     if not isinstance(ref, (str, os.PathLike)) and args is None and samples is not None and not isinstance(samples, int):
         args, samples = samples[0], list(samples[1:])  # the first sample exports the model

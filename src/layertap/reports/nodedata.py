@@ -121,8 +121,8 @@ def _result(value: Any, color: str | None, white_text: bool = False) -> dict:
 
 def _node_rows(report: Any, onnx_path: str | os.PathLike | ModelFile) -> dict[str, Any]:
     """ONNX node name -> the compare row that describes it (``None``: in no module call's scope)."""
-    from ..onnxfile.graph_facts import GraphFacts
     from ..onnxfile.modelfile import model_file
+    from ..onnxfile.scopemap import GraphFacts
 
     model = model_file(onnx_path).model
     graph = model.graph
@@ -147,7 +147,7 @@ def _node_rows(report: Any, onnx_path: str | os.PathLike | ModelFile) -> dict[st
 
 
 def _owners(model: Any) -> dict[int, tuple[str, int]]:
-    from ..onnxfile.scopes import ScopeMap
+    from ..onnxfile.scopemap import ScopeMap
 
     return ScopeMap.from_model(model).owners()
 
