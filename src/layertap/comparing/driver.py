@@ -111,6 +111,8 @@ class Reference(Protocol):
     #: True: a sample's values are computed once and held (in its store) until its batches ran;
     #: False: :meth:`values` computes them per batch
     holds_values: bool
+    #: the candidate's ScopeMap the plan read (None: none was read); the report carries it
+    cand_scopes: Any
 
     @property
     def own_runs(self) -> Sequence[Candidate]:
@@ -375,7 +377,8 @@ def compare_sides(ref: Reference, cand: Candidate, *, criterion: Criterion,
     notes = run_notes(ref, cand, driver.spilled, rounding=could_be_rounding(first, criterion))
     return CompareReport(
         rows, weights.notes() + notes, criterion=criterion, ort_runs=sum(side.runs for side in (cand, *ref.own_runs)),
-        samples=1 if merge is not merge_samples else ref.n_samples, first_divergence_counts=firsts, local=local, weights=weights, **fields,
+        samples=1 if merge is not merge_samples else ref.n_samples, first_divergence_counts=firsts, local=local, weights=weights,
+        scope_map=ref.cand_scopes, **fields,
     )
 
 

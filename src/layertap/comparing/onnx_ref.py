@@ -356,6 +356,7 @@ class OnnxReference:
     :func:`align_files`, its tensors computed per batch and sample."""
 
     holds_values = False
+    cand_scopes = None  # the candidate's scopes are read only for a tensor not found by name, inside align_files
 
     def __init__(self, ref: OrtSide, cand: OrtSide, samples: Sequence[Given], n_random: int, *,
                  random: Callable[[list[tuple[str, str]], dict[str, tuple], dict[str, int | None], int], list[Given]],

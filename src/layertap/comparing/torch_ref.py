@@ -42,7 +42,8 @@ class TorchReference:
         self.model, self.method, self.runs_args, self.prog, self.local = model, method, runs, progress, local
         self.n_samples, self.criterion = len(runs), criterion
         self.cand, self.batch_outputs, self.budget = cand, batch_outputs, memory_budget
-        self.view = ScopeView(ScopeMap.from_model(cand.proto, branches=IF_BRANCHES), {p for p, _ in model.named_modules() if p})
+        self.cand_scopes = ScopeMap.from_model(cand.proto, branches=IF_BRANCHES)
+        self.view = ScopeView(self.cand_scopes, {p for p, _ in model.named_modules() if p})
         self.layout = kv_layout(cand.proto.graph)
         if self.layout is not None:  # before the weight check: a differently shaped model is named as such
             check_config(self.layout, getattr(model, "config", None))
