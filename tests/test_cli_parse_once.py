@@ -141,9 +141,9 @@ def test_compare_onnx_reference_reads_each_file_once(net_files, counts, tmp_path
     assert error and set(error) <= {n.name for n in onnx.load(str(cand)).graph.node}
 
 
-def test_compare_node_data_reads_the_module_scopes_once(net_files, monkeypatch, tmp_path):
-    """--node-data colours the candidate's nodes with the module scopes the comparison read: the
-    file's ScopeMap is built once for the whole command."""
+def test_compare_reads_the_module_scopes_once(net_files, monkeypatch, tmp_path):
+    """--local and --node-data use the module scopes the comparison read: the candidate's
+    ScopeMap is built once for the whole command."""
     from layertap.cli.main import main
     from layertap.onnxfile.scopemap import ScopeMap
 
@@ -157,7 +157,7 @@ def test_compare_node_data_reads_the_module_scopes_once(net_files, monkeypatch, 
     monkeypatch.setattr(ScopeMap, "from_model", classmethod(counting))
     spec, cand, _ = net_files
     nodes = tmp_path / "nodes.json"
-    assert main(["compare", spec, str(cand), "--input", "2x4", "--node-data", str(nodes), "--json"]) == 0
+    assert main(["compare", spec, str(cand), "--input", "2x4", "--local", "--node-data", str(nodes), "--json"]) == 0
     assert len(built) == 1
     module = json.loads(nodes.with_name("nodes.module.json").read_text())["results"]
     assert module["/head/Gemm"]["value"] == "head" and module["/fc/Gemm"]["value"] == "fc"

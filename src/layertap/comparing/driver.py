@@ -92,8 +92,9 @@ class Candidate(Protocol):
     def run(self, names: list[str], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One run on ``feed`` handing out the tensors ``names``."""
 
-    def local_graph(self) -> Any:
-        """Its nodes run call by call on the reference's values (:class:`~.local.LocalGraph`)."""
+    def local_graph(self, scopes: Any = None) -> Any:
+        """Its nodes run call by call on the reference's values (:class:`~.local.LocalGraph`);
+        ``scopes``: its ScopeMap, when the reference already read it."""
 
     def notes(self, label: str | None, rounding: bool) -> list[str]:
         """How it ran, for the report (``label``: next to another run of the same kind)."""
@@ -218,7 +219,7 @@ class Driver:
         """Every sample's rows (each in the reference's call order, rewritten calls blamed)."""
         try:
             if self.local:
-                self._parts = self.cand.local_graph()
+                self._parts = self.cand.local_graph(self.ref.cand_scopes)
             self._pipeline(self._jobs(memory_budget), memory_budget)
             for sample in self.samples:
                 self._release(sample)

@@ -184,14 +184,15 @@ class OrtSide:
         """One run exposing ``names`` (see :meth:`OrtRunner.run`)."""
         return self.runner.run(names, feed)
 
-    def local_graph(self) -> Any:
-        """The file's part graphs for local errors (:class:`~layertap.comparing.local.LocalGraph`)."""
+    def local_graph(self, scopes: Any = None) -> Any:
+        """The file's part graphs for local errors (:class:`~layertap.comparing.local.LocalGraph`;
+        ``scopes``: the file's ScopeMap when the reference already read it)."""
         from .local import LocalGraph
 
         if self.runner.file is not None:
             raise LayertapError(f"--local (local=True) runs parts of an ONNX graph; '{self.path}' is an OpenVINO IR, "
                                 "whose nodes are not ONNX: compare it without --local")
-        return LocalGraph(self.runner.source, self.runner.runtime)
+        return LocalGraph(self.runner.source, self.runner.runtime, scopes)
 
     def describe(self) -> "RuntimeInfo":
         """Runtime, version, device and precision this side ran in."""
