@@ -240,7 +240,7 @@ def _check_known(ref: Any, cand: Any, path: str) -> str:
     else:
         from ..onnxfile.scopemap import ScopeMap
 
-        maps = [ScopeMap.from_model(f.model) for f in (ref, cand) if isinstance(f, ModelFile)]
+        maps = (ScopeMap.from_model(f.model) for f in (ref, cand) if isinstance(f, ModelFile))  # the candidate's only if needed
         known = next((m.modules() for m in maps if m.source != "none"), [])
         if not known:
             return _tensor_of(ref.model, path) if isinstance(ref, ModelFile) else path
