@@ -12,7 +12,7 @@ def scale_module_output(src, dst, module: str, scale: np.ndarray) -> str:
     from onnx import helper, numpy_helper
 
     from layertap.onnxfile.metadata import NAME_SCOPES_KEY
-    from layertap.onnxfile.scopes import ScopeMap
+    from layertap.onnxfile.scopemap import ScopeMap
 
     model = onnx.load(str(src))
     cp = next(c for c in ScopeMap.from_model(model).counterparts() if c.path == module)

@@ -141,6 +141,28 @@ def test_compare_onnx_reference_reads_each_file_once(net_files, counts, tmp_path
     assert error and set(error) <= {n.name for n in onnx.load(str(cand)).graph.node}
 
 
+def test_compare_reads_the_module_scopes_once(net_files, monkeypatch, tmp_path):
+    """--local and --node-data use the module scopes the comparison read: the candidate's
+    ScopeMap is built once for the whole command."""
+    from layertap.cli.main import main
+    from layertap.onnxfile.scopemap import ScopeMap
+
+    built: list[int] = []
+    from_model = ScopeMap.from_model.__func__
+
+    def counting(cls, model, **kw):
+        built.append(len(model.graph.node))
+        return from_model(cls, model, **kw)
+
+    monkeypatch.setattr(ScopeMap, "from_model", classmethod(counting))
+    spec, cand, _ = net_files
+    nodes = tmp_path / "nodes.json"
+    assert main(["compare", spec, str(cand), "--input", "2x4", "--local", "--node-data", str(nodes), "--json"]) == 0
+    assert len(built) == 1
+    module = json.loads(nodes.with_name("nodes.module.json").read_text())["results"]
+    assert module["/head/Gemm"]["value"] == "head" and module["/fc/Gemm"]["value"] == "fc"
+
+
 def test_compare_samples_parse_inputs_once(net_files, counts):
     """--samples N draws N inputs from the one parse of --input."""
     from layertap.cli.main import main

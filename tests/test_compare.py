@@ -18,7 +18,7 @@ def _perturb_conv(src: Path, dst: Path, bn_path: str = "layer3.0.bn1", factor: f
     import onnx
     from onnx import numpy_helper
 
-    from layertap.onnxfile.scopes import ScopeMap
+    from layertap.onnxfile.scopemap import ScopeMap
     from layertap.selectors import Tap
 
     model = onnx.load(str(src))  # with weights: the copy is self-contained
@@ -147,7 +147,7 @@ def test_batches_and_spill_give_the_same_rows(clean_reports, resnet18, resnet_in
 def test_fold_not_reported_by_scopes_is_still_absorbed(monkeypatch, resnet18, resnet_input, resnet_onnx_torchscript):
     """A Conv mapped to the fused tensor (scopes unaware of the fold) must not fail."""
     import layertap as lt
-    from layertap.onnxfile import scopes
+    from layertap.onnxfile.scopemap import scopes
 
     original = scopes.ScopeMap.counterparts
 

@@ -44,7 +44,7 @@ def test_module_before_an_unscoped_split_is_paired_by_value(tiny_gpt2):
     import onnx
 
     import layertap as lt
-    from layertap.onnxfile.scopes import ScopeMap
+    from layertap.onnxfile.scopemap import ScopeMap
 
     model, ids, files = tiny_gpt2
     graph = onnx.load(str(files["dynamo"]), load_external_data=False)

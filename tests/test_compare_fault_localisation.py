@@ -140,7 +140,7 @@ def swin_block(torch_mod, tmp_path_factory):
 
 def test_rewritten_attention_is_compared_when_its_tensor_matches(swin_block):
     import layertap as lt
-    from layertap.onnxfile.scopes import ScopeMap
+    from layertap.onnxfile.scopemap import ScopeMap
 
     model, x, path = swin_block
     import onnx

@@ -104,7 +104,7 @@ def test_run_token_selectors_on_a_builder_file(llama, llama_genai_fp32, tmp_path
 
 def test_decoder_layer_of_a_cache_file_is_its_hidden_state(llama_dynamo_cache):
     from layertap.onnxfile.modelfile import read_model
-    from layertap.onnxfile.scopes import ScopeMap
+    from layertap.onnxfile.scopemap import ScopeMap
 
     smap = ScopeMap.from_model(read_model(llama_dynamo_cache).model)
     (name, tensor), = smap.resolve("model.layers.1")

@@ -18,7 +18,7 @@ import layertap as lt
 from _tiny import tiny_bert_config
 from conftest import run_cli
 from layertap.errors import LayertapError, OnnxFileError
-from layertap.onnxfile.scopes import ScopeMap
+from layertap.onnxfile.scopemap import ScopeMap
 from layertap.selectors import Tap
 
 MODULES = ["layer3.1", "layer2.0.relu#1", "layer1.0.bn1", "layer2.0.downsample.1"]

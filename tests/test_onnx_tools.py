@@ -16,7 +16,7 @@ import pytest
 import layertap as lt
 from _tiny import tiny_bert_config
 from layertap.errors import OnnxFileError
-from layertap.onnxfile.scopes import ScopeMap
+from layertap.onnxfile.scopemap import ScopeMap
 from layertap.selectors import Tap
 
 VARIANTS = ["plain", "ort", "qdyn", "qdq", "fp16", "slim"]

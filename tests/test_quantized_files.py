@@ -18,7 +18,7 @@ onnx = pytest.importorskip("onnx")
 
 import layertap as lt  # noqa: E402
 from layertap.errors import LayertapWarning  # noqa: E402
-from layertap.onnxfile.scopes import ScopeMap  # noqa: E402
+from layertap.onnxfile.scopemap import ScopeMap  # noqa: E402
 
 EXPORTERS = ["dynamo", "torchscript"]
 

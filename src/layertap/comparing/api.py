@@ -4,7 +4,7 @@ of reference run through the one driver (:mod:`.driver`; ONNX reference: :mod:`.
 
 The PyTorch model runs once with hooks on every module; each module call's
 output is moved to numpy as soon as the call returns. The ONNX file's
-counterpart of each call (from :class:`~layertap.onnxfile.scopes.ScopeMap`)
+counterpart of each call (from :class:`~layertap.onnxfile.scopemap.ScopeMap`)
 is exposed as an extra graph output of an in-memory copy of the graph (the
 file is never written) and fetched from ONNX Runtime. Both sides are aligned
 by ``(module path, call index)`` and compared in PyTorch execution order.

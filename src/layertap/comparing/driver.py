@@ -92,8 +92,9 @@ class Candidate(Protocol):
     def run(self, names: list[str], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One run on ``feed`` handing out the tensors ``names``."""
 
-    def local_graph(self) -> Any:
-        """Its nodes run call by call on the reference's values (:class:`~.local.LocalGraph`)."""
+    def local_graph(self, scopes: Any = None) -> Any:
+        """Its nodes run call by call on the reference's values (:class:`~.local.LocalGraph`);
+        ``scopes``: its ScopeMap, when the reference already read it."""
 
     def notes(self, label: str | None, rounding: bool) -> list[str]:
         """How it ran, for the report (``label``: next to another run of the same kind)."""
@@ -111,6 +112,8 @@ class Reference(Protocol):
     #: True: a sample's values are computed once and held (in its store) until its batches ran;
     #: False: :meth:`values` computes them per batch
     holds_values: bool
+    #: the candidate's ScopeMap the plan read (None: none was read); the report carries it
+    cand_scopes: Any
 
     @property
     def own_runs(self) -> Sequence[Candidate]:
@@ -216,7 +219,7 @@ class Driver:
         """Every sample's rows (each in the reference's call order, rewritten calls blamed)."""
         try:
             if self.local:
-                self._parts = self.cand.local_graph()
+                self._parts = self.cand.local_graph(self.ref.cand_scopes)
             self._pipeline(self._jobs(memory_budget), memory_budget)
             for sample in self.samples:
                 self._release(sample)
@@ -375,7 +378,8 @@ def compare_sides(ref: Reference, cand: Candidate, *, criterion: Criterion,
     notes = run_notes(ref, cand, driver.spilled, rounding=could_be_rounding(first, criterion))
     return CompareReport(
         rows, weights.notes() + notes, criterion=criterion, ort_runs=sum(side.runs for side in (cand, *ref.own_runs)),
-        samples=1 if merge is not merge_samples else ref.n_samples, first_divergence_counts=firsts, local=local, weights=weights, **fields,
+        samples=1 if merge is not merge_samples else ref.n_samples, first_divergence_counts=firsts, local=local, weights=weights,
+        scope_map=ref.cand_scopes, **fields,
     )
 
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
     from ..onnxfile.ort import SessionSource
+    from ..onnxfile.scopemap import ScopeMap
     from ..runtimes import Runtime
 
 _SEE_THROUGH = {"Cast", "QuantizeLinear", "DequantizeLinear", "Identity"}
@@ -42,16 +43,16 @@ RefLookup = Callable[[str], "np.ndarray | None"]  # candidate tensor -> the refe
 class LocalGraph:
     """The candidate's nodes of several calls, each fed on its own (see module doc)."""
 
-    def __init__(self, source: "SessionSource", runtime: "Runtime") -> None:
-        from ..onnxfile.graph_facts import GraphFacts
+    def __init__(self, source: "SessionSource", runtime: "Runtime", scopes: "ScopeMap | None" = None) -> None:
         from ..onnxfile.ort import inferred_types
         from ..onnxfile.parts import PartCutter
-        from ..onnxfile.scopes import ScopeMap
+        from ..onnxfile.scopemap import GraphFacts, ScopeMap
 
         self.sessions = source  # the candidate, its weights held once for every part run
         self.cand = cand = source.model
         self.runtime = runtime
-        self.smap = ScopeMap.from_model(cand)
+        # the file's map the reference read, unless it counts nodes in a view with subgraphs inlined
+        self.smap = scopes if scopes is not None and scopes.graph is cand.graph else ScopeMap.from_model(cand)
         self.facts = GraphFacts(cand.graph)
         self.cutter = PartCutter(cand, self.facts)
         self.types = inferred_types(cand)

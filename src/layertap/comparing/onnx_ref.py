@@ -32,8 +32,8 @@ import numpy as np
 from ..errors import InputSpecError, LayertapError, OnnxFileError
 from ..metrics import Criterion
 from ..onnxfile.feeds import integer_bounds
-from ..onnxfile.graph_facts import stand_ins
 from ..onnxfile.metadata import own_outputs
+from ..onnxfile.scopemap import stand_ins
 from ..samples.drawn import Sample as Given
 from .align import Item, RowBuilder
 from .driver import Sample, module_filter, plan_batches
@@ -75,7 +75,7 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
         >>> [(it.mc.path, it.tensors) for it in items], mode
         ([('r', ('r',)), ('', ('y',))], 'names')
     """
-    from ..onnxfile.scopes import ScopeMap
+    from ..onnxfile.scopemap import ScopeMap
 
     ref_map = ScopeMap.from_model(ref, branches=IF_BRANCHES)
     names = _NameLookup.of(ref, cand)
@@ -143,7 +143,7 @@ class _CandidateCalls:
 
     def __call__(self, path: str, call: int) -> Any:
         if self.calls is None:
-            from ..onnxfile.scopes import ScopeMap
+            from ..onnxfile.scopemap import ScopeMap
 
             cand_map = ScopeMap.from_model(self.cand, branches=IF_BRANCHES)
             self.calls = {(c.path, c.call): c for c in cand_map.counterparts()} if cand_map.source != "none" else {}
@@ -153,8 +153,8 @@ class _CandidateCalls:
 def _name_items(ref: "onnx.ModelProto", names: _NameLookup, wanted: Callable[[str], bool]) -> list[Item]:
     """One row per float activation the reference computes (no module scopes), paired by name."""
     from ..onnxfile.branches import with_branches
-    from ..onnxfile.graph_facts import GraphFacts
     from ..onnxfile.ort import inferred_types
+    from ..onnxfile.scopemap import GraphFacts
 
     weights = GraphFacts(ref.graph).weights
     types = inferred_types(ref)
@@ -356,6 +356,7 @@ class OnnxReference:
     :func:`align_files`, its tensors computed per batch and sample."""
 
     holds_values = False
+    cand_scopes = None  # the candidate's scopes are read only for a tensor not found by name, inside align_files
 
     def __init__(self, ref: OrtSide, cand: OrtSide, samples: Sequence[Given], n_random: int, *,
                  random: Callable[[list[tuple[str, str]], dict[str, tuple], dict[str, int | None], int], list[Given]],

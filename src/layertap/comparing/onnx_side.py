@@ -178,14 +178,15 @@ class OrtSide:
         """One run exposing ``names`` (see :meth:`OrtRunner.run`)."""
         return self.runner.run(names, feed)
 
-    def local_graph(self) -> Any:
-        """The file's part graphs for local errors (:class:`~layertap.comparing.local.LocalGraph`)."""
+    def local_graph(self, scopes: Any = None) -> Any:
+        """The file's part graphs for local errors (:class:`~layertap.comparing.local.LocalGraph`;
+        ``scopes``: the file's ScopeMap when the reference already read it)."""
         from .local import LocalGraph
 
         if self.runner.file is not None:
             raise LayertapError(f"--local (local=True) runs parts of an ONNX graph; '{self.path}' is an OpenVINO IR, "
                                 "whose nodes are not ONNX: compare it without --local")
-        return LocalGraph(self.runner.source, self.runner.runtime)
+        return LocalGraph(self.runner.source, self.runner.runtime, scopes)
 
     def describe(self) -> "RuntimeInfo":
         """Runtime, version, device and precision this side ran in."""
@@ -376,7 +377,7 @@ class ScopeView:
     (dynamo) or ``model.layer1.0.conv1`` (TorchScript). The view strips such
     a prefix so that calls align with ``model.named_modules()``; the wrapper's
     own call (the bare prefix) is the model's result, compared as ``output``.
-    It offers the two :class:`~layertap.onnxfile.scopes.ScopeMap` queries the
+    It offers the two :class:`~layertap.onnxfile.scopemap.ScopeMap` queries the
     plan needs, ``counterparts()`` and ``calls(path)``.
     """
 

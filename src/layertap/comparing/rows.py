@@ -126,6 +126,7 @@ class CompareReport(ToleranceReport):
         local: bool = False,
         weights: Any = None,
         runtimes: dict[str, dict[str, str]] | None = None,
+        scope_map: Any = None,
     ) -> None:
         self.criterion = criterion or Criterion(rtol=rtol, atol=atol)
         super().__init__(rows, notes, rtol=self.criterion.rtol, atol=self.criterion.atol)
@@ -139,6 +140,9 @@ class CompareReport(ToleranceReport):
         self.weights = weights  # the weight check (a WeightCheck), when one ran
         # side -> runtime, version, device, precision (RuntimeInfo.to_dict) of each side a runtime ran
         self.runtimes = dict(runtimes or {})
+        # the candidate's ScopeMap this comparison read (None: none was read), so that what runs
+        # after it on the same file (--node-data) does not read the file's scopes again
+        self.scope_map = scope_map
         if reference is not None:
             self.__dict__["title"] = f"{reference} vs {onnx_path}, layer by layer"
         elif self.runtimes.get("candidate", {}).get("runtime", "ONNX Runtime") != "ONNX Runtime":

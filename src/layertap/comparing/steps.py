@@ -78,8 +78,8 @@ class StepCandidate:
             self.run([], feed)
         return self.presents.pop(id(feed))
 
-    def local_graph(self) -> Any:
-        return self.side.local_graph()
+    def local_graph(self, scopes: Any = None) -> Any:
+        return self.side.local_graph(scopes)
 
     def describe(self) -> Any:
         return self.side.describe()

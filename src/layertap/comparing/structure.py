@@ -249,7 +249,7 @@ def pair_unnamed(items: Sequence[Any], ref: Any, cand: Any, feeds: tuple[dict[st
 def _side_prints(side: Any, feed: dict[str, np.ndarray], keep: Callable[[str], bool],
                  chunks: Callable[[Any, list[str]], list[list[str]]]) -> dict[str, Print]:
     """The prints of one side's activations that ``keep`` keeps and its runtime can hand out."""
-    from ..onnxfile.graph_facts import GraphFacts
+    from ..onnxfile.scopemap import GraphFacts
 
     graph = side.proto.graph
     exposable = side.runner.exposable()

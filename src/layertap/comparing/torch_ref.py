@@ -37,12 +37,13 @@ class TorchReference:
                  criterion: Criterion, modules: Sequence[str] | None, batch_outputs: int | None, memory_budget: int,
                  allow_different_weights: bool, progress: Any, local: bool = False) -> None:
         from ..onnxfile.metadata import own_outputs
-        from ..onnxfile.scopes import ScopeMap
+        from ..onnxfile.scopemap import ScopeMap
 
         self.model, self.method, self.runs_args, self.prog, self.local = model, method, runs, progress, local
         self.n_samples, self.criterion = len(runs), criterion
         self.cand, self.batch_outputs, self.budget = cand, batch_outputs, memory_budget
-        self.view = ScopeView(ScopeMap.from_model(cand.proto, branches=IF_BRANCHES), {p for p, _ in model.named_modules() if p})
+        self.cand_scopes = ScopeMap.from_model(cand.proto, branches=IF_BRANCHES)
+        self.view = ScopeView(self.cand_scopes, {p for p, _ in model.named_modules() if p})
         self.layout = kv_layout(cand.proto.graph)
         if self.layout is not None:  # before the weight check: a differently shaped model is named as such
             check_config(self.layout, getattr(model, "config", None))
@@ -93,7 +94,7 @@ class TorchReference:
 
     def _named_inputs(self) -> dict[str, str]:
         """ONNX tensors the file computes as a module's input (a fused skip-norm's residual sum)."""
-        from ..onnxfile.llm_names import is_fused_llm, skip_norm_inputs
+        from ..onnxfile.scopemap import is_fused_llm, skip_norm_inputs
 
         graph = self.cand.proto.graph
         return skip_norm_inputs(graph) if is_fused_llm(graph) else {}

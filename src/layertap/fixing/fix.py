@@ -346,12 +346,13 @@ def write_block_list(ref: Any, args: Any, samples: Any, report: Any, cand: Any, 
 
     from ..files.writes import atomic_write_bytes
     from ..onnxfile.modelfile import model_file
-    from ..onnxfile.scopes import ScopeMap
+    from ..onnxfile.scopemap import ScopeMap
 
     if not isinstance(ref, (str, os.PathLike)) and args is None and samples is not None and not isinstance(samples, int):
         args, samples = samples[0], list(samples[1:])  # the first sample exports the model
     graph = model_file(cand).model.graph
-    exporter = "torchscript" if ScopeMap.from_model(model_file(cand).model).source == "torchscript" else "dynamo"
+    smap = getattr(report, "scope_map", None) or ScopeMap.from_model(model_file(cand).model)  # the comparison's, when it read one
+    exporter = "torchscript" if smap.source == "torchscript" else "dynamo"
     found = fix(ref, args, to="fp16", out=None, target=target, samples=samples, rank_report=report, seed=seed,
                 exporter=exporter)
     names = {n.name for n in graph.node}

@@ -23,7 +23,7 @@ from ..errors import LayertapError, unknown_name
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
-    from ..onnxfile.scopes import ScopeMap
+    from ..onnxfile.scopemap import ScopeMap
 
 # element-wise activations a quantiser fuses into the node before them (their output shares its rounding)
 _ACTIVATIONS = {"Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Gelu", "Identity"}
@@ -103,13 +103,13 @@ class Units:
 
 class ModuleNodes(Units):
     """Module paths <-> node names of the float32 file (every call of a module, its submodules
-    included), from :class:`~layertap.onnxfile.scopes.ScopeMap`."""
+    included), from :class:`~layertap.onnxfile.scopemap.ScopeMap`."""
 
     kind = "module"
     hint = "module paths of the float32 file; 'layertap layers REF' lists them"
 
     def __init__(self, model: "onnx.ModelProto", smap: "ScopeMap | None" = None) -> None:
-        from ..onnxfile.scopes import ScopeMap
+        from ..onnxfile.scopemap import ScopeMap
 
         super().__init__(model.graph)
         smap = smap or ScopeMap.from_model(model)
@@ -147,7 +147,7 @@ class NodeUnits(Units):
     hint = "node names, or the tensor names they make, of the float32 file; 'layertap layers REF' lists the tensors"
 
     def __init__(self, model: "onnx.ModelProto") -> None:
-        from ..onnxfile.graph_facts import GraphFacts
+        from ..onnxfile.scopemap import GraphFacts
 
         super().__init__(model.graph)
         weights = GraphFacts(model.graph).weight_nodes
@@ -184,7 +184,7 @@ def units_of(model: "onnx.ModelProto") -> Units:
         >>> units_of(h.make_model(g)).kind
         'node'
     """
-    from ..onnxfile.scopes import ScopeMap
+    from ..onnxfile.scopemap import ScopeMap
 
     smap = ScopeMap.from_model(model)
     if smap.source != "none":

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from ..errors import InputSpecError
-from .llm_names import attention_heads
+from .scopemap.llm_names import attention_heads
 from .shapes import declared_dims
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -125,7 +125,7 @@ def kv_layout(graph: "onnx.GraphProto") -> KvLayout | None:
 def _attention_dims(graph: "onnx.GraphProto", dims: tuple[int | str, ...]) -> tuple[int | str, ...]:
     """The past's KV head count and head size where its declared shape leaves them symbolic (GenAI's
     builder: ``kv_cache_dim``), read from the first ``GroupQueryAttention`` node, whose past is
-    batch x kv_num_heads x length x head size (:func:`~.llm_names.attention_heads`)."""
+    batch x kv_num_heads x length x head size (:func:`~.scopemap.llm_names.attention_heads`)."""
     attn = next((n for n in graph.node if n.op_type == "GroupQueryAttention"), None)
     found = attention_heads(graph, attn) if attn is not None else None
     if found is None:

@@ -122,7 +122,7 @@ class OutputAdder:
     @property
     def scopes(self):
         if self._scopes is None:
-            from .scopes import ScopeMap
+            from .scopemap import ScopeMap
 
             self._scopes = ScopeMap.from_model(self.mf.model, branches=True)
         return self._scopes
@@ -160,7 +160,7 @@ class OutputAdder:
         (and what a module tap answers), so the note names that tensor.
         """
         if self._stand_ins is None:
-            from .graph_facts import stand_ins
+            from .scopemap import stand_ins
 
             self._stand_ins = stand_ins(self.graph)
         used = self._stand_ins.get(name)

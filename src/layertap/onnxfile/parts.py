@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from .graph_facts import GraphFacts
+from .scopemap import GraphFacts
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx

@@ -81,7 +81,7 @@ def onnx_layers(path: "str | os.PathLike | ModelFile") -> OnnxLayers:
     import onnx
 
     from .ort import tensor_types
-    from .scopes import ScopeMap
+    from .scopemap import ScopeMap
 
     mf = model_file(path)
     graph = mf.model.graph
@@ -113,7 +113,7 @@ def onnx_layers(path: "str | os.PathLike | ModelFile") -> OnnxLayers:
 
 def _branch_owners(model: "onnx.ModelProto") -> dict[str, tuple[str, int]]:
     """Module and call of each tensor of the subgraphs, read with them inlined (``ScopeMap(branches=True)``)."""
-    from .scopes import ScopeMap
+    from .scopemap import ScopeMap
 
     smap = ScopeMap.from_model(model, branches=True)
     owners = smap.owners()

@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
-from .folds import BN_FOLD_RULES, plain_weight_name
-from .graph_facts import rules
+from .scopemap import BN_FOLD_RULES, plain_weight_name, rules
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx

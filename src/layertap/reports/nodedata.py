@@ -121,8 +121,8 @@ def _result(value: Any, color: str | None, white_text: bool = False) -> dict:
 
 def _node_rows(report: Any, onnx_path: str | os.PathLike | ModelFile) -> dict[str, Any]:
     """ONNX node name -> the compare row that describes it (``None``: in no module call's scope)."""
-    from ..onnxfile.graph_facts import GraphFacts
     from ..onnxfile.modelfile import model_file
+    from ..onnxfile.scopemap import GraphFacts
 
     model = model_file(onnx_path).model
     graph = model.graph
@@ -133,7 +133,7 @@ def _node_rows(report: Any, onnx_path: str | os.PathLike | ModelFile) -> dict[st
                 by_tensor[t] = r
     by_call = {(field(r, "path"), field(r, "call")): r for r in report.rows}
     single = _single_call_rows(report.rows)
-    owners = _owners(model) if by_call else {}
+    owners = _owners(model, getattr(report, "scope_map", None)) if by_call else {}
     weights = GraphFacts(graph).weight_nodes
     out: dict[str, Any] = {}
     for k, node in enumerate(graph.node):
@@ -146,10 +146,18 @@ def _node_rows(report: Any, onnx_path: str | os.PathLike | ModelFile) -> dict[st
     return out
 
 
-def _owners(model: Any) -> dict[int, tuple[str, int]]:
-    from ..onnxfile.scopes import ScopeMap
+def _owners(model: Any, smap: Any) -> dict[int, tuple[str, int]]:
+    """Node index -> (module, call) that owns it. ``smap``: the ScopeMap the comparison read of this
+    file (a report carries it), used when it knows every node of the file by name; else the file's
+    scopes are read here. Matched by node name: that map may count nodes in a view with ``If``
+    branches inlined, and the overlays are keyed by node name anyway."""
+    names = [n.name for n in model.graph.node]
+    if smap is None or not set(names) <= {n.name for n in smap.graph.node}:
+        from ..onnxfile.scopemap import ScopeMap
 
-    return ScopeMap.from_model(model).owners()
+        return ScopeMap.from_model(model).owners()
+    by_name = {smap.graph.node[i].name: owner for i, owner in smap.owners().items()}
+    return {k: by_name[name] for k, name in enumerate(names) if name in by_name}
 
 
 def _single_call_rows(rows: Any) -> dict[str, Any]:

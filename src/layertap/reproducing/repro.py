@@ -243,9 +243,9 @@ def _check_known(ref: Any, cand: Any, path: str) -> str:
     if hasattr(ref, "named_modules"):
         known = [name for name, _ in ref.named_modules() if name]
     else:
-        from ..onnxfile.scopes import ScopeMap
+        from ..onnxfile.scopemap import ScopeMap
 
-        maps = [ScopeMap.from_model(f.model) for f in (ref, cand) if isinstance(f, ModelFile)]
+        maps = (ScopeMap.from_model(f.model) for f in (ref, cand) if isinstance(f, ModelFile))  # the candidate's only if needed
         known = next((m.modules() for m in maps if m.source != "none"), [])
         if not known:
             return _tensor_of(ref.model, path) if isinstance(ref, ModelFile) else path

@@ -83,7 +83,7 @@ def _ref_part(folder: Path, path: Path, part: Any) -> str | None:
     """The reference file's nodes of the same call, fed the same inputs; or why there is none."""
     from ..onnxfile.modelfile import read_model
     from ..onnxfile.parts import PartCutter, save_part
-    from ..onnxfile.scopes import ScopeMap
+    from ..onnxfile.scopemap import ScopeMap
 
     mf = read_model(path)
     smap = ScopeMap.from_model(mf.model)
@@ -109,7 +109,7 @@ def _ref_part(folder: Path, path: Path, part: Any) -> str | None:
 
 def _makers(graph: Any, tensors: list[str]) -> tuple[list[int], tuple[str, ...]]:
     """The nodes that make ``tensors`` and the tensors they read from outside (weights excluded)."""
-    from ..onnxfile.graph_facts import GraphFacts
+    from ..onnxfile.scopemap import GraphFacts
 
     nodes = sorted({i for i, n in enumerate(graph.node) if set(n.output) & set(tensors)})
     return nodes, (GraphFacts(graph).entering(nodes) if nodes else ())

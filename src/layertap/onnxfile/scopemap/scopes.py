@@ -50,8 +50,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Collection
 
-from ..errors import OnnxFileError, unknown_name
-from ..selectors import Tap
+from ...errors import OnnxFileError, unknown_name
+from ...selectors import Tap
+from ..metadata import NAME_SCOPES_KEY
 from .calls import Call, build_calls, refuse_merged_calls
 from .folds import (
     distrust_bypassed_edges,
@@ -62,9 +63,7 @@ from .folds import (
     fold_torchscript,
 )
 from .graph_facts import RULE_KEY, GraphFacts, is_fusion
-from .kvcache import kv_layout
 from .llm_names import expose_fused_values, fused_calls, is_fused_llm
-from .metadata import NAME_SCOPES_KEY
 from .node_scopes import read_nodes
 from .placing import place_floating
 
@@ -130,6 +129,9 @@ class ScopeMap:
         self._graph = graph
         self._node_paths = node_paths
         self._facts = facts or GraphFacts(graph)
+        # here, not at the top: kvcache reads head sizes with llm_names, a module of this package
+        from ..kvcache import kv_layout
+
         layout = kv_layout(graph)
         self._cache = frozenset(layout.present.values()) if layout else frozenset()
         self._by_path: dict[str, list[Call]] = {}
@@ -155,7 +157,7 @@ class ScopeMap:
         indices then count in that view, so only callers that use tensor names
         ask for it. A graph without subgraphs is read as it is either way.
         """
-        from .branches import with_branches
+        from ..branches import with_branches
 
         ops = None if branches is True or branches is False else branches
         graph = with_branches(model.graph, ops) if branches else model.graph

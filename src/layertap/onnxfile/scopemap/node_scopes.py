@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from .metadata import NAME_SCOPES_KEY
+from ..metadata import NAME_SCOPES_KEY
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -209,7 +209,7 @@ def _capped(scopes: list[str], name: str) -> list[str] | None:
         return scopes
     import warnings
 
-    from ..errors import LayertapWarning
+    from ...errors import LayertapWarning
 
     warnings.warn(
         f"node or tensor {name[:60]!r}... nests {len(scopes)} module levels (more than {MAX_SCOPE_DEPTH}); "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Collection, Iterable
 
-from .walk import subgraph_reads
+from ..walk import subgraph_reads
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
