@@ -171,18 +171,19 @@ def index_text(index: Sequence[Index]) -> str:
 
 
 def _parse_call(text: str, raw: str | None) -> int | None:
-    if raw is None:
-        return None
-    if not _INT_RE.match(raw):
-        raise SelectorError(f"bad tap {text!r}: call {raw!r} after '#' must be an integer like #0 or #-1")
-    return int(raw)
+    return _parse_int(text, raw, "call", "#")
 
 
 def _parse_pos(text: str, raw: str | None) -> int | None:
+    return _parse_int(text, raw, "token position", "@")
+
+
+def _parse_int(text: str, raw: str | None, what: str, mark: str) -> int | None:
+    """The integer after ``mark`` in tap ``text`` (``None`` when absent)."""
     if raw is None:
         return None
     if not _INT_RE.match(raw):
-        raise SelectorError(f"bad tap {text!r}: token position {raw!r} after '@' must be an integer like @0 or @-1")
+        raise SelectorError(f"bad tap {text!r}: {what} {raw!r} after '{mark}' must be an integer like {mark}0 or {mark}-1")
     return int(raw)
 
 

@@ -20,7 +20,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -143,28 +143,35 @@ def _dims(value: "onnx.ValueInfoProto") -> tuple[int | str, ...]:
     return declared_dims(value) or ()
 
 
-def _ordered_past(names: list[str]) -> list[str]:
-    keyed: dict[tuple[int, int], str] = {}
+def _by_layer(names: list[str], forms: Sequence[tuple[Any, Callable[[Any], tuple[int, bool]]]]) -> dict[tuple[int, bool], str]:
+    """(layer, is value) -> name, for the names one of ``forms`` (pattern, key of its match) matches."""
+    keyed: dict[tuple[int, bool], str] = {}
     for n in names:
-        if m := _NAMED.match(n):
-            keyed[(int(m.group(1)), m.group(2) == "value")] = n
-        elif m := _NAMED_ALT.match(n):
-            keyed[(int(m.group(2)), m.group(1) == "value")] = n
-        elif m := _DYNAMO.match(n):
-            i = int(m.group(1))
-            keyed[(i // 2, i % 2 == 1)] = n
+        for pattern, key in forms:
+            if m := pattern.match(n):
+                keyed[key(m)] = n
+                break
+    return keyed
+
+
+def _layer_kind(m: Any) -> tuple[int, bool]:  # past_key_values.3.key
+    return int(m.group(1)), m.group(2) == "value"
+
+
+def _kind_layer(m: Any) -> tuple[int, bool]:  # past_key.3: the kind first
+    return int(m.group(2)), m.group(1) == "value"
+
+
+def _ordered_past(names: list[str]) -> list[str]:
+    keyed = _by_layer(names, ((_NAMED, _layer_kind), (_NAMED_ALT, _kind_layer),
+                              (_DYNAMO, lambda m: (int(m.group(1)) // 2, int(m.group(1)) % 2 == 1))))
     if len(keyed) % 2:
         return []
     return [keyed[k] for k in sorted(keyed)]
 
 
 def _present_for(past: list[str], outs: list[str]) -> dict[str, str]:
-    keyed: dict[tuple[int, int], str] = {}
-    for n in outs:
-        if m := _PRESENT.match(n):
-            keyed[(int(m.group(1)), m.group(2) == "value")] = n
-        elif m := _PRESENT_ALT.match(n):
-            keyed[(int(m.group(2)), m.group(1) == "value")] = n
+    keyed = _by_layer(outs, ((_PRESENT, _layer_kind), (_PRESENT_ALT, _kind_layer)))
     if len(keyed) == len(past):
         return dict(zip(past, [keyed[k] for k in sorted(keyed)]))
     if len(outs) == len(past) + 1:  # dynamo: the logits, then the cache in its input order

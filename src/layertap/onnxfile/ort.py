@@ -222,9 +222,7 @@ def quiet_options() -> Any:
     """
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.log_severity_level = _FATAL
-    return so
+    return _quiet(ort.SessionOptions())
 
 
 def open_session(model: "str | bytes", options: Callable[[], Any] | None = None, providers: Sequence[str] | None = None,
@@ -412,9 +410,13 @@ def run_options() -> Any:
     """
     import onnxruntime as ort
 
-    ro = ort.RunOptions()
-    ro.log_severity_level = _FATAL
-    return ro
+    return _quiet(ort.RunOptions())
+
+
+def _quiet(options: Any) -> Any:
+    """``options`` (session or run) with ONNX Runtime's log lines for them off."""
+    options.log_severity_level = _FATAL
+    return options
 
 
 def tensor_types(
