@@ -3,7 +3,6 @@ extra or missing keys. MTCNN's trained ONet (facenet-pytorch's wheel, fetched by
 
 from __future__ import annotations
 
-import textwrap
 import warnings
 from pathlib import Path
 
@@ -12,56 +11,19 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import _trained  # noqa: E402
 from layertap.cli.main import main  # noqa: E402
 from layertap.errors import LayertapWarning, ModelSpecError  # noqa: E402
 from layertap.pytorch.models import load_model  # noqa: E402
 
-TRAINED = Path(__file__).resolve().parents[1] / ".venv" / "trained" / "facenet_pytorch" / "data" / "onet.pt"
-
-# facenet-pytorch's ONet, as its wheel defines it (without the loading of its own weights)
-ONET_PY = textwrap.dedent("""
-    from torch import nn
-
-    class ONet(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = nn.Conv2d(3, 32, kernel_size=3)
-            self.prelu1 = nn.PReLU(32)
-            self.pool1 = nn.MaxPool2d(3, 2, ceil_mode=True)
-            self.conv2 = nn.Conv2d(32, 64, kernel_size=3)
-            self.prelu2 = nn.PReLU(64)
-            self.pool2 = nn.MaxPool2d(3, 2, ceil_mode=True)
-            self.conv3 = nn.Conv2d(64, 64, kernel_size=3)
-            self.prelu3 = nn.PReLU(64)
-            self.pool3 = nn.MaxPool2d(2, 2, ceil_mode=True)
-            self.conv4 = nn.Conv2d(64, 128, kernel_size=2)
-            self.prelu4 = nn.PReLU(128)
-            self.dense5 = nn.Linear(1152, 256)
-            self.prelu5 = nn.PReLU(256)
-            self.dense6_1 = nn.Linear(256, 2)
-            self.softmax6_1 = nn.Softmax(dim=1)
-            self.dense6_2 = nn.Linear(256, 4)
-            self.dense6_3 = nn.Linear(256, 10)
-
-        def forward(self, x):
-            x = self.pool1(self.prelu1(self.conv1(x)))
-            x = self.pool2(self.prelu2(self.conv2(x)))
-            x = self.pool3(self.prelu3(self.conv3(x)))
-            x = self.prelu4(self.conv4(x))
-            x = x.permute(0, 3, 2, 1).contiguous()
-            x = self.prelu5(self.dense5(x.view(x.shape[0], -1)))
-            return self.dense6_2(x), self.dense6_3(x), self.softmax6_1(self.dense6_1(x))
-    """)
+MODEL = f"{Path(_trained.__file__)}:ONet"  # facenet-pytorch's ONet, as the trained corpus writes it
 
 
 @pytest.fixture(scope="module")
-def onet(tmp_path_factory):
-    """(MODEL spec, trained state dict)."""
-    if not TRAINED.exists():
-        pytest.skip("trained ONet weights not fetched (make install)")
-    folder = tmp_path_factory.mktemp("onet")
-    (folder / "onet.py").write_text(ONET_PY)
-    return f"{folder / 'onet.py'}:ONet", torch.load(TRAINED, weights_only=True)
+def onet():
+    """(MODEL spec, trained state dict, its file)."""
+    path = _trained.weights("mtcnn", "onet")
+    return MODEL, torch.load(path, weights_only=True), path
 
 
 def training_checkpoint(spec: str, state: dict, path: Path, **entries) -> Path:
@@ -88,10 +50,10 @@ def warned(fn):
 
 
 def test_training_checkpoint_through_cli_equals_plain_state_dict(onet, tmp_path, capsys):
-    spec, state = onet
+    spec, state, _ = onet
     ckpt = training_checkpoint(spec, state, tmp_path / "pretrained.pt", model_state=state)
     outs = {}
-    for name, weights in (("plain", TRAINED), ("ckpt", ckpt)):
+    for name, weights in (("plain", onet[2]), ("ckpt", ckpt)):
         out = tmp_path / f"{name}.npz"
         assert main(["extract", spec, "--weights", str(weights), "--tap", "dense5", "--input", "2x3x48x48",
                      "-o", str(out)]) == 0
@@ -105,7 +67,7 @@ def test_training_checkpoint_through_cli_equals_plain_state_dict(onet, tmp_path,
 
 
 def test_nested_wrapper_with_dataparallel_and_compile_prefixes(onet, tmp_path):
-    spec, state = onet
+    spec, state, _ = onet
     wrapped = {f"module._orig_mod.{k}": v for k, v in state.items()}
     ckpt = training_checkpoint(spec, state, tmp_path / "ema.pt", ema={"module": wrapped, "decay": 0.999})
     (model, _), notes = warned(lambda: load_model(spec, weights=ckpt))
@@ -115,7 +77,7 @@ def test_nested_wrapper_with_dataparallel_and_compile_prefixes(onet, tmp_path):
 
 
 def test_two_fitting_state_dicts_are_refused_until_one_is_named(onet, tmp_path, capsys):
-    spec, state = onet
+    spec, state, _ = onet
     ema = {k: v + 1 for k, v in state.items()}
     ckpt = training_checkpoint(spec, state, tmp_path / "both.pt", model=state, model_ema=ema)
     out = tmp_path / "a.npz"
@@ -131,7 +93,7 @@ def test_two_fitting_state_dicts_are_refused_until_one_is_named(onet, tmp_path, 
 
 
 def test_no_state_dict_names_what_the_file_holds(onet, tmp_path):
-    spec, state = onet
+    spec, state, _ = onet
     ckpt = training_checkpoint(spec, state, tmp_path / "opt_only.pt")
     with pytest.raises(ModelSpecError) as e:
         load_model(spec, weights=ckpt)
@@ -143,7 +105,7 @@ def test_no_state_dict_names_what_the_file_holds(onet, tmp_path):
 
 
 def test_extra_and_missing_keys_need_nonstrict_which_names_them(onet, tmp_path, capsys):
-    spec, state = onet
+    spec, state, _ = onet
     trimmed = {k: v for k, v in state.items() if not k.startswith("dense6_3")}
     trimmed["aux_head.weight"] = torch.zeros(3, 256)
     ckpt = training_checkpoint(spec, state, tmp_path / "aux.pt", model_state_dict=trimmed)
@@ -169,7 +131,7 @@ def test_extra_and_missing_keys_need_nonstrict_which_names_them(onet, tmp_path, 
 def test_safetensors_with_prefixes_and_a_key(onet, tmp_path, capsys):
     from safetensors.torch import save_file
 
-    spec, state = onet
+    spec, state, _ = onet
     flat = tmp_path / "dp.safetensors"
     save_file({f"module.{k}": v.contiguous() for k, v in state.items()}, str(flat))
     same_weights(load_model(spec, weights=flat)[0], state)
@@ -187,7 +149,7 @@ def test_safetensors_with_prefixes_and_a_key(onet, tmp_path, capsys):
 def test_dataset_extraction_takes_the_named_state_dict(onet, tmp_path):
     import layertap as lt
 
-    spec, state = onet
+    spec, state, _ = onet
     ema = {k: v * 0.5 for k, v in state.items()}
     ckpt = training_checkpoint(spec, state, tmp_path / "both.pt", model=state, model_ema=ema)
     data = [np.random.default_rng(i).standard_normal((3, 48, 48)).astype(np.float32) for i in range(3)]
