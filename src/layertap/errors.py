@@ -142,8 +142,3 @@ def one_line(error: object, *, first: bool = False, limit: int | None = None) ->
         return type(error).__name__
     text = kept[0] if first else " ".join(kept)
     return text[:limit] if limit is not None else text
-
-
-def first_line(error: object) -> str:
-    """:func:`one_line` of the error's first line only (later lines hold a traceback or another tool's advice)."""
-    return one_line(error, first=True)

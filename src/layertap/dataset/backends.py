@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import LayertapError, first_line
+from ..errors import LayertapError, one_line
 
 
 @dataclass
@@ -122,7 +122,8 @@ class TorchBackend:
             except LayertapError:
                 raise
             except Exception as e:  # noqa: BLE001 - user models raise anything on bad inputs
-                raise LayertapError(f"the model failed on a batch of {_describe(batch)}: {type(e).__name__}: {first_line(e)}") from None
+                raise LayertapError(f"the model failed on a batch of {_describe(batch)}: "
+                                    f"{type(e).__name__}: {one_line(e, first=True)}") from None
         return {k: tensor_to_numpy(values[k]) for k in tap_keys(list(values), self.taps)}
 
     def _tensor(self, a: np.ndarray):

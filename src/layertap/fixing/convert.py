@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..errors import LayertapError, first_line
+from ..errors import LayertapError, one_line
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -73,7 +73,7 @@ class Converter:
         except LayertapError:
             raise
         except Exception as e:  # noqa: BLE001 - any converter failure is the converter's reason
-            raise LayertapError(f"{self.tool} cannot convert this model: {first_line(e)}") from None
+            raise LayertapError(f"{self.tool} cannot convert this model: {one_line(e, first=True)}") from None
         return out
 
     def _fp16(self, model: "onnx.ModelProto", nodes: Sequence[str], out: Path) -> None:

@@ -283,14 +283,14 @@ def _load(path: Path) -> Any:
     """The float32 file with its weights (read once: the checks every command makes, then its external data)."""
     from onnx.external_data_helper import load_external_data_for_model
 
-    from ..errors import OnnxFileError, first_line
+    from ..errors import OnnxFileError, one_line
     from ..onnxfile.modelfile import read_model
 
     mf = read_model(path)
     try:
         load_external_data_for_model(mf.model, str(mf.folder))
     except Exception as e:  # noqa: BLE001
-        raise OnnxFileError(f"cannot read the weights of ONNX file '{path}': {first_line(e)}") from None
+        raise OnnxFileError(f"cannot read the weights of ONNX file '{path}': {one_line(e, first=True)}") from None
     return mf.model
 
 

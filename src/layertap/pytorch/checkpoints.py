@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from ..errors import LayertapWarning, ModelSpecError, first_line, unknown_name
+from ..errors import LayertapWarning, ModelSpecError, one_line, unknown_name
 from ..files.reads import note_input
 from ..specs import check_weights_path
 
@@ -139,7 +139,7 @@ def _safetensors_shapes(file: Path) -> dict[str, torch.Tensor]:
             header = json.loads(f.read(size))
         return {k: torch.empty(v["shape"], device="meta") for k, v in header.items() if k != "__metadata__"}
     except (OSError, ValueError, RecursionError, TypeError, KeyError, RuntimeError) as e:
-        raise ModelSpecError(f"cannot read weights '{file}' as safetensors: {type(e).__name__}: {first_line(e)}") from None
+        raise ModelSpecError(f"cannot read weights '{file}' as safetensors: {type(e).__name__}: {one_line(e, first=True)}") from None
 
 
 _SAFETENSORS_HEADER_MAX = 100 << 20  # the format's own limit
@@ -170,13 +170,13 @@ def _read_torch(file: Path, unsafe_pickle: bool) -> Any:
             ) from None
     except Exception as e:  # noqa: BLE001 - a corrupt file makes the unpickler raise anything (KeyError...)
         raise ModelSpecError(
-            f"cannot read weights '{file}' with torch.load ({type(e).__name__}: {first_line(e)}); "
+            f"cannot read weights '{file}' with torch.load ({type(e).__name__}: {one_line(e, first=True)}); "
             "is it a state dict saved with torch.save?"
         ) from None
     try:
         return _torch_load(file, weights_only=False)
     except Exception as e:  # noqa: BLE001 - unpickling user files may raise anything
-        raise ModelSpecError(f"cannot unpickle '{file}': {type(e).__name__}: {first_line(e)}") from None
+        raise ModelSpecError(f"cannot unpickle '{file}': {type(e).__name__}: {one_line(e, first=True)}") from None
 
 
 def _unsafe_globals(file: Path, error: Exception) -> list[str]:

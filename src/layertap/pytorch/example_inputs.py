@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import LayertapError, first_line, unknown_name
+from ..errors import LayertapError, one_line, unknown_name
 from ..inputs import InputSpec, spec_arrays
 from .models import ModelInfo
 
@@ -106,7 +106,7 @@ def run_failed(error: Exception, info: ModelInfo, method: str, args: tuple, kwar
         >>> print(run_failed(RuntimeError("bad shape"), info, "forward", (torch.zeros(1, 3, 8),), {}))
         m:M expects an input like 1x3x8x8 float32 (its default), got 1x3x8 float32: forward() failed with ...; pass --input 1x3x8x8, ...
     """
-    msg = first_line(error)
+    msg = one_line(error, first=True)
     given = describe_inputs(args, kwargs)
     defaults = [s for s in info.inputs if s.shape is not None] if method == "forward" else []
     wanted = ", ".join(f"{s.name + '=' if s.name else ''}{_shape_text(s.shape)} {s.dtype}" for s in defaults)
@@ -151,7 +151,7 @@ def example_from_samples(model: Any, path: str | os.PathLike) -> tuple[Any, ...]
             with torch.no_grad():
                 model(*args)
         except Exception as e:  # noqa: BLE001 - the model's own error, said in one line below
-            errors.append(f"{' '.join('x'.join(map(str, a.shape)) for a in layout)} ({type(e).__name__}: {first_line(e)})")
+            errors.append(f"{' '.join('x'.join(map(str, a.shape)) for a in layout)} ({type(e).__name__}: {one_line(e, first=True)})")
             continue
         return args
     raise LayertapError(f"--inputs '{p}': the model runs on its first sample neither with a batch axis nor as stored: "

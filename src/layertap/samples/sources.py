@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import LayertapError, first_line
+from ..errors import LayertapError, one_line
 from .images import IMAGE_SUFFIXES, Preprocess
 
 ARRAY_SUFFIXES = (".npy", ".npz")
@@ -77,7 +77,7 @@ class MapSource:
         except LayertapError as e:
             return Bad(i, self.ids[i], str(e))
         except Exception as e:  # noqa: BLE001 - a corrupt file makes readers raise anything
-            return Bad(i, self.ids[i], f"cannot read sample {self.ids[i]!r}: {type(e).__name__}: {first_line(e)}")
+            return Bad(i, self.ids[i], f"cannot read sample {self.ids[i]!r}: {type(e).__name__}: {one_line(e, first=True)}")
 
     def describe(self) -> dict:
         """The source as the manifest records it (its classes when it has labels)."""
@@ -412,7 +412,7 @@ def _open_hf(root: Path, preprocess: Callable[[], Preprocess | None], how: _Open
     try:
         ds = datasets.load_from_disk(str(root))
     except Exception as e:  # noqa: BLE001
-        raise LayertapError(f"cannot read datasets folder '{root}': {first_line(e)}") from None
+        raise LayertapError(f"cannot read datasets folder '{root}': {one_line(e, first=True)}") from None
     return _hf_source(ds, root, preprocess, how)
 
 
