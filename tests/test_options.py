@@ -1,6 +1,7 @@
-"""The option objects at the library boundary: ``lt.compare`` and ``lt.extract_dataset`` take
-RuntimeOptions / SampleOptions and their documented keywords alike (a keyword not at its default
-replaces the object's field); the CLI's argument groups build the same objects."""
+"""The option objects at the library boundary: ``lt.compare``, ``lt.fix``, ``lt.repro`` and
+``lt.extract_dataset`` take Criterion / RuntimeOptions / SampleOptions and their documented
+keywords alike (a keyword not at its default replaces the object's field); the CLI's argument
+groups build the same objects."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import numpy as np
 import pytest
 
 import layertap as lt
-from layertap.cli.args import Args, RuntimeArgs
+from layertap.cli.args import Args, InputArgs, RuntimeArgs, SampleArgs, ToleranceArgs
 from layertap.errors import LayertapError
+from layertap.metrics import Criterion
 from layertap.onnxfile.samples import write_tiny_model
-from layertap.options import RuntimeOptions, SampleOptions
+from layertap.options import RuntimeOptions, SampleOptions, merged_criterion
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +60,89 @@ def test_the_runtime_group_builds_the_librarys_object():
     group.parse(parser.parse_args(["--cand-runtime", "ort", "--providers", "CPU", "--no-ort-opt"]), args)
     assert args.runtime == RuntimeOptions(cand_runtime="ort", providers="CPU", ort_optimizations=False,
                                           ref_ort_optimizations=True)
+
+
+@pytest.fixture(scope="module")
+def scaled(tmp_path_factory):
+    """The tiny model with its last node 1% off: ``neg`` fails ``rel`` at 1e-3, passes ``cosine``."""
+    import onnx
+    import onnx.helper as h
+
+    folder = tmp_path_factory.mktemp("scaled")
+    model = onnx.load(str(write_tiny_model(folder)))
+    scale = h.make_node("Constant", [], ["k"], name="/neg/k", value=h.make_tensor("k", onnx.TensorProto.FLOAT, [], [-1.01]))
+    mul = h.make_node("Mul", ["/act/Relu_output_0", "k"], ["y"], name="/neg/Mul")
+    del model.graph.node[1]
+    model.graph.node.extend([scale, mul])
+    path = folder / "scaled.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def test_compare_takes_a_criterion_as_it_takes_the_keywords(tiny, scaled):
+    assert not lt.compare(tiny, None, scaled, samples=2).ok
+    assert lt.compare(tiny, None, scaled, samples=2, metric="cosine").ok
+    assert lt.compare(tiny, None, scaled, samples=2, criterion=Criterion(metric="cosine")).ok
+    assert lt.compare(tiny, None, scaled, samples=2, criterion=Criterion(rtol=0.05)).ok
+    # a keyword given replaces the object's field, even at the keyword's default value
+    assert not lt.compare(tiny, None, scaled, samples=2, criterion=Criterion(rtol=0.05), rtol=1e-3).ok
+    with pytest.raises(LayertapError, match="expected a layertap.metrics.Criterion, got dict"):
+        lt.compare(tiny, None, scaled, criterion={"metric": "cosine"})
+    with pytest.raises(LayertapError, match="min_cosine must be a number in"):
+        lt.compare(tiny, None, scaled, criterion=Criterion(metric="cosine", min_cosine=2.0))
+
+
+def test_a_chosen_tolerance_is_never_fitted_to_a_reduced_precision():
+    assert merged_criterion(Criterion(), rtol=None, atol=None)[1] is False
+    assert merged_criterion(Criterion(rtol=1e-2))[1] is True
+    assert merged_criterion(None, atol=1e-5)[1] is True  # given, though at the default value
+    rule, _ = merged_criterion(Criterion(metric="sqnr", min_sqnr_db=20.0), metric="rel", check_finite=True)
+    assert (rule.metric, rule.min_sqnr_db, rule.check_finite) == ("sqnr", 20.0, True)  # "rel": the keyword's default
+
+
+def _parsed(groups, argv):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    for g in groups:
+        g.add(parser)
+    ns, args = parser.parse_args(argv), Args()
+    for g in sorted(groups, key=lambda g: g.order):
+        g.parse(ns, args)
+    return args
+
+
+def test_the_sample_and_tolerance_groups_build_the_librarys_objects(tmp_path):
+    groups = (InputArgs(), ToleranceArgs(metrics=True), SampleArgs(inputs_help="", samples_help="", reading=True))
+    args = _parsed(groups, ["--inputs", "s.npz", "--limit", "3", "--seed", "4", "--metric", "cosine",
+                            "--min-cosine", "0.99", "--check-finite"])
+    assert args.sampling == SampleOptions(inputs="s.npz", limit=3, seed=4)
+    assert args.tolerance.criterion == Criterion(metric="cosine", min_cosine=0.99, check_finite=True)
+    assert not args.tolerance.given and args.tolerance.chosen() == {}
+    args = _parsed(groups, ["--samples", "2", "--rtol", "1e-3"])
+    assert args.sampling == SampleOptions(samples=2) and args.tolerance.chosen() == {"rtol": 1e-3, "atol": 1e-5}
+    with pytest.raises(LayertapError, match="give --inputs or --samples, not both"):
+        _parsed(groups, ["--samples", "2", "--inputs", "s.npz"])
+    with pytest.raises(LayertapError, match="--limit applies to the samples of --inputs"):
+        _parsed(groups, ["--limit", "2"])
+    fixing = (InputArgs(), SampleArgs(inputs_help="", samples_help="", default_samples=8, check_exists=True))
+    assert _parsed(fixing, []).sampling == SampleOptions(samples=8)
+    with pytest.raises(LayertapError, match=f"--inputs '{tmp_path / 'none'}' does not exist"):
+        _parsed(fixing, ["--inputs", str(tmp_path / "none")])
+
+
+def test_repro_and_fix_read_the_samples_of_an_options_object(tiny, scaled, tmp_path):
+    samples = tmp_path / "s.npz"
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    x[1] *= 100  # the worst sample of the 1% error
+    np.savez(samples, x=x)
+    report = lt.repro(tiny, None, scaled, out=tmp_path / "pkg", sample_options=SampleOptions(inputs=samples))
+    assert report.reproduced and report.module == "neg"
+    packaged = np.load(tmp_path / "pkg" / "inputs.npz")
+    assert np.array_equal(packaged["/act/Relu_output_0"], np.maximum(x[1:2], 0))  # the call's input of that sample
+    with pytest.raises(LayertapError, match="repro packages one sample"):
+        lt.repro(tiny, None, scaled, out=tmp_path / "pkg2", sample_options=SampleOptions(samples=3))
+    np.savez(samples, x=np.concatenate([x, np.full((1, 4), 1e6, np.float32)]))  # the fourth beyond float16
+    every = lt.fix(tiny, to="fp16", out=None, sample_options=SampleOptions(inputs=samples))
+    first_two = lt.fix(tiny, to="fp16", out=None, sample_options=SampleOptions(inputs=samples, limit=2))
+    assert every.kept and first_two.ok and not first_two.kept

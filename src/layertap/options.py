@@ -1,8 +1,9 @@
-"""The option objects the library's entry points take, beside :class:`~layertap.metrics.Criterion`
-(how rows are judged): :class:`RuntimeOptions` (what runs each ONNX file) and :class:`SampleOptions`
-(which samples a command runs on). The CLI's argument groups build them; ``lt.compare`` and
-``lt.extract_dataset`` take them, or build them from their documented keywords, and hand the
-objects to the layers below (never 30 flat keywords).
+"""The option objects the library's entry points take: :class:`~layertap.metrics.Criterion` (how
+rows are judged), :class:`RuntimeOptions` (what runs each ONNX file) and :class:`SampleOptions`
+(which samples a command runs on). The CLI's argument groups build them; ``lt.compare``,
+``lt.fix``, ``lt.repro`` and ``lt.extract_dataset`` take them, or build them from their
+documented keywords (:func:`merged_criterion`, ``RuntimeOptions.merged``,
+``SampleOptions.merged``), and hand the objects to the layers below (never 30 flat keywords).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any, Sequence, TypeVar
 
 from .errors import LayertapError
+from .metrics import DEFAULT_ATOL, DEFAULT_RTOL, Criterion
 
-_O = TypeVar("_O", "RuntimeOptions", "SampleOptions")
+_O = TypeVar("_O", "RuntimeOptions", "SampleOptions", Criterion)
 
 
 def _merged(cls: type[_O], given: _O | None, keywords: dict[str, Any]) -> _O:
@@ -106,3 +108,27 @@ class SampleOptions:
     def recipe(self) -> tuple[Any, Any, Any, Any]:
         """``(preprocess, image_size, mean, std)``: how images are read."""
         return self.preprocess, self.image_size, self.mean, self.std
+
+
+def merged_criterion(given: Criterion | None = None, **keywords: Any) -> tuple[Criterion, bool]:
+    """``given`` (else the default rule) with the keywords that are not ``None`` and not at
+    their defaults in place of its fields, and whether the tolerances were chosen (an ``rtol`` or
+    ``atol`` keyword, or an object whose tolerances are not the defaults): a rule nobody chose may
+    be fitted to a runtime's reduced precision, a chosen one never is.
+
+    Example:
+        >>> c, chosen = merged_criterion(Criterion(metric="cosine"), min_cosine=0.99, rtol=None)
+        >>> c.metric, c.min_cosine, chosen
+        ('cosine', 0.99, False)
+        >>> merged_criterion(None, rtol=1e-3)[1]
+        True
+    """
+    base = given if given is not None else Criterion()
+    if not isinstance(base, Criterion):
+        raise LayertapError(f"expected a layertap.metrics.Criterion, got {type(base).__name__}; build one with "
+                            "Criterion(metric=..., rtol=...) or give the keywords instead")
+    chosen = any(keywords.get(k) is not None for k in ("rtol", "atol")) or \
+        (base.rtol, base.atol) != (DEFAULT_RTOL, DEFAULT_ATOL)
+    tolerances = {k: v for k, v in keywords.items() if k in ("rtol", "atol") and v is not None}
+    others = {k: v for k, v in keywords.items() if k not in ("rtol", "atol") and v is not None}
+    return dataclasses.replace(_merged(Criterion, base, others), **tolerances), chosen

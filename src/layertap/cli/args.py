@@ -23,6 +23,7 @@ from ..runtimes import is_ir
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..inputs import InputSpec
+    from ..metrics import Criterion
     from ..selectors import Tap
     from ..specs import ModelSpec
 
@@ -49,6 +50,7 @@ class Args:
     report: str | None = None  # as given (checked)
     dataset: DatasetOptions | None = None  # extract --data
     runtime: RuntimeOptions = field(default_factory=RuntimeOptions)  # RuntimeArgs
+    sampling: SampleOptions = field(default_factory=SampleOptions)  # SampleArgs
 
 
 class ArgGroup:
@@ -306,19 +308,33 @@ def _int_at_least(text: str, low: int, what: str) -> int:
 
 @dataclass(frozen=True)
 class Tolerance:
-    """The pass rule shared by export verification and compare."""
+    """The pass rule shared by export verification, compare and repro: the library's
+    :class:`~layertap.metrics.Criterion`, and whether ``--rtol``/``--atol`` were given."""
 
-    rtol: float
-    atol: float
+    criterion: Criterion
     given: bool = True  # False: neither was on the command line (compare may fit rtol to a reduced precision)
+
+    @property
+    def rtol(self) -> float:
+        return self.criterion.rtol
+
+    @property
+    def atol(self) -> float:
+        return self.criterion.atol
+
+    def chosen(self) -> dict[str, Any]:
+        """``rtol``/``atol`` as keywords when the user gave them: a rule nobody chose may be fitted to
+        a runtime's reduced precision (:func:`~layertap.options.merged_criterion`)."""
+        return dict(rtol=self.rtol, atol=self.atol) if self.given else {}
 
 
 class ToleranceArgs(ArgGroup):
     """``--rtol`` / ``--atol``: the pass rule shared by export verification and compare; ``rule`` words
-    it for a command whose sides are not ONNX vs torch."""
+    it for a command whose sides are not ONNX vs torch. With ``metrics=True`` also ``--metric``,
+    ``--min-cosine``, ``--min-sqnr`` and ``--check-finite``. Parsed once into a :class:`Tolerance`."""
 
-    def __init__(self, rule: str = "pass when max|onnx-torch| <= atol + rtol*max|torch|") -> None:
-        self.rule = rule
+    def __init__(self, rule: str = "pass when max|onnx-torch| <= atol + rtol*max|torch|", *, metrics: bool = False) -> None:
+        self.rule, self.metrics = rule, metrics
 
     def add(self, parser: argparse.ArgumentParser) -> None:
         from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
@@ -328,12 +344,74 @@ class ToleranceArgs(ArgGroup):
                        help=f"{self.rule} (default {DEFAULT_RTOL:g})")
         g.add_argument("--atol", type=nonneg_float, default=None, metavar="A",
                        help=f"absolute tolerance (default {DEFAULT_ATOL:g})")
+        if self.metrics:
+            self._add_metrics(g)
+
+    @staticmethod
+    def _add_metrics(g: Any) -> None:
+        g.add_argument("--metric", choices=("rel", "cosine", "sqnr"), default="rel",
+                       help="what decides pass/fail: rel (--rtol/--atol, default), cosine (--min-cosine), sqnr (--min-sqnr)")
+        g.add_argument("--min-cosine", type=float, default=None, metavar="C",
+                       help="with --metric cosine: pass when cosine similarity >= C (default 0.999)")
+        g.add_argument("--min-sqnr", type=float, default=None, metavar="DB",
+                       help="with --metric sqnr: pass when SQNR >= DB decibels (default 30)")
+        g.add_argument("--check-finite", action="store_true",
+                       help="fail any module whose candidate values hold NaN/inf, and name the first one")
 
     def parse(self, ns: argparse.Namespace, args: Args) -> None:
-        from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
+        from ..metrics import Criterion
+        from ..options import merged_criterion
 
-        args.tolerance = Tolerance(DEFAULT_RTOL if ns.rtol is None else ns.rtol, DEFAULT_ATOL if ns.atol is None else ns.atol,
-                                   given=ns.rtol is not None or ns.atol is not None)
+        rule = dict(metric=ns.metric, min_cosine=ns.min_cosine, min_sqnr_db=ns.min_sqnr,
+                    check_finite=ns.check_finite) if self.metrics else {}
+        criterion, _ = merged_criterion(Criterion(), rtol=ns.rtol, atol=ns.atol, **rule)
+        args.tolerance = Tolerance(criterion, given=ns.rtol is not None or ns.atol is not None)
+
+
+class SampleArgs(ArgGroup):
+    """Which samples a command runs on: ``--inputs PATH`` and ``--samples N`` (one or the other),
+    with ``reading=True`` also ``--limit``, ``--save-inputs``, ``--columns``, ``--image-size``,
+    ``--mean``, ``--std``; parsed once into :class:`~layertap.options.SampleOptions` (``--seed``
+    from the inputs group). ``default_samples``: ``N`` when neither is given."""
+
+    order = 1
+
+    def __init__(self, *, inputs_help: str, samples_help: str | None = None, reading: bool = False,
+                 default_samples: int | None = None, check_exists: bool = False) -> None:
+        self.inputs_help, self.samples_help, self.reading = inputs_help, samples_help, reading
+        self.default_samples, self.check_exists = default_samples, check_exists
+
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("samples")
+        g.add_argument("--inputs", metavar="PATH", help=self.inputs_help)
+        if self.samples_help is not None:
+            g.add_argument("--samples", type=positive_int, default=None, metavar="N", help=self.samples_help)
+        if self.reading:
+            g.add_argument("--limit", type=positive_int, metavar="N", help="with --inputs: only the first N samples")
+            g.add_argument("--save-inputs", metavar="FILE.npz",
+                           help="write the samples compared to FILE.npz, an array per input named after it: samples "
+                                "of batch 1 joined on the batch axis (4 samples of 1x3x224x224: 4x3x224x224, one per "
+                                "row), others stacked (4 samples of 2x7: 4x2x7); --inputs FILE.npz repeats the "
+                                "comparison exactly")
+            add_sample_options(g)
+
+    def parse(self, ns: argparse.Namespace, args: Args) -> None:
+        samples = getattr(ns, "samples", None)
+        if ns.inputs is not None and samples is not None:
+            raise LayertapError("give --inputs or --samples, not both")
+        reading = dict(limit=ns.limit, columns=ns.columns, image_size=ns.image_size, mean=ns.mean, std=ns.std,
+                       save_inputs=ns.save_inputs) if self.reading else {}
+        for flag in ("limit", "columns", "image_size"):
+            if reading.get(flag) is not None and ns.inputs is None:
+                raise LayertapError(f"--{flag.replace('_', '-')} applies to the samples of --inputs PATH; give --inputs too")
+        if self.check_exists and ns.inputs is not None:
+            from pathlib import Path
+
+            if not Path(ns.inputs).exists():
+                raise LayertapError(f"--inputs '{ns.inputs}' does not exist")
+        if samples is None and ns.inputs is None:
+            samples = self.default_samples
+        args.sampling = SampleOptions(samples=samples, inputs=ns.inputs, seed=getattr(ns, "seed", 0), **reading)
 
 
 class RuntimeArgs(ArgGroup):

@@ -43,14 +43,15 @@ the next run.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import LayertapError
-from ..metrics import DEFAULT_ATOL, DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, DEFAULT_RTOL, METRICS, ROUNDING_RTOL, Criterion
+from ..metrics import DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, METRICS, ROUNDING_RTOL, Criterion
 from ..onnxfile.kvcache import kv_layout
 from ..onnxfile.modelfile import ModelFile
-from ..options import RuntimeOptions, SampleOptions
+from ..options import RuntimeOptions, SampleOptions, merged_criterion
 from ..runtimes.ort import FUSION_NOTE
 from ..samples.declared import read_inputs
 from ..samples.drawn import given_samples, random_for_file, with_cache
@@ -107,6 +108,7 @@ def compare(
     columns: Sequence[str] | None = None,
     image_size: Any = None, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
     preprocess: Preprocess | None = None,
+    criterion: Criterion | None = None,
     runtime_options: RuntimeOptions | None = None,
     sample_options: SampleOptions | None = None,
 ) -> CompareReport:
@@ -173,8 +175,10 @@ def compare(
             comparison exactly (an array per input: samples of batch 1 joined on the batch axis,
             e.g. 4 samples of ``1x3x224x224`` as ``4x3x224x224``; see
             :func:`~layertap.samples.loading.save_samples`).
-        runtime_options, sample_options: the same options as objects
-            (:class:`~layertap.options.RuntimeOptions`: ``runtime``, ``cand_runtime``, ``providers``,
+        criterion, runtime_options, sample_options: the same options as objects
+            (:class:`~layertap.metrics.Criterion`: ``metric``, ``rtol``, ``atol``, ``min_cosine``,
+            ``min_sqnr_db``, ``check_finite``; :class:`~layertap.options.RuntimeOptions`: ``runtime``,
+            ``cand_runtime``, ``providers``,
             ``cand_providers``, ``ort_optimizations``, ``ref_ort_optimizations``, ``ov_precision``,
             ``ov_device``; :class:`~layertap.options.SampleOptions`: ``samples``, ``inputs``, ``limit``,
             ``columns``, ``image_size``, ``mean``, ``std``, ``preprocess``, ``save_inputs``, ``seed``);
@@ -203,34 +207,66 @@ def compare(
     sampling = SampleOptions.merged(sample_options, samples=samples, inputs=inputs, limit=limit, columns=columns,
                                     image_size=image_size, mean=mean, std=std, preprocess=preprocess,
                                     save_inputs=save_inputs, seed=seed)
-    criterion, tolerance_given = _judging(metric, rtol, atol, min_cosine, min_sqnr_db, check_finite, batch_outputs, memory_budget)
-    options = dict(criterion=criterion, modules=modules, batch_outputs=batch_outputs, memory_budget=memory_budget,
-                   allow_different_weights=allow_different_weights)
-    return _compare(ref, args, cand, runs, sampling, options, tolerance_given=tolerance_given,
-                    kwargs=dict(kwargs or {}), method=method, local=local, progress=progress, steps=steps)
+    rule, tolerance_chosen = merged_criterion(criterion, metric=metric, rtol=rtol, atol=atol, min_cosine=min_cosine,
+                                              min_sqnr_db=min_sqnr_db, check_finite=check_finite)
+    plan = _Plan(_checked(rule), modules, batch_outputs, memory_budget, allow_different_weights, local,
+                 sampling.seed, sampling.save_inputs, progress)
+    _check_memory(batch_outputs, memory_budget)
+    return _compare(ref, args, cand, runs, sampling, plan, tolerance_chosen=tolerance_chosen,
+                    call=_TorchCall(dict(kwargs or {}), method, steps))
 
 
-def _compare(ref: Any, args: Any, cand: Any, runs: RuntimeOptions, sampling: SampleOptions, options: dict[str, Any], *,
-             tolerance_given: bool, kwargs: dict, method: str | Callable[..., Any], local: bool,
-             progress: Progress | None, steps: int | None) -> CompareReport:
+@dataclass(frozen=True)
+class _Plan:
+    """How one comparison runs, its options checked: the rule rows are judged by, the modules
+    compared, the memory held, and what else is done beside the rows."""
+
+    criterion: Criterion
+    modules: Sequence[str] | None
+    batch_outputs: int | None
+    memory_budget: int
+    allow_different_weights: bool
+    local: bool
+    seed: int  # of random samples
+    save_inputs: str | os.PathLike | None
+    progress: Progress | None
+
+    def sides(self) -> dict[str, Any]:
+        """The keywords both kinds of reference take."""
+        return dict(criterion=self.criterion, modules=self.modules, batch_outputs=self.batch_outputs,
+                    memory_budget=self.memory_budget, allow_different_weights=self.allow_different_weights)
+
+    def driver(self) -> dict[str, Any]:
+        """The keywords of :func:`.driver.compare_sides`."""
+        return dict(criterion=self.criterion, local=self.local, memory_budget=self.memory_budget, progress=self.progress)
+
+
+@dataclass(frozen=True)
+class _TorchCall:
+    """How a PyTorch reference is called: keyword arguments, the method, decode steps."""
+
+    kwargs: dict
+    method: str | Callable[..., Any] = "forward"
+    steps: int | None = None
+
+
+def _compare(ref: Any, args: Any, cand: Any, runs: RuntimeOptions, sampling: SampleOptions, plan: _Plan, *,
+             tolerance_chosen: bool, call: _TorchCall) -> CompareReport:
     """``compare`` on its options as objects: the runtimes opened, the samples read, the rows' rule
     fitted to a reduced precision, then the sides built for the kind of reference."""
     onnx_ref = isinstance(ref, (str, os.PathLike, ModelFile))
     ref_rt, cand_rt = side_runtimes(onnx_ref, runs)
-    criterion, precision_note = rounding_criterion(options["criterion"], tolerance_given, (ref_rt, cand_rt))
-    _check_steps_use(steps, onnx_ref or sampling.samples is not None or sampling.inputs is not None)
+    criterion, precision_note = rounding_criterion(plan.criterion, tolerance_chosen, (ref_rt, cand_rt))
+    plan = replace(plan, criterion=criterion)
+    _check_steps_use(call.steps, onnx_ref or sampling.samples is not None or sampling.inputs is not None)
     samples = sampling.samples
     if sampling.inputs is not None or sampling.save_inputs is not None:
         ref, cand, args, samples = reference_samples(ref, cand, onnx_ref, args, sampling)
     given, n_random = given_samples(args if onnx_ref else _as_args(args), samples)
-    options = dict(options, criterion=criterion, save_inputs=sampling.save_inputs)
     if onnx_ref:
-        report = _compare_files(ref, cand, given, n_random, ref_rt, cand_rt, options, seed=sampling.seed, local=local,
-                                progress=progress)
+        report = _compare_files(ref, cand, given, n_random, ref_rt, cand_rt, plan)
     else:
-        report = _compare_torch(ref, cand, given, n_random, cand_rt, options, kwargs=kwargs, method=method,
-                                ort_optimizations=runs.ort_optimizations, seed=sampling.seed, local=local,
-                                progress=progress, steps=steps)
+        report = _compare_torch(ref, cand, given, n_random, cand_rt, plan, call, ort_optimizations=runs.ort_optimizations)
     report.notes[:0] = [precision_note] if precision_note else []
     return report
 
@@ -295,8 +331,7 @@ def side_runtimes(onnx_ref: bool, runs: RuntimeOptions) -> tuple[Any, Any]:
 
 
 def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike | ModelFile, given: list[Any],
-                   n_random: int, ref_rt: Any, cand_rt: Any, options: dict[str, Any], *, seed: int,
-                   local: bool, progress: Progress | None) -> CompareReport:
+                   n_random: int, ref_rt: Any, cand_rt: Any, plan: _Plan) -> CompareReport:
     """An ONNX reference: both files in their runtimes, aligned by :func:`.onnx_ref.align_files`. Never imports torch."""
     from .onnx_ref import OnnxReference, refuse_same_run
 
@@ -306,29 +341,16 @@ def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike |
     decoder, folder = kv_layout(ref_side.proto.graph), ref_side.path.parent
     given = [with_cache(s, decoder, folder) if isinstance(s, dict) else s if isinstance(s, (list, tuple)) else [s]
              for s in given]
-    save = options.pop("save_inputs")
-    reference = OnnxReference(ref_side, cand_side, given, n_random, random=random_for_file(seed, decoder, folder),
-                              **options)
-    if save is not None:
-        save_samples(save, reference.feeds)
-    report = compare_sides(reference, cand_side, criterion=options["criterion"], local=local,
-                           memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
-                           ort_optimizations=cand_rt.optimize, reference=_shown(ref),
+    reference = OnnxReference(ref_side, cand_side, given, n_random, random=random_for_file(plan.seed, decoder, folder),
+                              **plan.sides())
+    if plan.save_inputs is not None:
+        save_samples(plan.save_inputs, reference.feeds)
+    report = compare_sides(reference, cand_side, onnx_path=_shown(cand), ort_optimizations=cand_rt.optimize,
+                           reference=_shown(ref), **plan.driver(),
                            runtimes={"reference": ref_side.describe().to_dict(), "candidate": cand_side.describe().to_dict()})
     # again after the runs: what each side ran on (ORT leaves out a provider that fails to load)
     report.runtimes.update(reference=ref_side.describe().to_dict(), candidate=cand_side.describe().to_dict())
     return report
-
-
-def _judging(metric: Any, rtol: Any, atol: Any, min_cosine: Any, min_sqnr_db: Any, check_finite: bool, batch_outputs: Any,
-             memory_budget: Any) -> tuple[Criterion, bool]:
-    """The rule rows are judged by (defaults filled in) and whether the user set a tolerance;
-    the numeric options checked."""
-    given = rtol is not None or atol is not None
-    rtol, atol = (DEFAULT_RTOL if rtol is None else rtol), (DEFAULT_ATOL if atol is None else atol)
-    criterion = _criterion(metric, rtol, atol, min_cosine, min_sqnr_db, check_finite)
-    _check_options(rtol, atol, batch_outputs, memory_budget)
-    return criterion, given
 
 
 def _candidate(cand: Any, onnx_path: Any) -> Any:
@@ -346,14 +368,19 @@ def _check_steps_use(steps: int | None, other_samples: bool) -> None:
                             "(input_ids), without samples= or inputs=")
 
 
-def _criterion(metric: Any, rtol: Any, atol: Any, min_cosine: Any, min_sqnr_db: Any, check_finite: bool) -> Criterion:
-    if metric not in METRICS:
-        raise LayertapError(f"unknown metric {metric!r}; use one of {', '.join(METRICS)}")
-    if not isinstance(min_cosine, (int, float)) or not -1 <= min_cosine <= 1:
-        raise LayertapError(f"min_cosine must be a number in [-1, 1], got {min_cosine!r}")
-    if not isinstance(min_sqnr_db, (int, float)):
-        raise LayertapError(f"min_sqnr_db must be a number of dB, got {min_sqnr_db!r}")
-    return Criterion(metric, float(rtol), float(atol), float(min_cosine), float(min_sqnr_db), bool(check_finite))
+def _checked(criterion: Criterion) -> Criterion:
+    """The rule with its numbers checked, each as a one-line user error."""
+    c = criterion
+    if c.metric not in METRICS:
+        raise LayertapError(f"unknown metric {c.metric!r}; use one of {', '.join(METRICS)}")
+    if not isinstance(c.min_cosine, (int, float)) or not -1 <= c.min_cosine <= 1:
+        raise LayertapError(f"min_cosine must be a number in [-1, 1], got {c.min_cosine!r}")
+    if not isinstance(c.min_sqnr_db, (int, float)):
+        raise LayertapError(f"min_sqnr_db must be a number of dB, got {c.min_sqnr_db!r}")
+    if not (isinstance(c.rtol, (int, float)) and c.rtol >= 0 and isinstance(c.atol, (int, float)) and c.atol >= 0):
+        raise LayertapError(f"tolerances must be numbers >= 0, got rtol={c.rtol!r}, atol={c.atol!r}")
+    return Criterion(c.metric, float(c.rtol), float(c.atol), float(c.min_cosine), float(c.min_sqnr_db),
+                     bool(c.check_finite))
 
 
 def _as_args(args: Any) -> tuple:
@@ -371,30 +398,27 @@ def _torch_samples(given: list[Any], n_random: int, kwargs: dict, seed: int) -> 
 
 
 def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[Any], n_random: int, runtime: Any,
-                   options: dict[str, Any], *, kwargs: dict, method: str | Callable[..., Any], ort_optimizations: bool,
-                   seed: int, local: bool, progress: Progress | None, steps: int | None = None) -> CompareReport:
+                   plan: _Plan, call: _TorchCall, *, ort_optimizations: bool) -> CompareReport:
     """PyTorch reference: one hooked forward per sample (or decode step), the candidate's tensors in ORT batches."""
     from ..pytorch.taps import bound_method
     from .steps import StepReference, check_steps
     from .torch_ref import TorchReference
 
-    bound_method(model, method)  # a non-module or an unknown method fails before any work
-    runs = _torch_samples(given, n_random, kwargs, seed)
+    bound_method(model, call.method)  # a non-module or an unknown method fails before any work
+    runs = _torch_samples(given, n_random, call.kwargs, plan.seed)
     cand_side = OrtSide(cand, runtime)
-    save = options.pop("save_inputs")
     reference: TorchReference
     candidate: Any = cand_side
-    if steps is not None:
-        reference = StepReference(model, runs, cand_side, steps=check_steps(steps), method=method, progress=progress,
-                                  local=local, **options)
+    options = dict(method=call.method, progress=plan.progress, local=plan.local, **plan.sides())
+    if call.steps is not None:
+        reference = StepReference(model, runs, cand_side, steps=check_steps(call.steps), **options)
         candidate = reference.candidate
     else:
-        reference = TorchReference(model, runs, cand_side, method=method, progress=progress, local=local, **options)
-    if save is not None:
-        save_samples(save, reference.feeds)
-    report = compare_sides(reference, candidate, criterion=options["criterion"], local=local,
-                           memory_budget=options["memory_budget"], progress=progress, onnx_path=_shown(cand),
-                           ort_optimizations=ort_optimizations, runtimes={"candidate": cand_side.describe().to_dict()})
+        reference = TorchReference(model, runs, cand_side, **options)
+    if plan.save_inputs is not None:
+        save_samples(plan.save_inputs, reference.feeds)
+    report = compare_sides(reference, candidate, onnx_path=_shown(cand), ort_optimizations=ort_optimizations,
+                           runtimes={"candidate": cand_side.describe().to_dict()}, **plan.driver())
     report.runtimes.update(candidate=cand_side.describe().to_dict())  # after the runs: what they ran on
     return report
 
@@ -431,10 +455,8 @@ def _shown(source: str | os.PathLike | ModelFile) -> str:
     return str(source.path if isinstance(source, ModelFile) else source)
 
 
-def _check_options(rtol: Any, atol: Any, batch_outputs: Any, memory_budget: Any) -> None:
-    """User errors in the numeric options, as one-line messages."""
-    if not (isinstance(rtol, (int, float)) and rtol >= 0 and isinstance(atol, (int, float)) and atol >= 0):
-        raise LayertapError(f"tolerances must be numbers >= 0, got rtol={rtol!r}, atol={atol!r}")
+def _check_memory(batch_outputs: Any, memory_budget: Any) -> None:
+    """User errors in the memory options, as one-line messages."""
     if batch_outputs is not None and (not isinstance(batch_outputs, int) or batch_outputs < 1):
         raise LayertapError(f"batch_outputs must be a positive integer, got {batch_outputs!r}")
     if not isinstance(memory_budget, int) or memory_budget < 1:

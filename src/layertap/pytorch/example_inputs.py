@@ -66,6 +66,31 @@ def make_inputs(
     return tuple(args), kwargs
 
 
+def draw_samples(info: ModelInfo, specs: Sequence[InputSpec], n: int, first: tuple[tuple, dict], *,
+                 model: nn.Module | None = None, method: str = "forward", seed: int = 0) -> list[Any]:
+    """``n`` samples for ``compare``: ``first`` (the example's ``(args, kwargs)``), then
+    :func:`make_inputs` with seeds ``seed + 1`` ... ``seed + n - 1``; each one positional
+    arguments, or a dict when the model takes keywords.
+
+    Example:
+        >>> info = ModelInfo("x", "module", [InputSpec.parse("2x3")])
+        >>> drawn = draw_samples(info, [], 3, make_inputs(info))
+        >>> len(drawn), drawn[2][0].shape
+        (3, torch.Size([2, 3]))
+    """
+    pairs = [first] + [make_inputs(info, specs, model=model, method=method, seed=seed + i) for i in range(1, n)]
+    return [_as_sample(a, k) for a, k in pairs]
+
+
+def _as_sample(args: tuple, kwargs: dict) -> Any:
+    """A sample for ``compare``: positional args, or a dict when the model takes keywords."""
+    if kwargs and not args:
+        return dict(kwargs)
+    if kwargs:
+        raise LayertapError("--samples with both positional and named inputs: name every --input, or none")
+    return tuple(args)
+
+
 def _accepted_names(model: nn.Module | None, method: str) -> list[str] | None:
     """Keyword names ``model.<method>`` takes, in signature order; None when unknown
     or it takes only ``**kwargs`` (then every name is passed through)."""

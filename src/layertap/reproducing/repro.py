@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from ..errors import LayertapError, printable, unknown_name
 from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
 from ..onnxfile.modelfile import ModelFile
-from ..options import RuntimeOptions
+from ..options import RuntimeOptions, SampleOptions
 from .repro_files import MARKER, check_package, finish_package, write_package
 
 
@@ -83,7 +83,7 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
           module: str | None = None, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL, kwargs: dict | None = None,
           method: str = "forward", ort_optimizations: bool = True, allow_different_weights: bool = False,
           command: str | None = None, progress: Any = None, samples: Sequence[Any] | None = None,
-          runtime_options: RuntimeOptions | None = None) -> ReproReport:
+          runtime_options: RuntimeOptions | None = None, sample_options: SampleOptions | None = None) -> ReproReport:
     """Write a minimal package that reproduces one module call's mismatch between ``ref`` and ``cand``.
 
     Args:
@@ -99,6 +99,9 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
             call's error is worst is packaged (README.md and repro.json name it).
         runtime_options: what runs each file in the comparisons (:class:`~layertap.options.RuntimeOptions`);
             ``ort_optimizations`` not left at its default replaces its field.
+        sample_options: the samples as an object (:class:`~layertap.options.SampleOptions`): its
+            ``samples`` as ``samples=``, or ``inputs``, a folder / ``.npz`` read as ``lt.compare`` reads
+            it (``limit`` its first N); ``samples=`` given replaces its field.
 
     Returns:
         A :class:`ReproReport` (``.module``, ``.error``, ``.files``, ``.reproduced``).
@@ -128,6 +131,7 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
         path = _check_known(ref, cand, path)
     target = _check_out(out, [p for p in (_source_path(ref), _source_path(cand)) if p is not None])
     runs = RuntimeOptions.merged(runtime_options, ort_optimizations=ort_optimizations)
+    ref, cand, samples = _samples(ref, cand, SampleOptions.merged(sample_options, samples=samples))
     options = dict(rtol=rtol, atol=atol, kwargs=kwargs, method=method, runtime_options=runs,
                    allow_different_weights=allow_different_weights, progress=progress)
     sample = None
@@ -150,6 +154,21 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
     row = next(r for r in report.rows if (r.path, r.call) == (part.path, part.call))
     given = None if sample is None or samples is None else (sample, len(samples))
     return _package(ref, cand, part, row, target, rtol, atol, command or _call_text(ref, cand, module), given)
+
+
+def _samples(ref: Any, cand: Any, sampling: SampleOptions) -> tuple[Any, Any, list[Any] | None]:
+    """``(ref, cand, samples)``: the samples given, or those ``sampling.inputs`` holds, read as
+    ``lt.compare`` reads them; a number of random samples is refused (one sample is packaged)."""
+    if sampling.inputs is not None:
+        from ..comparing.api import reference_samples
+
+        onnx_ref = isinstance(ref, (str, os.PathLike, ModelFile))
+        ref, cand, _, read = reference_samples(ref, cand, onnx_ref, None, sampling)
+        return ref, cand, list(read)
+    given = sampling.samples
+    if isinstance(given, int):
+        raise LayertapError("repro packages one sample; pass it as args (--input) or as samples= (--inputs)")
+    return ref, cand, None if given is None else list(given)
 
 
 def _worst_sample(compare: Any, ref: Any, cand: Any, samples: Sequence[Any], path: str | None, call: int,

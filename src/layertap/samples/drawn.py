@@ -1,17 +1,18 @@
 """Samples given and drawn: the samples a caller gave (``args``/``samples``) and how many more to
-draw, and the one drawing of random samples for a file's declared inputs (``compare`` and ``fix``
-draw the same samples from the same seed). numpy only."""
+draw, the samples ``--input`` specs make, and the one drawing of random samples for a file's
+declared inputs (``compare`` and ``fix`` draw the same samples from the same seed). numpy only."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from ..errors import InputSpecError, LayertapError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..inputs import InputSpec
     from ..onnxfile.kvcache import KvLayout
 
 Sample = dict[str, np.ndarray] | list[np.ndarray]
@@ -39,6 +40,24 @@ def given_samples(args: Any, samples: Any) -> tuple[list[Any], int]:
             raise LayertapError("samples is empty: give at least one sample")
         return given, 0
     return given, 0 if given else 1
+
+
+def spec_samples(specs: Sequence[InputSpec], n: int, seed: int) -> list[Sample]:
+    """``n`` samples from ``--input`` specs (:func:`~layertap.inputs.spec_arrays`; sample ``i``
+    drawn from ``seed + i``): a dict by input name when the specs are named, else arrays in order.
+
+    Example:
+        >>> from layertap.inputs import parse_inputs
+        >>> [s["x"].shape for s in spec_samples(parse_inputs(["x=2x3"]), 2, seed=0)]
+        [(2, 3), (2, 3)]
+    """
+    from ..inputs import spec_arrays
+
+    drawn: list[Sample] = []
+    for i in range(n):
+        arrays = spec_arrays(specs, seed + i)
+        drawn.append({str(s.name): a for s, a in zip(specs, arrays)} if specs and specs[0].name is not None else arrays)
+    return drawn
 
 
 def random_for_file(seed: int, decoder: KvLayout | None = None, folder: Path | None = None) -> Draw:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +19,8 @@ from ..args import (
     ModelArgs,
     ReportArgs,
     RuntimeArgs,
+    SampleArgs,
     ToleranceArgs,
-    add_sample_options,
     is_onnx_path,
     positive_int,
 )
@@ -28,18 +28,16 @@ from ..console import StepProgress
 from .base import Tool
 
 
-@dataclass
+@dataclass(frozen=True)
 class CompareOptions:
-    """``compare``'s own options, checked: the candidate, the samples, the extra outputs, and the
-    library's keyword options (whether REF is an ONNX file is ``args.model.is_onnx``)."""
+    """``compare``'s own options, checked: the candidate, the extra outputs, and how the comparison
+    runs (the library's keywords beside its option objects; whether REF is an ONNX file is
+    ``args.model.is_onnx``, the samples are ``args.sampling``)."""
 
     cand: str
-    inputs: str | None  # --inputs: a samples folder or .npz
-    samples: int | None
     outputs: dict[str, Path]  # "plot", "fp16", "inputs" (--save-inputs): checked paths
     node_data: str | None
-    library: dict[str, Any]  # compare()'s keyword options (the rule, modules, memory)
-    sampling: SampleOptions = field(default_factory=SampleOptions)  # --inputs, --limit, ..., --save-inputs
+    run: dict[str, Any]  # compare()'s keywords: modules, local, memory, decode steps
 
 
 class CompareTool(Tool):
@@ -53,7 +51,13 @@ class CompareTool(Tool):
         "  # real images, preprocessed as the model's weights say; --inputs used.npz repeats it",
         "layertap compare resnet18.onnx resnet18.onnx --no-ort-opt --samples 2  # ORT with vs without graph optimisations",
     )
-    groups = (ModelArgs(onnx_ok=True), InputArgs(), ToleranceArgs(), JsonArgs(), ReportArgs(), RuntimeArgs(cand=True))
+    groups = (ModelArgs(onnx_ok=True), InputArgs(), ToleranceArgs(metrics=True), JsonArgs(), ReportArgs(),
+              RuntimeArgs(cand=True),
+              SampleArgs(inputs_help="samples: any folder extract --data reads (images preprocessed as the model's "
+                                     "config says, .npy/.npz files, a datasets folder) or one .npz (one sample per "
+                                     "leading index)",
+                         samples_help="N seeded random samples from the input specs; rows show each module's worst "
+                                      "sample", reading=True))
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("onnx", metavar="CAND.onnx",
@@ -62,25 +66,6 @@ class CompareTool(Tool):
         g = parser.add_argument_group("comparison")
         g.add_argument("--module", action="append", default=None, metavar="PATH",
                        help="compare only this module and its submodules (repeatable)")
-        g.add_argument("--inputs", metavar="PATH",
-                       help="samples: any folder extract --data reads (images preprocessed as the model's config says, "
-                            ".npy/.npz files, a datasets folder) or one .npz (one sample per leading index)")
-        g.add_argument("--limit", type=positive_int, metavar="N", help="with --inputs: only the first N samples")
-        g.add_argument("--save-inputs", metavar="FILE.npz",
-                       help="write the samples compared to FILE.npz, an array per input named after it: samples of "
-                            "batch 1 joined on the batch axis (4 samples of 1x3x224x224: 4x3x224x224, one per row), "
-                            "others stacked (4 samples of 2x7: 4x2x7); --inputs FILE.npz repeats the comparison exactly")
-        add_sample_options(g)
-        g.add_argument("--samples", type=positive_int, default=None, metavar="N",
-                       help="N seeded random samples from the input specs; rows show each module's worst sample")
-        g.add_argument("--metric", choices=("rel", "cosine", "sqnr"), default="rel",
-                       help="what decides pass/fail: rel (--rtol/--atol, default), cosine (--min-cosine), sqnr (--min-sqnr)")
-        g.add_argument("--min-cosine", type=float, default=None, metavar="C",
-                       help="with --metric cosine: pass when cosine similarity >= C (default 0.999)")
-        g.add_argument("--min-sqnr", type=float, default=None, metavar="DB",
-                       help="with --metric sqnr: pass when SQNR >= DB decibels (default 30)")
-        g.add_argument("--check-finite", action="store_true",
-                       help="fail any module whose candidate values hold NaN/inf, and name the first one")
         g.add_argument("--local", action="store_true",
                        help="also run each module's candidate nodes on the reference's own inputs (local_rel: the "
                             "error the module makes by itself)")
@@ -111,43 +96,35 @@ class CompareTool(Tool):
             raise OnnxFileError(f"ONNX file '{ns.onnx}' does not exist")
         if ref_onnx and not Path(ns.model).is_file():
             raise OnnxFileError(f"ONNX file '{ns.model}' does not exist")
-        if ns.inputs is not None and ns.samples is not None:
-            raise LayertapError("give --inputs or --samples, not both")
-        for flag, value in (("--limit", ns.limit), ("--columns", ns.columns), ("--image-size", ns.image_size)):
-            if value is not None and ns.inputs is None:
-                raise LayertapError(f"{flag} applies to the samples of --inputs PATH; give --inputs too")
         args.reads = (ns.onnx, ns.model) if ref_onnx else (ns.onnx,)
-        outputs = _check_outputs(ns, args.reads)
-        sampling = SampleOptions(inputs=ns.inputs, limit=ns.limit, columns=ns.columns, image_size=ns.image_size,
-                                 mean=ns.mean, std=ns.std, save_inputs=ns.save_inputs, seed=ns.seed)
-        return CompareOptions(ns.onnx, ns.inputs, ns.samples, outputs, ns.node_data, _options(ns), sampling)
+        return CompareOptions(ns.onnx, _check_outputs(ns, args.reads), ns.node_data, _options(ns))
 
     def run(self, args: Args) -> int:
         opts: CompareOptions = args.own
-        cand, ref, sample_args, kwargs, samples = sides(args, opts)
-        tol = args.tolerance  # not given: compare may fit rtol to a side's reduced precision
+        two = sides(args, opts.cand)
 
         from ...comparing import compare
 
-        sampling, used = _keeping_inputs(opts)
+        sampling, used = _keeping_inputs(two.sampling, opts)
         try:
             with StepProgress(enabled=sys.stderr.isatty()) as progress:
-                report = compare(ref, sample_args, cand, samples=samples, kwargs=kwargs, progress=progress,
-                                 method=args.model.method, rtol=tol.rtol if tol.given else None,
-                                 atol=tol.atol if tol.given else None, runtime_options=args.runtime,
-                                 sample_options=sampling, **opts.library)
-            _write_outputs(args, report, cand)
+                report = compare(two.ref, two.args, two.cand, kwargs=two.kwargs, progress=progress,
+                                 method=args.model.method, criterion=args.tolerance.criterion,
+                                 runtime_options=args.runtime, sample_options=sampling, **args.tolerance.chosen(),
+                                 **opts.run)
+            _write_outputs(args, report, two.cand)
             self.print_table(report, as_json=args.json)
             if "fp16" in opts.outputs:
-                given = (sample_args, samples) if used is None else (None, used.load(ref, cand, args.model.is_onnx))
-                _block_list(args, report, cand, ref, given)
+                given = (two.args, two.sampling.samples) if used is None else \
+                    (None, used.load(two.ref, two.cand, args.model.is_onnx))
+                _block_list(args, report, two.cand, two.ref, given)
         finally:
             if used is not None:
                 used.close()
         if not args.json:
             for path in opts.outputs.values():
                 self.say(f"wrote {path}")
-        self.write_visuals(args, report, cand)
+        self.write_visuals(args, report, two.cand)
         return 0 if report.ok else 1
 
     @staticmethod
@@ -166,16 +143,28 @@ class CompareTool(Tool):
             sys.stderr.write(f"wrote Model Explorer node data {', '.join(map(str, written))}\n")
 
 
-def sides(args: Args, opts: CompareOptions) -> tuple[Any, Any, Any, dict, Any]:
-    """``(candidate file, reference, args, kwargs, samples)`` for ``compare`` (and ``repro``): each ONNX
-    file read once, a PyTorch REF loaded first, the samples from ``--inputs``, ``--input`` or ``--samples``."""
-    cand = _Candidate(opts.cand)
+@dataclass(frozen=True)
+class Sides:
+    """What ``compare`` (and ``repro``) runs: the candidate file and the reference, each read or
+    loaded once, one sample's ``args``/``kwargs``, and the sample options (``samples``: the drawn
+    ones, or ``N``; ``inputs``: a path the library reads)."""
+
+    cand: Any
+    ref: Any
+    args: Any
+    kwargs: dict
+    sampling: SampleOptions
+
+
+def sides(args: Args, cand_path: str) -> Sides:
+    """The :class:`Sides` of ``compare`` (and ``repro``): each ONNX file read once, a PyTorch REF
+    loaded first, the samples from ``--inputs``, ``--input`` or ``--samples``."""
+    cand = _Candidate(cand_path)
     if args.model.is_onnx:
         ref: Any = _read(args.model.text)
-        sample_args, kwargs, samples = _onnx_inputs(args, opts, ref)
-    else:
-        ref, sample_args, kwargs, samples = _torch_inputs(args, opts, cand)
-    return cand.file(), ref, sample_args, kwargs, samples
+        return Sides(cand.file(), ref, None, {}, _onnx_samples(args))
+    ref, sample_args, kwargs, sampling = _torch_inputs(args)
+    return Sides(cand.file(), ref, sample_args, kwargs, sampling)
 
 
 class _Candidate:
@@ -211,7 +200,8 @@ def _check_outputs(ns: argparse.Namespace, inputs: tuple[str, ...]) -> dict[str,
     if ns.fp16_block_list is not None:
         out["fp16"] = check_output_path(ns.fp16_block_list, inputs=inputs, suffixes=(".json",))
     if ns.save_inputs is not None:
-        out["inputs"] = check_output_path(ns.save_inputs, inputs=inputs + ((ns.inputs,) if ns.inputs else ()), suffixes=(".npz",))
+        out["inputs"] = check_output_path(ns.save_inputs, inputs=inputs + ((ns.inputs,) if ns.inputs else ()),
+                                          suffixes=(".npz",))
     return out
 
 
@@ -245,9 +235,8 @@ class _UsedInputs:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _keeping_inputs(opts: CompareOptions) -> tuple[SampleOptions, _UsedInputs | None]:
+def _keeping_inputs(sampling: SampleOptions, opts: CompareOptions) -> tuple[SampleOptions, _UsedInputs | None]:
     """The sample options, with the samples read from ``--inputs`` kept when ``--fp16-block-list`` needs them."""
-    sampling = opts.sampling
     if "fp16" not in opts.outputs or sampling.inputs is None:
         return sampling, None
     used = _UsedInputs(None if sampling.save_inputs is None else str(sampling.save_inputs))
@@ -260,9 +249,9 @@ def _block_list(args: Args, report: Any, cand: Any, ref: Any, samples: tuple[Any
     from ...fixing.configs import Target
     from ...fixing.fix import fmt_metric, write_block_list
 
-    lib = args.own.library
-    target = {"cosine": Target("cosine", lib["min_cosine"]), "sqnr": Target("sqnr", lib["min_sqnr_db"])}.get(
-        lib["metric"], Target("cosine", 0.999))
+    rule = args.tolerance.criterion
+    target = {"cosine": Target("cosine", rule.min_cosine), "sqnr": Target("sqnr", rule.min_sqnr_db)}.get(
+        rule.metric, Target("cosine", 0.999))
     path = args.own.outputs["fp16"]
     found = write_block_list(args.model.text if args.model.is_onnx else ref, samples[0], samples[1], report, cand, path,
                              target=target, seed=args.inputs.seed)
@@ -283,14 +272,8 @@ def _options_text() -> str:
 
 
 def _options(ns: argparse.Namespace) -> dict[str, Any]:
-    """compare()'s keyword options beside its option objects: the rule, modules, memory, decode steps."""
-    from ...metrics import DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB
-
+    """compare()'s keywords beside its option objects: the modules, memory, decode steps."""
     return dict(
-        metric=ns.metric,
-        min_cosine=DEFAULT_MIN_COSINE if ns.min_cosine is None else ns.min_cosine,
-        min_sqnr_db=DEFAULT_MIN_SQNR_DB if ns.min_sqnr is None else ns.min_sqnr,
-        check_finite=ns.check_finite,
         local=ns.local,
         modules=ns.module,
         batch_outputs=ns.batch_outputs,
@@ -300,53 +283,41 @@ def _options(ns: argparse.Namespace) -> dict[str, Any]:
     )
 
 
-def _onnx_inputs(args: Args, opts: CompareOptions, ref: Any) -> tuple[Any, dict, Any]:
-    """``(args, kwargs, samples)`` for an ONNX reference: --inputs, --input specs, or random from its shapes."""
-    from ...inputs import spec_arrays
-
-    if opts.inputs is not None:
-        return None, {}, None  # compare reads --inputs (options.library)
+def _onnx_samples(args: Args) -> SampleOptions:
+    """An ONNX reference's samples: --inputs (the library reads it), --input specs drawn (once per
+    --samples), or N random from its shapes."""
+    sampling = args.sampling
     specs = args.inputs.specs
-    if not specs:
-        return None, {}, opts.samples
-    draws = []
-    for i in range(opts.samples or 1):
-        arrays = spec_arrays(specs, args.inputs.seed + i)
-        draws.append({s.name: a for s, a in zip(specs, arrays)} if specs[0].name is not None else arrays)
-    return None, {}, draws
+    if sampling.inputs is not None or not specs:
+        return sampling
+    from ...samples.drawn import spec_samples
+
+    n = sampling.samples if isinstance(sampling.samples, int) else 1
+    return replace(sampling, samples=spec_samples(specs, n, sampling.seed))
 
 
-def _torch_inputs(args: Args, opts: CompareOptions, cand: _Candidate) -> tuple[Any, Any, dict, Any]:
-    """``(model, args, kwargs, samples)`` for a PyTorch reference."""
-    if opts.inputs is not None:  # compare reads --inputs, with the zoo's image recipe
+def _torch_inputs(args: Args) -> tuple[Any, Any, dict, SampleOptions]:
+    """``(model, args, kwargs, sample options)`` for a PyTorch reference."""
+    sampling = args.sampling
+    if sampling.inputs is not None:  # compare reads --inputs, with the zoo's image recipe
         from ...pytorch.preprocessing import zoo_recipe
 
         spec = args.model.text
         preprocess = zoo_recipe(spec) if spec.startswith("torchvision:") else None  # timm: the module's
-        opts.sampling = replace(opts.sampling, preprocess=preprocess)
         from ..console import status
 
         with status(f"loading {spec}"):
             model, _ = args.model.load()
-        return model, None, {}, None
+        return model, None, {}, replace(sampling, preprocess=preprocess)
     model, info, first, kwargs = args.model.load_with_inputs(args.inputs)
-    if opts.samples is not None and opts.samples > 1:
-        from ...pytorch.example_inputs import make_inputs
+    n = sampling.samples
+    if isinstance(n, int) and n > 1:
+        from ...pytorch.example_inputs import draw_samples
 
-        seed, method = args.inputs.seed, args.model.method
-        drawn: list[tuple[Any, Any]] = [(first, kwargs)]
-        drawn += [make_inputs(info, args.inputs.specs, model=model, method=method, seed=seed + i) for i in range(1, opts.samples)]
-        return model, None, {}, [_as_sample(a, k) for a, k in drawn]
-    return model, first, kwargs, None
-
-
-def _as_sample(args: tuple, kwargs: dict) -> Any:
-    """A sample for ``compare``: positional args, or a dict when the model takes keywords."""
-    if kwargs and not args:
-        return dict(kwargs)
-    if kwargs:
-        raise LayertapError("--samples with both positional and named inputs: name every --input, or none")
-    return tuple(args)
+        drawn = draw_samples(info, args.inputs.specs, n, (first, kwargs), model=model, method=args.model.method,
+                             seed=sampling.seed)
+        return model, None, {}, replace(sampling, samples=drawn)
+    return model, first, kwargs, replace(sampling, samples=None)
 
 
 def _check_order(ref: str, cand: str, ref_onnx: bool) -> None:

@@ -11,17 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import LayertapError, OnnxFileError, printable
-from ..args import Args, InputArgs, JsonArgs, ModelArgs, OutputArgs, ReportArgs, is_onnx_path, nonneg_int, positive_int
+from ..args import Args, InputArgs, JsonArgs, ModelArgs, OutputArgs, ReportArgs, SampleArgs, is_onnx_path, nonneg_int
 from .base import Tool
 
 
 @dataclass(frozen=True)
 class FixOptions:
-    """``fix``'s own options, checked."""
+    """``fix``'s own options, checked (the samples judged on are ``args.sampling``)."""
 
     to: str
-    inputs: str | None
-    samples: int | None
     calib: str | None
     target: Any  # fixing.configs.Target
     max_float: int | None
@@ -45,17 +43,17 @@ class FixTool(Tool):
     )
     groups = (ModelArgs(onnx_ok=True), InputArgs(),
               OutputArgs(required=True, suffixes=(".onnx",), help="FIXED.onnx: the conversion with the kept set"),
-              JsonArgs(), ReportArgs())
+              JsonArgs(), ReportArgs(),
+              SampleArgs(inputs_help="samples to judge on: a folder of images, .npy/.npz files or a datasets folder, "
+                                     "or one .npz",
+                         samples_help="N seeded random samples (default 8 when no --inputs)", default_samples=8,
+                         check_exists=True))
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         g = parser.add_argument_group("repair")
         g.add_argument("--to", choices=("fp16", "int8"), required=True,
                        help="fp16: onnxconverter-common (keep_io_types); int8: onnxruntime.quantization QDQ, "
                             "calibrated on --calib")
-        g.add_argument("--inputs", metavar="PATH",
-                       help="samples to judge on: a folder of images, .npy/.npz files or a datasets folder, or one .npz")
-        g.add_argument("--samples", type=positive_int, default=None, metavar="N",
-                       help="N seeded random samples (default 8 when no --inputs)")
         g.add_argument("--calib", metavar="PATH", help="int8 calibration samples (as --inputs; default the samples judged on)")
         g.add_argument("--target", default="cosine:0.999", metavar="METRIC:VALUE",
                        help="what the model's outputs must reach on every sample: cosine:0.999 (default), "
@@ -77,29 +75,25 @@ class FixTool(Tool):
         target = Target.parse(ns.target)
         if ns.calib is not None and ns.to != "int8":
             raise LayertapError("--calib calibrates int8 quantisation; float16 (--to fp16) needs none")
-        if ns.inputs is not None and ns.samples is not None:
-            raise LayertapError("give --inputs or --samples, not both")
         if is_onnx_path(ns.model) and not Path(ns.model).is_file():
             raise OnnxFileError(f"ONNX file '{ns.model}' does not exist")
-        for what, path in (("--inputs", ns.inputs), ("--calib", ns.calib)):
-            if path is not None and not Path(path).exists():
-                raise LayertapError(f"{what} '{path}' does not exist")
+        if ns.calib is not None and not Path(ns.calib).exists():
+            raise LayertapError(f"--calib '{ns.calib}' does not exist")
         if ns.config_out is not None:
             from ...fixing.configs import check_config_out
 
             check_config_out(ns.config_out)
         args.reads = tuple(p for p in (ns.model if is_onnx_path(ns.model) else None, ns.inputs, ns.calib) if p)
-        return FixOptions(ns.to, ns.inputs, ns.samples, ns.calib, target, ns.max_float, ns.keep, ns.config_out)
+        return FixOptions(ns.to, ns.calib, target, ns.max_float, ns.keep, ns.config_out)
 
     def run(self, args: Args) -> int:
         opts: FixOptions = args.own
         ref, first = _reference(args)
         from ...fixing import fix
 
-        samples: Any = opts.inputs if opts.inputs is not None else (opts.samples or 8)
-        report = fix(ref, first, to=opts.to, out=str(args.output), target=opts.target, samples=samples,
-                     calib=opts.calib, keep=opts.keep, max_float=opts.max_float, config_out=opts.config_out,
-                     seed=args.inputs.seed, on_step=None if args.json else _say_step)
+        report = fix(ref, first, to=opts.to, out=str(args.output), target=opts.target, calib=opts.calib,
+                     keep=opts.keep, max_float=opts.max_float, config_out=opts.config_out,
+                     sample_options=args.sampling, on_step=None if args.json else _say_step)
         self.print_table(report, as_json=args.json)
         if not args.json:
             self.say(f"wrote {args.output}" + ("" if report.ok else " (the best set found; the target is not met)"))
@@ -121,12 +115,11 @@ def _reference(args: Args) -> tuple[Any, Any]:
         specs = args.inputs.specs
         if not specs:
             return args.model.text, None
-        from ...inputs import spec_arrays
+        from ...samples.drawn import spec_samples
 
-        arrays = spec_arrays(specs, args.inputs.seed)
-        return args.model.text, ({s.name: a for s, a in zip(specs, arrays)} if specs[0].name is not None else arrays)
+        return args.model.text, spec_samples(specs, 1, args.inputs.seed)[0]
     # without --input or a spec's default, lt.fix exports with the first sample of --inputs
-    model, _, first, kwargs = args.model.load_with_inputs(args.inputs, need_inputs=args.own.inputs is None)
+    model, _, first, kwargs = args.model.load_with_inputs(args.inputs, need_inputs=args.sampling.inputs is None)
     if kwargs:
         raise LayertapError("fix exports the model with positional inputs only; give unnamed --input specs")
     return model, first

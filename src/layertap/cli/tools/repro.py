@@ -6,15 +6,23 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from ...errors import LayertapError, OnnxFileError
-from ...options import SampleOptions
-from ..args import Args, InputArgs, ModelArgs, ToleranceArgs, is_onnx_path
+from ...errors import OnnxFileError
+from ..args import Args, InputArgs, ModelArgs, SampleArgs, ToleranceArgs, is_onnx_path
 from ..console import StepProgress
 from .base import Tool
-from .compare import CompareOptions, sides
+from .compare import sides
+
+
+@dataclass(frozen=True)
+class ReproOptions:
+    """``repro``'s own options, checked (the samples are ``args.sampling``)."""
+
+    cand: str
+    out: Path
+    module: str | None
 
 
 class ReproTool(Tool):
@@ -32,7 +40,9 @@ class ReproTool(Tool):
         "layertap repro m.onnx m-fp16.onnx -o pkg --inputs samples.npz  # packages the sample where the call is worst",
     )
     groups = (ModelArgs(onnx_ok=True), InputArgs(),
-              ToleranceArgs("repro.py exits 1 while max|cand-ref| > atol + rtol*max|ref|"))
+              ToleranceArgs("repro.py exits 1 while max|cand-ref| > atol + rtol*max|ref|"),
+              SampleArgs(inputs_help="samples: a folder of .npy/.npz files or one .npz; the one where the call's "
+                                     "error is worst is packaged"))
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("onnx", metavar="CAND.onnx", help="the candidate file (never modified)")
@@ -43,44 +53,27 @@ class ReproTool(Tool):
                        help="the module call to package, e.g. layer3.1 or act#1 (its second call); in files "
                             "without module scopes (paddle2onnx, tf2onnx) a tensor name, or the node that makes it; "
                             "default: the first divergence")
-        g.add_argument("--inputs", metavar="PATH",
-                       help="samples: a folder of .npy/.npz files or one .npz; the one where the call's error "
-                            "is worst is packaged")
 
-    def parse_own(self, ns: argparse.Namespace, args: Args) -> CompareOptions:
+    def parse_own(self, ns: argparse.Namespace, args: Args) -> ReproOptions:
         ref_onnx = is_onnx_path(ns.model)
         for path, onnx_file in ((ns.onnx, True), (ns.model, ref_onnx)):
             if onnx_file and not Path(path).is_file():
                 raise OnnxFileError(f"ONNX file '{path}' does not exist")
         args.reads = (ns.onnx, ns.model) if ref_onnx else (ns.onnx,)
-        return CompareOptions(ns.onnx, ns.inputs, None, {"out": Path(ns.out)}, None, {"module": ns.module})
+        return ReproOptions(ns.onnx, Path(ns.out), ns.module)
 
     def run(self, args: Args) -> int:
-        opts: CompareOptions = args.own
-        cand, ref, sample_args, kwargs, samples = sides(args, opts)
-        if opts.inputs is not None:  # every sample of --inputs, read as compare reads them
-            from ...comparing.api import reference_samples
-
-            sampling = SampleOptions(inputs=opts.inputs, preprocess=opts.sampling.preprocess)
-            ref, cand, _, samples = reference_samples(ref, cand, args.model.is_onnx, None, sampling)
-        if samples is not None:
-            samples = _given(samples)
+        opts: ReproOptions = args.own
+        two = sides(args, opts.cand)
         from ...reproducing.repro import repro
 
         with StepProgress(enabled=sys.stderr.isatty()) as progress:
-            report = repro(ref, sample_args, cand, out=opts.outputs["out"], module=opts.library["module"],
-                           kwargs=kwargs, method=args.model.method, rtol=args.tolerance.rtol, atol=args.tolerance.atol,
-                           command=_command(args), progress=progress, samples=samples)
+            report = repro(two.ref, two.args, two.cand, out=opts.out, module=opts.module, kwargs=two.kwargs,
+                           method=args.model.method, rtol=args.tolerance.rtol, atol=args.tolerance.atol,
+                           command=_command(args), progress=progress, sample_options=two.sampling)
         for line in report.lines():
             print(line)
         return 0 if report.reproduced else 1
-
-
-def _given(samples: Any) -> list:
-    """The samples of ``--inputs``: all are compared, the worst one for the call is packaged."""
-    if isinstance(samples, int):
-        raise LayertapError("repro packages one sample; pass it with --input or --inputs")
-    return list(samples)
 
 
 def _command(args: Args) -> str:
