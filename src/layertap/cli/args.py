@@ -339,7 +339,7 @@ class ToleranceArgs(ArgGroup):
     def add(self, parser: argparse.ArgumentParser) -> None:
         from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
 
-        g = parser.add_argument_group("tolerance")
+        g = parser.add_argument_group("pass rule" if self.metrics else "tolerance")
         g.add_argument("--rtol", type=nonneg_float, default=None, metavar="R",
                        help=f"{self.rule} (default {DEFAULT_RTOL:g})")
         g.add_argument("--atol", type=nonneg_float, default=None, metavar="A",
