@@ -50,14 +50,20 @@ def test_a_keyword_replaces_the_objects_field(tiny):
         lt.compare(tiny, None, tiny, runtime_options=RuntimeOptions(ov_device="CPU"))
 
 
-def test_the_runtime_group_builds_the_librarys_object():
+def _parsed(groups, argv):
     import argparse
 
     parser = argparse.ArgumentParser()
-    group = RuntimeArgs(cand=True)
-    group.add(parser)
-    args = Args()
-    group.parse(parser.parse_args(["--cand-runtime", "ort", "--providers", "CPU", "--no-ort-opt"]), args)
+    for g in groups:
+        g.add(parser)
+    ns, args = parser.parse_args(argv), Args()
+    for g in sorted(groups, key=lambda g: g.order):
+        g.parse(ns, args)
+    return args
+
+
+def test_the_runtime_group_builds_the_librarys_object():
+    args = _parsed((RuntimeArgs(cand=True),), ["--cand-runtime", "ort", "--providers", "CPU", "--no-ort-opt"])
     assert args.runtime == RuntimeOptions(cand_runtime="ort", providers="CPU", ort_optimizations=False,
                                           ref_ort_optimizations=True)
 
@@ -98,18 +104,6 @@ def test_a_chosen_tolerance_is_never_fitted_to_a_reduced_precision():
     assert merged_criterion(None, atol=1e-5)[1] is True  # given, though at the default value
     rule, _ = merged_criterion(Criterion(metric="sqnr", min_sqnr_db=20.0), metric="rel", check_finite=True)
     assert (rule.metric, rule.min_sqnr_db, rule.check_finite) == ("sqnr", 20.0, True)  # "rel": the keyword's default
-
-
-def _parsed(groups, argv):
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    for g in groups:
-        g.add(parser)
-    ns, args = parser.parse_args(argv), Args()
-    for g in sorted(groups, key=lambda g: g.order):
-        g.parse(ns, args)
-    return args
 
 
 def test_the_sample_and_tolerance_groups_build_the_librarys_objects(tmp_path):

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from ..errors import LayertapError
 from ..metrics import DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, METRICS, ROUNDING_RTOL, Criterion
 from ..onnxfile.kvcache import kv_layout
-from ..onnxfile.modelfile import ModelFile
+from ..onnxfile.modelfile import ModelFile, is_onnx_source
 from ..options import RuntimeOptions, SampleOptions, merged_criterion
 from ..runtimes.ort import FUSION_NOTE
 from ..samples.declared import read_inputs
@@ -254,14 +254,14 @@ def _compare(ref: Any, args: Any, cand: Any, runs: RuntimeOptions, sampling: Sam
              tolerance_chosen: bool, call: _TorchCall) -> CompareReport:
     """``compare`` on its options as objects: the runtimes opened, the samples read, the rows' rule
     fitted to a reduced precision, then the sides built for the kind of reference."""
-    onnx_ref = isinstance(ref, (str, os.PathLike, ModelFile))
+    onnx_ref = is_onnx_source(ref)
     ref_rt, cand_rt = side_runtimes(onnx_ref, runs)
     criterion, precision_note = rounding_criterion(plan.criterion, tolerance_chosen, (ref_rt, cand_rt))
     plan = replace(plan, criterion=criterion)
     _check_steps_use(call.steps, onnx_ref or sampling.samples is not None or sampling.inputs is not None)
     samples = sampling.samples
     if sampling.inputs is not None or sampling.save_inputs is not None:
-        ref, cand, args, samples = reference_samples(ref, cand, onnx_ref, args, sampling)
+        ref, cand, args, samples = reference_samples(ref, cand, args, sampling)
     given, n_random = given_samples(args if onnx_ref else _as_args(args), samples)
     if onnx_ref:
         report = _compare_files(ref, cand, given, n_random, ref_rt, cand_rt, plan)
@@ -423,12 +423,12 @@ def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[
     return report
 
 
-def reference_samples(ref: Any, cand: Any, onnx_ref: bool, args: Any, sampling: SampleOptions) -> tuple[Any, Any, Any, Any]:
+def reference_samples(ref: Any, cand: Any, args: Any, sampling: SampleOptions) -> tuple[Any, Any, Any, Any]:
     """``(ref, cand, args, samples)`` with ``sampling.inputs`` read (:func:`~layertap.samples.declared.read_inputs`)
     as the reference takes samples: dicts by input name for an ONNX reference, else tensors in the
     candidate's input order. Without ``sampling.preprocess`` a PyTorch reference's zoo config (timm)
     gives the image recipe."""
-    preprocess = sampling.preprocess
+    preprocess, onnx_ref = sampling.preprocess, is_onnx_source(ref)
 
     def zoo() -> Preprocess | None:
         if preprocess is not None or onnx_ref:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ..errors import OnnxFileError
 from ..files.reads import note_input
@@ -97,6 +97,17 @@ def read_model(path: str | os.PathLike) -> ModelFile:
     for loc in dict.fromkeys(r.location for r in refs):
         note_input(p.parent / loc, f"external data of '{p}'")
     return ModelFile(path=p, model=model, external=refs)
+
+
+def is_onnx_source(source: Any) -> bool:
+    """Whether ``source`` names a file for a runtime (a path, or a :class:`ModelFile` already read),
+    not a PyTorch model: how ``compare`` and ``repro`` tell an ONNX reference.
+
+    Example:
+        >>> is_onnx_source("m.onnx"), is_onnx_source(object())
+        (True, False)
+    """
+    return isinstance(source, (str, os.PathLike, ModelFile))
 
 
 def model_file(source: "str | os.PathLike | ModelFile") -> ModelFile:

@@ -162,8 +162,7 @@ def _samples(ref: Any, cand: Any, sampling: SampleOptions) -> tuple[Any, Any, li
     if sampling.inputs is not None:
         from ..comparing.api import reference_samples
 
-        onnx_ref = isinstance(ref, (str, os.PathLike, ModelFile))
-        ref, cand, _, read = reference_samples(ref, cand, onnx_ref, None, sampling)
+        ref, cand, _, read = reference_samples(ref, cand, None, sampling)
         return ref, cand, list(read)
     given = sampling.samples
     if isinstance(given, int):

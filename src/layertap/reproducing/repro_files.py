@@ -8,7 +8,6 @@ ONNX Runtime, so the package is known to reproduce before it is handed over.
 from __future__ import annotations
 
 import json
-import os
 import platform
 import re
 import subprocess
@@ -48,11 +47,11 @@ class Check:
 def write_package(folder: Path, cand: Any, ref: Any, part: Any, row: Any, *, rtol: float, atol: float) -> list[str]:
     """``cand.onnx`` (and ``ref.onnx`` for an ONNX reference), ``inputs.npz``, ``expected.npz``
     and ``repro.py`` in ``folder``; returns notes on what is missing."""
-    from ..onnxfile.modelfile import ModelFile
+    from ..onnxfile.modelfile import is_onnx_source
 
     notes = []
     _cand_part(folder, _path(cand), part)
-    if isinstance(ref, (str, os.PathLike, ModelFile)):
+    if is_onnx_source(ref):
         why = _ref_part(folder, _path(ref), part)
         if why:
             notes.append(f"no ref.onnx: {why}")

@@ -116,7 +116,7 @@ class CompareTool(Tool):
             self.print_table(report, as_json=args.json)
             if "fp16" in opts.outputs:
                 given = (two.args, two.sampling.samples) if used is None else \
-                    (None, used.load(two.ref, two.cand, args.model.is_onnx))
+                    (None, used.load(two.ref, two.cand))
                 _block_list(args, report, two.cand, two.ref, given)
         finally:
             if used is not None:
@@ -221,12 +221,12 @@ class _UsedInputs:
         self.folder = None if saved is not None else tempfile.mkdtemp(prefix="layertap-inputs-")
         self.path = saved if saved is not None else str(Path(self.folder or ".") / "inputs.npz")
 
-    def load(self, ref: Any, cand: Any, onnx_ref: bool) -> list[Any]:
+    def load(self, ref: Any, cand: Any) -> list[Any]:
         """The samples as compare's ``inputs=`` reads them (dicts by input name for an ONNX
         reference, else arguments in the candidate's input order)."""
         from ...comparing.api import reference_samples
 
-        return list(reference_samples(ref, cand, onnx_ref, None, SampleOptions(inputs=self.path))[3])
+        return list(reference_samples(ref, cand, None, SampleOptions(inputs=self.path))[3])
 
     def close(self) -> None:
         if self.folder is not None:
