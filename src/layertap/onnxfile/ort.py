@@ -127,6 +127,11 @@ class SessionSource:
             small.CopyFrom(model)
             model = small
         self.model = model
+        from .scopemap.graph_facts import is_quantizer
+        from .walk import model_nodes
+
+        # only a quantised graph reaches ORT's int8 kernels: a float one never pays for the probe
+        self.int8 = any(is_quantizer(n) for n in model_nodes(model))
 
     def session(self, outputs: Sequence[str | "onnx.ValueInfoProto"] = (), *, optimize: bool = True, only: bool = False,
                 providers: Sequence[str] | None = None) -> Any:
@@ -187,7 +192,7 @@ class SessionSource:
                 so.add_external_initializers(list(names), [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays])
             return so
 
-        return open_session(data, options, providers)
+        return open_session(data, options, providers, exact_int8=self.int8)
 
 
 # ONNX Runtime's own session option: on x86 CPUs without VNNI its u8 x s8 int8 kernels add pairs of
