@@ -33,3 +33,61 @@ def scale_module_output(src, dst, module: str, scale: np.ndarray) -> str:
     nodes.insert(k + 1, const)
     onnx.save(model, str(dst))
     return tensor
+
+
+def _node(model, output: str):
+    return next(n for n in model.graph.node if output in n.output)
+
+
+def replace_op(src, dst, output: str, op: str = "Identity") -> None:
+    """Write ``dst``: ``src`` with the node making ``output`` turned into ``op`` (a wrong op: a ReLU made an
+    Identity keeps its first input only)."""
+    import onnx
+
+    model = onnx.load(str(src))
+    node = _node(model, output)
+    node.op_type = op
+    if op == "Identity":
+        del node.input[1:]
+        del node.attribute[:]
+    onnx.save(model, str(dst))
+
+
+def scale_weight(src, dst, output: str, factor: float) -> str:
+    """Write ``dst``: ``src`` with the weight of the node making ``output`` multiplied by ``factor`` (read
+    through a ``Cast`` or a ``DequantizeLinear``: a quantised weight's scale is multiplied); returns the
+    initializer changed."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(src))
+    inits = {i.name: i for i in model.graph.initializer}
+    made = {o: n for n in model.graph.node for o in n.output}
+    w = _node(model, output).input[1]
+    while w not in inits:  # through the Cast / DequantizeLinear that reads the stored weight
+        reader = made[w]
+        w = reader.input[1] if reader.op_type == "DequantizeLinear" else reader.input[0]
+    t = inits[w]
+    a = numpy_helper.to_array(t)
+    t.CopyFrom(numpy_helper.from_array((a.astype(np.float32) * factor).astype(a.dtype), t.name))
+    onnx.save(model, str(dst))
+    return w
+
+
+def shrink_scale(src, dst, tensor: str, factor: float = 0.1) -> None:
+    """Write ``dst``: ``src`` with the ``QuantizeLinear -> DequantizeLinear`` pair reading ``tensor`` given a
+    scale of its own, ``factor`` times the calibrated one (a range that clips)."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(src))
+    inits = {i.name: i for i in model.graph.initializer}
+    q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == tensor)
+    scale = numpy_helper.to_array(inits[q.input[1]])
+    name = q.input[1] + "_shrunk"
+    model.graph.initializer.append(numpy_helper.from_array((scale * factor).astype(scale.dtype), name))
+    q.input[1] = name
+    for dq in model.graph.node:
+        if dq.op_type == "DequantizeLinear" and dq.input[0] == q.output[0]:
+            dq.input[1] = name
+    onnx.save(model, str(dst))

@@ -118,7 +118,7 @@ def test_int8_explanation_names_the_conv_fused_into_the_diverging_bn(files):
     import layertap as lt
 
     _, x, d = files
-    report = lt.compare(d / "ts.onnx", {"x": x.numpy()}, d / "int8.onnx")
+    report = lt.compare(d / "ts.onnx", {"x": x.numpy()}, d / "int8.onnx", rtol=1e-3)  # a fixed tolerance: int8 fails it
     assert report.first_divergence == "bn1", str(report)
     summary, html = "\n".join(report.footer()), _explanation(report)
     for text in (summary, html):

@@ -43,9 +43,24 @@ METRICS = ("rel", "cosine", "sqnr")
 ROUNDING_RTOL = {"bfloat16": 2.0**-6, "float16": 2.0**-9}
 
 
+#: judged at the candidate's precision: a value passes while the candidate's distance from an ideal
+#: run at its format stays within this multiple of that run's own distance from the reference (what
+#: the format costs there), plus the float32 tolerance, both in the largest difference and in the root
+#: mean square one (an error a file makes everywhere, a changed weight's, stands out there). Healthy
+#: float16, bfloat16 and int8 files need at most 3.2x on every row of a 9-model corpus (most rows under
+#: 1.5x); a wrong op or a changed weight shows 5x to 1000x at its own module.
+FORMAT_MULTIPLE = 4.0
+
+
 @dataclass(frozen=True)
 class ErrorStats:
-    """Error of one ONNX tensor against its PyTorch reference."""
+    """Error of one ONNX tensor against its PyTorch reference.
+
+    With an ideal run at the candidate's format (:func:`ideal_stats`): ``format_abs`` is
+    ``max|ideal - ref|`` (what the format costs), ``impl_abs`` is ``max|got - ideal|`` (what the
+    file or the runtime adds), ``format_cosine`` the ideal run's cosine, ``limit`` what the format
+    cannot carry at all here (an overflow, an underflow that zeroes the value, a clipping range).
+    """
 
     max_abs: float
     scale: float
@@ -54,6 +69,125 @@ class ErrorStats:
     cosine: float = 1.0
     sqnr_db: float = math.inf
     finite: bool = True  # every value of ``got`` is finite
+    format_abs: float | None = None
+    impl_abs: float | None = None
+    format_cosine: float | None = None
+    limit: str | None = None
+    format_rms: float | None = None
+    impl_rms: float | None = None
+    ref_rms: float | None = None
+
+    def within_format(self, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL) -> bool:
+        """The precision rule: ``impl_abs <= atol + rtol * scale + FORMAT_MULTIPLE * format_abs``, the same of
+        the root mean squares (``impl_rms``, ``ref_rms``, ``format_rms``) where known, and no limit reached
+        (``False`` without an ideal run's numbers).
+
+        Example:
+            >>> ErrorStats(2e-3, 1.0, 2e-3, False, format_abs=1e-3, impl_abs=2e-3).within_format()
+            True
+            >>> ErrorStats(2e-3, 1.0, 2e-3, False, format_abs=1e-3, impl_abs=2e-3, format_rms=1e-5, impl_rms=1e-3,
+            ...            ref_rms=0.1).within_format()  # an error everywhere, beyond the rounding's own
+            False
+            >>> ErrorStats(0.3, 1.0, 0.3, False, format_abs=1e-3, impl_abs=0.3).within_format()
+            False
+        """
+        if self.format_abs is None or self.impl_abs is None or self.limit is not None:
+            return False
+        if math.isnan(self.impl_abs):
+            return False
+        within = self.impl_abs <= atol + rtol * self.scale + FORMAT_MULTIPLE * self.format_abs
+        if within and self.impl_rms is not None and self.format_rms is not None and self.ref_rms is not None:
+            within = self.impl_rms <= atol + rtol * self.ref_rms + FORMAT_MULTIPLE * self.format_rms
+        return within
+
+    def format_excess(self, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL) -> float:
+        """How many times the implementation error exceeds what the format explains (<= 1 passes)."""
+        if self.format_abs is None or self.impl_abs is None:
+            return math.nan
+        if not math.isfinite(self.impl_abs):
+            return math.inf
+        out = _over(self.impl_abs, atol + rtol * self.scale + FORMAT_MULTIPLE * self.format_abs)
+        if self.impl_rms is not None and self.format_rms is not None and self.ref_rms is not None:
+            out = max(out, _over(self.impl_rms, atol + rtol * self.ref_rms + FORMAT_MULTIPLE * self.format_rms))
+        return out
+
+
+def _over(value: float, allowed: float) -> float:
+    return value / allowed if allowed > 0 else (math.inf if value > 0 else 0.0)
+
+
+@dataclass(frozen=True)
+class IdealStats:
+    """A candidate value and an ideal run's value against the reference (:func:`ideal_stats`): the largest
+    differences (``format_abs = max|ideal - ref|``, ``impl_abs = max|got - ideal|``), their root mean squares
+    (``format_rms``, ``impl_rms``), the ideal run's cosine and the reference's root mean square."""
+
+    format_abs: float
+    impl_abs: float
+    format_cosine: float
+    format_rms: float
+    impl_rms: float
+    ref_rms: float = 0.0
+
+
+def ideal_stats(ref: np.ndarray, got: np.ndarray, ideal: np.ndarray) -> IdealStats:
+    """A candidate value ``got`` and an ideal run's value ``ideal`` against the reference ``ref`` (same shape),
+    see :class:`IdealStats`. A NaN/inf where the other side differs is an infinite error, as in
+    :func:`error_stats`.
+
+    Example:
+        >>> s = ideal_stats(np.array([1.0, 2.0]), np.array([1.0, 2.5]), np.array([1.0, 2.25]))
+        >>> s.format_abs, s.impl_abs, round(s.format_cosine, 5), round(s.impl_rms, 5)
+        (0.25, 0.25, 0.99897, 0.17678)
+    """
+    r, g, i = np.asarray(ref), np.asarray(got), np.asarray(ideal)
+    if r.dtype == g.dtype == i.dtype == np.float32 and r.size and r.shape == g.shape == i.shape:
+        fast = _ideal_f32(r.ravel(), g.ravel(), i.ravel())
+        if fast is not None:
+            return fast
+    if r.size == 0:
+        return IdealStats(0.0, 0.0, 1.0, 0.0, 0.0)
+    i = i.astype(r.dtype, copy=False) if r.dtype != i.dtype else i
+    g = g.astype(r.dtype, copy=False) if r.dtype != g.dtype else g
+    fmt, impl = error_stats(r, i, 0.0, 0.0).max_abs, error_stats(i, g, 0.0, 0.0).max_abs
+    cosine = similarity(r, i)[0] if np.issubdtype(r.dtype, np.floating) else (1.0 if fmt == 0 else 0.0)
+    return IdealStats(fmt, impl, cosine, _rms(r, i), _rms(i, g), _rms(np.zeros_like(r), r))
+
+
+def _rms(a: np.ndarray, b: np.ndarray) -> float:
+    """Root mean square of ``b - a`` over the elements finite on both sides (inf when the non-finite ones differ)."""
+    x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    both = np.isfinite(x) & np.isfinite(y)
+    if not np.all(both | (x == y) | (np.isnan(x) & np.isnan(y))):
+        return math.inf
+    d = (y - x)[both]
+    return float(np.sqrt(np.mean(d * d))) if d.size else 0.0
+
+
+def _ideal_f32(r: np.ndarray, g: np.ndarray, i: np.ndarray) -> IdealStats | None:
+    """:func:`ideal_stats` of finite flat float32 arrays, block by block (``None``: NaN/inf, the exact path)."""
+    d = np.empty(min(_BLOCK, r.size), np.float32)
+    fmt = impl = 0.0
+    rr = ii = ri = ff = pp = 0.0
+    top, bottom, dot = np.maximum.reduce, np.minimum.reduce, np.dot
+    with np.errstate(invalid="ignore", over="ignore"):
+        for start in range(0, r.size, _BLOCK):
+            rb, gb, ib = r[start:start + _BLOCK], g[start:start + _BLOCK], i[start:start + _BLOCK]
+            db = np.subtract(ib, rb, out=d[:rb.size])
+            a, b = float(top(db)), float(bottom(db))
+            ff += float(dot(db, db))
+            np.subtract(gb, ib, out=db)
+            c, e = float(top(db)), float(bottom(db))
+            pp += float(dot(db, db))
+            if not all(map(math.isfinite, (a, b, c, e))):
+                return None
+            fmt, impl = max(fmt, abs(a), abs(b)), max(impl, abs(c), abs(e))
+            rr += float(dot(rb, rb))
+            ii += float(dot(ib, ib))
+            ri += float(dot(rb, ib))
+    similar = _ratios(rr, ii, ri, 0.0)
+    return IdealStats(fmt, impl, similar[0] if similar is not None else math.nan, math.sqrt(ff / r.size),
+                      math.sqrt(pp / r.size), math.sqrt(rr / r.size))
 
 
 def error_stats(ref: np.ndarray, got: np.ndarray, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL) -> ErrorStats:
@@ -137,9 +271,10 @@ def _similarity_f32(a: np.ndarray, b: np.ndarray, d: np.ndarray | None = None) -
     """The common case, all finite float32: BLAS dot products (float32 accumulation is
     ample for these ratios); ``None`` sends non-finite values to the exact path.
     ``d``: ``b - a`` when the caller made it already."""
-    if d is None:
-        d = b - a
-    return _ratios(float(np.dot(a, a)), float(np.dot(b, b)), float(np.dot(a, b)), float(np.dot(d, d)))
+    with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN: _ratios sends them to the exact path
+        if d is None:
+            d = b - a
+        return _ratios(float(np.dot(a, a)), float(np.dot(b, b)), float(np.dot(a, b)), float(np.dot(d, d)))
 
 
 def _ratios(na: float, nb: float, ab: float, noise: float) -> tuple[float, float, bool] | None:
@@ -233,7 +368,9 @@ class Criterion:
 
     ``rel``: ``max_abs <= atol + rtol * scale`` (the rule above); ``cosine``:
     ``cosine >= min_cosine``; ``sqnr``: ``sqnr_db >= min_sqnr_db``.
-    ``check_finite`` also fails any non-finite candidate value.
+    ``check_finite`` also fails any non-finite candidate value. A comparison whose candidate computes
+    below float32 is judged at its ``precision`` instead, unless the tolerances or the metric were
+    chosen (:attr:`ErrorStats.within_format`).
 
     Example:
         >>> c = Criterion(metric="cosine", min_cosine=0.99)
@@ -249,6 +386,9 @@ class Criterion:
     min_cosine: float = DEFAULT_MIN_COSINE
     min_sqnr_db: float = DEFAULT_MIN_SQNR_DB
     check_finite: bool = False
+    #: the format a reduced-precision candidate is judged at (``auto``: read from the file and its runtime;
+    #: ``fp32``, ``fp16``, ``bf16``, ``int8``); see :mod:`layertap.comparing.ideal`
+    precision: str = "auto"
 
     def judge(self, ref: np.ndarray, got: np.ndarray) -> ErrorStats:
         """All statistics of ``got`` against ``ref``; ``ok`` by :attr:`metric`."""

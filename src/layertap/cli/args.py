@@ -357,13 +357,18 @@ class ToleranceArgs(ArgGroup):
                        help="with --metric sqnr: pass when SQNR >= DB decibels (default 30)")
         g.add_argument("--check-finite", action="store_true",
                        help="fail any module whose candidate values hold NaN/inf, and name the first one")
+        g.add_argument("--precision", choices=("auto", "fp32", "fp16", "bf16", "int8"), default="auto",
+                       help="the format a reduced-precision candidate is judged at: auto (default: read from the file "
+                            "and its runtime) or one named; below fp32 a row fails when the candidate is further from "
+                            "an ideal run at that format than the format explains, or where the format cannot carry a "
+                            "value (--rtol/--atol/--metric given: they decide); fp32: the fixed rule")
 
     def parse(self, ns: argparse.Namespace, args: Args) -> None:
         from ..metrics import Criterion
         from ..options import merged_criterion
 
         rule = dict(metric=ns.metric, min_cosine=ns.min_cosine, min_sqnr_db=ns.min_sqnr,
-                    check_finite=ns.check_finite) if self.metrics else {}
+                    check_finite=ns.check_finite, precision=ns.precision) if self.metrics else {}
         criterion, _ = merged_criterion(Criterion(), rtol=ns.rtol, atol=ns.atol, **rule)
         args.tolerance = Tolerance(criterion, given=ns.rtol is not None or ns.atol is not None)
 

@@ -8,7 +8,7 @@ Used by :mod:`layertap.comparing`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
@@ -16,6 +16,9 @@ from ..metrics import Criterion, ErrorStats
 from ..text import fmt_shape
 from .rows import ABSORBED, FAIL, NO_COUNTERPART, PASS, CompareRow, merge_stats, pair_tensors, same_shape, stat_fields
 from .torch_side import ArrayStore, ModuleCall
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .ideal import Judging
 
 T = TypeVar("T")
 
@@ -231,11 +234,15 @@ class RowBuilder:
     """Turns aligned values into rows; detects folds the scopes did not report."""
 
     def __init__(self, items: list[Item], store: ArrayStore, criterion: Criterion, torch_calls: dict[str, int],
-                 *, find_fusions: bool = True, branches: frozenset[str] = frozenset()) -> None:
+                 *, find_fusions: bool = True, branches: frozenset[str] = frozenset(), judging: Judging | None = None,
+                 ideal: ArrayStore | None = None) -> None:
         self.items = items
         self.branches = branches  # candidate tensors carried out of If branches: empty when theirs did not run
         self.store = store
         self.criterion = criterion
+        # judged at the candidate's precision: the rule, and the ideal run's values (keyed as ``store``)
+        self.judging = judging
+        self.ideal = ideal
         self.find_fusions = find_fusions
         self.torch_calls = torch_calls
         self.adopted: dict[int, tuple[ErrorStats, list[str], str]] = {}
@@ -243,7 +250,7 @@ class RowBuilder:
         self.onnx_of: dict[tuple[int, int], str] = {}  # (call key, output index) -> ONNX tensor compared
         # (id(ref), id(candidate)) -> the pair and its statistics: a tensor several calls hand out (a
         # block's output is its last ReLU's and its layer's) is judged once; the pair is held, so ids stay unique
-        self._judged: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, ErrorStats]] = {}
+        self._judged: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray, np.ndarray | None, ErrorStats]] = {}
 
     def name(self, mc: ModuleCall) -> str:
         return self.call_name(mc.path, mc.call)
@@ -273,7 +280,10 @@ class RowBuilder:
         if self.branches and self.branches.intersection(item.tensors) and all(np.size(a) == 0 for a in [*ref, *onnx_arrays]):
             return CompareRow(**base, max_abs=None, rel_err=None, status=NO_COUNTERPART, ok=None,
                               onnx=list(item.tensors), note=NOT_RUN)
-        stats, names, why = self._compare(ref, onnx_arrays, item.tensors, mc)
+        if self.judging is not None:
+            fmt = self.judging.row_format(item.tensors)
+            base["precision"] = fmt.family if fmt is not None else None
+        stats, names, why = self._compare(ref, onnx_arrays, item.tensors, mc, self.ideal_of(mc.key, ref))
         if item.unverified is not None:
             return self._checked(item, base, stats, names)
         if stats is None:
@@ -306,8 +316,18 @@ class RowBuilder:
         return CompareRow(**base, **stat_fields(stats), status=FAIL, ok=False, onnx=names,
                           note=f"{REWRITE_DIFFERS}, and {item.unverified}")
 
+    def ideal_of(self, key: int, ref: list[np.ndarray]) -> list[np.ndarray] | None:
+        """The ideal run's values of call ``key``, when it has them in the reference's shapes."""
+        if self.ideal is None or not self.ideal.has(key):
+            return None
+        ideal = self.ideal.get(key)
+        if len(ideal) != len(ref) or any(np.shape(i) != np.shape(r) for i, r in zip(ideal, ref)):
+            return None
+        return ideal
+
     def _compare(
-        self, ref: list[np.ndarray], got: list[np.ndarray], names: Sequence[str], mc: ModuleCall | None = None
+        self, ref: list[np.ndarray], got: list[np.ndarray], names: Sequence[str], mc: ModuleCall | None = None,
+        ideal: list[np.ndarray] | None = None,
     ) -> tuple[ErrorStats | None, list[str], str | None]:
         ref_shapes, got_shapes = [tuple(r.shape) for r in ref], [tuple(g.shape) for g in got]
         # graph outputs come in the model's flattened output order; an inner call's tensors do not
@@ -332,17 +352,27 @@ class RowBuilder:
             r, g = ref[i], got[j]
             if r.shape != g.shape:
                 g = g.reshape(r.shape)
-            stats.append(self._judge(r, g))
+            stats.append(self._judge(r, g, ideal[i] if ideal is not None else None, names[j]))
         why = None
         if len(pairs) < len(got):
             why = f"compared {len(pairs)} of {len(got)} ONNX tensors (others have no PyTorch tensor of that shape)"
         return merge_stats(stats), [names[j] for _, j in pairs], why
 
-    def _judge(self, ref: np.ndarray, got: np.ndarray) -> ErrorStats:
-        hit = self._judged.get((id(ref), id(got)))
+    def _judge(self, ref: np.ndarray, got: np.ndarray, ideal: np.ndarray | None = None, name: str | None = None) -> ErrorStats:
+        key = (id(ref), id(got), id(ideal))
+        hit = self._judged.get(key)
         if hit is None:
-            hit = self._judged[(id(ref), id(got))] = (ref, got, self.criterion.judge(ref, _as_ref_type(ref, got)))
-        return hit[2]
+            hit = self._judged[key] = (ref, got, ideal, self.judge_pair(ref, got, ideal, name))
+        return hit[3]
+
+    def judge_pair(self, ref: np.ndarray, got: np.ndarray, ideal: np.ndarray | None = None, name: str | None = None) -> ErrorStats:
+        """One reference tensor against the candidate's tensor ``name`` (and the ideal run's value, judged at
+        the candidate's precision), every time it is asked (:meth:`_judge` asks once per pair)."""
+        got32 = _as_ref_type(ref, got)
+        if self.judging is None:
+            return self.criterion.judge(ref, got32)
+        fmt = self.judging.formats.of(name) if name is not None else None
+        return self.judging.judge(self.criterion, ref, got32, ideal, fmt)
 
     def forget_values(self) -> None:
         """Let go of the arrays judged so far (after each batch: its values go)."""
@@ -402,7 +432,7 @@ class RowBuilder:
             ref = self.store.get(later.mc.key)
             if not ref:
                 continue
-            stats, names, _ = self._compare(ref, onnx_arrays, item.tensors)
+            stats, names, _ = self._compare(ref, onnx_arrays, item.tensors, ideal=self.ideal_of(later.mc.key, ref))
             if stats is not None and stats.ok:
                 return later, stats, names
         return None

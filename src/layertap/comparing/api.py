@@ -47,8 +47,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..errors import LayertapError
+from ..errors import LayertapError, unknown_name
 from ..metrics import DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, METRICS, ROUNDING_RTOL, Criterion
+from ..numformats import PRECISIONS
 from ..onnxfile.kvcache import kv_layout
 from ..onnxfile.modelfile import ModelFile, is_onnx_source
 from ..options import RuntimeOptions, SampleOptions, merged_criterion
@@ -57,6 +58,7 @@ from ..samples.declared import read_inputs
 from ..samples.drawn import given_samples, random_for_file, with_cache
 from ..samples.loading import save_samples
 from .driver import Progress, compare_sides
+from .ideal import Judging, candidate_formats, judging
 from .onnx_side import OrtSide
 from .rows import CompareReport
 
@@ -111,6 +113,7 @@ def compare(
     criterion: Criterion | None = None,
     runtime_options: RuntimeOptions | None = None,
     sample_options: SampleOptions | None = None,
+    precision: str = "auto",
 ) -> CompareReport:
     """Compare a reference with an ONNX candidate layer by layer in ONNX Runtime.
 
@@ -134,8 +137,16 @@ def compare(
             e.g. ``["CUDA"]``; default CPU.
         metric: what decides pass/fail: ``rel`` (``max_abs <= atol + rtol *
             max|ref|``), ``cosine`` (``>= min_cosine``) or ``sqnr`` (``>= min_sqnr_db``).
-        rtol, atol: the ``rel`` rule (default 1e-3, 1e-5); when neither is given and a side runs
-            at a reduced precision (OpenVINO at bf16/f16), rtol fits its rounding, and a note says so.
+        rtol, atol: the ``rel`` rule (default 1e-3, 1e-5). Given (or a ``metric`` other than ``rel``), they
+            decide every row; left out, a candidate below float32 is judged at its precision (``precision``).
+        precision: the format a reduced-precision candidate is judged at: ``auto`` (read from the file and
+            its runtime: float16/bfloat16 types, QDQ scales, OpenVINO's inference precision), or ``fp16``,
+            ``bf16``, ``int8``, ``fp32`` (``fp32``: the fixed rule above). Below float32 every row carries
+            ``format_rel`` (an ideal run at that format against the reference: what the format costs there) and
+            ``impl_rel`` (the candidate against that ideal run: what the file or the runtime adds); a row fails
+            when ``impl_rel`` exceeds :data:`~layertap.metrics.FORMAT_MULTIPLE` times ``format_rel`` (plus the
+            float32 tolerance), or where the format cannot carry the value (overflow, underflow, clipping).
+            ``report.precision`` names the format judged at (see :mod:`layertap.comparing.ideal`).
         local: also run each compared call's candidate nodes on the reference's
             own inputs; ``local_rel`` is the error the call makes by itself.
         check_finite: a candidate value that is NaN/inf fails its row (the
@@ -208,9 +219,9 @@ def compare(
                                     image_size=image_size, mean=mean, std=std, preprocess=preprocess,
                                     save_inputs=save_inputs, seed=seed)
     rule, tolerance_chosen = merged_criterion(criterion, metric=metric, rtol=rtol, atol=atol, min_cosine=min_cosine,
-                                              min_sqnr_db=min_sqnr_db, check_finite=check_finite)
+                                              min_sqnr_db=min_sqnr_db, check_finite=check_finite, precision=precision)
     plan = _Plan(_checked(rule), modules, batch_outputs, memory_budget, allow_different_weights, local,
-                 sampling.seed, sampling.save_inputs, progress)
+                 sampling.seed, sampling.save_inputs, progress, tolerance_chosen)
     _check_memory(batch_outputs, memory_budget)
     return _compare(ref, args, cand, runs, sampling, plan, tolerance_chosen=tolerance_chosen,
                     call=_TorchCall(dict(kwargs or {}), method, steps))
@@ -230,6 +241,11 @@ class _Plan:
     seed: int  # of random samples
     save_inputs: str | os.PathLike | None
     progress: Progress | None
+    chosen: bool = False  # the user set the tolerances or the metric: they decide, not the candidate's precision
+
+    def judging(self, cand: OrtSide) -> Judging | None:
+        """How rows are judged at the candidate's precision (``None``: at float32, by the criterion)."""
+        return judging(candidate_formats(cand, self.criterion.precision), self.criterion, self.chosen)
 
     def sides(self) -> dict[str, Any]:
         """The keywords both kinds of reference take."""
@@ -256,7 +272,7 @@ def _compare(ref: Any, args: Any, cand: Any, runs: RuntimeOptions, sampling: Sam
     fitted to a reduced precision, then the sides built for the kind of reference."""
     onnx_ref = is_onnx_source(ref)
     ref_rt, cand_rt = side_runtimes(onnx_ref, runs)
-    criterion, precision_note = rounding_criterion(plan.criterion, tolerance_chosen, (ref_rt, cand_rt))
+    criterion, precision_note = rounding_criterion(plan.criterion, tolerance_chosen, ref_rt)
     plan = replace(plan, criterion=criterion)
     _check_steps_use(call.steps, onnx_ref or sampling.samples is not None or sampling.inputs is not None)
     samples = sampling.samples
@@ -271,25 +287,23 @@ def _compare(ref: Any, args: Any, cand: Any, runs: RuntimeOptions, sampling: Sam
     return report
 
 
-def rounding_criterion(criterion: Criterion, given: bool, runtimes: Sequence[Any]) -> tuple[Criterion, str]:
-    """The rule the rows are judged by when a side's runtime computes at a reduced precision
-    (OpenVINO at bfloat16/float16) and the user set no tolerance: ``rtol`` fitted to that
-    precision's rounding (:meth:`Criterion.for_precision`), and the note saying so.
+def rounding_criterion(criterion: Criterion, given: bool, ref_runtime: Any) -> tuple[Criterion, str]:
+    """The rule the rows are judged by when the *reference* file's runtime computes at a reduced precision
+    (OpenVINO at bfloat16/float16) and the user set no tolerance: ``rtol`` fitted to that precision's
+    rounding (:meth:`Criterion.for_precision`), and the note saying so. (A reduced-precision candidate is
+    judged against an ideal run at its format instead: :mod:`.ideal`.)
 
     Example:
         >>> from layertap.runtimes import open_runtime
-        >>> rounding_criterion(Criterion(), False, (None, open_runtime("ort")))
-        (Criterion(metric='rel', rtol=0.001, atol=1e-05, min_cosine=0.999, min_sqnr_db=30.0, check_finite=False), '')
+        >>> rounding_criterion(Criterion(), False, open_runtime("ort"))[1]
+        ''
     """
-    if given or criterion.metric != "rel":
+    info = ref_runtime.describe() if ref_runtime is not None else None
+    if given or criterion.metric != "rel" or info is None or info.precision not in ROUNDING_RTOL:
         return criterion, ""
-    for rt in runtimes:
-        info = rt.describe() if rt is not None else None
-        if info is not None and info.precision in ROUNDING_RTOL:
-            fitted = criterion.for_precision(info.precision)
-            return fitted, (f"{info.runtime} ran at {info.precision}: rows judged at rtol {fitted.rtol:g} "
-                            "(its rounding); pass --rtol (rtol=) to judge tighter")
-    return criterion, ""
+    fitted = criterion.for_precision(info.precision)
+    return fitted, (f"the reference ran in {info.runtime} at {info.precision}: rows judged at rtol {fitted.rtol:g} "
+                    "(its rounding); pass --rtol (rtol=) to judge tighter")
 
 
 def side_runtimes(onnx_ref: bool, runs: RuntimeOptions) -> tuple[Any, Any]:
@@ -338,15 +352,16 @@ def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike |
     refuse_same_run(_path(ref), _path(cand), ref_rt, cand_rt)
     ref_side = OrtSide(ref, ref_rt)
     cand_side = OrtSide(cand, cand_rt)
+    judged = plan.judging(cand_side)
     decoder, folder = kv_layout(ref_side.proto.graph), ref_side.path.parent
     given = [with_cache(s, decoder, folder) if isinstance(s, dict) else s if isinstance(s, (list, tuple)) else [s]
              for s in given]
     reference = OnnxReference(ref_side, cand_side, given, n_random, random=random_for_file(plan.seed, decoder, folder),
-                              **plan.sides())
+                              judging=judged, **plan.sides())
     if plan.save_inputs is not None:
         save_samples(plan.save_inputs, reference.feeds)
     report = compare_sides(reference, cand_side, onnx_path=_shown(cand), ort_optimizations=cand_rt.optimize,
-                           reference=_shown(ref), **plan.driver(),
+                           reference=_shown(ref), judging=judged, **plan.driver(),
                            runtimes={"reference": ref_side.describe().to_dict(), "candidate": cand_side.describe().to_dict()})
     # again after the runs: what each side ran on (ORT leaves out a provider that fails to load)
     report.runtimes.update(reference=ref_side.describe().to_dict(), candidate=cand_side.describe().to_dict())
@@ -379,8 +394,11 @@ def _checked(criterion: Criterion) -> Criterion:
         raise LayertapError(f"min_sqnr_db must be a number of dB, got {c.min_sqnr_db!r}")
     if not (isinstance(c.rtol, (int, float)) and c.rtol >= 0 and isinstance(c.atol, (int, float)) and c.atol >= 0):
         raise LayertapError(f"tolerances must be numbers >= 0, got rtol={c.rtol!r}, atol={c.atol!r}")
+    if c.precision not in ("auto", *PRECISIONS):
+        raise LayertapError(unknown_name("precision", str(c.precision), ["auto", *PRECISIONS],
+                                         hint="auto reads it from the candidate file and its runtime"))
     return Criterion(c.metric, float(c.rtol), float(c.atol), float(c.min_cosine), float(c.min_sqnr_db),
-                     bool(c.check_finite))
+                     bool(c.check_finite), c.precision)
 
 
 def _as_args(args: Any) -> tuple:
@@ -407,18 +425,19 @@ def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[
     bound_method(model, call.method)  # a non-module or an unknown method fails before any work
     runs = _torch_samples(given, n_random, call.kwargs, plan.seed)
     cand_side = OrtSide(cand, runtime)
+    judged = plan.judging(cand_side)
     reference: TorchReference
     candidate: Any = cand_side
-    options = dict(method=call.method, progress=plan.progress, local=plan.local, **plan.sides())
-    if call.steps is not None:
-        reference = StepReference(model, runs, cand_side, steps=check_steps(call.steps), **options)
+    options = dict(method=call.method, progress=plan.progress, local=plan.local, judging=judged, **plan.sides())
+    if call.steps is not None:  # decode steps fill the model's cache in place: no second, rounded forward
+        reference = StepReference(model, runs, cand_side, steps=check_steps(call.steps), ideal=False, **options)
         candidate = reference.candidate
     else:
         reference = TorchReference(model, runs, cand_side, **options)
     if plan.save_inputs is not None:
         save_samples(plan.save_inputs, reference.feeds)
     report = compare_sides(reference, candidate, onnx_path=_shown(cand), ort_optimizations=ort_optimizations,
-                           runtimes={"candidate": cand_side.describe().to_dict()}, **plan.driver())
+                           runtimes={"candidate": cand_side.describe().to_dict()}, judging=judged, **plan.driver())
     report.runtimes.update(candidate=cand_side.describe().to_dict())  # after the runs: what they ran on
     return report
 

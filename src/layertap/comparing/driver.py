@@ -33,6 +33,7 @@ from ..errors import LayertapError, unknown_name
 from ..metrics import Criterion
 from .align import Item, RowBuilder, blame_rewritten, pack_batches
 from .background import Background
+from .ideal import fail_differing_weights, weigh_limits
 from .local import PairsOf, RefLookup, local_errors
 from .merging import merge_samples
 from .rows import CompareReport, CompareRow
@@ -130,6 +131,10 @@ class Reference(Protocol):
         """The reference's tensors of ``batch`` by name (none when they wait in the sample's store);
         ``parts`` (the candidate's local graph, or None) asks also for those feeding its calls."""
 
+    def ideal_values(self, sample: Sample, batch: list[Item]) -> dict[str, np.ndarray]:
+        """An ideal run's tensors of ``batch`` by the reference's names (judged at the candidate's
+        precision; none without one, or when they wait in the sample's ideal store)."""
+
     def local_inputs(self, sample: Sample, batch: list[Item], ref_values: dict[str, np.ndarray],
                      cand_values: dict[str, np.ndarray]) -> tuple[PairsOf, RefLookup, Callable[[Item, CompareRow], Sequence[str]]]:
         """For ``local=True``: a row's (reference value, candidate tensor) pairs, a candidate
@@ -225,7 +230,12 @@ class Driver:
                 self._release(sample)
         finally:
             self.close()
-        return [blame_rewritten([r for batch in s.rows for r in batch]) for s in self.samples]
+        rtol = self.ref_criterion().rtol
+        return [weigh_limits(blame_rewritten([r for batch in s.rows for r in batch]), rtol) for s in self.samples]
+
+    def ref_criterion(self) -> Criterion:
+        """The rule the rows were judged by (the first sample's builder holds it)."""
+        return self.samples[0].builder.criterion if self.samples else Criterion()
 
     def _jobs(self, memory_budget: int) -> Iterator[Job]:
         """The jobs in run order (see the module doc); samples are planned as the jobs reach them."""
@@ -234,6 +244,8 @@ class Driver:
             sample = self.ref.sample(index, max(0, memory_budget - sum(st.held for st in self.stores)))
             self._shown = None  # planning a sample may show steps of its own (a PyTorch forward)
             self.stores.append(sample.builder.store)
+            if sample.builder.ideal is not None:
+                self.stores.append(sample.builder.ideal)
             self.samples.append(sample)
             if not (self.ref.holds_values and len(sample.batches) <= 1):
                 pending.append(sample)
@@ -254,9 +266,9 @@ class Driver:
         The next job's runs start only after this one's values arrived (a decode step's feed is
         the run before's cache), and only while they take at most half of ``memory_budget``
         (two jobs' values are held at once); otherwise rows are made before the next runs."""
-        done: tuple[Job, dict[str, np.ndarray], dict[str, np.ndarray]] | None = None
+        done: tuple[Job, Values] | None = None
         for job in jobs:
-            if done is not None and _nbytes(done[1], done[2]) * 2 > memory_budget:
+            if done is not None and done[1].nbytes * 2 > memory_budget:
                 self._judge(*done)
                 done = None
             if done is None:
@@ -264,13 +276,13 @@ class Driver:
             self._inflight = Background(functools.partial(self._fetch, job), name="layertap-compare-runs")
             if done is not None:
                 self._judge(*done)
-            ref_values, values = self._inflight.result()
+            values = self._inflight.result()
             self._inflight = None
-            done = (job, ref_values, values)
+            done = (job, values)
         if done is not None:
             self._judge(*done)
 
-    def _fetch(self, job: Job) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    def _fetch(self, job: Job) -> Values:
         """A job's runs: the reference's values (none when they wait in the sample's store), the candidate's.
 
         The two sides' sessions build at once (each build is one thread's work), beside the
@@ -287,16 +299,18 @@ class Driver:
                 built.wait()  # a failed reference build leaves no build behind
         self.ref.checked_weights(beside=built.result if built is not None else None)
         ref_values = self.ref.values(sample, batch, self._parts)
+        ideal = self.ref.ideal_values(sample, batch)
         values = self.cand.run(names, sample.feed) if names else {}
         if self.cand.blocked and ref_values:
             unblock_values(values, batch, ref_values, self.cand.blocked)
-        return ref_values, values
+        return Values(ref_values, values, ideal)
 
-    def _judge(self, job: Job, ref_values: dict[str, np.ndarray], values: dict[str, np.ndarray]) -> None:
+    def _judge(self, job: Job, fetched: Values) -> None:
         """A job's rows (and local errors), in the caller's thread."""
         sample, batch = job.sample, job.batch
+        ref_values, values = fetched.ref, fetched.cand
         self._show(job)
-        rows = self._rows(sample, batch, ref_values, values)
+        rows = self._rows(sample, batch, fetched)
         if self.local:
             pairs_of, ref_of, tensors_of = self.ref.local_inputs(sample, batch, ref_values, values)
             local_errors(self._parts, batch, rows, pairs_of, ref_of, tensors_of, sample.builder.criterion)
@@ -310,27 +324,32 @@ class Driver:
             self.prog.step(f"{self.cand.describe().runtime} and compare", total=job.step)
             self._shown = job
 
-    def _rows(self, sample: Sample, batch: list[Item], ref_values: dict[str, np.ndarray],
-              values: dict[str, np.ndarray]) -> list[CompareRow]:
+    def _rows(self, sample: Sample, batch: list[Item], fetched: Values) -> list[CompareRow]:
         """Rows of a batch; reference values computed for it stay in the store only for their own row."""
-        store, streamed = sample.builder.store, not self.ref.holds_values
+        store, ideal, streamed = sample.builder.store, sample.builder.ideal, not self.ref.holds_values
         rows = []
         for it in batch:
             if streamed and it.status is None:
-                store.put(it.mc.key, [ref_values[t] for t in it.ref_tensors])
-            rows.append(sample.builder.row(it, values))
+                store.put(it.mc.key, [fetched.ref[t] for t in it.ref_tensors])
+                if ideal is not None and all(t in fetched.ideal for t in it.ref_tensors):
+                    ideal.put(it.mc.key, [fetched.ideal[t] for t in it.ref_tensors])
+            rows.append(sample.builder.row(it, fetched.cand))
             if streamed:
                 store.drop(it.mc.key)
+                if ideal is not None and ideal.has(it.mc.key):
+                    ideal.drop(it.mc.key)
             self.prog.advance()
         sample.builder.forget_values()
         return rows
 
     def _release(self, sample: Sample) -> None:
-        store = sample.builder.store
-        self.spilled = max(self.spilled, store.spilled)
-        store.close()
-        if store in self.stores:
-            self.stores.remove(store)
+        for store in (sample.builder.store, sample.builder.ideal):
+            if store is None:
+                continue
+            self.spilled = max(self.spilled, store.spilled)
+            store.close()
+            if store in self.stores:
+                self.stores.remove(store)
 
     def close(self) -> None:
         try:
@@ -346,8 +365,17 @@ class Driver:
             self.cand.close()
 
 
-def _nbytes(*groups: dict[str, np.ndarray]) -> int:
-    return sum(getattr(a, "nbytes", 0) for values in groups for a in values.values())
+@dataclass
+class Values:
+    """One job's values: the reference's, the candidate's and an ideal run's, by tensor name."""
+
+    ref: dict[str, np.ndarray]
+    cand: dict[str, np.ndarray]
+    ideal: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(getattr(a, "nbytes", 0) for values in (self.ref, self.cand, self.ideal) for a in values.values())
 
 
 def unblock_values(values: dict[str, np.ndarray], batch: list[Item], ref_values: dict[str, np.ndarray],
@@ -366,7 +394,7 @@ def unblock_values(values: dict[str, np.ndarray], batch: list[Item], ref_values:
 
 
 def compare_sides(ref: Reference, cand: Candidate, *, criterion: Criterion,
-                  local: bool, memory_budget: int, progress: Progress | None, **fields: Any) -> CompareReport:
+                  local: bool, memory_budget: int, progress: Progress | None, judging: Any = None, **fields: Any) -> CompareReport:
     """Run the two sides (:class:`Driver`) and make the report; ``fields`` go to :class:`CompareReport`."""
     driver = Driver(ref, cand, local, progress)
     # a reference whose samples are steps of one run (decode steps) keeps every sample's rows
@@ -375,9 +403,12 @@ def compare_sides(ref: Reference, cand: Candidate, *, criterion: Criterion,
     weights = ref.checked_weights()
     first = next((r for r in rows if r.ok is False), None)
     weights.annotate(rows)
-    notes = run_notes(ref, cand, driver.spilled, rounding=could_be_rounding(first, criterion))
+    if judging is not None and judging.decides:
+        fail_differing_weights(rows, judging.precision)
+    notes = run_notes(ref, cand, driver.spilled, rounding=judging is None and could_be_rounding(first, criterion))
     return CompareReport(
         rows, weights.notes() + notes, criterion=criterion, ort_runs=sum(side.runs for side in (cand, *ref.own_runs)),
+        judging=judging,
         samples=1 if merge is not merge_samples else ref.n_samples, first_divergence_counts=firsts, local=local, weights=weights,
         scope_map=ref.cand_scopes, **fields,
     )

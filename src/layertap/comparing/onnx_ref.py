@@ -37,6 +37,7 @@ from ..onnxfile.scopemap import stand_ins
 from ..samples.drawn import Sample as Given
 from .align import Item, RowBuilder
 from .driver import Sample, module_filter, plan_batches
+from .ideal import Judging, OnnxIdeal
 from .local import PairsOf, RefLookup, onnx_ref_inputs, ref_needs
 from .nchwc import blocked_stand_ins
 from .onnx_side import IF_BRANCHES, OrtSide, absorb_unexposable, check_feed_shapes
@@ -111,6 +112,23 @@ class _NameLookup:
         made, ref_made = (_producers(with_branches(m.graph, IF_BRANCHES)) for m in (cand, ref))  # If branches' nodes too
         return cls(made, set(_producers(cand.graph)), ref_made, {i.name for i in cand.graph.input}, through, blocked)
 
+    def quantised_from(self, t: str) -> str:
+        """The tensor a candidate's ``DequantizeLinear`` output ``t`` stands for (its quantiser's input); ``t`` itself otherwise."""
+        for src, dq in self.through.items():
+            if dq == t:
+                return src
+        return t
+
+    def folded_activation(self, t: str) -> str:
+        """The candidate tensor ``t`` as the module that computes it hands it out: a ``DequantizeLinear`` output
+        whose quantiser took the place of a later ``Relu``/``Clip`` (its range clips as the activation did, and
+        the activation's output name went to the tensor quantised) stands for a value with that activation
+        applied, which the reference computes in another module: the value before the quantiser is this one's.
+        Any other tensor is itself."""
+        src = self.quantised_from(t)
+        node = self.ref_made.get(src)
+        return src if src != t and node is not None and node.op_type in _REMOVABLE_ACTIVATIONS and src in self.main else t
+
     def find(self, t: str) -> str | None:
         """The candidate tensor holding reference tensor ``t``'s value, or ``None``."""
         if t in self.main or t in self.inputs:
@@ -130,7 +148,7 @@ def _scope_items(ref_map: Any, cand: "onnx.ModelProto", names: _NameLookup,
             continue
         counts[cp.path] = ref_map.calls(cp.path)
         mc = ModuleCall(len(items), cp.path, cp.call, _op(names.ref_made, cp.tensors))
-        items.append(_scope_item(mc, cp, cand_call, names.find, elsewhere))
+        items.append(_scope_item(mc, cp, cand_call, names.find, elsewhere, names.folded_activation, names.quantised_from))
     return fused_first(items), counts
 
 
@@ -252,7 +270,8 @@ def _elsewhere(ref_made: dict[str, Any], cand_made: dict[str, Any], through: dic
 
 
 def _scope_item(mc: ModuleCall, cp: Any, cand_call: Callable[[str, int], Any], by_name: Callable[[str], str | None],
-                ref_made: set[str]) -> Item:
+                ref_made: set[str], unfolded: Callable[[str], str] = lambda t: t,
+                plain: Callable[[str], str] = lambda t: t) -> Item:
     """One reference module call: by tensor name first, then by the candidate's own call."""
     if not cp.tensors:
         status = ABSORBED if cp.absorbed_by else NO_COUNTERPART
@@ -266,11 +285,11 @@ def _scope_item(mc: ModuleCall, cp: Any, cand_call: Callable[[str, int], Any], b
         note = "the candidate has neither its tensors nor a call of this module"
     elif not ccp.tensors:
         note = f"candidate: {ccp.note or 'no tensor for this call'}"
-    elif foreign := [t for t in ccp.tensors if t in ref_made and t not in cp.tensors]:
+    elif foreign := [plain(t) for t in ccp.tensors if plain(t) in ref_made and plain(t) not in cp.tensors]:
         note = (f"the candidate's call hands out {foreign[0]}, which the reference computes in another call "
                 "(nodes fused across modules), so its own value is not in the candidate")
     else:
-        return Item(mc, tuple(ccp.tensors), ref_tensors=tuple(cp.tensors))
+        return Item(mc, tuple(unfolded(t) for t in ccp.tensors), ref_tensors=tuple(cp.tensors))
     return Item(mc, status=NO_COUNTERPART, note=note, ref_tensors=tuple(cp.tensors))
 
 
@@ -362,8 +381,11 @@ class OnnxReference:
                  random: Callable[[list[tuple[str, str]], dict[str, tuple], dict[str, int | None], int], list[Given]],
                  criterion: Criterion,
                  modules: Sequence[str] | None, batch_outputs: int | None, memory_budget: int,
-                 allow_different_weights: bool) -> None:
+                 allow_different_weights: bool, judging: Judging | None = None) -> None:
         self.side, self.cand, self.own_runs = ref, cand, (ref,)
+        self.judging = judging
+        # judged at the candidate's precision: the reference's graph rounded as the candidate holds its values
+        self.ideal = OnnxIdeal(ref, judging.formats) if judging is not None and ref.runner.file is None else None
         # the weight check runs beside the planning and the sessions' builds; the driver waits for it
         # before the candidate runs, and a file the rows cannot be planned for is first checked for
         # other weights
@@ -396,7 +418,8 @@ class OnnxReference:
         self.batches = plan_batches(self.items, cost, batch_outputs, memory_budget)
         self._batch_names: dict[tuple[int, int], list[str]] = {}
         self.store = ArrayStore(memory_budget)
-        self.builder = RowBuilder(self.items, self.store, criterion, counts, find_fusions=False, branches=cand.carried)
+        self.builder = RowBuilder(self.items, self.store, criterion, counts, find_fusions=False, branches=cand.carried,
+                                  judging=self.judging, ideal=ArrayStore(memory_budget) if self.ideal is not None else None)
         self.known = set(_producers(ref.proto.graph))
 
     def sample(self, index: int, budget: int) -> Sample:
@@ -408,11 +431,21 @@ class OnnxReference:
         names = self._names(batch, parts)
         if names:
             self.side.prepare(names)
+        if self.ideal is not None:
+            ideal = self._names(batch, None)
+            if ideal:
+                self.ideal.prepare(ideal)
 
     def values(self, sample: Sample, batch: list[Item], parts: Any) -> dict[str, np.ndarray]:
         """The reference's tensors of a batch (and those feeding its calls' parts, for local errors)."""
         names = self._names(batch, parts)
         return self.side.run(names, sample.ref_feed or {}) if names else {}
+
+    def ideal_values(self, sample: Sample, batch: list[Item]) -> dict[str, np.ndarray]:
+        """The ideal run's tensors of a batch, by the reference's names."""
+        if self.ideal is None:
+            return {}
+        return self.ideal.run(self._names(batch, None), sample.ref_feed or {})
 
     def _names(self, batch: list[Item], parts: Any) -> list[str]:
         """The tensors a batch's run exposes: once per batch (:attr:`batches` are this plan's, for every sample)."""
@@ -449,6 +482,11 @@ class OnnxReference:
     def close(self) -> None:
         self._weights.cancel()
         self.store.close()
+        builder = getattr(self, "builder", None)  # None: the plan failed
+        if builder is not None and builder.ideal is not None:
+            builder.ideal.close()
+        if self.ideal is not None:
+            self.ideal.close()
         self.side.close()
 
 

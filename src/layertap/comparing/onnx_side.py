@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..onnxfile.kvcache import KvLayout
     from ..onnxfile.modelfile import ModelFile
+    from ..onnxfile.ort import SessionSource
     from ..runtimes import Runtime, RuntimeInfo
 
 
@@ -51,6 +52,17 @@ class OrtRunner:
         self.runs = 0
         self.sessions = 0
         self._session: tuple[tuple[str, ...], Any] | None = None  # the last engine, kept for the next sample
+
+    @classmethod
+    def of_source(cls, source: "SessionSource", folder: Path, runtime: "Runtime") -> "OrtRunner":
+        """A runner on a graph already held in memory with its weights (an ideal run's rounded copy)."""
+        runner = cls.__new__(cls)
+        runner.file, runner.source, runner.proto, runner.folder, runner.runtime = None, source, source.model, folder, runtime
+        runner._out_info = {o.name: o for o in runner.proto.graph.output}
+        runner._value_info = {v.name: v for v in runner.proto.graph.value_info}
+        runner.runs = runner.sessions = 0
+        runner._session = None
+        return runner
 
     @property
     def optimize(self) -> bool:

@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import LayertapError
 from ..files.png import encode_png
 from ..files.writes import atomic_write_bytes, check_output_path
-from .words import chart_points, tick_indices
+from .words import band_text, chart_points, tick_indices
 
 if TYPE_CHECKING:  # pragma: no cover
     from .rows import CompareReport
@@ -72,6 +72,13 @@ def plot_figure(report: "CompareReport") -> Any:
     ok_y = [ys[x] for x in ok_x]
     bad_x = [x for x, r in zip(xs, rows) if r.ok is False]
     bad_y = [ys[x] if math.isfinite(ys[x]) else 1.0 for x in bad_x]
+    bands = [p.band for p in points]
+    if any(b is not None for b in bands):  # judged at the candidate's precision: what its format explains
+        seen = [v for v in (*ys, *bands) if v is not None and math.isfinite(v) and v > _FLOOR]
+        bottom = min(seen) / 10 if seen else _FLOOR
+        ax.fill_between(xs, [max(b, bottom) if b is not None and math.isfinite(b) else float("nan") for b in bands],
+                        bottom, step="mid", color="#d6efd8", zorder=0, label=band_text(report))
+        ax.set_ylim(bottom=bottom)
     ax.plot(xs, ys, color="0.7", linewidth=0.8, zorder=1)
     ax.scatter(ok_x, ok_y, s=12, color="tab:blue", label="pass", zorder=2)
     if bad_x:
@@ -108,6 +115,8 @@ def _label_axes(ax: "Any", report: "CompareReport", metric: str) -> None:
     elif metric == "sqnr":
         ax.set_ylabel("SQNR (dB)")
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{-10 * math.log10(v):g} dB" if v > 0 else ""))
+    elif getattr(report, "judged_at_format", False):
+        ax.set_ylabel(f"max|cand - ideal {report.precision} run| / max|ref|")
     else:
         ax.set_ylabel("max|cand - ref| / max|ref|" if report.reference else "max|onnx - torch| / max|torch|")
     ax.set_xlabel(f"module call, {'reference' if report.reference else 'PyTorch'} execution order")

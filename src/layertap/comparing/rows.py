@@ -6,14 +6,16 @@ Used by :mod:`layertap.comparing`, which re-exports the public names.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
-from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, Criterion, ErrorStats
+from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, FORMAT_MULTIPLE, Criterion, ErrorStats
 from ..tables import Column, ToleranceReport
 from ..text import fmt_db, fmt_float, fmt_shape, grid_lines
 from . import words
+from .words import ideal_line
 
 PASS, FAIL, NO_COUNTERPART, ABSORBED = "pass", "FAIL", "no counterpart", "absorbed"
 # the note of a row whose tensor the candidate computes by name inside an If branch its runtime does not hand out
@@ -52,6 +54,18 @@ class CompareRow:
             (``fc.weight differs (rel 0.5)``), else ``None``.
         token, tokens: with decode steps (``steps=``), the first token position the call computed
             and how many (the prompt's call covers all its tokens; a decode step one)
+        format_rel, impl_rel: judged at the candidate's precision (a float16, bfloat16 or int8
+            candidate), ``max|ideal - ref| / max|ref|`` (what the format costs here: an ideal run at
+            that format against the reference) and ``max|cand - ideal| / max|ref|`` (what the file or
+            its runtime adds); ``None`` at float32 or without an ideal value.
+        format_cosine: the ideal run's cosine against the reference.
+        format_rms, impl_rms, ref_rms: the root mean square of the same two differences (``ideal - ref``,
+            ``cand - ideal``) and of the reference, over every element: an error a file makes everywhere (a
+            changed weight scales every value it makes) stands out here, where rounding averages out.
+        precision: the format the candidate holds this value in (``float16``, ``bfloat16``, ``int8``), or
+            ``None`` for float32.
+        limit: what that format cannot carry here (``float16 overflow: |x| up to 9.8e+04 > 65504``, an
+            underflow that zeroes the value, an int8 range that clips); a row with a limit fails.
     """
 
     name: str
@@ -75,11 +89,19 @@ class CompareRow:
     weights: str | None = None
     token: int | None = None
     tokens: int | None = None
+    format_rel: float | None = None
+    impl_rel: float | None = None
+    format_cosine: float | None = None
+    precision: str | None = None
+    limit: str | None = None
+    format_rms: float | None = None
+    impl_rms: float | None = None
+    ref_rms: float | None = None
 
     @property
     def remarks(self) -> str | None:
-        """The Note column: differing weights first, then the note."""
-        return "; ".join(t for t in (self.weights, self.note) if t) or None
+        """The Note column: what the format cannot carry first, then differing weights, then the note."""
+        return "; ".join(t for t in (self.limit, self.weights, self.note) if t) or None
 
 
 class CompareReport(ToleranceReport):
@@ -127,8 +149,13 @@ class CompareReport(ToleranceReport):
         weights: Any = None,
         runtimes: dict[str, dict[str, str]] | None = None,
         scope_map: Any = None,
+        judging: Any = None,
     ) -> None:
         self.criterion = criterion or Criterion(rtol=rtol, atol=atol)
+        #: the format the candidate was judged at (``float32``, ``float16``, ``bfloat16``, ``int8``)
+        self.precision: str = judging.precision if judging is not None else "float32"
+        #: the precision rule decided the rows (not the user's tolerances or metric)
+        self.judged_at_format: bool = bool(judging is not None and judging.decides)
         super().__init__(rows, notes, rtol=self.criterion.rtol, atol=self.criterion.atol)
         self.onnx_path = onnx_path
         self.ort_optimizations = ort_optimizations
@@ -148,10 +175,18 @@ class CompareReport(ToleranceReport):
         elif self.runtimes.get("candidate", {}).get("runtime", "ONNX Runtime") != "ONNX Runtime":
             self.__dict__["title"] = f"PyTorch vs {self.runtimes['candidate']['runtime']}, module by module"
         extra = [_metric_column(c, self.criterion.metric) for c in _EXTRA_COLUMNS if c.key != "local_rel" or local]
+        base = list(type(self).columns)
+        if judging is not None:
+            extra[:0] = _FORMAT_COLUMNS
+            if self.judged_at_format:  # what decides stays on a narrow terminal; the plain error gives way
+                import dataclasses
+
+                extra[0] = dataclasses.replace(extra[0], drop=0)
+                base = [dataclasses.replace(c, drop=1) if c.key == "rel_err" else c for c in base]
         if samples > 1:
             extra.append(Column("worst_sample", "Worst sample", justify="right", no_wrap=True))
         # per report: the local and worst-sample columns only when they hold something
-        self.__dict__["columns"] = (*type(self).columns[:5], *extra, *type(self).columns[5:])
+        self.__dict__["columns"] = (*base[:5], *extra, *base[5:])
 
     @property
     def first_nonfinite(self) -> CompareRow | None:
@@ -215,12 +250,17 @@ class CompareReport(ToleranceReport):
             "ort_runs": self.ort_runs,
             "counts": self.counts(),
             "metric": self.criterion.metric,
-            "rule": self.criterion.describe(),
+            "rule": words.format_rule(self.precision, self.criterion) if self.judged_at_format else self.criterion.describe(),
             "reference": self.reference,
             "samples": self.samples,
             "first_divergence_counts": self.first_divergence_counts,
             "first_nonfinite": self.first_nonfinite.name if self.first_nonfinite else None,
+            "precision": self.precision,
+            "judged_at_format": self.judged_at_format,
         }
+        if self.precision != "float32":
+            out.update(output_cosine=self.output_cosine, ideal_output_cosine=self.ideal_output_cosine,
+                       format_multiple=FORMAT_MULTIPLE)
         if self.runtimes:
             out["runtimes"] = self.runtimes
         if self.weights is not None:
@@ -245,7 +285,9 @@ class CompareReport(ToleranceReport):
             lines.append("first divergence over {} samples: {}".format(
                 self.samples, ", ".join(f"{n} ({k}x)" for n, k in ranked[:5])))
         row = self.first_divergence_row
-        if row is None:
+        if row is None and self.precision != "float32":
+            lines.append(ideal_line(self.precision, self.output_cosine, self.ideal_output_cosine))
+        elif row is None:
             lines.append("no divergence: every compared module agrees")
         else:
             n = row.tokens or 1
@@ -255,15 +297,34 @@ class CompareReport(ToleranceReport):
                          f"{self._before_divergence(row)}{self._weights_before(row)}")
         return lines
 
+    @property
+    def output_cosine(self) -> float | None:
+        """The model output's cosine against the reference (the ``output`` row's; ``None`` when not compared)."""
+        row = self._output_row()
+        return row.cosine if row is not None else None
+
+    @property
+    def ideal_output_cosine(self) -> float | None:
+        """An ideal run at the candidate's format: its output's cosine against the reference."""
+        row = self._output_row()
+        return row.format_cosine if row is not None else None
+
+    def _output_row(self) -> CompareRow | None:
+        return next((r for r in reversed(self.rows) if r.path == "" and r.ok is not None), None)
+
     def _size(self, row: CompareRow) -> str:
         """The deciding value first, then the errors."""
         errors = f"max abs err {fmt_float(row.max_abs)}, rel err {fmt_float(row.rel_err)}"
+        if self.judged_at_format and (row.limit or row.impl_rel is not None):
+            return words.format_size(row, self.precision, self.rtol, self.atol)
         if self.criterion.metric == "rel":
             return errors
         value = row.cosine if self.criterion.metric == "cosine" else row.sqnr_db
         return f"{words.metric_text(value, self.criterion.metric)} ({self.threshold_text}), {errors}"
 
     def _rule(self) -> str:
+        if self.judged_at_format:
+            return words.format_rule(self.precision, self.criterion)
         if self.criterion.metric == "rel":
             return f"rtol {self.rtol:g}, atol {self.atol:g}; {self._statistic()}"
         return self.criterion.describe()
@@ -295,6 +356,12 @@ class CompareReport(ToleranceReport):
         return f"{said}; {fused}" if fused else said
 
 
+# judged at the candidate's precision: what the format costs and what the file adds, beside the plain error
+_FORMAT_COLUMNS = (
+    Column("format_rel", "Format rel", fmt_float, "right", no_wrap=True, drop=6),
+    Column("impl_rel", "Impl rel", fmt_float, "right", no_wrap=True),
+)
+
 # the statistics that do not decide pass/fail give way first on a narrow terminal
 _EXTRA_COLUMNS = (
     Column("cosine", "Cosine", lambda v: "-" if v is None else f"{v:.6f}", "right", no_wrap=True, drop=4),
@@ -313,6 +380,13 @@ def _metric_column(col: Column, metric: str) -> Column:
 
 def merge_stats(stats: Sequence[ErrorStats]) -> ErrorStats:
     """Worst case over several tensors of one module call."""
+    if len(stats) == 1:
+        return stats[0]
+
+    def worst(key: str, pick: Any = max) -> Any:
+        found = [getattr(s, key) for s in stats if getattr(s, key) is not None]
+        return pick(found) if found else None
+
     return ErrorStats(
         max(s.max_abs for s in stats),
         max(s.scale for s in stats),
@@ -321,13 +395,27 @@ def merge_stats(stats: Sequence[ErrorStats]) -> ErrorStats:
         min(s.cosine for s in stats),
         min(s.sqnr_db for s in stats),
         all(s.finite for s in stats),
+        worst("format_abs"),
+        worst("impl_abs"),
+        worst("format_cosine", min),
+        next((s.limit for s in stats if s.limit), None),
+        worst("format_rms"),
+        worst("impl_rms"),
+        worst("ref_rms"),
     )
 
 
 def stat_fields(stats: ErrorStats) -> dict[str, Any]:
     """The row fields one comparison fills."""
+    def rel(v: float | None) -> float | None:
+        if v is None:
+            return None
+        return v / stats.scale if stats.scale > 0 else (0.0 if v == 0 else math.inf)
+
     return dict(max_abs=stats.max_abs, rel_err=stats.rel_err, cosine=stats.cosine, sqnr_db=stats.sqnr_db,
-                finite=stats.finite, ref_max=stats.scale)
+                finite=stats.finite, ref_max=stats.scale, format_rel=rel(stats.format_abs), impl_rel=rel(stats.impl_abs),
+                format_cosine=stats.format_cosine, limit=stats.limit, format_rms=stats.format_rms, impl_rms=stats.impl_rms,
+                ref_rms=stats.ref_rms)
 
 
 def pair_tensors(torch_shapes: Sequence[tuple], onnx_shapes: Sequence[tuple]) -> list[tuple[int, int]]:

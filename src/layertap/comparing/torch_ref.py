@@ -15,6 +15,7 @@ from ..metrics import Criterion
 from ..onnxfile.kvcache import check_config, kv_layout
 from .align import Item, RowBuilder, call_counts, plan_items
 from .driver import Sample, Silent, module_filter, plan_batches
+from .ideal import Judging, TorchIdeal, rounding_plan
 from .local import PairsOf, RefLookup, torch_ref_inputs
 from .onnx_side import IF_BRANCHES, OrtSide, ScopeView, absorb_unexposable, check_feed_shapes, check_same_model, feed_from_args
 from .rows import NO_COUNTERPART, CompareRow
@@ -35,12 +36,13 @@ class TorchReference:
 
     def __init__(self, model: Any, runs: list[tuple[tuple, dict]], cand: OrtSide, *, method: str | Callable[..., Any],
                  criterion: Criterion, modules: Sequence[str] | None, batch_outputs: int | None, memory_budget: int,
-                 allow_different_weights: bool, progress: Any, local: bool = False) -> None:
+                 allow_different_weights: bool, progress: Any, local: bool = False, judging: Judging | None = None,
+                 ideal: bool = True) -> None:
         from ..onnxfile.metadata import own_outputs
         from ..onnxfile.scopemap import ScopeMap
 
         self.model, self.method, self.runs_args, self.prog, self.local = model, method, runs, progress, local
-        self.n_samples, self.criterion = len(runs), criterion
+        self.n_samples, self.criterion, self.judging = len(runs), criterion, judging
         self.cand, self.batch_outputs, self.budget = cand, batch_outputs, memory_budget
         self.cand_scopes = ScopeMap.from_model(cand.proto, branches=IF_BRANCHES)
         self.view = ScopeView(self.cand_scopes, {p for p, _ in model.named_modules() if p})
@@ -51,6 +53,8 @@ class TorchReference:
         self.wanted, self.include_root = module_filter(modules, [p for p, _ in model.named_modules()])
         self.outputs = own_outputs(cand.proto)
         self._stores: list[ArrayStore] = []  # every sample's store (the driver releases each as its rows are made)
+        # judged at the candidate's precision: the forward run again, rounded as the candidate holds its values
+        self.ideal = self._ideal() if judging is not None and ideal else None
         # the weight check starts after the forward, beside the candidate's session build (see PendingCheck)
         self._weights = PendingCheck(lambda stop: check_model_weights(model, self.view, cand.runner.source, stop),
                                      allow_different_weights, start=False)
@@ -70,10 +74,12 @@ class TorchReference:
         a, k = self.runs_args[index]
         calls, root = run_torch(self.model, a, k, self.method, store, self.wanted, inputs=self.local)
         prog.advance()
+        ideal = self._ideal_values(a, k, calls, budget) if self.ideal is not None else None
         items = [self._refuse_blocked(it) for it in plan_items(calls, root, self.view, self.outputs, self.include_root)
                  if self.wanted(it.mc.path) or it.mc is root]
         absorb_unexposable(items, self.cand)
-        builder = RowBuilder(items, store, self.criterion, call_counts(calls), branches=self.cand.carried)
+        builder = RowBuilder(items, store, self.criterion, call_counts(calls), branches=self.cand.carried,
+                             judging=self.judging, ideal=ideal)
 
         def cost(item: Item) -> tuple[int, int]:  # estimated from the PyTorch sizes
             n = len(item.tensors)
@@ -81,11 +87,37 @@ class TorchReference:
 
         return Sample(items, builder, plan_batches(items, cost, self.batch_outputs, self.budget), self.feeds[index])
 
+    def _ideal(self) -> TorchIdeal:
+        """The rounded forward's plan, from the candidate's scopes and formats."""
+        assert self.judging is not None
+        cand_inputs = [n for n, _ in self.cand.inputs]
+        counterparts = {(c.path, c.call): tuple(c.tensors) for c in self.view.counterparts() if c.tensors}
+        return TorchIdeal(rounding_plan(self.view, self.cand_scopes, self.judging.formats, counterparts, cand_inputs,
+                                        self.outputs))
+
+    def _ideal_values(self, args: tuple, kwargs: dict, calls: list[Any], budget: int) -> ArrayStore | None:
+        """The ideal forward of one sample in a store keyed as the reference's (``None`` when its module
+        calls differ: a data-dependent branch took another way)."""
+        assert self.ideal is not None
+        store = ArrayStore(budget)
+        self._stores.append(store)
+        prog = self.prog if self.prog is not None else Silent()
+        prog.step(f"PyTorch forward at {self.judging.precision if self.judging else 'the format'}")
+        ideal_calls, _ = self.ideal.run(self.model, args, kwargs, self.method, store, self.wanted)
+        prog.advance()
+        if [(c.path, c.call) for c in ideal_calls] != [(c.path, c.call) for c in calls]:
+            store.close()
+            return None
+        return store
+
     def prepare(self, batch: list[Item], parts: Any) -> None:
         pass  # nothing runs per batch: the forward ran when the sample was planned
 
     def values(self, sample: Sample, batch: list[Item], parts: Any) -> dict[str, np.ndarray]:
         return {}  # the forward's values are in the sample's store
+
+    def ideal_values(self, sample: Sample, batch: list[Item]) -> dict[str, np.ndarray]:
+        return {}  # the ideal forward's values are in the sample's ideal store
 
     def local_inputs(self, sample: Sample, batch: list[Item], ref_values: dict[str, np.ndarray],
                      cand_values: dict[str, np.ndarray]) -> tuple[PairsOf, RefLookup, Callable[[Item, CompareRow], Sequence[str]]]:

@@ -35,13 +35,15 @@ METRICS = {
 @dataclass(frozen=True)
 class ErrorPoint:
     """One module call on the error chart: ``error`` accumulated, ``local`` its own (None: not computed);
-    ``text`` is what hovering its point says of its value (default ``error 0.0123``)."""
+    ``text`` is what hovering its point says of its value (default ``error 0.0123``); ``band``: judged at
+    the candidate's precision, the most the format explains there (the error's limit), else ``None``."""
 
     name: str
     error: float | None
     local: float | None = None
     ok: bool | None = None
     text: str | None = None
+    band: float | None = None
 
 
 def metric_of(report: Any) -> str:
@@ -70,6 +72,10 @@ def explanation(report: Any) -> list[str]:
         compared = [r for r in rows if field(r, "rel_err") is not None]
         worst = max(compared, key=lambda r: _num(field(r, "rel_err")), default=None)
         text = f"All {len(compared)} compared module calls agree within the tolerance."
+        if getattr(report, "judged_at_format", False):
+            precision = getattr(report, "precision", "the format")
+            text = (f"All {len(compared)} compared module calls stay within what {precision} explains: none is further "
+                    f"from an ideal {precision} run than {precision}'s own rounding makes it.")
         if worst is not None:
             text += (f" The largest relative error is {fmt_float(field(worst, 'rel_err'))} at "
                      f"{field(worst, 'name')} ({field(worst, 'type', '?')}).")
@@ -112,7 +118,11 @@ def _where(report: Any, first: Any) -> str:
     rel, mx = field(first, "rel_err"), field(first, "max_abs")
     shape = fmt_shape(field(first, "shape"))
     metric = metric_of(report)
-    if field(first, "finite") is False or (rel is not None and not math.isfinite(rel)):
+    judged = getattr(report, "judged_at_format", False) and (field(first, "limit") or field(first, "impl_rel") is not None)
+    if judged:
+        size = format_size(first, getattr(report, "precision", "the format"), getattr(report, "rtol", 1e-3),
+                           getattr(report, "atol", 1e-5))
+    elif field(first, "finite") is False or (rel is not None and not math.isfinite(rel)):
         size = "the candidate holds NaN or infinity where the reference has finite values"
     elif rel is None:
         size = f"its output does not match ({field(first, 'note') or 'no value to compare'})"
@@ -306,9 +316,19 @@ def threshold_value(report: Any, metric: str) -> float | None:
     return None if value is None else float(value)
 
 
+def judged_at_format(report: Any, metric: str) -> bool:
+    """The rows were judged at the candidate's precision (the chart shows what the file adds against a band)."""
+    return bool(getattr(report, "judged_at_format", False)) and metric == "rel"
+
+
 def chart_points(report: Any, metric: str, *, with_local: bool) -> tuple[list[Any], list[ErrorPoint], float | None]:
     """The rows the error chart shows, their points (the deciding value, as an error) and the
-    threshold on the same axis; the HTML chart and the ``--plot`` PNG both draw these."""
+    threshold on the same axis; the HTML chart and the ``--plot`` PNG both draw these.
+
+    Judged at the candidate's precision, the points are each row's implementation error (the candidate
+    against an ideal run at its format) and each carries a ``band``: what the format explains there."""
+    if judged_at_format(report, metric):
+        return _format_points(report, with_local)
     key = METRICS.get(metric, METRICS["rel"])[0]
     rows = [r for r in report.rows if field(r, key) is not None or (with_local and field(r, "local_rel") is not None)]
     points = [ErrorPoint(field(r, "name", "?"), as_error(field(r, key), metric),
@@ -317,6 +337,32 @@ def chart_points(report: Any, metric: str, *, with_local: bool) -> tuple[list[An
     threshold = threshold_value(report, metric)
     return rows, points, as_error(threshold, metric) if threshold is not None else None
 
+
+
+def _format_points(report: Any, with_local: bool) -> tuple[list[Any], list[ErrorPoint], None]:
+    from ..metrics import FORMAT_MULTIPLE
+
+    rtol, atol = getattr(report, "rtol", 1e-3), getattr(report, "atol", 1e-5)
+    rows = [r for r in report.rows if field(r, "impl_rel") is not None or (with_local and field(r, "local_rel") is not None)]
+    points = []
+    for r in rows:
+        impl, fmt_rel, scale = field(r, "impl_rel"), field(r, "format_rel"), field(r, "ref_max") or 0.0
+        band = None if fmt_rel is None else FORMAT_MULTIPLE * fmt_rel + rtol + (atol / scale if scale else 0.0)
+        text = (f"implementation error {fmt_float(impl)}; the format explains up to {fmt_float(band)} "
+                f"(an ideal run's own error {fmt_float(fmt_rel)})" if impl is not None and band is not None else None)
+        if field(r, "limit"):
+            text = f"{field(r, 'limit')}; {text}" if text else field(r, "limit")
+        points.append(ErrorPoint(field(r, "name", "?"), impl, field(r, "local_rel") if with_local else None,
+                                 field(r, "ok"), text, band))
+    return rows, points, None
+
+
+def band_text(report: Any) -> str:
+    """The legend of the format's band: ``what float16 explains (4 x an ideal float16 run's own error + rtol)``."""
+    from ..metrics import FORMAT_MULTIPLE
+
+    precision = getattr(report, "precision", "the format")
+    return f"what {precision} explains ({FORMAT_MULTIPLE:g} x an ideal {precision} run's own error + rtol)"
 
 
 def tick_indices(n: int, first: int | None, most: int) -> list[int]:
@@ -334,3 +380,90 @@ def tick_indices(n: int, first: int | None, most: int) -> list[int]:
     if first is not None:
         ticks = {t for t in ticks if abs(t - first) >= step} | {first}
     return sorted(ticks)
+
+
+#: what the report says a run at each format is
+FORMAT_WORDS = {"float16": "float16 rounding", "bfloat16": "bfloat16 rounding", "int8": "int8 quantisation",
+                "float32": "float32 rounding"}
+
+
+def ideal_line(precision: str, output_cosine: float | None, ideal_cosine: float | None) -> str:
+    """The last line of a healthy run judged at a reduced precision.
+
+    Example:
+        >>> ideal_line("float16", 0.9999912, 0.9999931)
+        'no divergence beyond float16 rounding; output cosine 0.9999912 (an ideal float16 run: 0.9999931)'
+    """
+    what = FORMAT_WORDS.get(precision, precision)
+    if output_cosine is None:
+        return f"no divergence beyond {what}"
+    ideal = f" (an ideal {precision} run: {fmt_cosine(ideal_cosine)})" if ideal_cosine is not None else ""
+    return f"no divergence beyond {what}; output cosine {fmt_cosine(output_cosine)}{ideal}"
+
+
+def fmt_cosine(c: float) -> str:
+    """A cosine with the digits that show how far it is from 1 (at least 6 decimals).
+
+    Example:
+        >>> fmt_cosine(0.99999987), fmt_cosine(0.9871), fmt_cosine(1.0)
+        ('0.99999987', '0.987100', '1')
+    """
+    if c >= 1.0:
+        return "1"
+    if not math.isfinite(c) or c <= 0:
+        return f"{c:.6g}"
+    digits = max(6, math.ceil(-math.log10(1.0 - c)) + 1)
+    return f"{c:.{min(digits, 12)}f}"
+
+
+def format_rule(precision: str, criterion: Any) -> str:
+    """The precision rule in words, for the footer and ``--json``.
+
+    Example:
+        >>> from layertap.metrics import Criterion
+        >>> format_rule("float16", Criterion())[:79]
+        'judged at float16: pass when impl err <= 4 x format err + rtol 0.001 x max|ref|'
+    """
+    from ..metrics import FORMAT_MULTIPLE
+
+    return (f"judged at {precision}: pass when impl err <= {FORMAT_MULTIPLE:g} x format err + rtol {criterion.rtol:g} x "
+            f"max|ref| + atol {criterion.atol:g} (format err: an ideal {precision} run vs the reference; impl err: the "
+            f"candidate vs that run), and where {precision} carries every value")
+
+
+def format_size(row: Any, precision: str, rtol: float = 1e-3, atol: float = 1e-5) -> str:
+    """A row judged at its format, in words: what the format cannot carry, or the implementation error
+    against what the format explains there (``FORMAT_MULTIPLE`` x its format error + the tolerance), in
+    the largest difference or, where it is further over, the root mean square one.
+
+    Example:
+        >>> from layertap.comparing import CompareRow
+        >>> r = CompareRow("relu", "relu", 0, "ReLU", [1], 0.3, 0.3, "FAIL", False, ref_max=1.0, format_rel=1e-3, impl_rel=0.3)
+        >>> format_size(r, "float16")
+        'implementation error 0.3, 59.9 times what float16 explains there (format error 0.001, rel err 0.3)'
+        >>> r = CompareRow("fc", "fc", 0, "Linear", [1], 2e-3, 2e-3, "FAIL", False, ref_max=1.0, format_rel=1e-3, impl_rel=2e-3,
+        ...                format_rms=1e-5, impl_rms=1e-3, ref_rms=0.1)
+        >>> format_size(r, "float16")[:85]
+        'root mean square implementation error 0.001, 6.67 times what float16 explains there ('
+    """
+    from ..metrics import FORMAT_MULTIPLE
+
+    limit = field(row, "limit")
+    rel = fmt_float(field(row, "rel_err"))
+    if limit:
+        return f"{limit} (rel err {rel})"
+    impl, fmt_rel = field(row, "impl_rel"), field(row, "format_rel")
+    if impl is None or fmt_rel is None:
+        return f"rel err {rel}"
+    scale = field(row, "ref_max") or 0.0
+    allowed = (atol / scale if scale else 0.0) + rtol + FORMAT_MULTIPLE * fmt_rel
+    over = impl / allowed if allowed else math.inf
+    i_rms, f_rms, r_rms = field(row, "impl_rms"), field(row, "format_rms"), field(row, "ref_rms")
+    if i_rms is not None and f_rms is not None and r_rms is not None:
+        rms_allowed = atol + rtol * r_rms + FORMAT_MULTIPLE * f_rms
+        rms_over = i_rms / rms_allowed if rms_allowed else math.inf
+        if rms_over > max(over, 1.0):
+            return (f"root mean square implementation error {i_rms:.3g}, {rms_over:.3g} times what {precision} explains "
+                    f"there (its format error {f_rms:.3g} of a root mean square value {r_rms:.3g}; rel err {rel})")
+    times = f", {over:.3g} times what {precision} explains there" if allowed else ""
+    return f"implementation error {fmt_float(impl)}{times} (format error {fmt_float(fmt_rel)}, rel err {rel})"

@@ -53,19 +53,26 @@ class FixStep:
         return len(self.kept)
 
 
-def _scores(report: Any, to: str, modules: Units) -> dict[str, tuple[bool, float]]:
-    """Innermost compared unit -> (values outside float16's range, its worst error: ``local_rel``,
-    else the row's ``rel_err``)."""
-    score: dict[str, tuple[bool, float]] = {}
+def _scores(report: Any, to: str, modules: Units) -> dict[str, tuple[bool, float, float]]:
+    """Innermost compared unit -> (values its format cannot carry: outside float16's range, or a limit the
+    comparison named; how much the format's own error grows there; its worst error: ``local_rel``, else
+    the row's ``rel_err``). The growth is the row's format error (an ideal run at the format against the
+    reference) over the largest one of the rows compared before it: what keeping it in float32 can repair."""
+    score: dict[str, tuple[bool, float, float]] = {}
+    before = 0.0  # the largest format error of the rows so far
     for r in report.rows:
         unit = modules.unit_of(r.path) if r.path and r.ok is not None else None
+        fmt = getattr(r, "format_rel", None)
+        gain = 0.0 if fmt is None else (fmt / before if before > 0 else (math.inf if fmt > 0 else 0.0))
+        if fmt is not None and r.ok is not None:
+            before = max(before, fmt)
         if unit is None:
             continue
-        out = to == "fp16" and (r.finite is False or (r.ref_max or 0.0) > FP16_MAX)
+        out = (to == "fp16" and (r.finite is False or (r.ref_max or 0.0) > FP16_MAX)) or bool(getattr(r, "limit", None))
         err = r.local_rel if r.local_rel is not None else (r.rel_err or 0.0)
         err = math.inf if err is None or math.isnan(err) else err
-        old = score.get(unit, (False, 0.0))
-        score[unit] = (old[0] or out, max(old[1], err))
+        old = score.get(unit, (False, 0.0, 0.0))
+        score[unit] = (old[0] or out, max(old[1], gain if math.isfinite(gain) else 0.0), max(old[2], err))
     return {p: score[p] for p in modules.innermost(score)}
 
 
@@ -94,11 +101,13 @@ def beyond_range(report: Any, to: str, modules: Units) -> list[str]:
 
 
 def rank(report: Any, to: str, modules: Units) -> list[list[str]]:
-    """Groups of modules to keep, most harmful first: a module whose values leave float16's range
-    (with its readers), then by ``local_rel`` (else the row's error); for int8 each module comes with
-    the modules that write its inputs. Only the innermost modules compared are ranked."""
+    """Groups of modules to keep, most harmful first: a module whose values leave float16's range or
+    that the format cannot carry (with its readers), then by how much the format's own error grows
+    there (what float32 can repair; a comparison judged at the candidate's precision carries it), then by
+    ``local_rel`` (else the row's error); for int8 each module comes with the modules that write its
+    inputs. Only the innermost modules compared are ranked."""
     score = _scores(report, to, modules)
-    leaves = sorted(score, key=lambda p: (not score[p][0], -score[p][1], modules.order[p]))
+    leaves = sorted(score, key=lambda p: (not score[p][0], -round(score[p][1], 1), -score[p][2], modules.order[p]))
     if to == "int8":  # QDQ rounds a tensor between its producer and its reader: keep both sides of it
         return [list(dict.fromkeys([p, *modules.writers(p)])) for p in leaves]
     return [list(dict.fromkeys([p] + (modules.readers(p) if score[p][0] else []))) for p in leaves]
@@ -203,7 +212,8 @@ def search(trials: Trials, groups: list[list[str]], forced: Sequence[str], max_f
     while i < len(groups) and len(kept) < limit:
         take = groups[i:i + (1 if naive else size)]
         i += len(take)
-        added = [m for g in take for m in g if m not in kept][: int(min(limit - len(kept), 1e9))]
+        # a module two groups share (an int8 writer of two ranked modules) is added once
+        added = list(dict.fromkeys(m for g in take for m in g if m not in kept))[: int(min(limit - len(kept), 1e9))]
         if not added:
             continue
         kept += added

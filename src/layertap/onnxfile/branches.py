@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Collection, Iterator
 
 from ..errors import OnnxFileError
-from .walk import attribute_graphs, inner_graphs
+from .walk import attribute_graphs, fresh_name, inner_graphs
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -244,12 +244,7 @@ class Carrier:
     def _fresh(self, base: str) -> str:
         if self._names is None:
             self._names = {t for g in inner_graphs(self.model.graph) for t in _defined(g)}
-        name, k = base, 0
-        while name in self._names:
-            k += 1
-            name = f"{base}_{k}"
-        self._names.add(name)
-        return name
+        return fresh_name(base, self._names)
 
 
 def padded_outputs(graph: "onnx.GraphProto") -> dict[str, str]:

@@ -306,14 +306,24 @@ def _take_inline_weights(model: "onnx.ModelProto", threshold: int) -> tuple[list
         arr = np.ascontiguousarray(numpy_helper.to_array(t))
         if arr.dtype == object or arr.dtype.kind == "V":  # strings, ml_dtypes' bfloat16/float8: ORT cannot take them
             continue
-        for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
-            t.ClearField(field)
-        t.data_location = onnx.TensorProto.EXTERNAL
-        for key, value in (("location", IN_MEMORY), ("offset", "0"), ("length", str(arr.nbytes))):
-            t.external_data.add(key=key, value=value)
+        hold_in_memory(t, arr)
         names.append(t.name)
         arrays.append(arr)
     return names, arrays
+
+
+def hold_in_memory(t: "onnx.TensorProto", array: np.ndarray) -> None:
+    """Make initializer ``t`` a reference to ``array``, which a :class:`SessionSource` holds under its name
+    (inline values and any data file reference dropped from the proto)."""
+    import onnx
+
+    for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+        t.ClearField(field)
+    del t.external_data[:]
+    t.data_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
+    t.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", IN_MEMORY), ("offset", "0"), ("length", str(array.nbytes))):
+        t.external_data.add(key=key, value=value)
 
 
 def tensor_nbytes(t: "onnx.TensorProto") -> int:
@@ -391,6 +401,37 @@ def _half_to_float() -> Any:
 
     graph = h.make_graph([h.make_node("Cast", ["x"], ["y"], to=1)], "widen",
                          [h.make_tensor_value_info("x", 10, None)], [h.make_tensor_value_info("y", 1, None)])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    return SessionSource(model, Path(".")).session(optimize=False)
+
+
+def rounded_through(a: np.ndarray, low: str) -> np.ndarray:
+    """A float32 array rounded to ``low`` (``float16`` or ``bfloat16``) and back, through one ONNX Runtime
+    ``Cast`` pair (vectorised, on every core; an ideal run's weights); small arrays, and any ORT refuses,
+    take numpy (:meth:`layertap.numformats.Format.rounded`), which gives the same values.
+
+    Example:
+        >>> rounded_through(np.full(5000, 1.0 + 2**-12, np.float32), "float16")[:2].tolist()
+        [1.0, 1.0]
+    """
+    from ..numformats import Format
+
+    if a.dtype == np.float32 and a.size >= 4096 and low in ("float16", "bfloat16"):
+        try:
+            return _round_trip(low).run(None, {"x": np.ascontiguousarray(a)})[0]
+        except Exception:  # noqa: BLE001 - numpy below gives the same values
+            pass
+    return Format(low).rounded(a)
+
+
+@functools.lru_cache(maxsize=2)
+def _round_trip(low: str) -> Any:
+    """A session of ``Cast`` float32 -> ``low`` -> float32 for tensors of any shape."""
+    import onnx.helper as h
+
+    to = {"float16": 10, "bfloat16": 16}[low]
+    graph = h.make_graph([h.make_node("Cast", ["x"], ["y"], to=to), h.make_node("Cast", ["y"], ["z"], to=1)], "round",
+                         [h.make_tensor_value_info("x", 1, None)], [h.make_tensor_value_info("z", 1, None)])
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
     return SessionSource(model, Path(".")).session(optimize=False)
 

@@ -123,3 +123,20 @@ def defines(graph: "onnx.GraphProto", name: str) -> bool:
     return any(name in n.output for n in graph_nodes(graph)) or any(
         name == i.name for g in inner_graphs(graph) for i in g.input
     )
+
+
+def fresh_name(base: str, taken: set[str]) -> str:
+    """``base``, else ``base_1``, ``base_2``, ...: the first not in ``taken``, which it joins (a new tensor's
+    or node's name in a graph whose names ``taken`` holds).
+
+    Example:
+        >>> taken = {"y", "y_1"}
+        >>> fresh_name("y", taken), fresh_name("z", taken), sorted(taken)
+        ('y_2', 'z', ['y', 'y_1', 'y_2', 'z'])
+    """
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name

@@ -159,7 +159,7 @@ def file_params(source: "SessionSource") -> dict[str, FileParam]:
     folded = _folded(graph)
 
     def array(name: str) -> np.ndarray:
-        return _array(inits[name], held, source.folder)
+        return initializer_array(inits[name], held, source.folder)
 
     out: dict[str, FileParam] = {}
     quant_args = {t for n in graph.node if n.op_type in _QDQ_OPS for t in n.input[1:3]}
@@ -275,7 +275,7 @@ def _folded(graph: "onnx.GraphProto") -> dict[str, str]:
     return out
 
 
-def _array(t: "onnx.TensorProto", held: Mapping[str, np.ndarray], folder: Path) -> np.ndarray:
+def initializer_array(t: "onnx.TensorProto", held: Mapping[str, np.ndarray], folder: Path) -> np.ndarray:
     """One initializer's values: from the arrays taken out of the model, else inline, else its data file."""
     import onnx
     from onnx import numpy_helper

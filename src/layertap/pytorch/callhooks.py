@@ -110,22 +110,24 @@ class CallHooks:
     def on_start(self, mod: Any, path: str, call: int) -> None:
         """Called as call ``call`` of the module at ``path`` starts."""
 
-    def on_inputs(self, mod: Any, path: str, call: int, args: tuple, kwargs: dict) -> None:
-        """Called after :meth:`on_start` with the call's arguments (only when ``wants_inputs``)."""
+    def on_inputs(self, mod: Any, path: str, call: int, args: tuple, kwargs: dict) -> Any:
+        """Called after :meth:`on_start` with the call's arguments (only when ``wants_inputs``); may return
+        ``(args, kwargs)`` to replace them."""
 
-    def on_return(self, mod: Any, path: str, call: int, output: Any) -> None:
-        """Called as call ``call`` of the module at ``path`` returns ``output``."""
+    def on_return(self, mod: Any, path: str, call: int, output: Any) -> Any:
+        """Called as call ``call`` of the module at ``path`` returns ``output``; may return a value that
+        replaces the output (hooks added later see it)."""
 
     def _pre(self, mod: Any, _args: Any) -> None:
         key = module_key(mod)
         self.on_start(mod, self.paths[key], self.counter.start(key))
 
-    def _pre_args(self, mod: Any, args: tuple, kwargs: dict) -> None:
+    def _pre_args(self, mod: Any, args: tuple, kwargs: dict) -> Any:
         key = module_key(mod)
         path, call = self.paths[key], self.counter.start(key)
         self.on_start(mod, path, call)
-        self.on_inputs(mod, path, call, args, kwargs)
+        return self.on_inputs(mod, path, call, args, kwargs)
 
-    def _post(self, mod: Any, _args: Any, output: Any) -> None:
+    def _post(self, mod: Any, _args: Any, output: Any) -> Any:
         key = module_key(mod)
-        self.on_return(mod, self.paths[key], self.counter.finish(key), output)
+        return self.on_return(mod, self.paths[key], self.counter.finish(key), output)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..comparing.words import METRICS, chart_points, explanation, first_index, metric_of, threshold_text
+from ..comparing.words import METRICS, band_text, chart_points, explanation, first_index, judged_at_format, metric_of, threshold_text
 from ..text import field, fmt_db, fmt_float, fmt_shape, token_grid
 from .html import cards, esc, grid_table, notes_list, section, verdict
-from .svg import FAIL_COLOR, LOCAL_COLOR, PASS_COLOR, TOL_COLOR, Axis, error_chart, error_chart_vertical
+from .svg import BAND_COLOR, FAIL_COLOR, LOCAL_COLOR, PASS_COLOR, TOL_COLOR, Axis, error_chart, error_chart_vertical
 from .tree import Node, nest, render_tree
 
 MAX_TREE_ROWS = 5000
@@ -78,6 +78,9 @@ def _cards(report: Any, rows: Sequence[Any]) -> str:
     items: list[tuple[str, Any]] = [(status, counts[status]) for status in order if status in counts]
     items += [(status, n) for status, n in counts.items() if status not in order]
     items += [("rtol", f"{getattr(report, 'rtol', float('nan')):g}"), ("atol", f"{getattr(report, 'atol', float('nan')):g}")]
+    precision = getattr(report, "precision", "float32")
+    if precision != "float32":
+        items.append(("judged at" if getattr(report, "judged_at_format", False) else "candidate at", precision))
     if metric_of(report) != "rel":
         items.append(("metric", metric_of(report)))
     # the candidate's runtime names its runs (OpenVINO runs are not ONNX Runtime's)
@@ -105,6 +108,8 @@ def explain(report: Any) -> str:
 
 def _axis(report: Any, metric: str) -> Axis:
     """The error axis in the metric's own units: cosine ticks read 0.999, SQNR ticks 30 dB."""
+    if judged_at_format(report, metric):
+        return Axis(f"max|cand - ideal {report.precision}| / max|ref| (log)", None, None)
     if metric == "cosine":
         return Axis("cosine similarity (log of 1 - cos)", _cosine_tick, threshold_text(report, metric))
     if metric == "sqnr":
@@ -141,6 +146,11 @@ def _one_chart(report: Any, rows: Sequence[Any], metric: str, *, with_local: boo
     legend = [f'<span><i style="background:{PASS_COLOR}"></i>pass (accumulated error)</span>',
               f'<span><i style="background:{FAIL_COLOR}"></i>FAIL</span>',
               f'<span><i style="background:{TOL_COLOR}"></i>{esc(threshold_text(report, metric))}</span>']
+    if judged_at_format(report, metric):
+        legend = [f'<span><i style="background:{PASS_COLOR}"></i>pass (what the candidate adds: its error against an '
+                  f'ideal {esc(report.precision)} run)</span>',
+                  f'<span><i style="background:{FAIL_COLOR}"></i>FAIL</span>',
+                  f'<span><i style="background:{BAND_COLOR}"></i>{esc(band_text(report))}</span>']
     if any(p.local is not None for p in points):
         swatch = f'<i style="background:#fff;border:2px solid {LOCAL_COLOR}"></i>'
         legend.append(f"<span>{swatch}local error (fed the reference's inputs)</span>")
@@ -160,41 +170,52 @@ def _has_local(rows: Sequence[Any]) -> bool:
     return any(field(r, "local_rel") is not None for r in rows)
 
 
-def _cells(row: Any, local: bool, metric: str = "rel") -> list[str]:
-    """type, shape, [deciding statistic], rel err, [local], status: the deciding statistic's column
-    when cosine or SQNR decides, the local column only where some row carries local_rel."""
+def _has_format(rows: Sequence[Any]) -> bool:
+    return any(field(r, "format_rel") is not None for r in rows)
+
+
+def _cells(row: Any, local: bool, metric: str = "rel", fmt: bool = False) -> list[str]:
+    """type, shape, [deciding statistic], rel err, [format rel, impl rel], [local], status: the deciding
+    statistic's column when cosine or SQNR decides, the format's two errors where an ideal run gave them,
+    the local column only where some row carries local_rel."""
     cells = [esc(field(row, "type", "")), esc(fmt_shape(field(row, "shape")))]
     if metric in ("cosine", "sqnr"):
         value = field(row, METRICS[metric][0])
         cells.append("-" if value is None else esc(f"{value:.6f}" if metric == "cosine" else fmt_db(value)))
     cells.append(esc(fmt_float(field(row, "rel_err"))))
+    if fmt:
+        cells += [esc(fmt_float(field(row, key))) for key in ("format_rel", "impl_rel")]
     if local:
         value = field(row, "local_rel")
         cells.append(esc(fmt_float(value)) if value is not None else "")
     return cells + [esc(field(row, "status", ""))]
 
 
-def _headers(local: bool, metric: str = "rel") -> list[str]:
+def _headers(local: bool, metric: str = "rel", fmt: bool = False) -> list[str]:
     deciding = [METRICS[metric][2]] if metric in ("cosine", "sqnr") else []
-    return ["type", "shape", *deciding, "rel err"] + (["local err"] if local else []) + ["status"]
+    return (["type", "shape", *deciding, "rel err"] + (["format rel", "impl rel"] if fmt else [])
+            + (["local err"] if local else []) + ["status"])
 
 
 def _tree(rows: Sequence[Any], first: Any, metric: str = "rel") -> str:
     shown = rows[:MAX_TREE_ROWS]
-    local = _has_local(rows)
-    nodes = [Node(field(r, "path", "") or "", esc(field(r, "name", "?")), _cells(r, local, metric),
+    local, fmt = _has_local(rows), _has_format(rows)
+    nodes = [Node(field(r, "path", "") or "", esc(field(r, "name", "?")), _cells(r, local, metric, fmt),
                   _status_class(r, first)) for r in shown]
     cut = f"first {MAX_TREE_ROWS} of {len(rows)} rows shown" if len(rows) > MAX_TREE_ROWS else ""
-    widths = (11, 8) + ((6.5,) if metric in ("cosine", "sqnr") else ()) + (5.5,) + ((5.5,) if local else ()) + (6.5,)
-    return render_tree(["module", *_headers(local, metric)], nest(nodes), widths=widths, keep=len(widths) - 1, note=cut)
+    widths = ((11, 8) + ((6.5,) if metric in ("cosine", "sqnr") else ()) + (5.5,) + ((5.5, 5.5) if fmt else ())
+              + ((5.5,) if local else ()) + (6.5,))
+    return render_tree(["module", *_headers(local, metric, fmt)], nest(nodes), widths=widths, keep=len(widths) - 1,
+                       note=cut)
 
 
 def _flat(rows: Sequence[Any], first: Any, metric: str = "rel") -> str:
-    local = _has_local(rows)
-    body = [[esc(field(r, "name")), *_cells(r, local, metric), esc(fmt_float(field(r, "max_abs"))),
-             esc("; ".join(t for t in (field(r, "weights"), field(r, "note")) if t))] for r in rows]
+    local, fmt = _has_local(rows), _has_format(rows)
+    body = [[esc(field(r, "name")), *_cells(r, local, metric, fmt), esc(fmt_float(field(r, "max_abs"))),
+             esc("; ".join(t for t in (field(r, "limit"), field(r, "weights"), field(r, "note")) if t))] for r in rows]
     classes = [_status_class(r, first) for r in rows]
-    headers = ["module", *_headers(local, metric), "max abs", "note"]
-    numeric = [i for i, h in enumerate(headers) if h in ("cosine", "SQNR dB", "rel err", "local err", "max abs")]
+    headers = ["module", *_headers(local, metric, fmt), "max abs", "note"]
+    numeric = [i for i, h in enumerate(headers)
+               if h in ("cosine", "SQNR dB", "rel err", "format rel", "impl rel", "local err", "max abs")]
     table = grid_table(headers, body, numeric=numeric, row_classes=classes)
     return f"<details><summary>show all {len(rows)} rows</summary>{table}</details>"

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover - the points come from the compare wing; h
     from ..comparing.words import ErrorPoint
 
 PASS_COLOR, FAIL_COLOR, LOCAL_COLOR, TOL_COLOR, LINE_COLOR = "#2f6fd0", "#c0262d", "#e07b00", "#8a8f99", "#b7bdc8"
+BAND_COLOR = "#d6efd8"  # what the candidate's format explains (judged at its precision)
 _W, _H = 960, 340
 _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 34, 96
 _MAX_TICK_LABELS = 32
@@ -66,6 +67,7 @@ def error_chart(points: Sequence[ErrorPoint], *, tolerance: float | None, first:
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {_W} {_H}" role="img" '
              f'aria-label="error per module, log scale" class="errchart" style="min-width:560px">']
     parts += _y_axis(lo, hi, y, pw, axis, zero)
+    parts += _band(points, lambda i, v: (x(i), y(v)), (x(0) - pw / n / 2 if n else _LEFT, y(10.0 ** lo)), vertical=False)
     if tolerance:
         parts.append(f'<line x1="{_LEFT}" x2="{_LEFT + pw}" y1="{y(tolerance):.1f}" y2="{y(tolerance):.1f}" '
                      f'stroke="{TOL_COLOR}" stroke-dasharray="6 4"/>')
@@ -114,6 +116,7 @@ def error_chart_vertical(points: Sequence[ErrorPoint], *, tolerance: float | Non
         parts.append(f'<rect x="0" y="{top + _VROW * first:.1f}" width="{_VW}" height="{_VROW}" fill="#fbdcdc" '
                      'class="first-divergence"/>')
     parts.append(f'<rect x="{_VNAME}" y="{top}" width="{pw}" height="{_VROW * n}" fill="none" stroke="#dde1e8"/>')
+    parts += _band(points, lambda i, v: (x(v), y(i)), (x(10.0 ** lo), top), vertical=True)
     for e in _decades(lo, hi, 4):
         xx = x(10.0 ** e)
         text = "0" if zero and e == int(lo) else axis.tick_text(e)
@@ -136,9 +139,30 @@ def error_chart_vertical(points: Sequence[ErrorPoint], *, tolerance: float | Non
     return "".join(parts)
 
 
+def _band(points: Sequence[ErrorPoint], at: Callable[[int, float], tuple[float, float]], base: tuple[float, float], *,
+          vertical: bool) -> list[str]:
+    """The shaded area under each point's ``band`` (what the candidate's format explains there), a step
+    per module call; nothing when no point has one."""
+    if not any(p.band is not None for p in points):
+        return []
+    out = []
+    for i, p in enumerate(points):
+        if p.band is None or not math.isfinite(p.band):
+            continue
+        cx, cy = at(i, p.band)
+        if vertical:
+            out.append(f'<rect x="{base[0]:.1f}" y="{cy - _VROW / 2:.1f}" width="{max(cx - base[0], 0):.1f}" height="{_VROW}" '
+                       f'fill="{BAND_COLOR}" class="band"/>')
+        else:
+            half = (at(1, p.band)[0] - at(0, p.band)[0]) / 2 if len(points) > 1 else 8
+            out.append(f'<rect x="{cx - half:.1f}" y="{cy:.1f}" width="{2 * half:.1f}" height="{max(base[1] - cy, 0):.1f}" '
+                       f'fill="{BAND_COLOR}" class="band"/>')
+    return out
+
+
 def _scale(points: Sequence[ErrorPoint], tolerance: float | None) -> tuple[float, float, bool]:
     """Decades shown (low, high) and whether exact zeros get their own line below them."""
-    values = [v for p in points for v in (p.error, p.local) if v is not None]
+    values = [v for p in points for v in (p.error, p.local, p.band) if v is not None]
     lo, hi = _log_range(values + ([tolerance] if tolerance else []))
     zero = any(v == 0 for v in values)
     return (lo - 1 if zero else lo), hi, zero  # exact zeros get their own bottom line, labelled 0

@@ -11,6 +11,7 @@ when it is a previous repro package (it holds ``repro.json``).
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -80,7 +81,7 @@ class ReproReport:
 
 
 def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None = None, *, out: str | os.PathLike = "repro",
-          module: str | None = None, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL, kwargs: dict | None = None,
+          module: str | None = None, rtol: float | None = None, atol: float | None = None, kwargs: dict | None = None,
           method: str = "forward", ort_optimizations: bool = True, allow_different_weights: bool = False,
           command: str | None = None, progress: Any = None, samples: Sequence[Any] | None = None,
           runtime_options: RuntimeOptions | None = None, sample_options: SampleOptions | None = None) -> ReproReport:
@@ -93,7 +94,10 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
         out: the package folder (created; a previous repro package there is replaced).
         module: ``PATH`` or ``PATH#CALL``; default the first divergence. Where neither file carries
             module scopes, a tensor name of the reference (or the name of the node that makes it).
-        rtol, atol: the tolerance ``repro.py`` holds the part to.
+        rtol, atol: the tolerance ``repro.py`` holds the part to (default 1e-3, 1e-5). Left out, a candidate
+            below float32 is judged at its precision (as ``lt.compare`` judges it): the first divergence is
+            the first fault, and ``repro.py`` allows the call what its format explains there (``rtol`` plus
+            :data:`~layertap.metrics.FORMAT_MULTIPLE` times the call's format error; the README says so).
         command: the command line the README names (default: this call).
         samples: several samples instead of ``args``: all are compared, and the one where the
             call's error is worst is packaged (README.md and repro.json name it).
@@ -153,7 +157,35 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
         raise LayertapError(_no_part_message(report, path, call))
     row = next(r for r in report.rows if (r.path, r.call) == (part.path, part.call))
     given = None if sample is None or samples is None else (sample, len(samples))
-    return _package(ref, cand, part, row, target, rtol, atol, command or _call_text(ref, cand, module), given)
+    rtol, atol, why = package_tolerance(report, row, rtol, atol)
+    return _package(ref, cand, part, row, target, rtol, atol, command or _call_text(ref, cand, module), given, why)
+
+
+def package_tolerance(report: Any, row: Any, rtol: float | None, atol: float | None) -> tuple[float, float, list[str]]:
+    """``(rtol, atol, notes)`` ``repro.py`` holds the part to: the user's, else, for a comparison judged at the
+    candidate's precision, what the format explains at this call (the default ``rtol`` plus
+    ``FORMAT_MULTIPLE`` times the row's format error; none where the format cannot carry the value), said
+    in a note.
+
+    Example:
+        >>> from layertap.comparing import CompareReport, CompareRow
+        >>> row = CompareRow("fc", "fc", 0, "Linear", [1], 0.3, 0.3, "FAIL", False, format_rel=0.002)
+        >>> package_tolerance(CompareReport([row]), row, None, None)[:2]
+        (0.001, 1e-05)
+    """
+    from ..metrics import FORMAT_MULTIPLE
+
+    chosen = rtol is not None or atol is not None
+    rtol = DEFAULT_RTOL if rtol is None else rtol
+    atol = DEFAULT_ATOL if atol is None else atol
+    fmt = getattr(row, "format_rel", None)
+    # a value the format cannot carry (an overflow, a range that clips) is the fault itself: no allowance for it
+    if chosen or not getattr(report, "judged_at_format", False) or fmt is None or not math.isfinite(fmt) or row.limit:
+        return rtol, atol, []
+    wider = rtol + FORMAT_MULTIPLE * fmt
+    return wider, atol, [f"judged at {report.precision}: repro.py allows what {report.precision} explains at this call, "
+                         f"rtol {rtol:g} + {FORMAT_MULTIPLE:g} x its format error {fmt:.3g} (an ideal {report.precision} run "
+                         f"against the reference) = {wider:.3g}; pass --rtol to hold it to another tolerance"]
 
 
 def _samples(ref: Any, cand: Any, sampling: SampleOptions) -> tuple[Any, Any, list[Any] | None]:
@@ -207,14 +239,14 @@ def _kept(compare: Any, ref: Any, args: Any, cand: Any, path: str | None, call: 
 
 
 def _package(ref: Any, cand: Any, part: Any, row: Any, target: Path, rtol: float, atol: float, command: str,
-             sample: tuple[int, int] | None = None) -> ReproReport:
+             sample: tuple[int, int] | None = None, why: Sequence[str] = ()) -> ReproReport:
     """Write the package in a temporary folder next to ``target``, check it, then move it into place."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # the package folder as a plain mkdir makes it (mkdtemp's is private)
     try:
-        notes = write_package(tmp, cand, ref, part, row, rtol=rtol, atol=atol)
+        notes = [*why, *write_package(tmp, cand, ref, part, row, rtol=rtol, atol=atol)]
         check = check_package(tmp, rtol=rtol, atol=atol)
         notes += check.notes
         finish_package(tmp, part, row, check, notes, command, sample)

@@ -69,8 +69,8 @@ class ReproTool(Tool):
 
         with StepProgress(enabled=sys.stderr.isatty()) as progress:
             report = repro(two.ref, two.args, two.cand, out=opts.out, module=opts.module, kwargs=two.kwargs,
-                           method=args.model.method, rtol=args.tolerance.rtol, atol=args.tolerance.atol,
-                           command=_command(args), progress=progress, sample_options=two.sampling)
+                           method=args.model.method, command=_command(args), progress=progress,
+                           sample_options=two.sampling, **args.tolerance.chosen())
         for line in report.lines():
             print(line)
         return 0 if report.reproduced else 1

@@ -1,0 +1,400 @@
+"""Judged at the candidate's precision: what a format costs, apart from what a file breaks.
+
+When the candidate computes in a lower precision than its reference (a float16 or int8 file,
+OpenVINO at bfloat16), every compared row carries two errors beside the plain one:
+
+* the *format error*: an ideal run at the candidate's format (the reference's own computation
+  with each value the candidate holds in a lower precision rounded to it, nothing else changed)
+  against the reference: what the format costs at that row;
+* the *implementation error*: the candidate against that ideal run: what the file or its
+  runtime adds.
+
+The ideal run is built from the reference: an ONNX reference's graph with rounding nodes after
+each tensor the candidate holds low (:func:`~layertap.onnxfile.rounded.rounded_source`, run in
+ONNX Runtime with its optimisations off, so no rounding is optimised away or fused into integer
+kernels); a PyTorch reference's forward with its operators and calls rounded
+(:mod:`layertap.pytorch.rounding`, from a :class:`~layertap.pytorch.rounding.RoundingPlan` made here
+from the candidate's scopes). Which tensors are low comes from the candidate file and its runtime
+(:func:`~layertap.onnxfile.formats.file_formats`).
+
+The verdict (:class:`Judging`, unless the user set ``rtol``/``atol``/``metric``): a row passes while
+its implementation error stays within :data:`~layertap.metrics.FORMAT_MULTIPLE` times its format
+error (plus the float32 tolerance), and fails where the format itself cannot carry the value
+(:meth:`~layertap.onnxfile.formats.Format.limit`). float32 against float32 keeps the fixed rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+
+from ..metrics import Criterion, ErrorStats, ideal_stats
+from ..numformats import Format, round_on_grid
+from ..onnxfile.formats import TensorFormats, file_formats
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+    from ..pytorch.rounding import RoundingPlan
+    from .onnx_side import OrtRunner, OrtSide, ScopeView
+
+@dataclass(frozen=True)
+class Judging:
+    """How rows are judged against an ideal run at the candidate's format.
+
+    Attributes:
+        formats: the candidate's tensors' formats.
+        decides: the precision rule decides pass/fail (``False`` when the user set ``rtol``, ``atol``
+            or ``metric``: the ideal run's numbers are still shown).
+        fallback: the rule for a row the ideal run has no value for (``rtol`` fitted to the format's rounding).
+
+    Example:
+        >>> from layertap.onnxfile.formats import TensorFormats
+        >>> from layertap.numformats import Format
+        >>> j = Judging(TensorFormats(default=Format("float16")), True, Criterion())
+        >>> s = j.judge(Criterion(), np.array([1.0, 2.0], np.float32), np.array([1.001, 2.0], np.float32),
+        ...             np.array([1.0005, 2.0], np.float32), Format("float16"))
+        >>> s.ok, round(s.format_abs, 6), j.precision
+        (True, 0.0005, 'float16')
+    """
+
+    formats: TensorFormats
+    decides: bool
+    fallback: Criterion
+
+    @property
+    def precision(self) -> str:
+        """The format the comparison is judged at."""
+        return self.formats.precision
+
+    def row_format(self, tensors: Sequence[str]) -> Format | None:
+        """The lowest format among a row's candidate tensors (``None``: float32)."""
+        found = [f for f in (self.formats.of(t) for t in tensors) if f is not None]
+        order = {"int8": 0, "bfloat16": 1, "float16": 2}
+        return min(found, key=lambda f: order.get(f.family, 3)) if found else None
+
+    def judge(self, criterion: Criterion, ref: np.ndarray, got: np.ndarray, ideal: np.ndarray | None,
+              fmt: Format | None) -> ErrorStats:
+        """All statistics of ``got`` against ``ref`` and ``ideal``; ``ok`` by the precision rule when it decides."""
+        base = criterion.judge(ref, got)
+        limit = fmt.limit(ref, base.scale) if fmt is not None and fmt.low else None
+        if ideal is None or np.shape(ideal) != np.shape(ref):
+            ok = self.fallback.judge(ref, got).ok if self.decides else base.ok
+            return dataclasses.replace(base, ok=bool(ok), limit=limit)
+        st = ideal_stats(ref, got, ideal)
+        stats = dataclasses.replace(base, format_abs=st.format_abs, impl_abs=st.impl_abs, format_cosine=st.format_cosine,
+                                    limit=limit, format_rms=st.format_rms, impl_rms=st.impl_rms, ref_rms=st.ref_rms)
+        if not self.decides:
+            return stats
+        # the implementation error decides here; a limit fails the row only where it matters (weigh_limits)
+        ok = dataclasses.replace(stats, limit=None).within_format(criterion.rtol, criterion.atol)
+        if criterion.check_finite and not base.finite:
+            ok = False
+        return dataclasses.replace(stats, ok=bool(ok))
+
+
+def candidate_formats(cand: "OrtSide", precision: str = "auto") -> TensorFormats:
+    """The candidate's formats: its file's types and quantisers, and what its runtime computes at."""
+    info = cand.describe()
+    runtime_precision = info.precision if info.precision in ("bfloat16", "float16") else None
+    if cand.runner.file is not None:  # an OpenVINO IR: no ONNX graph to read, only its runtime's precision
+        from ..numformats import FLOAT_LIMITS
+
+        if precision in ("auto", "int8"):
+            return TensorFormats(default=Format(runtime_precision) if runtime_precision in FLOAT_LIMITS else None)
+    return file_formats(cand.runner.source, runtime_precision=runtime_precision, precision=precision)
+
+
+def judging(formats: TensorFormats, criterion: Criterion, chosen: bool) -> Judging | None:
+    """The precision rule for a candidate below float32 (``None`` for float32, or when the user forced fp32);
+    ``chosen``: the user set the tolerances or the metric, which then decide."""
+    if not formats.low:
+        return None
+    fallback = criterion.for_precision(formats.precision if formats.precision != "int8" else "bfloat16")
+    return Judging(formats, not chosen and criterion.metric == "rel", fallback)
+
+
+# ---------------------------------------------------------------------------
+# an ONNX reference: its graph, rounded
+# ---------------------------------------------------------------------------
+def reference_formats(ref: "onnx.ModelProto", formats: TensorFormats) -> dict[str, Format]:
+    """Each tensor of the reference file -> the format the candidate holds it in: by name (converters and
+    quantisers keep names; a weight under its parameter name), else the candidate's runtime precision,
+    else, where the candidate holds most of the float values it shares with the reference in one reduced
+    float type, that type (an optimiser renamed the rest)."""
+    names = [t for n in ref.graph.node for t in n.output if t] + [i.name for i in ref.graph.input] + \
+        [i.name for i in ref.graph.initializer]
+    out: dict[str, Format] = {}
+    shared = [t for t in names if t in formats.tensors]
+    floats = [formats.tensors[t] for t in shared if not formats.tensors[t].is_quantised]
+    dominant = None
+    if floats and len(floats) * 2 >= len(shared) and not formats.forced:
+        kinds = {f.name for f in floats}
+        dominant = Format(kinds.pop()) if len(kinds) == 1 else None
+    for t in names:
+        fmt = formats.tensors.get(t) or formats.weights.get(t) or formats.default or dominant
+        if fmt is not None:
+            out[t] = fmt
+    return out
+
+
+class OnnxIdeal:
+    """The ideal run of an ONNX reference: its graph rounded (:func:`~layertap.onnxfile.rounded.rounded_source`),
+    run in ONNX Runtime on the CPU with graph optimisations off."""
+
+    def __init__(self, ref: "OrtSide", formats: TensorFormats) -> None:
+        self.ref, self.formats = ref, formats
+        self._runner: OrtRunner | None = None
+
+    @property
+    def runner(self) -> "OrtRunner":
+        """Built on first use: in the driver's worker thread, beside the candidate's session build (its
+        weights rounded there, numpy and ONNX Runtime letting go of the GIL)."""
+        if self._runner is None:
+            from ..onnxfile.rounded import rounded_source
+            from ..runtimes import open_runtime
+            from .onnx_side import OrtRunner
+
+            wanted = reference_formats(self.ref.proto, self.formats)
+            source = rounded_source(self.ref.runner.source, wanted, _grid(self.formats))
+            self._runner = OrtRunner.of_source(source, self.ref.runner.folder, open_runtime("ort", optimize=False))
+        return self._runner
+
+    def prepare(self, names: list[str]) -> None:
+        self.runner.prepare(names)
+
+    def run(self, names: list[str], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.runner.run(names, feed) if names else {}
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+
+
+def _grid(formats: TensorFormats) -> Any:
+    """A weight quantised on the candidate's grid (its levels per channel), by parameter name."""
+    def weight_round(name: str, value: np.ndarray) -> np.ndarray | None:
+        fmt, levels = formats.weights.get(name), formats.weight_levels.get(name)
+        if fmt is None or levels is None or not fmt.is_quantised:
+            return None
+        return round_on_grid(value, fmt, levels)
+
+    return weight_round
+
+
+# ---------------------------------------------------------------------------
+# a PyTorch reference: its forward, rounded
+# ---------------------------------------------------------------------------
+def rounding_plan(view: "ScopeView", smap: Any, formats: TensorFormats, counterparts: Mapping[tuple[str, int], Sequence[str]],
+                  cand_inputs: Sequence[str], cand_outputs: Sequence[str] = ()) -> "RoundingPlan":
+    """What the ideal PyTorch forward rounds, from the candidate's scopes and formats.
+
+    Args:
+        view: the candidate's module calls under the model's paths (its ``prefix`` is stripped here too).
+        smap: the candidate's ScopeMap (the module of each node).
+        formats: the candidate's formats.
+        counterparts: ``(path, call)`` -> the candidate tensors that answer that call.
+        cand_inputs: the candidate's input names, in the order the forward's tensor arguments feed them.
+        cand_outputs: the candidate's own outputs, in the order of the forward's flattened result (a result
+            the candidate hands out dequantised is rounded as such, under the root's key ``("", 0)``).
+    """
+    from ..pytorch.rounding import RoundingPlan
+
+    prefix = view.prefix + "." if view.prefix else ""
+
+    def model_path(p: str | None) -> str | None:
+        if p is None:
+            return None
+        if prefix and (p + ".").startswith(prefix):
+            return p[len(prefix):]
+        return "" if p == view.prefix else p
+
+    regions = _regions(smap, formats, model_path)
+    outputs: dict[tuple[str, int], list[Format | None]] = {}
+    counterparts = {**counterparts, ("", 0): tuple(cand_outputs)}
+    for key, tensors in counterparts.items():
+        # only a value the candidate holds quantised as compared (a DequantizeLinear output); a quantised
+        # tensor's own name holds its float value, and the call reading it is rounded on its input instead
+        fmts = [formats.tensors.get(t) if t in formats.dequantized else None for t in tensors]
+        if any(f is not None for f in fmts):
+            outputs[key] = fmts
+    inputs = _quantised_inputs(view, smap, formats, model_path)
+    weights = {n: (f, formats.weight_levels[n]) for n, f in formats.weights.items()
+               if f.is_quantised and n in formats.weight_levels}
+    weights = {(n[len(prefix):] if prefix and n.startswith(prefix) else n): v for n, v in weights.items()}
+    model_inputs = [f if f is not None and f.is_quantised else None for f in (formats.tensors.get(n) for n in cand_inputs)]
+    covered = {t for tensors in counterparts.values() for t in tensors} | set(cand_inputs)
+    covered |= {t for cp in view.counterparts() for t in _entering(view, smap, cp)}
+    dynamic = bool(formats.dequantized) and 2 * len(formats.dequantized & covered) < len(formats.dequantized)
+    return RoundingPlan(regions, outputs, inputs, weights, model_inputs, dynamic)
+
+
+def _entering(view: "ScopeView", smap: Any, cp: Any) -> tuple[str, ...]:
+    full = (view.prefix + "." + cp.path) if view.prefix else cp.path
+    return smap.call_nodes(full, cp.call)[1]
+
+
+def _regions(smap: Any, formats: TensorFormats, model_path: Any) -> dict[str, str | None]:
+    """Module path -> the float format most of its own nodes' float outputs are held in (the
+    runtime's precision everywhere when it computes below float32)."""
+    if formats.default is not None and not formats.default.is_quantised:
+        return {"": formats.default.name}
+    graph = smap.graph
+    votes: dict[str, dict[str | None, int]] = {}
+    for i, node in enumerate(graph.node):
+        path = model_path(smap.module_of_node(i)) if smap.source != "none" else ""
+        if path is None:
+            continue
+        for t in node.output:
+            if not t:
+                continue
+            fmt = formats.tensors.get(t)
+            if fmt is not None and fmt.is_quantised:
+                continue
+            kind = fmt.name if fmt is not None else None
+            counts = votes.setdefault(path, {})
+            counts[kind] = counts.get(kind, 0) + 1
+    out: dict[str, str | None] = {}
+    for path, counts in votes.items():
+        out[path] = max(counts, key=lambda k: (counts[k], k is not None))
+    if "" not in out:  # no node of the root's own: the file's most common float format
+        total: dict[str | None, int] = {}
+        for counts in votes.values():
+            for k, n in counts.items():
+                total[k] = total.get(k, 0) + n
+        out[""] = max(total, key=lambda k: (total[k], k is not None)) if total else None
+    return out
+
+
+def _quantised_inputs(view: "ScopeView", smap: Any, formats: TensorFormats, model_path: Any) -> dict[tuple[str, int], Format]:
+    """A call whose one entering float tensor the candidate quantises (a module fed by a functional op,
+    ``torch.flatten``, a residual sum): that tensor's format."""
+    out: dict[tuple[str, int], Format] = {}
+    counterparts = view.counterparts()
+    # a call another module was folded into (a BatchNorm holding its Conv) reads the Conv's input, not its own
+    absorbers = {cp.absorbed_by for cp in counterparts if cp.absorbed_by}
+    for cp in counterparts:
+        if cp.path in absorbers:
+            continue
+        entering = _entering(view, smap, cp)
+        quantised = [formats.tensors[t] for t in entering if t in formats.dequantized]
+        if len(quantised) == 1 and len(entering) == 1:
+            out[(cp.path, cp.call)] = quantised[0]
+    return out
+
+
+class TorchIdeal:
+    """The ideal run of a PyTorch reference: the forward run again inside
+    :func:`layertap.pytorch.rounding.rounded`, its module calls recorded like the reference's."""
+
+    def __init__(self, plan: "RoundingPlan") -> None:
+        self.plan = plan
+
+    def run(self, model: Any, args: tuple, kwargs: dict, method: Any, store: Any, wanted: Any) -> Any:
+        """The rounded forward's module calls, recorded into ``store`` (see :func:`.torch_side.run_torch`)."""
+        from ..pytorch.rounding import rounded
+        from ..pytorch.taps import bound_method
+        from .torch_side import run_torch
+
+        fn = bound_method(model, method)
+        with rounded(model, self.plan) as (round_inputs, round_result):
+            return run_torch(model, round_inputs(args), kwargs, lambda m, *a, **k: round_result(fn(*a, **k)), store, wanted)
+
+
+def weigh_limits(rows: Sequence[Any], rtol: float) -> list[Any]:
+    """One sample's rows, where each value its format cannot carry (a row's ``limit``) fails that row when it
+    matters, and is only noted when it does not.
+
+    It matters when the module around it (the first later compared row of an enclosing module, else of the
+    model's output, else the next compared row) shows a format error beyond what the format costs elsewhere
+    in this run: more than :data:`~layertap.metrics.FORMAT_MULTIPLE` times the median format error of the rows
+    without a limit before it, plus ``rtol``, or not finite. An overflow to infinity or a zeroed factor carry
+    on; a mask value float16 turns into its own infinity, or a branch too small to count zeroed before a
+    residual sum, do not. A quantiser's range that clips a share of the values
+    (:data:`~layertap.numformats.CLIP_SHARE`) always fails its row.
+
+    Example:
+        >>> from layertap.comparing.rows import CompareRow
+        >>> def row(name, fmt, limit=None):
+        ...     return CompareRow(name, name, 0, "-", [1], 0.0, 0.0, "pass", True, format_rel=fmt, limit=limit)
+        >>> out = weigh_limits([row("a", 1e-3), row("b.c", 1.0, "float16 underflow: ..."), row("b", 2e-3)], 1e-3)
+        >>> [(r.name, r.ok) for r in out]
+        [('a', True), ('b.c', True), ('b', True)]
+        >>> weigh_limits([row("a", 1e-3), row("b.c", 1.0, "float16 overflow: ..."), row("b", 0.9)], 1e-3)[1].status
+        'FAIL'
+    """
+    from ..metrics import FORMAT_MULTIPLE
+    from .rows import FAIL
+
+    out = list(rows)
+    if not any(r.ok is not None and r.limit for r in out):
+        return out
+    for i, row in enumerate(out):
+        if row.ok is None or not row.limit:
+            continue
+        if row.precision == "int8":  # a range that clips a share of the values: always the quantiser's fault
+            out[i] = dataclasses.replace(row, ok=False, status=FAIL)
+            continue
+        bound = FORMAT_MULTIPLE * _typical(out, i) + rtol
+        after = _effect_row(out, i)
+        shown = after.format_rel if after is not None else None
+        if after is not None and shown is not None and np.isfinite(shown) and shown <= bound:
+            note = (f"{row.limit}, without effect on {after.name} (its format error {shown:.3g} stays within what the "
+                    "format costs elsewhere)")
+            out[i] = dataclasses.replace(row, limit=None, note=f"{note}; {row.note}" if row.note else note)
+        else:
+            out[i] = dataclasses.replace(row, ok=False, status=FAIL)
+    return out
+
+
+def _typical(rows: Sequence[Any], i: int) -> float:
+    """The median format error of the compared rows without a limit before ``rows[i]`` (else of all of them)."""
+    def plain(some: Sequence[Any]) -> list[float]:
+        return sorted(r.format_rel for r in some if r.ok is not None and not r.limit and r.format_rel is not None
+                      and np.isfinite(r.format_rel))
+
+    found = plain(rows[:i]) or plain(rows)
+    return found[(len(found) - 1) // 2] if found else 0.0
+
+
+def _effect_row(rows: Sequence[Any], i: int) -> Any:
+    """Where a limit at ``rows[i]`` shows its effect: the first later compared row without a limit of its own
+    whose module encloses it (the output's row encloses every one), else the next such row."""
+    path = rows[i].path
+    later = [r for r in rows[i + 1:] if r.ok is not None and not r.limit and r.format_rel is not None]
+    for r in later:
+        if r.path == "" or path.startswith(r.path + "."):
+            return r
+    return later[0] if later else None
+
+
+def fail_differing_weights(rows: Sequence[Any], precision: str) -> None:
+    """Judged at the candidate's precision, a parameter that differs beyond what its format's rounding
+    explains (:mod:`.weights`, named on its module's row) is a fault: the row fails, in place; a module
+    folded into another (a Conv into its BatchNorm) fails the row it was fused into, else the next compared row.
+
+    Example:
+        >>> from layertap.comparing.rows import CompareRow
+        >>> rows = [CompareRow("conv1", "conv1", 0, "Conv2d", [1], None, None, "absorbed", None, fused_into="bn1",
+        ...                    weights="conv1.weight differs (rel 0.05)"),
+        ...         CompareRow("bn1", "bn1", 0, "BatchNorm2d", [1], 1e-3, 1e-3, "pass", True)]
+        >>> fail_differing_weights(rows, "float16")
+        >>> rows[1].status, rows[1].note
+        ('FAIL', 'conv1.weight differs (rel 0.05): more than float16 rounding explains')
+    """
+    from .rows import FAIL
+
+    for i, row in enumerate(rows):
+        if not row.weights:
+            continue
+        target = row if row.ok is not None else next(
+            (r for r in rows[i + 1:] if r.ok is not None and (row.fused_into is None or r.name == row.fused_into)), None)
+        if target is None:
+            continue
+        why = f"{row.weights}: more than {precision} rounding explains"
+        if target is not row:
+            target.note = f"{why}; {target.note}" if target.note else why
+        target.ok, target.status = False, FAIL

@@ -1,0 +1,192 @@
+"""A file's graph with chosen tensors rounded to a number format: the *ideal run* at that format.
+
+``lt.compare`` judges a reduced-precision candidate (a float16 or int8 file, OpenVINO at
+bfloat16) against the reference computation with every value the candidate holds in a lower
+precision rounded to it, and nothing else changed: what the format costs, without what the
+file or the runtime adds. For an ONNX reference that computation is the reference's own graph
+with rounding after each such tensor:
+
+* a float16/bfloat16 tensor: ``Cast`` to that type and back to float32;
+* a quantised tensor: the quantiser's arithmetic in float32, ``(clip(round(x / s) + z, qmin,
+  qmax) - z) * s`` (plain ``Div``/``Round``/``Clip`` nodes, so no runtime fuses them into its
+  integer kernels), with the candidate's scale and zero point;
+* a weight (initializer): its values rounded once, here, in numpy.
+
+Each rounded tensor keeps its name (the producer's output is renamed), so the ideal run is read
+by the reference's tensor names, and every reader (subgraphs too) reads the rounded value. The
+input model is never changed: :func:`rounded_source` returns a new in-memory source.
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Mapping
+
+import numpy as np
+
+from ..numformats import Format
+from .walk import fresh_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+    from .ort import SessionSource
+
+_LOW_TYPES = {"float16": 10, "bfloat16": 16}  # onnx.TensorProto.FLOAT16, BFLOAT16
+_FLOAT = 1  # onnx.TensorProto.FLOAT
+
+
+def rounded_source(source: "SessionSource", formats: Mapping[str, Format],
+                   weight_round: Callable[[str, np.ndarray], np.ndarray | None] | None = None) -> "SessionSource":
+    """A new source holding ``source``'s model with each float32 tensor named in ``formats`` rounded to
+    its format (see the module doc); ``source`` is left as it was.
+
+    Args:
+        source: the reference file in memory.
+        formats: tensor name -> the format the candidate holds it in (activations, graph inputs,
+            ``Constant`` outputs and initializers alike).
+        weight_round: for an initializer, its rounded values (``None``: round it by ``formats``); lets a
+            caller quantise a weight on the candidate's grid rather than with a scale made for other values.
+
+    Example:
+        >>> import onnx.helper as h
+        >>> from pathlib import Path
+        >>> from layertap.onnxfile.ort import SessionSource
+        >>> g = h.make_graph([h.make_node("Mul", ["x", "x"], ["y"]), h.make_node("Relu", ["y"], ["z"])], "g",
+        ...     [h.make_tensor_value_info("x", 1, [2])], [h.make_tensor_value_info("z", 1, [2])])
+        >>> src = SessionSource(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), Path("."))
+        >>> ideal = rounded_source(src, {"y": Format("float16")})
+        >>> x = np.array([1.0001, 3.0], np.float32)
+        >>> ideal.session(["y"], optimize=False).run(["y", "z"], {"x": x})[0].tolist()
+        [1.0, 9.0]
+        >>> [n.op_type for n in src.model.graph.node]
+        ['Mul', 'Relu']
+    """
+    import onnx
+
+    from .ort import SessionSource, inferred_types
+
+    model = onnx.ModelProto()
+    model.CopyFrom(source.model)
+    types = inferred_types(model)
+
+    def is_float32(name: str) -> bool:
+        vi = types.get(name)
+        return vi is not None and vi.type.WhichOneof("value") == "tensor_type" and vi.type.tensor_type.elem_type == _FLOAT
+
+    wanted = {t: f for t, f in formats.items() if f.low and is_float32(t)}
+    names, arrays = _rounded_weights(model, source, wanted, weight_round)
+    _RoundingNodes(model.graph, wanted, types).insert()
+    out = SessionSource(model, source.folder)
+    out.names, out.arrays = names, arrays
+    return out
+
+
+def _rounded_weights(model: "onnx.ModelProto", source: "SessionSource", wanted: Mapping[str, Format],
+                     weight_round: Callable[[str, np.ndarray], np.ndarray | None] | None) -> tuple[list[str], list[np.ndarray]]:
+    """The source's held weights, with each initializer in ``wanted`` replaced by its rounded values
+    (held in memory too, whether the file kept it inline, in memory or in its data file)."""
+    from .ort import hold_in_memory, rounded_through
+    from .weights import initializer_array
+
+    held = dict(zip(source.names, source.arrays))
+    for t in model.graph.initializer:
+        fmt = wanted.get(t.name)
+        if fmt is None:
+            continue
+        value = np.asarray(initializer_array(t, held, source.folder), np.float32)
+        rounded = weight_round(t.name, value) if weight_round is not None else None
+        if rounded is None:
+            rounded = fmt.rounded(value) if fmt.is_quantised else rounded_through(value, fmt.name)
+        held[t.name] = np.ascontiguousarray(rounded, np.float32)
+        hold_in_memory(t, held[t.name])
+    return list(held), list(held.values())
+
+
+class _RoundingNodes:
+    """The nodes that round each wanted activation, placed right after its producer."""
+
+    def __init__(self, graph: "onnx.GraphProto", wanted: Mapping[str, Format], types: Mapping[str, "onnx.ValueInfoProto"]) -> None:
+        self.graph = graph
+        self.wanted = {t: f for t, f in wanted.items() if t not in {i.name for i in graph.initializer}}
+        self.types = types
+        self.taken = {t for n in graph.node for t in (*n.input, *n.output)} | {i.name for i in graph.input} \
+            | {i.name for i in graph.initializer}
+        self.extra: list[onnx.TensorProto] = []
+
+    def fresh(self, base: str) -> str:
+        return fresh_name(base, self.taken)
+
+    def insert(self) -> None:
+        nodes: list[onnx.NodeProto] = []
+        inputs = {i.name for i in self.graph.input}
+        renamed: dict[str, str] = {}
+        for name in [i.name for i in self.graph.input if i.name in self.wanted]:
+            rounded = self.fresh(f"{name}::rounded")
+            made = self.rounding(name, rounded, self.wanted[name])
+            if made:
+                nodes += made
+                renamed[name] = rounded
+        for node in self.graph.node:
+            for k, t in enumerate(node.input):
+                if t in renamed:
+                    node.input[k] = renamed[t]
+            after = []
+            for k, t in enumerate(node.output):
+                if t in self.wanted and t not in inputs:
+                    exact = self.fresh(f"{t}::exact")
+                    made = self.rounding(exact, t, self.wanted[t])
+                    if made:
+                        node.output[k] = exact
+                        after += made
+            nodes.append(node)
+            nodes += after
+        del self.graph.node[:]
+        self.graph.node.extend(nodes)
+        self.graph.initializer.extend(self.extra)
+
+    def rounding(self, src: str, dst: str, fmt: Format) -> list["onnx.NodeProto"]:
+        """Nodes computing ``dst`` = ``src`` rounded to ``fmt`` (none when it cannot be written here)."""
+        from onnx import helper
+
+        if fmt.name in _LOW_TYPES:
+            low = self.fresh(f"{dst}::{fmt.name}")
+            return [helper.make_node("Cast", [src], [low], to=_LOW_TYPES[fmt.name], name=self.fresh(f"layertap_round/{dst}/to")),
+                    helper.make_node("Cast", [low], [dst], to=_FLOAT, name=self.fresh(f"layertap_round/{dst}/back"))]
+        if not fmt.is_quantised:
+            return []
+        shape = self._param_shape(dst, fmt)
+        if shape is None:
+            return []
+        s, z = self.constant(f"{dst}::scale", np.asarray(fmt.scale, np.float32).reshape(shape)), \
+            self.constant(f"{dst}::zero_point", np.asarray(fmt.zero_point, np.float32).reshape(shape))
+        lo, hi = self.constant(f"{dst}::qmin", np.float32(fmt.qmin)), self.constant(f"{dst}::qmax", np.float32(fmt.qmax))
+        steps = [("Div", [src, s]), ("Round", None), ("Add", [None, z]), ("Clip", [None, lo, hi]), ("Sub", [None, z]),
+                 ("Mul", [None, s])]
+        out, prev = [], src
+        for i, (op, args) in enumerate(steps):
+            target = dst if i == len(steps) - 1 else self.fresh(f"{dst}::q{i}")
+            ins = [prev] if args is None else [prev if a is None else a for a in args]
+            out.append(helper.make_node(op, ins, [target], name=self.fresh(f"layertap_round/{dst}/{op}")))
+            prev = target
+        return out
+
+    def _param_shape(self, name: str, fmt: Format) -> list[int] | None:
+        """How a per-channel scale broadcasts against tensor ``name`` (``[]`` per tensor; ``None``:
+        the tensor's rank is unknown)."""
+        if not np.ndim(np.asarray(fmt.scale)):
+            return []
+        vi = self.types.get(name)
+        if vi is None or not vi.type.tensor_type.HasField("shape"):
+            return None
+        rank = len(vi.type.tensor_type.shape.dim)
+        shape = [1] * rank
+        shape[(fmt.axis or 0) % rank] = -1
+        return shape
+
+    def constant(self, base: str, value: np.ndarray) -> str:
+        from onnx import numpy_helper
+
+        name = self.fresh(base)
+        self.extra.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
+        return name

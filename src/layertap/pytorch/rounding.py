@@ -1,0 +1,346 @@
+"""A PyTorch forward rounded as a reduced-precision candidate holds its values: the *ideal run*
+of a PyTorch reference at the candidate's format (``lt.compare(..., precision="auto")``).
+
+What is rounded comes from a :class:`RoundingPlan` (built from the candidate file by
+:mod:`layertap.comparing.ideal`; plain data, no torch):
+
+* float16/bfloat16: every floating-point input and output of every operator (at the level of
+  PyTorch's dispatcher, so the ops inside a module's ``forward`` too) run inside a module whose
+  nodes the candidate computes at that type: weights, activations, the model's inputs. A module
+  the candidate keeps in float32 runs unrounded (its inputs arrive rounded from the modules before);
+* a quantised candidate: each module call's output (and single input) the candidate quantises is
+  fake-quantised with the candidate's scale and zero point; each weight it quantises is rounded on
+  the candidate's integer grid (the same number of levels per channel, so a weight a BatchNorm was
+  folded into in the file is rounded as finely as the file rounds it).
+
+The model is never changed: parameters are swapped for rounded copies only as operators read them,
+and every hook goes when the forward returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from ..numformats import Format
+from .callhooks import CallHooks
+
+_TORCH_TYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class RoundingPlan:
+    """What the ideal forward rounds (see the module doc).
+
+    Attributes:
+        regions: module path -> the float format its own operators round to (``None``: float32);
+            a module not listed takes its nearest listed ancestor's, the root ``""`` included.
+        outputs: ``(path, call)`` -> a format per flattened output tensor (``None``: kept); ``("", 0)``: the
+            forward's own result.
+        inputs: ``(path, call)`` -> the format of the call's single tensor input.
+        weights: parameter name -> ``(format, levels)``: a quantised weight's grid (levels per channel).
+        model_inputs: a format per flattened tensor argument of the forward (``None``: kept).
+        dynamic: for a quantised candidate whose quantisers sit in no module's scope (an optimiser dropped
+            them), ``True`` rounds every operator's floating-point output to 8 bits over its own range (per
+            tensor, affine): the candidate quantises nearly every activation, on calibrated ranges at least as
+            wide, so this ideal is as fine as the file's or finer.
+
+    Example:
+        >>> RoundingPlan(regions={"": "float16", "head": None}).region("head.fc"), RoundingPlan().quantises
+        (None, False)
+    """
+
+    regions: dict[str, str | None] = field(default_factory=dict)
+    outputs: dict[tuple[str, int], list[Format | None]] = field(default_factory=dict)
+    inputs: dict[tuple[str, int], Format] = field(default_factory=dict)
+    weights: dict[str, tuple[Format, np.ndarray]] = field(default_factory=dict)
+    model_inputs: list[Format | None] = field(default_factory=list)
+    dynamic: bool = False
+
+    def region(self, path: str) -> str | None:
+        """The float format of the operators module ``path`` runs itself."""
+        while True:
+            if path in self.regions:
+                return self.regions[path]
+            if not path:
+                return None
+            path = path.rpartition(".")[0]
+
+    @property
+    def quantises(self) -> bool:
+        return bool(self.outputs or self.inputs or self.weights or any(self.model_inputs))
+
+    @property
+    def empty(self) -> bool:
+        return not self.quantises and not any(self.regions.values()) and not self.dynamic
+
+
+def round_tensor(t: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """``t`` as ``fmt`` holds it, read back in ``t``'s type (float formats: a round trip; quantised:
+    the quantiser's arithmetic, round half to even).
+
+    Example:
+        >>> round_tensor(torch.tensor([1.0 + 2**-12]), Format("float16")).tolist()
+        [1.0]
+        >>> round_tensor(torch.tensor([0.26, 9.0]), Format.quantised("int8", 0.5, 0)).tolist()
+        [0.5, 9.0]
+    """
+    if not t.is_floating_point():
+        return t
+    low = _TORCH_TYPES.get(fmt.name)
+    if low is not None:
+        return t.to(low).to(t.dtype)
+    if not fmt.is_quantised:
+        return t
+    s = _along(t, np.asarray(fmt.scale), fmt.axis)
+    z = _along(t, np.asarray(fmt.zero_point), fmt.axis)
+    q = torch.clamp(torch.round(t / s) + z, fmt.qmin, fmt.qmax)
+    return ((q - z) * s).to(t.dtype)
+
+
+def round_dynamic(t: torch.Tensor, bits: int = 8) -> torch.Tensor:
+    """``t`` rounded to ``bits`` bits over its own range (per tensor, affine, the range widened to hold 0).
+
+    Example:
+        >>> round_dynamic(torch.tensor([0.0, 0.1, 1.0]), bits=2).tolist()
+        [0.0, 0.0, 1.0]
+    """
+    if not t.is_floating_point() or t.numel() == 0:
+        return t
+    lo, hi = torch.clamp(t.min(), max=0.0), torch.clamp(t.max(), min=0.0)
+    step = (hi - lo) / (2**bits - 1)
+    if not torch.isfinite(step) or step <= 0:
+        return t
+    zero = torch.round(-lo / step)
+    return ((torch.clamp(torch.round(t / step) + zero, 0, 2**bits - 1) - zero) * step).to(t.dtype)
+
+
+def _maybe_round(t: torch.Tensor, fmt: Format | None) -> torch.Tensor:
+    return round_tensor(t, fmt) if fmt is not None else t
+
+
+def round_on_grid(w: torch.Tensor, fmt: Format, levels: np.ndarray) -> torch.Tensor:
+    """A weight rounded on a quantiser's grid with ``levels`` steps each side of zero per channel
+    (symmetric formats), else with the format's own scale.
+
+    Example:
+        >>> round_on_grid(torch.tensor([[1.0, 0.3], [2.0, 0.9]]), Format.quantised("int8", [0.1, 0.2], [0, 0], 0),
+        ...               np.array([2.0, 2.0])).tolist()
+        [[1.0, 0.5], [2.0, 1.0]]
+    """
+    if np.any(np.asarray(fmt.zero_point)) or not w.is_floating_point() or w.ndim == 0:
+        return round_tensor(w, fmt)
+    axis = _channel_axis(w, np.size(levels), fmt.axis)
+    if np.size(levels) > 1 and axis is None:
+        return w
+    lv = torch.as_tensor(np.asarray(levels, np.float32), dtype=w.dtype)
+    if axis is None:
+        top = w.abs().max()
+    else:
+        top = w.abs().amax(dim=tuple(i for i in range(w.ndim) if i != axis), keepdim=True)
+        shape = [1] * w.ndim
+        shape[axis] = -1
+        lv = lv.reshape(shape)
+    step = torch.where(top > 0, top / lv, torch.ones_like(top))
+    return torch.round(w / step) * step
+
+
+def _channel_axis(w: torch.Tensor, n: int, axis: int | None) -> int | None:
+    """The axis of ``w`` that holds ``n`` channels: the format's own first, else the one that fits (a
+    PyTorch ``Linear`` weight is the transpose of the file's ``MatMul`` one)."""
+    if n <= 1:
+        return None
+    if axis is not None and w.ndim and w.shape[axis % w.ndim] == n:
+        return axis % w.ndim
+    fits = [i for i, d in enumerate(w.shape) if d == n]
+    return fits[0] if fits else None
+
+
+def _along(t: torch.Tensor, v: np.ndarray, axis: int | None) -> torch.Tensor:
+    value = torch.tensor(np.asarray(v, np.float32), dtype=t.dtype, device=t.device)  # a copy: the file's arrays are read-only
+    if value.ndim == 0 or axis is None or t.ndim == 0:
+        return value.reshape(()) if value.numel() == 1 else value.mean()
+    axis = axis % t.ndim
+    if t.shape[axis] != value.numel():
+        return value.mean()
+    shape = [1] * t.ndim
+    shape[axis] = -1
+    return value.reshape(shape)
+
+
+def map_tensors(value: Any, fn: Any) -> Any:
+    """``value`` with its i-th flattened tensor replaced by ``fn(i, tensor)`` (tensors, tuples, lists
+    and dicts rebuilt; other containers returned as they are)."""
+    counter = iter(range(1 << 30))
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return fn(next(counter), v)
+        if isinstance(v, tuple) and not hasattr(v, "_fields"):
+            return tuple(walk(x) for x in v)
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        if type(v) is dict:
+            return {k: walk(x) for k, x in v.items()}
+        return v
+
+    return walk(value)
+
+
+class _Regions(CallHooks):
+    """Hooks that track the innermost running module (for the dispatcher's rounding) and fake-quantise
+    the calls the plan names."""
+
+    def __init__(self, model: Any, plan: RoundingPlan) -> None:
+        super().__init__(model)
+        self.plan = plan
+        self.stack: list[str] = [""]
+        self.wants_inputs = bool(plan.inputs)
+        self.paused = False  # the hooks' own arithmetic and the values copied out are not rounded
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        before, self.paused = self.paused, True
+        try:
+            yield
+        finally:
+            self.paused = before
+
+    def on_start(self, mod: Any, path: str, call: int) -> None:
+        self.stack.append(path)
+
+    def on_inputs(self, mod: Any, path: str, call: int, args: tuple, kwargs: dict) -> Any:
+        fmt = self.plan.inputs.get((path, call))
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if fmt is None or len(tensors) != 1 or kwargs and any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+            return None
+        with self.pause():
+            return tuple(round_tensor(a, fmt) if isinstance(a, torch.Tensor) else a for a in args), kwargs
+
+    def on_return(self, mod: Any, path: str, call: int, output: Any) -> Any:
+        if self.stack and self.stack[-1] == path:
+            self.stack.pop()
+        formats = self.plan.outputs.get((path, call))
+        if not formats:
+            return None
+        with self.pause():
+            return map_tensors(output, lambda i, t: _maybe_round(t, formats[i] if i < len(formats) else None))
+
+    @property
+    def current(self) -> str:
+        return self.stack[-1]
+
+
+# operators that only move or view a value: rounding them would round nothing new
+_PASSIVE = {"detach", "alias", "clone", "_to_copy", "copy_", "lift_fresh", "view", "_unsafe_view", "t", "transpose",
+            "permute", "expand", "reshape", "squeeze", "unsqueeze", "slice", "select", "split", "chunk", "contiguous"}
+
+
+def _mode_class() -> type:
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_map
+
+    class RoundingMode(TorchDispatchMode):
+        """Rounds the floating-point inputs and outputs of every operator run in a rounded region;
+        replaces a quantised weight by its rounded copy wherever an operator reads it."""
+
+        def __init__(self, regions: _Regions, weights: dict[int, torch.Tensor], params: set[int]) -> None:
+            super().__init__()
+            self.regions = regions
+            self.weights = weights
+            self.params = params  # ids of the model's parameters and buffers: rounded once, then reused
+            self.memo: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            kwargs = kwargs or {}
+            if self.regions.paused:
+                return func(*args, **kwargs)
+            if self.weights:
+                args = tree_map(lambda a: self.weights.get(id(a), a) if isinstance(a, torch.Tensor) else a, args)
+            plan = self.regions.plan
+            name = plan.region(self.regions.current)
+            low = _TORCH_TYPES.get(name) if name else None
+            passive = func.__name__.split(".")[0] in _PASSIVE
+            if plan.dynamic and not passive and not func._schema.is_mutable:
+                out = func(*args, **kwargs)
+                return tree_map(lambda t: round_dynamic(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
+            if low is None or passive:
+                return func(*args, **kwargs)
+
+            def rounded(t: Any) -> Any:
+                if not isinstance(t, torch.Tensor) or t.dtype not in (torch.float32, torch.float64):
+                    return t
+                if id(t) not in self.params:
+                    return t.to(low).to(t.dtype)
+                key = (id(t), low)
+                if key not in self.memo:
+                    self.memo[key] = t.to(low).to(t.dtype)
+                return self.memo[key]
+
+            if func._schema.is_mutable:  # in place: round what it wrote, in place too
+                out = func(*args, **kwargs)
+                tree_map(lambda t: t.copy_(rounded(t)) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
+                return out
+            return tree_map(rounded, func(*tree_map(rounded, args), **tree_map(rounded, kwargs)))
+
+    return RoundingMode
+
+
+@contextlib.contextmanager
+def rounded(model: Any, plan: RoundingPlan) -> Iterator[Any]:
+    """Run ``model`` (any of its methods) inside: its operators and calls are rounded as ``plan`` says.
+    Yields two functions: one rounds the forward's own tensor arguments (``plan.model_inputs``), the other
+    its result (``plan.outputs[("", 0)]``).
+
+    Enter it before other hooks that should see the rounded values (forward hooks run in the order
+    they were added).
+
+    Example:
+        >>> m = torch.nn.Linear(2, 1).eval()
+        >>> with torch.no_grad():
+        ...     _ = m.weight.fill_(1.0), m.bias.fill_(0.0)
+        ...     with rounded(m, RoundingPlan(regions={"": "float16"})):
+        ...         y = m(torch.tensor([[1.0, 2.0**-12]]))
+        >>> y.item(), m.weight.dtype
+        (1.0, torch.float32)
+    """
+    regions = _Regions(model, plan)
+    weights = _rounded_weights(model, plan)
+    params = {id(p) for p in model.parameters()} | {id(b) for b in model.buffers()}
+    mode = _mode_class()(regions, weights, params) if (any(plan.regions.values()) or weights or plan.dynamic) else None
+
+    def inputs(args: tuple) -> tuple:
+        if not any(plan.model_inputs):
+            return args
+        return map_tensors(args, lambda i, t: _maybe_round(t, plan.model_inputs[i] if i < len(plan.model_inputs) else None))
+
+    def result(value: Any) -> Any:
+        formats = plan.outputs.get(("", 0))
+        if not formats or not any(formats):
+            return value
+        with regions.pause():
+            return map_tensors(value, lambda i, t: _maybe_round(t, formats[i] if i < len(formats) else None))
+
+    with regions.hooks():
+        if mode is None:
+            yield inputs, result
+            return
+        with mode:
+            yield inputs, result
+
+
+def _rounded_weights(model: Any, plan: RoundingPlan) -> dict[int, torch.Tensor]:
+    """id(parameter) -> its copy rounded on the candidate's grid (the parameters stay as they are)."""
+    out: dict[int, torch.Tensor] = {}
+    if not plan.weights:
+        return out
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            hit = plan.weights.get(name)
+            if hit is not None:
+                out[id(p)] = round_on_grid(p.detach(), *hit)
+    return out

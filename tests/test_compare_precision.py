@@ -1,0 +1,329 @@
+"""Judged at the candidate's precision: a healthy float16, bfloat16 or int8 run passes, and the first divergence
+names a fault (a wrong op, a changed constant, a value the format cannot carry), not rounding.
+
+Trained models (CREPE tiny, MTCNN's ONet) on realistic inputs, with faults injected into the files at known
+modules; both kinds of reference (the PyTorch model, the float32 file)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from _faults import replace_op, scale_weight, shrink_scale
+
+FP16_OK = {"keep_io_types": True, "max_finite_val": 65504.0}
+
+
+def _export(model, x, path: Path) -> Path:
+    import torch
+
+    torch.onnx.export(model, (torch.from_numpy(x),), str(path), dynamo=False, input_names=["x"], opset_version=17)
+    return path
+
+
+def _fp16(src: Path, dst: Path, **options) -> Path:
+    import onnx
+    from onnxconverter_common import float16
+
+    onnx.save(float16.convert_float_to_float16(onnx.load(str(src)), **(options or FP16_OK)), str(dst))
+    return dst
+
+
+def _int8(src: Path, dst: Path, calib: list[np.ndarray]) -> Path:
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter([{"x": c} for c in calib])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def crepe(tmp_path_factory):
+    """Trained CREPE tiny: the float32 file, its float16 conversion, a static int8 QDQ file calibrated on 24
+    tone frames, and two frames to compare on."""
+    from _trained import crepe_tiny, tone_frames
+
+    d = tmp_path_factory.mktemp("precision-crepe")
+    model = crepe_tiny()
+    frames = [tone_frames(1, seed=s) for s in (7, 8)]
+    fp32 = _export(model, frames[0], d / "crepe.onnx")
+    return {"model": model, "frames": frames, "fp32": fp32, "fp16": _fp16(fp32, d / "crepe16.onnx"),
+            "int8": _int8(fp32, d / "crepe8.onnx", [tone_frames(1, seed=100 + i) for i in range(24)]), "dir": d}
+
+
+@pytest.fixture(scope="module")
+def onet(tmp_path_factory):
+    """Trained MTCNN ONet on face crops: the float32 file and a static int8 QDQ file."""
+    from _trained import face_crops, onet
+
+    d = tmp_path_factory.mktemp("precision-onet")
+    model = onet()
+    crops = [face_crops(1, seed=s) for s in (3, 4)]
+    fp32 = _export(model, crops[0], d / "onet.onnx")
+    return {"model": model, "crops": crops, "fp32": fp32,
+            "int8": _int8(fp32, d / "onet8.onnx", [face_crops(1, seed=50 + i) for i in range(24)]), "dir": d}
+
+
+def _both(files: dict, cand, key: str = "frames", **kwargs):
+    """The candidate judged against the float32 file and against the PyTorch model."""
+    import torch
+
+    import layertap as lt
+
+    samples = files[key]
+    by_file = lt.compare(files["fp32"], None, cand, samples=[{"x": s} for s in samples], **kwargs)
+    tensors = [torch.from_numpy(s) for s in samples]
+    by_model = lt.compare(files["model"], tensors[0], cand, samples=tensors, **kwargs)
+    return by_file, by_model
+
+
+def _output_tensor(path: Path, op: str, nth: int = 0) -> str:
+    import onnx
+
+    return [n for n in onnx.load(str(path), load_external_data=False).graph.node if n.op_type == op][nth].output[0]
+
+
+# -- healthy runs pass ------------------------------------------------------------------------------
+def test_a_healthy_float16_file_passes_at_float16(crepe):
+    import layertap as lt
+
+    for report in _both(crepe, crepe["fp16"]):
+        assert report.ok and report.precision == "float16" and report.judged_at_format, "\n".join(report.footer())
+        compared = [r for r in report.rows if r.ok is not None]
+        assert compared and all(r.format_rel is not None and r.impl_rel is not None for r in compared)
+        assert all(r.precision == "float16" for r in compared if r.path)
+        last = report.footer()[-1]
+        assert last.startswith("no divergence beyond float16 rounding; output cosine "), last
+        assert report.output_cosine > 0.9999 and report.ideal_output_cosine > 0.9999 and "(an ideal float16 run: " in last
+    # the fixed rule, asked for, flags the same file at a BatchNorm: rounding, not a fault
+    fixed = lt.compare(crepe["fp32"], None, crepe["fp16"], samples=[{"x": s} for s in crepe["frames"]], precision="fp32")
+    assert not fixed.ok and not fixed.judged_at_format and fixed.precision == "float32"
+
+
+def test_a_calibrated_int8_file_passes_at_int8(crepe, onet):
+    for files, key in ((crepe, "frames"), (onet, "crops")):
+        for report in _both(files, files["int8"], key):
+            assert report.ok and report.precision == "int8", "\n".join(report.footer())
+            assert report.footer()[-1].startswith("no divergence beyond int8 quantisation; output cosine")
+
+
+def test_the_users_rule_still_decides(crepe):
+    """--rtol/--metric given: they judge every row (the ideal run's numbers are still shown)."""
+    import layertap as lt
+
+    samples = [{"x": s} for s in crepe["frames"]]
+    tight = lt.compare(crepe["fp32"], None, crepe["int8"], samples=samples, rtol=1e-3)
+    assert not tight.ok and not tight.judged_at_format and tight.precision == "int8"
+    assert any(r.format_rel is not None for r in tight.rows)
+    cosine = lt.compare(crepe["fp32"], None, crepe["int8"], samples=samples, metric="cosine", min_cosine=0.99)
+    assert cosine.ok and not cosine.judged_at_format
+
+
+# -- faults are named at their module -----------------------------------------------------------------
+def test_float16_faults_are_named_at_their_module(crepe):
+    d = crepe["dir"]
+    # CREPE's ReLUs are functional (F.relu between conv4 and conv4_BN): the BatchNorm reading it shows it
+    replace_op(crepe["fp16"], d / "wrong-op.onnx", _output_tensor(crepe["fp16"], "Relu", 3))
+    for report in _both(crepe, d / "wrong-op.onnx"):
+        first = report.first_divergence_row
+        assert first is not None and first.path == "conv4_BN", "\n".join(report.footer())
+        assert first.impl_rel > 10 * first.format_rel
+    conv = _output_tensor(crepe["fp16"], "Conv", 3)
+    weight = scale_weight(crepe["fp16"], d / "weight.onnx", conv, 1.02)  # 2%: some 40x float16's rounding there
+    for report in _both(crepe, d / "weight.onnx", allow_different_weights=True):
+        first = report.first_divergence_row
+        assert first is not None and first.path == weight.rpartition(".")[0], "\n".join(report.footer())
+
+
+def test_a_converters_clamp_is_a_fault_not_rounding(crepe):
+    """onnxconverter-common's default clamps constants to 1e4: CREPE's BatchNorm variances of 1.2e4 (which
+    float16 holds) become 1e4, and the comparison names that BatchNorm."""
+    import layertap as lt
+
+    clamped = _fp16(crepe["fp32"], crepe["dir"] / "clamped.onnx", keep_io_types=True)
+    report = lt.compare(crepe["fp32"], None, clamped, samples=[{"x": s} for s in crepe["frames"]])
+    first = report.first_divergence_row
+    assert first is not None and first.path == "conv2_BN" and "conv2_BN.running_var differs" in (first.weights or "")
+
+
+def test_int8_faults_are_named_at_their_module(onet):
+    d = onet["dir"]
+    conv = _output_tensor(onet["fp32"], "Conv", 2)  # the quantiser reading conv3's output, given 1/10 of its scale
+    shrink_scale(onet["int8"], d / "clip.onnx", conv)
+    for report in _both(onet, d / "clip.onnx", "crops"):
+        first = report.first_divergence_row
+        assert first is not None and "int8 clipping" in (first.limit or ""), "\n".join(report.footer())
+        assert first.path in ("conv3", "prelu3"), first.name
+    prelu = _output_tensor(onet["int8"], "PRelu", 1)
+    replace_op(onet["int8"], d / "wrong8.onnx", prelu)
+    for report in _both(onet, d / "wrong8.onnx", "crops"):
+        first = report.first_divergence_row
+        assert first is not None and first.path == "prelu2", "\n".join(report.footer())
+
+
+def test_a_float16_overflow_is_named_with_its_size(torch_mod, tmp_path):
+    """A module whose values leave float16's range fails there with the size it reached, even where the
+    runtime computes in float32 and the output looks right."""
+    import layertap as lt
+    from _tiny import pool_cnn
+
+    model = pool_cnn(overflow=1e5)
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    fp16 = _fp16(_export(model, x, tmp_path / "big.onnx"), tmp_path / "big16.onnx")
+    report = lt.compare(model, torch_mod.from_numpy(x), fp16)
+    first = report.first_divergence_row
+    assert first is not None and first.path in ("conv2", "relu2"), "\n".join(report.footer())
+    assert first.limit.startswith("float16 overflow: |x| up to ") and first.limit.endswith("> 65504")
+    assert "float16 overflow" in report.footer()[-1]
+
+
+# -- OpenVINO at bfloat16 -------------------------------------------------------------------------------
+def test_openvino_at_bf16_is_judged_at_bf16(onet, tmp_path):
+    import layertap as lt
+    from layertap.runtimes import open_runtime
+
+    try:
+        if open_runtime("openvino", ov_precision="bf16").describe().precision != "bfloat16":
+            pytest.skip("OpenVINO does not run bfloat16 on this CPU")
+    except Exception as e:  # noqa: BLE001 - no OpenVINO, or it refuses bf16 here
+        pytest.skip(f"OpenVINO at bf16 is not available here: {e}")
+    samples = [{"x": c} for c in onet["crops"]]
+    report = lt.compare(onet["fp32"], None, onet["fp32"], samples=samples, cand_runtime="openvino", ov_precision="bf16")
+    assert report.ok and report.precision == "bfloat16", "\n".join(report.footer())
+    conv = _output_tensor(onet["fp32"], "Conv", 2)
+    scale_weight(onet["fp32"], tmp_path / "w.onnx", conv, 1.05)
+    bad = lt.compare(onet["fp32"], None, tmp_path / "w.onnx", samples=samples, cand_runtime="openvino", ov_precision="bf16",
+                     allow_different_weights=True)
+    assert bad.first_divergence == "conv3", "\n".join(bad.footer())
+
+
+# -- the option, the command line, the reports -----------------------------------------------------------
+def test_precision_named_by_the_user(crepe):
+    import layertap as lt
+    from layertap.errors import LayertapError
+
+    samples = [{"x": s} for s in crepe["frames"]]
+    # one float32 file run two ways, judged as if the candidate ran at float16: its rows are well within it
+    forced = lt.compare(crepe["fp32"], None, crepe["fp32"], samples=samples, ref_ort_optimizations=False, precision="fp16")
+    assert forced.ok and forced.precision == "float16" and all(r.format_rel for r in forced.rows if r.ok is not None)
+    with pytest.raises(LayertapError, match="precision int8 judges at a quantiser's scales"):
+        lt.compare(crepe["fp32"], None, crepe["fp16"], samples=samples, precision="int8")
+    with pytest.raises(LayertapError, match="unknown precision 'fp8'"):
+        lt.compare(crepe["fp32"], None, crepe["fp16"], samples=samples, precision="fp8")
+
+
+def test_cli_json_html_and_plot_carry_the_split(crepe, cli, tmp_path):
+    from layertap.reports.compare_page import compare_fragment
+
+    npz = tmp_path / "frames.npz"
+    np.savez(npz, x=np.concatenate(crepe["frames"]))
+    r = cli("compare", str(crepe["fp32"]), str(crepe["int8"]), "--inputs", str(npz), "--json",
+            "--report", str(tmp_path / "r.html"), "--plot", str(tmp_path / "p.png"))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["precision"] == "int8" and out["judged_at_format"] and out["rule"].startswith("judged at int8")
+    rows = [row for row in out["rows"] if row["ok"] is not None]
+    assert all(row["precision"] == "int8" and row["format_rel"] is not None for row in rows if row["path"])
+    assert 0.99 < out["ideal_output_cosine"] <= 1 and (tmp_path / "p.png").stat().st_size > 0
+    html = (tmp_path / "r.html").read_text()
+    assert 'class="band"' in html and "what int8 explains" in html
+    fixed = cli("compare", str(crepe["fp32"]), str(crepe["int8"]), "--inputs", str(npz), "--precision", "fp32")
+    assert fixed.returncode == 1 and "first divergence" in fixed.stdout
+    assert "what float32" not in compare_fragment(_report(crepe))
+
+
+def _report(crepe):
+    import layertap as lt
+
+    return lt.compare(crepe["fp32"], None, crepe["fp32"], samples=[{"x": crepe["frames"][0]}], ref_ort_optimizations=False)
+
+
+# -- the parts --------------------------------------------------------------------------------------------
+def test_limits_of_each_format():
+    from layertap.numformats import Format
+
+    f16 = Format("float16")
+    assert f16.limit(np.array([1.0, -7e4], np.float32)) == "float16 overflow: |x| up to 7e+04 > 65504"
+    assert f16.limit(np.array([1.0, -3.4e38], np.float32)) is None  # float32's stand-in for -inf: float16's -inf holds it
+    assert f16.limit(np.array([1.0, -1e9, -1e9], np.float32)) is None  # one repeated fill value: a mask
+    assert f16.limit(np.array([1.0, 2e-9], np.float32)) is None and f16.limit(np.full(4, 2e-9, np.float32)).startswith(
+        "float16 underflow")
+    q = Format.quantised("int8", np.float32(0.01), np.int8(0))
+    assert q.limit(np.linspace(-1.27, 1.27, 100, dtype=np.float32)) is None
+    assert q.limit(np.linspace(-1.3, 1.3, 100, dtype=np.float32)) is None  # 2% of the values just past the range
+    assert q.limit(np.linspace(-10, 10, 100, dtype=np.float32)).startswith("int8 clipping: ")
+    relu = Format.quantised("int8", np.float32(0.01), np.int8(-128))  # [0, 2.55]: a ReLU folded into the quantiser
+    assert relu.limit(np.linspace(-5, 2.5, 100, dtype=np.float32)) is None
+
+
+def test_numpy_torch_and_onnx_runtime_round_alike():
+    """The three places values are rounded (numpy checks, the PyTorch ideal run, the ONNX ideal graph) agree."""
+    import onnx.helper as h
+    import torch
+
+    from layertap.numformats import Format, round_on_grid
+    from layertap.onnxfile.ort import SessionSource
+    from layertap.onnxfile.rounded import rounded_source
+    from layertap.pytorch.rounding import round_on_grid as torch_grid
+    from layertap.pytorch.rounding import round_tensor
+
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32) * 3
+    per_channel = Format.quantised("int8", np.array([0.01, 0.02, 0.05], np.float32), np.zeros(3, np.int8), axis=1)
+    g = h.make_graph([h.make_node("Relu", ["x"], ["a"]), h.make_node("Neg", ["a"], ["b"]), h.make_node("Neg", ["b"], ["y"])],
+                     "g", [h.make_tensor_value_info("x", 1, [2, 3, 4, 4])], [h.make_tensor_value_info("y", 1, [2, 3, 4, 4])])
+    src = SessionSource(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), Path("."))
+    for fmt in (Format("float16"), Format("bfloat16"), Format.quantised("uint8", np.float32(0.03), np.uint8(7)), per_channel):
+        want = fmt.rounded(np.maximum(x, 0))
+        got_torch = round_tensor(torch.from_numpy(np.maximum(x, 0)), fmt).numpy()
+        got_ort = rounded_source(src, {"a": fmt}).session(["a"], optimize=False).run(["a"], {"x": x})[0]
+        np.testing.assert_array_equal(got_torch, want)
+        np.testing.assert_allclose(got_ort, want, rtol=0, atol=1e-6)
+    w = np.random.default_rng(1).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    grid = Format.quantised("int8", np.full(4, 0.01, np.float32), np.zeros(4, np.int8), axis=0)
+    levels = np.array([127.0, 127.0, 63.0, 31.0], np.float32)
+    np.testing.assert_allclose(torch_grid(torch.from_numpy(w), grid, levels).numpy(), round_on_grid(w, grid, levels), atol=1e-6)
+    assert len(np.unique(round_on_grid(w, grid, levels)[3])) <= 63
+
+
+def test_the_ideal_pytorch_run_leaves_the_model_as_it_was(crepe):
+    import torch
+
+    from layertap.pytorch.rounding import RoundingPlan, rounded
+
+    model = crepe["model"]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.from_numpy(crepe["frames"][0])
+    with torch.no_grad():
+        exact = model(x)
+        with rounded(model, RoundingPlan(regions={"": "float16"})):
+            low = model(x)
+        again = model(x)
+    assert torch.equal(exact, again) and not torch.equal(exact, low)
+    assert 0 < float((low - exact).abs().max()) < 1e-2
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert not model._forward_hooks and all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    assert math.isfinite(float(low.sum()))
+
+
+def test_repro_packages_the_first_fault_with_what_the_format_explains(crepe, tmp_path):
+    """repro's first divergence is the precision-judged one, and repro.py allows the call what float16 explains."""
+    import layertap as lt
+
+    bad = crepe["dir"] / "repro-weight.onnx"
+    scale_weight(crepe["fp16"], bad, _output_tensor(crepe["fp16"], "Conv", 3), 1.02)
+    report = lt.repro(crepe["fp32"], {"x": crepe["frames"][0]}, bad, out=tmp_path / "pkg", allow_different_weights=True)
+    assert report.module == "conv4" and report.reproduced, report
+    assert any(n.startswith("judged at float16: repro.py allows what float16 explains at this call") for n in report.notes)
+    healthy = lt.repro(crepe["fp32"], {"x": crepe["frames"][0]}, crepe["fp16"], out=tmp_path / "pkg2", module="conv4_BN")
+    assert not healthy.reproduced  # within what float16 explains: nothing to reproduce
