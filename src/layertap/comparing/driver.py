@@ -299,8 +299,8 @@ class Driver:
                 built.wait()  # a failed reference build leaves no build behind
         self.ref.checked_weights(beside=built.result if built is not None else None)
         ref_values = self.ref.values(sample, batch, self._parts)
-        ideal = self.ref.ideal_values(sample, batch)
         values = self.cand.run(names, sample.feed) if names else {}
+        ideal = self.ref.ideal_values(sample, batch)  # an ideal run may go on beside the two runs above
         if self.cand.blocked and ref_values:
             unblock_values(values, batch, ref_values, self.cand.blocked)
         return Values(ref_values, values, ideal)

@@ -36,6 +36,7 @@ from ..onnxfile.metadata import own_outputs
 from ..onnxfile.scopemap import stand_ins
 from ..samples.drawn import Sample as Given
 from .align import Item, RowBuilder
+from .background import Background
 from .driver import Sample, module_filter, plan_batches
 from .ideal import Judging, OnnxIdeal
 from .local import PairsOf, RefLookup, onnx_ref_inputs, ref_needs
@@ -386,6 +387,7 @@ class OnnxReference:
         self.judging = judging
         # judged at the candidate's precision: the reference's graph rounded as the candidate holds its values
         self.ideal = OnnxIdeal(ref, judging.formats) if judging is not None and ref.runner.file is None else None
+        self._ideal_run: Background[dict[str, np.ndarray]] | None = None  # started by values(), read by ideal_values()
         # the weight check runs beside the planning and the sessions' builds; the driver waits for it
         # before the candidate runs, and a file the rows cannot be planned for is first checked for
         # other weights
@@ -427,25 +429,35 @@ class OnnxReference:
         return Sample(self.items, self.builder, self.batches, self.cand_feeds[index], self.feeds[index])
 
     def prepare(self, batch: list[Item], parts: Any) -> None:
-        """Build the session that runs :meth:`values` of ``batch`` (ahead of it, beside the candidate's)."""
+        """Build the session that runs :meth:`values` of ``batch`` (ahead of it, beside the candidate's), and
+        the ideal run's on the session-build thread after the candidate's (three builds on two threads)."""
         names = self._names(batch, parts)
-        if names:
-            self.side.prepare(names)
-        if self.ideal is not None:
-            ideal = self._names(batch, None)
-            if ideal:
-                self.ideal.prepare(ideal)
+        ideal_names = self._names(batch, None) if self.ideal is not None else []
+        ideal = self.ideal
+        built = Background(lambda: ideal.prepare(ideal_names), name="layertap-session-build") \
+            if ideal is not None and ideal_names else None
+        try:
+            if names:
+                self.side.prepare(names)
+        finally:
+            if built is not None:
+                built.wait()  # a failed reference build leaves no build behind
+        if built is not None:
+            built.result()
 
     def values(self, sample: Sample, batch: list[Item], parts: Any) -> dict[str, np.ndarray]:
-        """The reference's tensors of a batch (and those feeding its calls' parts, for local errors)."""
+        """The reference's tensors of a batch (and those feeding its calls' parts, for local errors); the
+        ideal run's of the batch start beside them, on the session-build thread (:meth:`ideal_values`)."""
         names = self._names(batch, parts)
+        if self.ideal is not None:
+            ideal, ideal_names, feed = self.ideal, self._names(batch, None), sample.ref_feed or {}
+            self._ideal_run = Background(lambda: ideal.run(ideal_names, feed), name="layertap-session-build")
         return self.side.run(names, sample.ref_feed or {}) if names else {}
 
     def ideal_values(self, sample: Sample, batch: list[Item]) -> dict[str, np.ndarray]:
-        """The ideal run's tensors of a batch, by the reference's names."""
-        if self.ideal is None:
-            return {}
-        return self.ideal.run(self._names(batch, None), sample.ref_feed or {})
+        """The ideal run's tensors of a batch, by the reference's names (the run :meth:`values` started)."""
+        pending, self._ideal_run = self._ideal_run, None
+        return pending.result() if pending is not None else {}
 
     def _names(self, batch: list[Item], parts: Any) -> list[str]:
         """The tensors a batch's run exposes: once per batch (:attr:`batches` are this plan's, for every sample)."""
@@ -481,6 +493,9 @@ class OnnxReference:
 
     def close(self) -> None:
         self._weights.cancel()
+        if self._ideal_run is not None:
+            self._ideal_run.wait()  # its session closes below
+            self._ideal_run = None
         self.store.close()
         builder = getattr(self, "builder", None)  # None: the plan failed
         if builder is not None and builder.ideal is not None:

@@ -254,6 +254,7 @@ def _mode_class() -> type:
             self.weights = weights
             self.params = params  # ids of the model's parameters and buffers: rounded once, then reused
             self.memo: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+            self.done: dict[tuple[int, torch.dtype], tuple[Any, int]] = {}  # tensors rounded already (see _mark)
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
             kwargs = kwargs or {}
@@ -274,18 +275,33 @@ def _mode_class() -> type:
             def rounded(t: Any) -> Any:
                 if not isinstance(t, torch.Tensor) or t.dtype not in (torch.float32, torch.float64):
                     return t
-                if id(t) not in self.params:
-                    return t.to(low).to(t.dtype)
                 key = (id(t), low)
-                if key not in self.memo:
-                    self.memo[key] = t.to(low).to(t.dtype)
-                return self.memo[key]
+                if id(t) in self.params:
+                    if key not in self.memo:
+                        self.memo[key] = t.to(low).to(t.dtype)
+                    return self.memo[key]
+                seen = self.done.get(key)
+                if seen is not None and seen[0]() is t and seen[1] == t._version:
+                    return t  # rounded when an operator made it, and unchanged since
+                out = t.to(low).to(t.dtype)
+                self._mark(out, key=(id(out), low))
+                return out
 
             if func._schema.is_mutable:  # in place: round what it wrote, in place too
                 out = func(*args, **kwargs)
                 tree_map(lambda t: t.copy_(rounded(t)) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
                 return out
             return tree_map(rounded, func(*tree_map(rounded, args), **tree_map(rounded, kwargs)))
+
+        def _mark(self, t: torch.Tensor, key: tuple[int, Any]) -> None:
+            """Remember a tensor this mode rounded (a weak reference and its version): as the next operator's
+            input it is not rounded again."""
+            import weakref
+
+            try:
+                self.done[key] = (weakref.ref(t), t._version)
+            except TypeError:  # a tensor subclass without weak references: rounded again, which changes nothing
+                pass
 
     return RoundingMode
 
