@@ -155,23 +155,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             raise
         return _unexpected(e)
-    except LayertapError as e:
-        if debug:
-            raise
-        _error(str(e))
-        return e.exit_code
-    except Terminated as e:
-        _error(f"stopped by {e.name}; {_kept(e) or 'temporary files were removed and no output was changed'}")
-        return 128 + e.signum
-    except KeyboardInterrupt as e:
-        _error(f"interrupted; {_kept(e)}" if _kept(e) else "interrupted")
-        return 130
+    except (Terminated, KeyboardInterrupt) as e:
+        return _stopped(e)
     except SystemExit:
         raise
     except BaseException as e:
+        stop = interrupt_in(e)  # a library that turned the interrupt into an error of its own (torch's exporter)
+        if stop is not None and not debug:
+            return _stopped(stop)
         if debug:
             raise
+        if isinstance(e, LayertapError):
+            _error(str(e))
+            return e.exit_code
         return _unexpected(e)
+
+
+def interrupt_in(e: BaseException) -> BaseException | None:
+    """The SIGINT (``KeyboardInterrupt``) or SIGTERM/SIGHUP (:class:`Terminated`) behind ``e``: itself, or one
+    of the exceptions it was raised from or while handling; ``None`` when there is none.
+
+    Example:
+        >>> try:
+        ...     try:
+        ...         raise KeyboardInterrupt
+        ...     except KeyboardInterrupt:
+        ...         raise AttributeError("module 'torch._dynamo' has no attribute 'exc'")
+        ... except AttributeError as e:
+        ...     type(interrupt_in(e)).__name__
+        'KeyboardInterrupt'
+    """
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, (KeyboardInterrupt, Terminated)):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def _stopped(e: BaseException) -> int:
+    """A command stopped by a signal: one line, and 128 + the signal's number (130 for SIGINT)."""
+    if isinstance(e, Terminated):
+        _error(f"stopped by {e.name}; {_kept(e) or 'temporary files were removed and no output was changed'}")
+        return 128 + e.signum
+    _error(f"interrupted; {_kept(e)}" if _kept(e) else "interrupted")
+    return 130
 
 
 def _unexpected(e: BaseException) -> int:

@@ -53,6 +53,7 @@ from ..numformats import PRECISIONS
 from ..onnxfile.kvcache import kv_layout
 from ..onnxfile.modelfile import ModelFile, is_onnx_source
 from ..options import RuntimeOptions, SampleOptions, merged_criterion
+from ..runtimes import is_ir
 from ..runtimes.ort import FUSION_NOTE
 from ..samples.declared import read_inputs
 from ..samples.drawn import given_samples, random_for_file, with_cache
@@ -271,7 +272,7 @@ def _compare(ref: Any, args: Any, cand: Any, runs: RuntimeOptions, sampling: Sam
     """``compare`` on its options as objects: the runtimes opened, the samples read, the rows' rule
     fitted to a reduced precision, then the sides built for the kind of reference."""
     onnx_ref = is_onnx_source(ref)
-    ref_rt, cand_rt = side_runtimes(onnx_ref, runs)
+    ref_rt, cand_rt = side_runtimes(onnx_ref, runs, ir=(onnx_ref and is_ir(ref), is_ir(cand)))
     criterion, precision_note = rounding_criterion(plan.criterion, tolerance_chosen, ref_rt)
     plan = replace(plan, criterion=criterion)
     _check_steps_use(call.steps, onnx_ref or sampling.samples is not None or sampling.inputs is not None)
@@ -306,11 +307,12 @@ def rounding_criterion(criterion: Criterion, given: bool, ref_runtime: Any) -> t
                     "(its rounding); pass --rtol (rtol=) to judge tighter")
 
 
-def side_runtimes(onnx_ref: bool, runs: RuntimeOptions) -> tuple[Any, Any]:
+def side_runtimes(onnx_ref: bool, runs: RuntimeOptions, ir: tuple[bool, bool] = (False, False)) -> tuple[Any, Any]:
     """The reference's runtime (``None`` for a PyTorch reference) and the candidate's, each opened by
     :func:`~layertap.runtimes.open_runtime`; OpenVINO's options go to the sides that run OpenVINO.
-    ORT's graph optimisations per side (the reference's ``None``: the candidate's); turning them off
-    for a side that OpenVINO runs is refused, not ignored."""
+    A side that is an OpenVINO IR (``ir``: reference, candidate) runs in OpenVINO unless told otherwise:
+    nothing else runs it. ORT's graph optimisations per side (the reference's ``None``: the candidate's);
+    turning them off for a side that OpenVINO runs is refused, not ignored."""
     from ..runtimes import open_runtime
 
     runtime, cand_runtime, ov_precision, ov_device = runs.runtime, runs.cand_runtime, runs.ov_precision, runs.ov_device
@@ -324,8 +326,9 @@ def side_runtimes(onnx_ref: bool, runs: RuntimeOptions) -> tuple[Any, Any]:
     if not onnx_ref and runtime is not None and cand_runtime is not None and runtime != cand_runtime:
         raise LayertapError("with a PyTorch reference only the candidate runs a file: give --runtime or "
                             "--cand-runtime (runtime= or cand_runtime=), not both")
-    ref_name = (runtime or "ort") if onnx_ref else None
-    cand_name = cand_runtime or runtime or "ort"
+    ref_name = (runtime or ("openvino" if ir[0] else "ort")) if onnx_ref else None
+    cand_name = cand_runtime or ("openvino" if ir[1] else None) or (runtime if onnx_ref or runtime else None) or \
+        ref_name or "ort"
     if "openvino" not in (ref_name, cand_name) and (ov_precision is not None or ov_device is not None):
         raise LayertapError("--ov-precision and --ov-device (ov_precision=, ov_device=) apply to the OpenVINO runtime; "
                             "add --runtime openvino or --cand-runtime openvino")

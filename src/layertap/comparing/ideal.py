@@ -160,7 +160,8 @@ class OnnxIdeal:
 
             wanted = reference_formats(self.ref.proto, self.formats)
             source = rounded_source(self.ref.runner.source, wanted, _grid(self.formats))
-            self._runner = OrtRunner.of_source(source, self.ref.runner.folder, open_runtime("ort", optimize=False))
+            self._runner = OrtRunner.of_source(source, self.ref.runner.folder, open_runtime("ort", optimize=False),
+                                               f"the ideal run of {self.ref.path}")
         return self._runner
 
     def prepare(self, names: list[str]) -> None:

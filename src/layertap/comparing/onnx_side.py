@@ -44,6 +44,7 @@ class OrtRunner:
         self.file = file  # an OpenVINO IR: run from the file (``proto`` is its tensor names only)
         # ``origin``: the unedited file ``proto`` was read from (see SessionSource)
         self.source = SessionSource(proto, folder, move_weights=True, origin=origin)
+        self.label = str(file or origin or folder)  # how an error names what failed to load
         self.proto = self.source.model
         self.folder = folder
         self.runtime = runtime
@@ -54,10 +55,12 @@ class OrtRunner:
         self._session: tuple[tuple[str, ...], Any] | None = None  # the last engine, kept for the next sample
 
     @classmethod
-    def of_source(cls, source: "SessionSource", folder: Path, runtime: "Runtime") -> "OrtRunner":
-        """A runner on a graph already held in memory with its weights (an ideal run's rounded copy)."""
+    def of_source(cls, source: "SessionSource", folder: Path, runtime: "Runtime", label: str) -> "OrtRunner":
+        """A runner on a graph already held in memory with its weights (an ideal run's rounded copy);
+        ``label`` names it in an error."""
         runner = cls.__new__(cls)
         runner.file, runner.source, runner.proto, runner.folder, runner.runtime = None, source, source.model, folder, runtime
+        runner.label = label
         runner._out_info = {o.name: o for o in runner.proto.graph.output}
         runner._value_info = {v.name: v for v in runner.proto.graph.value_info}
         runner.runs = runner.sessions = 0
@@ -129,9 +132,18 @@ class OrtRunner:
         except LayertapError:
             raise
         except Exception as e:  # noqa: BLE001 - ORT raises its own types
-            raise OnnxFileError(
-                f"{self.runtime.describe().runtime} cannot load the graph from '{self.folder}' with extra outputs: {one_line(e)}"
-            ) from None
+            raise OnnxFileError(self._load_failure(names, e)) from None
+
+    def _load_failure(self, names: list[str], error: Exception) -> str:
+        """What failed to load: the file itself, or only with the tensors exposed (it is opened again as it is, to tell)."""
+        runtime = self.runtime.describe().runtime
+        try:
+            self.runtime.open(self.file or self.source)
+        except Exception as plain:  # noqa: BLE001 - ORT raises its own types
+            return f"{runtime} cannot load '{self.label}' (as it is, without layertap's outputs too): {one_line(plain)}"
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        return (f"{runtime} loads '{self.label}' but not with its tensors {shown} exposed as outputs: {one_line(error)}; "
+                "compare fewer modules (--module) to find the tensor it refuses")
 
     def close(self) -> None:
         self._session = None

@@ -385,11 +385,12 @@ def _export_torchscript(plan: _Plan, raw: Path, opset: int | None) -> ir.Model:
 
 
 def _reraise_own(e: BaseException) -> None:
-    """A bad tap found while the exporter traced is the user's error, not the exporter's."""
+    """A bad tap found while the exporter traced is the user's error, not the exporter's; an interrupt the
+    exporter turned into an error of its own (SIGINT inside torch.export) is an interrupt."""
     seen = set()
     cur: BaseException | None = e
     while cur is not None and id(cur) not in seen:
-        if isinstance(cur, LayertapError):
+        if isinstance(cur, (LayertapError, KeyboardInterrupt)) or type(cur).__name__ == "Terminated":
             raise cur
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__

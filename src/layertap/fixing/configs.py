@@ -176,7 +176,8 @@ def _json(obj: object) -> str:
 
 
 _CONVERT_PY = '''"""Make FIXED.onnx again: REF converted to float16 by onnxconverter-common with the options and
-node_block_list of onnxconverter_common.json, then the float32 weights and outputs of the kept nodes
+node_block_list of onnxconverter_common.json (a weight the kept nodes share with others copied for them
+first, so each side keeps its own type), then the float32 weights and outputs of the kept nodes
 restored (the converter rounds and clamps them at max_finite_val, and casts a kept node's model
 output to float16), and the types it leaves disagreeing repaired (ONNX Runtime refuses the file
 otherwise): value_info entries that repeat a model output's declaration are dropped first; nodes
@@ -211,11 +212,13 @@ def main(argv):
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     retyped = outputs_declared_once(copy)
+    unshared = unshare_weights(copy, options["node_block_list"])
     converted = float16.convert_float_to_float16(copy, **options)
     restored = restore_float32(model, converted, options["node_block_list"])
     retyped += retype_float16(converted, options["node_block_list"], options.get("op_block_list"))
     onnx.save(converted, argv[2])
-    print(f"float32 restored: {_some(restored)}; types repaired: {_some(retyped)}")
+    print(f"float32 restored: {_some(restored)}; types repaired: {_some(retyped)}; weights copied for kept nodes: "
+          f"{_some(unshared)}")
     return 0
 
 

@@ -49,6 +49,7 @@ class Converter:
         self.to, self.folder, self.calib = to, Path(folder), list(calib)
         self.cache = self.folder / "calibration.json"
         self.retyped: dict[str, None] = {}  # what :func:`retype_float16` repaired in any conversion so far
+        self.unshared: dict[str, None] = {}  # weights :func:`unshare_weights` copied in any conversion so far
 
     @property
     def tool(self) -> str:
@@ -82,6 +83,7 @@ class Converter:
 
         copy = _copy(model)
         declared_once = outputs_declared_once(copy)
+        self.unshared.update(dict.fromkeys(unshare_weights(copy, nodes)))
         converted = float16.convert_float_to_float16(copy, node_block_list=list(nodes), **FP16_OPTIONS)
         restore_float32(model, converted, nodes)
         self.retyped.update(dict.fromkeys(declared_once + retype_float16(converted, nodes)))
@@ -99,6 +101,46 @@ class Converter:
 
         quantize_static(_copy(model), str(out), Reader(self.calib), quant_format=QuantFormat.QDQ,
                         nodes_to_exclude=list(nodes), calibration_cache_path=str(self.cache))
+
+
+def unshare_weights(model: "onnx.ModelProto", nodes: Sequence[str]) -> list[str]:
+    """Give the kept nodes their own copy of each initializer they share with nodes the converter makes
+    float16 (tf2onnx shares one Conv weight among several Convs); returns the names copied. Shared, the
+    converter makes the weight float16 for the others and a kept node reads float16 where it computes in
+    float32: a file ONNX Runtime refuses. Works in place on ``model`` (the converter's copy).
+
+    Example:
+        >>> import numpy as np, onnx.helper as h, onnx.numpy_helper as nh
+        >>> w = nh.from_array(np.ones((2, 2), np.float32), "w")
+        >>> nodes = [h.make_node("MatMul", ["x", "w"], ["a"], name="kept"), h.make_node("MatMul", ["a", "w"], ["y"], name="other")]
+        >>> g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", 1, [2, 2])], [h.make_tensor_value_info("y", 1, [2, 2])], [w])
+        >>> m = h.make_model(g)
+        >>> unshare_weights(m, ["kept"]), [list(n.input) for n in m.graph.node]
+        (['w'], [['x', 'w_float32'], ['a', 'w']])
+    """
+    kept = set(nodes)
+    inits = {t.name: t for t in model.graph.initializer}
+    readers: dict[str, list[Any]] = {}
+    for n in model.graph.node:
+        for t in dict.fromkeys(n.input):
+            if t in inits:
+                readers.setdefault(t, []).append(n)
+    taken = set(inits) | {t for n in model.graph.node for t in (*n.input, *n.output)}
+    copied = []
+    for name, users in readers.items():
+        mine = [n for n in users if n.name in kept]
+        if not mine or len(mine) == len(users) or inits[name].data_type != 1:
+            continue
+        copy = model.graph.initializer.add()
+        copy.CopyFrom(inits[name])
+        copy.name = next(f"{name}_float32{k or ''}" for k in range(len(taken) + 1) if f"{name}_float32{k or ''}" not in taken)
+        taken.add(copy.name)
+        for n in mine:
+            for i, t in enumerate(n.input):
+                if t == name:
+                    n.input[i] = copy.name
+        copied.append(name)
+    return copied
 
 
 def restore_float32(model: "onnx.ModelProto", converted: "onnx.ModelProto", nodes: Sequence[str]) -> list[str]:
@@ -265,7 +307,8 @@ def _copy(model: "onnx.ModelProto") -> "onnx.ModelProto":
 
 
 # the steps around the converter, copied into --config-out's convert.py (configs.convert_script)
-SCRIPT_HELPERS = (outputs_declared_once, restore_float32, _float_outputs, retype_float16, _float16_copy, _float16_attributes)
+SCRIPT_HELPERS = (outputs_declared_once, unshare_weights, restore_float32, _float_outputs, retype_float16, _float16_copy,
+                  _float16_attributes)
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ toolchain's form. With an ONNX reference nothing imports torch."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -17,7 +18,7 @@ from ..samples.declared import Declared, as_feeds, random_feeds, read_samples
 from ..tables import Column, Report
 from .configs import Target, check_script, write_configs
 from .convert import FORMATS, Converter
-from .search import FixStep, Trials, beyond_range, graph_order, out_of_range, rank, search
+from .search import FixStep, Trials, beyond_range, constants_beyond, graph_order, out_of_range, rank, search
 from .units import Units, units_of
 
 RANK_SAMPLES = 8  # samples of the layer-by-layer comparison that ranks the modules
@@ -34,7 +35,7 @@ def fmt_metric(v: Any) -> str:
         >>> fmt_metric(0.99987654), fmt_metric(None)
         ('0.999877', '-')
     """
-    return "-" if v is None else f"{v:.6g}"
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.6g}"
 
 
 def _names(xs: Any) -> str:
@@ -63,7 +64,7 @@ class FixReport(Report):
         Column("n_kept", "Kept", justify="right"),
         Column("nodes", "Nodes", justify="right", drop=2),
         Column("metric", "Metric", fmt=fmt_metric, justify="right", no_wrap=True),
-        Column("ok", "Target", fmt=lambda ok: "met" if ok else "-"),
+        Column("verdict", "Target"),
         Column("size", "MB", fmt=lambda n: "-" if n is None else f"{n / 1e6:.2f}", justify="right", no_wrap=True,
                drop=1),
         Column("latency_ms", "ORT ms", fmt=lambda v: f"{v:.2f}", justify="right", no_wrap=True, drop=1),
@@ -91,7 +92,8 @@ class FixReport(Report):
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ok": self.ok, "to": self.to, "target": str(self.target), "converter": self.tool,
                                "unit": self.unit, "kept": self.kept, "nodes": self.nodes, "conversions": len(self.rows),
-                               "metric": None if self.best is None else self.best.metric}
+                               "metric": None if self.best is None else self.best.metric,
+                               "failed": {s.step: s.error for s in self.rows if s.error}}
         if self.float32 is not None:
             out["float32"] = {"size": self.float32.size, "latency_ms": self.float32.latency_ms}
         if self.notes:
@@ -100,6 +102,7 @@ class FixReport(Report):
 
     def footer(self) -> list[str]:
         lines = list(self.notes)
+        lines += [f"step {s.step} failed, not measured: {s.error}" for s in self.rows if s.error]
         b = self.best
         if b is None:
             return lines
@@ -206,16 +209,21 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
         plain = trials.trial(forced, "keep" if forced else "plain", forced)
         if not plain.ok or to == "fp16":
             report = rank_report or _rank_report(ref_path, trials.files[plain.step], feeds)
-            groups = rank(report, to, modules)
-            required = beyond_range(report, to, modules)
+            constants = constants_beyond(model, modules) if to == "fp16" else set()
+            groups = rank(report, to, modules, constants)
+            required = beyond_range(report, to, modules, constants)
             trials.require(required)
             if required:
                 notes.append(f"kept in float32 in every set (values beyond float16's range): {', '.join(required)}")
             forced = list(dict.fromkeys(forced + required))
             search(trials, graph_order(modules, groups) if naive else groups, forced, max_float, naive=naive,
-                   start=out_of_range(report, to, modules))
+                   start=out_of_range(report, to, modules, constants))
         if trials.converter.retyped:
             notes.append(_retyped_note(list(trials.converter.retyped)))
+        if trials.converter.unshared:
+            shared = list(trials.converter.unshared)
+            notes.append(f"weights the kept {modules.kind}s share with others, copied for them (each side keeps its own "
+                         f"type): {', '.join(shared[:3])}{f' (+{len(shared) - 3})' if len(shared) > 3 else ''}")
         best = trials.best()
         best.chosen = True
         nodes = modules.names(best.kept)

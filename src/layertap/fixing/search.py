@@ -3,7 +3,8 @@
 Rank the modules of the plain conversion's comparison (values outside float16's range first,
 then the error each module makes by itself, ``local_rel``), keep ranked groups in float32 (1,
 1, 2, 4, ... groups at a time) until the target holds, then drop every kept module whose
-removal still meets it, so the set is minimal. Every set is converted and run for real
+removal still meets it, so the set is minimal. A trial the converter or ONNX Runtime refuses is a
+failed step (logged, never chosen), not the end of the search. Every set is converted and run for real
 (:class:`Trials`); nothing is estimated. The units are module paths, or the ONNX nodes of a file
 without module scopes (:mod:`.units`); "module" below stands for either. Never imports torch.
 """
@@ -16,7 +17,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
 
 import numpy as np
 
@@ -30,6 +31,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 FP16_MAX = 65504.0
 LATENCY_RUNS = 5
+# pruning tries each kept module alone only for a small set: one conversion each, and a set found by
+# pruning that large rarely has a single member that does the work by itself
+ALONE_TRIES = 8
 
 
 @dataclass
@@ -38,22 +42,60 @@ class FixStep:
     sample, whether it meets the target, the file's size and its ONNX Runtime latency."""
 
     step: int
-    action: str  # plain, keep (--keep), add, drop (a pruning try), naive
+    action: str  # plain, keep (--keep), add, drop (a pruning try), alone (one kept), naive
     changed: list[str]
     kept: list[str]
     nodes: int
     metric: float
     ok: bool
-    size: int
+    size: int | None
     latency_ms: float
     chosen: bool = False  # the set FIXED.onnx holds
+    error: str | None = None  # the conversion failed, or ONNX Runtime refused its file: this step was not measured
 
     @property
     def n_kept(self) -> int:
         return len(self.kept)
 
+    @property
+    def verdict(self) -> str:
+        """``met``, ``-`` (measured, not met) or ``failed`` (not measured: see ``error``)."""
+        return "failed" if self.error else "met" if self.ok else "-"
 
-def _scores(report: Any, to: str, modules: Units) -> dict[str, tuple[bool, float, float]]:
+
+def constants_beyond(model: "onnx.ModelProto", modules: Units) -> set[str]:
+    """The units that read a constant holding a finite value beyond float16's range (an initializer or a
+    ``Constant``, directly or through the nodes computing on it): the converter clamps it, whatever the
+    comparison of the plain conversion shows (a paddle2onnx BatchNormalization's variance of 9.8e7).
+    Values of 1e30 and more stand for infinity (masks) and are left out.
+
+    Example:
+        >>> import numpy as np, onnx.helper as h, onnx.numpy_helper as nh
+        >>> from .units import NodeUnits
+        >>> g = h.make_graph([h.make_node("Constant", [], ["v"], name="c", value=nh.from_array(np.array([9.8e7], np.float32))),
+        ...                   h.make_node("Div", ["x", "v"], ["y"], name="div")], "g",
+        ...                  [h.make_tensor_value_info("x", 1, [1])], [h.make_tensor_value_info("y", 1, [1])])
+        >>> m = h.make_model(g)
+        >>> constants_beyond(m, NodeUnits(m))
+        {'div'}
+    """
+    from onnx import numpy_helper
+
+    values: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.data_type in (1, 11)}
+    for node in model.graph.node:
+        attr = next((a for a in node.attribute if a.name == "value"), None) if node.op_type == "Constant" else None
+        if attr is not None and attr.t.data_type in (1, 11):
+            values[node.output[0]] = numpy_helper.to_array(attr.t)
+
+    def beyond(a: np.ndarray) -> bool:
+        mag = np.abs(a[np.isfinite(a)]) if a.size else a
+        return bool(np.any((mag > FP16_MAX) & (mag < 1e30)))
+
+    over = {t for t, a in values.items() if beyond(np.asarray(a))}
+    return {p for p in modules.modules() if modules.constants_read(p) & over} if over else set()
+
+
+def _scores(report: Any, to: str, modules: Units, constants: Collection[str] = ()) -> dict[str, tuple[bool, float, float]]:
     """Innermost compared unit -> (values its format cannot carry: outside float16's range, or a limit the
     comparison named; how much the format's own error grows there; its worst error: ``local_rel``, else
     the row's ``rel_err``). The growth is the row's format error (an ideal run at the format against the
@@ -63,54 +105,61 @@ def _scores(report: Any, to: str, modules: Units) -> dict[str, tuple[bool, float
     for r in report.rows:
         unit = modules.unit_of(r.path) if r.path and r.ok is not None else None
         fmt = getattr(r, "format_rel", None)
-        gain = 0.0 if fmt is None else (fmt / before if before > 0 else (math.inf if fmt > 0 else 0.0))
+        gain = 0.0 if fmt is None else fmt / max(before, 1e-9)  # the first row's format error is all its own
         if fmt is not None and r.ok is not None:
             before = max(before, fmt)
         if unit is None:
             continue
-        out = (to == "fp16" and (r.finite is False or (r.ref_max or 0.0) > FP16_MAX)) or bool(getattr(r, "limit", None))
+        out = (to == "fp16" and (r.finite is False or (r.ref_max or 0.0) > FP16_MAX or unit in constants)) \
+            or bool(getattr(r, "limit", None))
         err = r.local_rel if r.local_rel is not None else (r.rel_err or 0.0)
         err = math.inf if err is None or math.isnan(err) else err
         old = score.get(unit, (False, 0.0, 0.0))
-        score[unit] = (old[0] or out, max(old[1], gain if math.isfinite(gain) else 0.0), max(old[2], err))
+        score[unit] = (old[0] or out, max(old[1], gain), max(old[2], err))
     return {p: score[p] for p in modules.innermost(score)}
 
 
-def out_of_range(report: Any, to: str, modules: Units) -> list[str]:
+def out_of_range(report: Any, to: str, modules: Units, constants: Collection[str] = ()) -> list[str]:
     """The modules a float16 search keeps from its first set: those whose reference values leave
     float16's range (or are not finite in the candidate), with the modules that read them, so the
     values are not cast to float16 in between. (ONNX Runtime's CPU provider computes many float16
     operators in float32 and drops the casts between them, so an overflow there can stay hidden in
-    the outputs.) :func:`beyond_range` names those every set keeps; the search prunes the others."""
-    score = _scores(report, to, modules)
+    the outputs.) :func:`beyond_range` names those every set keeps; the search prunes the others.
+    ``constants``: the units that read a constant beyond float16's range (:func:`constants_beyond`)."""
+    score = _scores(report, to, modules, constants)
     found = [p for p in sorted(score, key=lambda p: modules.order[p]) if score[p][0]]
     return list(dict.fromkeys(m for p in found for m in [p, *modules.readers(p)]))
 
 
-def beyond_range(report: Any, to: str, modules: Units) -> list[str]:
-    """The modules of :func:`out_of_range` whose own reference values leave float16's range: every
-    acceptable float16 set keeps them, since float16 cannot hold those values whatever the runtime
-    does. Their readers, and the modules whose values are only not finite in the candidate (after
-    an overflow), are kept from the start and pruned like the others: real runs decide those."""
+def beyond_range(report: Any, to: str, modules: Units, constants: Collection[str] = ()) -> list[str]:
+    """The modules of :func:`out_of_range` whose own reference values, or the constants they read, leave
+    float16's range: every acceptable float16 set keeps them, since float16 cannot hold those values
+    whatever the runtime does. Their readers, and the modules whose values are only not finite in the
+    candidate (after an overflow), are kept from the start and pruned like the others: real runs decide those."""
     if to != "fp16":
         return []
-    leaves = _scores(report, to, modules)
+    leaves = _scores(report, to, modules, constants)
     units = ((modules.unit_of(r.path) if r.path else None, r) for r in report.rows)
-    beyond = {u for u, r in units if u in leaves and (r.ref_max or 0.0) > FP16_MAX}
+    beyond = {u for u, r in units if u in leaves and (r.ref_max or 0.0) > FP16_MAX} | set(constants)
     return sorted(beyond, key=lambda p: modules.order[p])
 
 
-def rank(report: Any, to: str, modules: Units) -> list[list[str]]:
+def rank(report: Any, to: str, modules: Units, constants: Collection[str] = ()) -> list[list[str]]:
     """Groups of modules to keep, most harmful first: a module whose values leave float16's range or
     that the format cannot carry (with its readers), then by how much the format's own error grows
     there (what float32 can repair; a comparison judged at the candidate's precision carries it), then by
     ``local_rel`` (else the row's error); for int8 each module comes with the modules that write its
-    inputs. Only the innermost modules compared are ranked."""
-    score = _scores(report, to, modules)
+    inputs. Only the innermost modules compared are ranked, and those that read a constant beyond float16's
+    range (``constants``)."""
+    score = _scores(report, to, modules, constants)
+    for p in constants:  # a unit the comparison has no row of can still read such a constant
+        score.setdefault(p, (True, 0.0, math.inf))
     leaves = sorted(score, key=lambda p: (not score[p][0], -round(score[p][1], 1), -score[p][2], modules.order[p]))
+    # every unit is a candidate: those no compared row stands for (a model input's readers) come last
+    leaves += [p for p in modules.innermost(modules.modules()) if p not in score]
     if to == "int8":  # QDQ rounds a tensor between its producer and its reader: keep both sides of it
         return [list(dict.fromkeys([p, *modules.writers(p)])) for p in leaves]
-    return [list(dict.fromkeys([p] + (modules.readers(p) if score[p][0] else []))) for p in leaves]
+    return [list(dict.fromkeys([p] + (modules.readers(p) if score.get(p, (False,))[0] else []))) for p in leaves]
 
 
 class Trials:
@@ -149,14 +198,22 @@ class Trials:
             return self._seen[key]
         nodes = self.modules.names(kept)
         n = len(self.steps)
-        path = self.converter.convert(self.model, nodes, self.folder / f"step{n}.onnx")
-        sess = self._load(path)
-        metric = self.target.measure(self.refs, _run_all(sess, self.feeds))
-        step = FixStep(n, action, list(changed), list(kept), len(nodes), metric, self._ok(metric, kept),
-                       path.stat().st_size, _latency(sess, self.feeds[0]))
+        path = self.folder / f"step{n}.onnx"
+        try:
+            self.converter.convert(self.model, nodes, path)
+            sess = self._load(path)
+        except LayertapError as e:
+            if not self.steps:  # the plain conversion: the converter cannot take this model at all
+                raise
+            step = FixStep(n, action, list(changed), list(kept), len(nodes), math.nan, False, None, math.nan, error=str(e))
+            path.unlink(missing_ok=True)
+        else:
+            metric = self.target.measure(self.refs, _run_all(sess, self.feeds))
+            step = FixStep(n, action, list(changed), list(kept), len(nodes), metric, self._ok(metric, kept),
+                           path.stat().st_size, _latency(sess, self.feeds[0]))
+            self.files[n] = path
         self.steps.append(step)
         self._seen[key] = step
-        self.files[n] = path
         self._drop_files()
         if self.on_step is not None:
             self.on_step(step)
@@ -183,8 +240,9 @@ class Trials:
         met = [s for s in self.steps if s.ok]
         if met:
             return min(met, key=lambda s: (s.n_kept, s.nodes, s.step))
-        best = self.steps[0]
-        for s in self.steps[1:]:
+        ran = [s for s in self.steps if s.error is None] or self.steps
+        best = ran[0]
+        for s in ran[1:]:
             if self.target.better(s.metric, best.metric):
                 best = s
         return best
@@ -201,6 +259,8 @@ def search(trials: Trials, groups: list[list[str]], forced: Sequence[str], max_f
     """Grow then prune (see the module doc); ``naive``: one module at a time in graph order, no
     ranking and no pruning (what the ranking is measured against). ``forced`` are in every set;
     ``start`` are kept from the first set on, then pruned like the modules the search adds.
+    The groups hold every unit (:func:`rank`), so when they run out the last set tried keeps them all:
+    "no set meets the target" is a fact, not the end of a partial list.
     Returns the best step."""
     forced = list(forced)
     kept = list(dict.fromkeys([*forced, *start]))
@@ -226,13 +286,19 @@ def search(trials: Trials, groups: list[list[str]], forced: Sequence[str], max_f
 
 
 def _prune(trials: Trials, kept: list[str], forced: Sequence[str]) -> FixStep:
-    """Drop each kept module (least harmful first) whose removal still meets the target."""
+    """Drop each kept module (least harmful first) whose removal still meets the target; then, where more
+    than one is left (and at most ``ALONE_TRIES``), try each alone (with the forced ones): keeping some modules in float32 can make the
+    quantisation of their neighbours worse, so a smaller set than the one pruning reaches may meet it."""
     for m in reversed(list(kept)):
         if m in forced or m not in kept:
             continue
         rest = [k for k in kept if k != m]
         if trials.trial(rest, "drop", [m]).ok:
             kept = rest
+    chosen = [k for k in kept if k not in forced]
+    if 1 < len(chosen) <= ALONE_TRIES:
+        for m in chosen:
+            trials.trial([*forced, m], "alone", [m])
     return trials.best()
 
 

@@ -38,6 +38,8 @@ class Units:
     hint: ClassVar[str] = ""  # where a user finds the names (for unknown-name errors)
 
     def __init__(self, graph: "onnx.GraphProto") -> None:
+        from ..onnxfile.scopemap import GraphFacts
+
         self.order: dict[str, int] = {}
         self._nodes: dict[str, list[int]] = {}
         self._owner: dict[int, str] = {}
@@ -45,6 +47,10 @@ class Units:
         self._ops = [n.op_type for n in graph.node]
         self._outputs = [set(n.output) for n in graph.node]
         self._inputs = [set(n.input) for n in graph.node]
+        facts = GraphFacts(graph)
+        self._weight_nodes = facts.weight_nodes
+        self._weights = facts.weights
+        self._made_by = {t: i for i, outs in enumerate(self._outputs) for t in outs if t}
 
     def modules(self) -> list[str]:
         """Every unit with nodes, in graph order."""
@@ -58,9 +64,42 @@ class Units:
         return list(paths)
 
     def names(self, paths: Sequence[str]) -> list[str]:
-        """Node names of ``paths``, in graph order (the converters' node lists)."""
-        picked = sorted({i for p in paths for i in self._nodes.get(p, ())})
+        """Node names of ``paths``, in graph order (the converters' node lists), with every node that makes a
+        constant they read (:meth:`feeders`): a unit kept in float32 keeps what it reads."""
+        own = {i for p in paths for i in self._nodes.get(p, ())}
+        picked = sorted(own | self.feeders(own))
         return [self._names[i] for i in picked if self._names[i]]
+
+    def feeders(self, nodes: Iterable[int]) -> set[int]:
+        """The nodes that make the constants ``nodes`` read: ``Constant`` nodes and nodes computing on
+        weights alone (a reshaped or sliced weight), back to the initializers. A converter rounds and clamps
+        a constant its node makes unless that node is kept too (paddle2onnx writes a BatchNormalization's
+        running variance as a ``Constant``).
+
+        Example:
+            >>> import onnx.helper as h, numpy as np, onnx.numpy_helper as nh
+            >>> g = h.make_graph([h.make_node("Constant", [], ["v"], name="c", value=nh.from_array(np.ones(2, np.float32))),
+            ...                   h.make_node("Neg", ["v"], ["nv"], name="neg"), h.make_node("Add", ["x", "nv"], ["y"], name="add")],
+            ...                  "g", [h.make_tensor_value_info("x", 1, [2])], [h.make_tensor_value_info("y", 1, [2])])
+            >>> units = NodeUnits(h.make_model(g))
+            >>> units.names(["add"]), units.modules()
+            (['c', 'neg', 'add'], ['add'])
+        """
+        found: set[int] = set()
+        todo = [t for i in nodes for t in self._inputs[i]]
+        while todo:
+            i = self._made_by.get(todo.pop())
+            if i is None or i in found or i not in self._weight_nodes:
+                continue
+            found.add(i)
+            todo.extend(self._inputs[i])
+        return found
+
+    def constants_read(self, path: str) -> set[str]:
+        """The constant tensors unit ``path`` reads (initializers, ``Constant`` outputs, values computed from
+        them), its own nodes' and those of the nodes that make them (:meth:`feeders`)."""
+        own = set(self._nodes.get(path, ()))
+        return {t for i in own | self.feeders(own) for t in self._inputs[i] if t in self._weights}
 
     def unit_of(self, row_path: str) -> str | None:
         """The unit a comparison row stands for (``None``: none, e.g. the model's output row)."""
@@ -101,9 +140,32 @@ class Units:
         return sorted((p for p in found if not self._related(p, path)), key=lambda p: self.order[p])
 
 
+#: the unit of the model's own operators (under no submodule's scope), and its words
+ROOT_UNIT = "(root)"
+
+
+def own_unit(path: str) -> str:
+    """The unit of module ``path``'s own operators, under no child's scope (a residual ``Add``):
+    ``layer1.0 (own)``; the root's is :data:`ROOT_UNIT`.
+
+    Example:
+        >>> own_unit("layer1.0"), own_unit("")
+        ('layer1.0 (own)', '(root)')
+    """
+    return f"{path} (own)" if path else ROOT_UNIT
+
+
+def input_unit(name: str) -> str:
+    """The unit of the nodes reading model input ``name``: kept in float32, no quantiser rounds that input."""
+    return f"(input {name})"
+
+
 class ModuleNodes(Units):
     """Module paths <-> node names of the float32 file (every call of a module, its submodules
-    included), from :class:`~layertap.onnxfile.scopemap.ScopeMap`."""
+    included), from :class:`~layertap.onnxfile.scopemap.ScopeMap`; and so that every node belongs to
+    a unit the search can keep, the units of a module's own nodes where it has children too
+    (:func:`own_unit`: a block's residual ``Add``, the root's own operators) and of the nodes reading each
+    model input (:func:`input_unit`: the input's quantiser)."""
 
     kind = "module"
     hint = "module paths of the float32 file; 'layertap layers REF' lists them"
@@ -116,10 +178,42 @@ class ModuleNodes(Units):
         for path in smap.modules():
             found = sorted({i for k in range(smap.calls(path)) for i in smap.call_nodes(path, k)[0]})
             if path and found:
-                self._nodes[path] = found
-                self.order[path] = found[0]
+                self._add(path, found)
         # each node's module: the deepest call that holds its value (a folded Conv is its BatchNorm's)
         self._owner = {i: path for i, (path, _) in smap.owners().items() if path in self._nodes}
+        self._own_units(model.graph)
+
+    def _add(self, unit: str, nodes: list[int]) -> None:
+        self._nodes[unit] = nodes
+        self.order[unit] = nodes[0]
+
+    def _own_units(self, graph: "onnx.GraphProto") -> None:
+        """The units of nodes no leaf unit holds: a parent's own (a node whose owner has children units,
+        or no owner at all: the root's), and each model input's readers."""
+        parents = {p for p in self._nodes if any(q.startswith(p + ".") for q in self._nodes)}
+        own: dict[str, list[int]] = {}
+        for i in range(len(graph.node)):
+            if i in self._weight_nodes:
+                continue
+            owner = self._owner.get(i)
+            if owner is None or owner in parents:
+                own.setdefault(own_unit(owner or ""), []).append(i)
+        for unit, nodes in own.items():
+            self._add(unit, nodes)
+            self._owner.update(dict.fromkeys(nodes, unit))
+        inits = {t.name for t in graph.initializer}
+        for inp in (i.name for i in graph.input if i.name not in inits):
+            readers = [i for i, ins in enumerate(self._inputs) if inp in ins and i not in self._weight_nodes]
+            if readers:
+                self._add(input_unit(inp), readers)
+
+    def unit_of(self, row_path: str) -> str | None:
+        """A row's unit: the module's own nodes where it has children units (the model's output row: the
+        root's own), else the module."""
+        own = own_unit(row_path)
+        if own in self._nodes:
+            return own
+        return row_path if row_path and row_path in self._nodes else None
 
     def innermost(self, units: Iterable[str]) -> list[str]:
         units = list(units)
@@ -147,10 +241,8 @@ class NodeUnits(Units):
     hint = "node names, or the tensor names they make, of the float32 file; 'layertap layers REF' lists the tensors"
 
     def __init__(self, model: "onnx.ModelProto") -> None:
-        from ..onnxfile.scopemap import GraphFacts
-
         super().__init__(model.graph)
-        weights = GraphFacts(model.graph).weight_nodes
+        weights = self._weight_nodes
         times = Counter(self._names)
         for i, name in enumerate(self._names):
             if name and i not in weights and times[name] == 1:  # a name given twice cannot be told apart
@@ -194,5 +286,5 @@ def units_of(model: "onnx.ModelProto") -> Units:
     return NodeUnits(model)
 
 
-__all__ = ["ModuleNodes", "NodeUnits", "Units", "units_of"]
+__all__ = ["ROOT_UNIT", "ModuleNodes", "NodeUnits", "Units", "input_unit", "own_unit", "units_of"]
 

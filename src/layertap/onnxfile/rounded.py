@@ -98,7 +98,7 @@ def _rounded_weights(model: "onnx.ModelProto", source: "SessionSource", wanted: 
         rounded = weight_round(t.name, value) if weight_round is not None else None
         if rounded is None:
             rounded = fmt.rounded(value) if fmt.is_quantised else rounded_through(value, fmt.name)
-        held[t.name] = np.ascontiguousarray(rounded, np.float32)
+        held[t.name] = np.require(rounded, np.float32, "C").reshape(value.shape)  # a scalar stays a scalar
         hold_in_memory(t, held[t.name])
     return list(held), list(held.values())
 

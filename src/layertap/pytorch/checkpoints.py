@@ -66,16 +66,54 @@ pass --weights-nonstrict to load the keys that match
     expected = model.state_dict()
     suffix = file.suffix.lower()
     if suffix == ".safetensors" and key is None:  # keys and shapes from the header first: a wrong file costs no memory
-        _check_state(expected, _safetensors_shapes(file), file, what, strict)
+        shapes = _safetensors_shapes(file)
+        problem = _dry_load(model, strip_prefixes(shapes, expected)[0], strict)
+        if problem:
+            _refuse(expected, shapes, file, what, strict, "", problem)
     obj = _read_safetensors(file) if suffix == ".safetensors" else _read_torch(file, unsafe_pickle)
     where, state = pick_state_dict(obj, file, expected, key, strict)
     state, removed = strip_prefixes(state, expected)
-    _check_state(expected, state, file, what, strict, where)
+    # load_state_dict decides, with the model's own load hooks (a weight-normed layer saved as weight_g and
+    # weight_v loads into its parametrization): the keys are named only when it refuses
+    try:
+        skipped = model.load_state_dict(state, strict=strict)
+    except RuntimeError as e:
+        _refuse(expected, state, file, what, strict, where, one_line(e, first=True))
     if where and key is None:
         _note_taken(file, obj, where, removed)
-    skipped = model.load_state_dict(state, strict=strict)
     if skipped.missing_keys or skipped.unexpected_keys:
         _note_nonstrict(file, skipped.unexpected_keys, skipped.missing_keys)
+
+
+def _dry_load(model: nn.Module, shapes: Mapping[str, torch.Tensor], strict: bool) -> str:
+    """What ``load_state_dict`` refuses in a state dict of meta tensors (``shapes``), with the model's own
+    load hooks, reading no data and changing no parameter (a meta tensor cannot be copied from: those
+    errors are this dry run's own and left out); ``""`` when it would load."""
+    seen: dict[str, list[str]] = {}
+
+    def keys(_module: nn.Module, incompatible: Any) -> None:
+        seen.update(missing=list(incompatible.missing_keys), unexpected=list(incompatible.unexpected_keys))
+
+    handle = model.register_load_state_dict_post_hook(keys)
+    problems: list[str] = []
+    try:
+        model.load_state_dict(shapes, strict=False)
+    except RuntimeError as e:
+        problems = [ln.strip() for ln in str(e).splitlines()[1:] if ln.strip() and "Cannot copy out of meta" not in ln]
+    finally:
+        handle.remove()
+    if strict and seen.get("missing"):
+        problems.insert(0, f"missing keys: {_some(seen['missing'])}")
+    if strict and seen.get("unexpected"):
+        problems.insert(0, f"unexpected keys: {_some(seen['unexpected'])}")
+    return "; ".join(problems)
+
+
+def _refuse(expected: Mapping, state: Mapping, file: Path, what: str, strict: bool, where: str, why: str) -> None:
+    """Raise for a state dict ``load_state_dict`` refused (``why``): the key diff where it explains it."""
+    _check_state(expected, state, file, what, strict, where)
+    under = f" (the state dict under '{where}')" if where else ""
+    raise ModelSpecError(f"weights '{file}'{under} do not load into {what}: {why}")
 
 
 def _check_state(expected: Mapping, state: Mapping, file: Path, what: str, strict: bool, where: str = "") -> None:

@@ -55,7 +55,9 @@ def metric_chart(steps: Sequence[Any], *, metric: str, target: float | None, uni
         parts.append(f'<line x1="{_L}" x2="{_L + pw}" y1="{ty:.1f}" y2="{ty:.1f}" stroke="{TOL_COLOR}" stroke-dasharray="4 3"/>'
                      f'<text x="{_L + pw - 4}" y="{ty - 4:.1f}" text-anchor="end" font-size="11">target {target:g}</text>')
     for x, y, s in pts:
-        cx, cy = at(x, hi if y is None else y)
+        if y is None:  # a failed trial has no measurement to draw (the table names its reason)
+            continue
+        cx, cy = at(x, y)
         color = PASS_COLOR if field(s, "ok") else FAIL_COLOR
         ring = f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="8" fill="none" stroke="{color}"/>' if field(s, "chosen") else ""
         tip = f"step {field(s, 'step')}: {int(x)} kept, {metric} {field(s, 'metric')}"

@@ -8,8 +8,6 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import numpy as np
-
 from ..errors import LayertapError, unknown_name
 from .base import Engine, InputInfo, Runtime, RuntimeInfo
 
@@ -70,13 +68,13 @@ def run(
     *,
     seed: int = 0,
     notify: Callable[[str], None] | None = None,
-    runtime: str = "ort",
+    runtime: str | None = None,
     providers: Sequence[str] | str | None = None,
     ov_precision: str | None = None,
     ov_device: str | None = None,
-) -> dict[str, np.ndarray]:
-    """Run ``path`` in ONNX Runtime (CPU; ``runtime="openvino"``: OpenVINO); return the model
-    outputs and the taps.
+) -> dict[str, Any]:
+    """Run ``path`` in ONNX Runtime (CPU; ``runtime="openvino"``: OpenVINO, the default for an OpenVINO
+    IR, which nothing else runs); return the model outputs and the taps.
 
     ``inputs``: dict name -> array (or :class:`~layertap.inputs.InputSpec`), a
     list in input order, or ``None``. Inputs left out are generated as the model
@@ -84,8 +82,9 @@ def run(
     saying what was generated. ``taps``: module selectors (``layer3.1``,
     ``layer2.0.relu#1``), tensor names, or names recorded by ``lt.export``;
     repeats count once. The result holds the model's outputs first (a single
-    output is named ``output``), then each tap; a sequence value becomes its
-    elements ``NAME[0]``, ``NAME[1]``, ... (an empty one: none, and a line to ``notify``).
+    output is named ``output``), then each tap; a sequence-valued one (``SequenceConstruct``,
+    ``SplitToSequence``) is the list of its tensors, as ONNX Runtime gives it (``run -o FILE`` saves its
+    elements as ``NAME[0]``, ``NAME[1]``, ...).
     ``providers`` (ONNX Runtime), ``ov_precision``/``ov_device`` (OpenVINO): see :func:`open_runtime`.
 
     Example:
@@ -101,6 +100,7 @@ def run(
     """
     from .runner import TappedSession
 
+    runtime = runtime or ("openvino" if is_ir(path) else "ort")
     engine = open_runtime(runtime, providers=providers, ov_precision=ov_precision, ov_device=ov_device)
     if is_ir(path):
         from .openvino import ir_file
@@ -108,4 +108,4 @@ def run(
         session = TappedSession(ir_file(engine, path), engine, taps, file=Path(path))
     else:
         session = TappedSession(path, engine, taps)
-    return session.run(inputs, seed=seed, notify=notify)
+    return session.run(inputs, seed=seed, notify=notify, flatten=False)

@@ -299,8 +299,8 @@ def ir_graph(runtime: "OpenVinoRuntime | Any", path: Path) -> "onnx.ModelProto":
     import onnx.helper as h
 
     if not isinstance(runtime, OpenVinoRuntime):
-        raise LayertapError(f"'{path}' is an OpenVINO IR, which only OpenVINO runs: add --runtime openvino "
-                            "(--cand-runtime openvino for the candidate)")
+        raise LayertapError(f"'{path}' is an OpenVINO IR, which only OpenVINO runs: drop --runtime / --cand-runtime "
+                            "for its side (an IR runs in OpenVINO by default), or give it the ONNX file it came from")
     m = runtime.read(path)
 
     def name(out: Any) -> str:

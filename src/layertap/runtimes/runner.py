@@ -88,9 +88,12 @@ class TappedSession:
         return pairs
 
     def run(
-        self, inputs: Mapping[str, Any] | Sequence[Any] | None = None, *, seed: int = 0, notify: Callable[[str], None] | None = None
-    ) -> dict[str, np.ndarray]:
-        """The model's outputs (a single one named ``output``), then each tap."""
+        self, inputs: Mapping[str, Any] | Sequence[Any] | None = None, *, seed: int = 0, notify: Callable[[str], None] | None = None,
+        flatten: bool = True,
+    ) -> dict[str, Any]:
+        """The model's outputs (a single one named ``output``), then each tap; a sequence-valued one is the list of
+        its tensors, or, with ``flatten`` (arrays for a file), its elements ``NAME[0]``, ``NAME[1]``, ...
+        (:func:`flatten_sequences`)."""
         sess, path = self.session, self.path
         feeds = make_feeds(sess, self.mf.model.graph, inputs, seed, folder=self.mf.folder)
         if feeds.note() and notify is not None:
@@ -115,7 +118,8 @@ class TappedSession:
         for name, (whole, pos) in self.positions.items():
             result[name] = _at_position(result[whole], pos, whole)
         self._note_not_run(result, notify)
-        return _flatten_sequences({k: v for k, v in result.items() if k not in self.hidden}, notify)
+        shown = {k: v for k, v in result.items() if k not in self.hidden}
+        return flatten_sequences(shown, notify) if flatten else shown
 
 
     def _note_not_run(self, result: dict[str, Any], notify: Callable[[str], None] | None) -> None:
@@ -129,14 +133,15 @@ class TappedSession:
                        "(an empty value: every dimension 0)")
 
 
-def _flatten_sequences(values: dict[str, Any], notify: Callable[[str], None] | None = None) -> dict[str, np.ndarray]:
+def flatten_sequences(values: dict[str, Any], notify: Callable[[str], None] | None = None) -> dict[str, np.ndarray]:
     """A sequence-valued output (ORT returns a list) becomes ``NAME[0]``, ``NAME[1]``, ...;
-    an empty one gives no value, and ``notify`` a line saying so.
+    an empty one gives no value, and ``notify`` a line saying so (what a file of arrays holds: ``run -o``,
+    a dataset's shards).
 
     Example:
-        >>> {k: v.shape for k, v in _flatten_sequences({"s": [np.zeros(2), np.zeros(3)], "t": np.zeros(())}).items()}
+        >>> {k: v.shape for k, v in flatten_sequences({"s": [np.zeros(2), np.zeros(3)], "t": np.zeros(())}).items()}
         {'s[0]': (2,), 's[1]': (3,), 't': ()}
-        >>> _flatten_sequences({"s": []}, print)
+        >>> flatten_sequences({"s": []}, print)
         's' is an empty sequence on these inputs: it has no elements (s[0], s[1], ...) to show or save
         {}
     """

@@ -53,17 +53,19 @@ class RunTool(Tool):
 
     def run(self, args: Args) -> int:
         from ...files.arrays import save_arrays
-        from ...runtimes import run
+        from ...runtimes import is_ir, run
+        from ...runtimes.runner import flatten_sequences
 
         inputs = _inputs(args.inputs.specs)
         notes: list[str] = []  # said once the run succeeded: an error names generated inputs itself
-        values = run(args.own, inputs, taps=args.tap_texts, seed=args.inputs.seed, notify=notes.append, **args.runtime.one_file())
+        values = flatten_sequences(run(args.own, inputs, taps=args.tap_texts, seed=args.inputs.seed, notify=notes.append,
+                                       **args.runtime.one_file()), notes.append)
         if args.output:
             save_arrays(args.output, values, notify=notes.append)
         for note in notes:
             self.say(note)
         table = RunTable([_row(k, v) for k, v in values.items()])
-        if args.runtime.runtime == "openvino":
+        if args.runtime.runtime == "openvino" or (args.runtime.runtime is None and is_ir(args.own)):
             table.__dict__["title"] = "OpenVINO outputs"
         self.print_table(table, as_json=args.json)
         if args.output and not args.json:
