@@ -1,9 +1,12 @@
 """``fix`` on graphs other tools write, and the smaller wrong answers real models showed.
 
-The graphs rebuild exactly what paddle2onnx and tf2onnx write where it matters (neither installs here):
-a BatchNormalization reading its statistics from ``Constant`` nodes, one Conv weight and bias shared by
-nine Convs; and a PyTorch model whose int8 damage sits in its own operators (the root module's, a parent's
-residual ``Add``) and in its input's quantiser. Every FIXED file is checked in plain ONNX Runtime."""
+Files the real converters wrote (``tests/files``: tf2onnx sharing one Conv kernel and bias between nine Convs,
+paddle2onnx with a BatchNormalization variance beyond float16; ``tests/files/make_converted.py`` makes them
+again in venvs of their own), and structures rebuilt exactly where the converter here writes them otherwise
+(paddle2onnx 2.1 writes BatchNormalization's statistics as initializers; the detector met in the field read
+them from ``Constant`` nodes); and a PyTorch model whose int8 damage sits in its own operators (the root
+module's, a parent's residual ``Add``) and in its input's quantiser. Every FIXED file is checked in plain
+ONNX Runtime."""
 
 from __future__ import annotations
 
@@ -140,6 +143,31 @@ def test_a_kept_unit_gets_its_own_copy_of_a_shared_weight(tmp_path):
     types = {t.name: t.data_type for t in fixed.graph.initializer}
     assert types[wide.input[1]] == onnx.TensorProto.FLOAT and types["model/conv/kernel:0"] == onnx.TensorProto.FLOAT16
     assert _worst_cosine(src, out, feeds) >= 0.999
+
+
+FILES = Path(__file__).parent / "files"
+
+
+@pytest.mark.parametrize("name,shape,scale", [("tf2onnx_shared_conv", (1, 8, 8, 4), 8.0),
+                                              ("paddle2onnx_bn", (1, 3, 16, 16), 1.0)])
+def test_files_real_converters_wrote_are_repaired(tmp_path, name, shape, scale):
+    """tf2onnx's shared kernel (the previous search stopped at its first keep, exit 2, no file) and paddle2onnx's
+    BatchNormalization variance of 9.8e7: FIXED.onnx meets the target in plain ONNX Runtime."""
+    import onnx
+
+    import layertap as lt
+
+    src = FILES / f"{name}.onnx"
+    # inputs large enough that the scaled Conv leaves float16's range
+    feeds = [{"x": (scale * np.random.default_rng(i).standard_normal(shape)).astype(np.float32)} for i in range(2)]
+    out = tmp_path / "fixed.onnx"
+    report = lt.fix(src, to="fp16", out=out, samples=feeds, target="cosine:0.999")
+    assert report.ok and report.kept and not any(s.error for s in report.steps), str(report)
+    assert _worst_cosine(src, out, feeds) >= 0.999
+    fixed = {t.name: t.data_type for t in onnx.load(str(out)).graph.initializer}
+    assert onnx.TensorProto.FLOAT16 in fixed.values()  # the rest was converted
+    if name.startswith("tf2onnx"):
+        assert any("copied for them" in n for n in report.notes), report.notes
 
 
 def test_a_trial_the_converter_or_ort_refuses_is_a_failed_step(tmp_path, monkeypatch):
