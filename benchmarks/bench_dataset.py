@@ -85,7 +85,8 @@ def bare_loop(model, folder: Path) -> np.ndarray:
 def layertap_run(model, folder: Path, out: Path, workers: int) -> np.ndarray:
     import layertap as lt
 
-    f = lt.extract_dataset(model, folder, taps=["layer4"], out=out, batch_size=BATCH, pool="mean", workers=workers, progress=False)
+    f = lt.extract_dataset(model, folder, taps=["layer4"], out=out, batch_size=BATCH, pool="mean",
+                           dataset_options=lt.DatasetOptions(workers=workers, progress=False))
     return np.asarray(f["layer4"])
 
 

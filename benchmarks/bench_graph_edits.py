@@ -55,8 +55,8 @@ def main() -> None:
 
     graph_ms = best_ms(lambda: round_trip(graph_only), opts.repeat)
     full_ms = best_ms(lambda: round_trip(full), opts.repeat)
-    lt.compare(path, None, path, ref_ort_optimizations=False)  # warm-up: imports, first sessions
-    compare_ms = best_ms(lambda: lt.compare(path, None, path, ref_ort_optimizations=False), opts.repeat)
+    lt.compare(path, None, path, runtime_options=lt.RuntimeOptions(ref_ort_optimizations=False))  # warm-up: imports, first sessions
+    compare_ms = best_ms(lambda: lt.compare(path, None, path, runtime_options=lt.RuntimeOptions(ref_ort_optimizations=False)), opts.repeat)
     print(f"resnet50, {len(graph_only.graph.node)} nodes, best of {opts.repeat}")
     print(f"  protobuf -> onnx-ir -> protobuf, graph only   {graph_ms:8.1f} ms")
     print(f"  protobuf -> onnx-ir -> protobuf, with weights {full_ms:8.1f} ms")

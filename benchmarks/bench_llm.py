@@ -88,14 +88,14 @@ def bench_steps(size: str, steps: int, repeat: int) -> dict:
     ids = torch.randint(0, model.config.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(1))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"llama_{size}.onnx"
-        lt.export(model, ids[:, :5], path, kv_cache=True)
+        lt.export(model, ids[:, :5], path, export_options=lt.ExportOptions(kv_cache=True))
         torch_s = _best(lambda: plain_torch(model, ids, steps), repeat)
         ort_s = _best(lambda: plain_ort(path, ids, model, steps), repeat)
         report = None
 
         def run_compare() -> None:
             nonlocal report
-            report = lt.compare(model, ids, path, steps=steps)
+            report = lt.compare(model, ids, path, sample_options=lt.SampleOptions(steps=steps))
 
         compare_s = _best(run_compare, repeat)
     assert report is not None and report.ok, "the exported file should agree with PyTorch"

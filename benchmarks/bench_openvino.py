@@ -96,7 +96,7 @@ def lt_compare(path: Path, x: np.ndarray, precision: str | None):
     import layertap as lt
 
     t0 = time.perf_counter()
-    report = lt.compare(path, {"x": x}, path, cand_runtime="openvino", ov_precision=precision)
+    report = lt.compare(path, {"x": x}, path, runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ov_precision=precision))
     return time.perf_counter() - t0, report
 
 

@@ -70,7 +70,7 @@ def compare_on(path: Path, x, cand: str, fp16: bool, log: SessionLog) -> None:
     log.trt_options = {"trt_fp16_enable": "True"} if fp16 else {}
     label = f"CPU vs {SHORT.get(cand, cand)}{' fp16' if fp16 else ''}"
     t0 = time.perf_counter()
-    report = lt.compare(path, {"x": x}, path, providers=[CPU], cand_providers=[cand])
+    report = lt.compare(path, {"x": x}, path, runtime_options=lt.RuntimeOptions(providers=[CPU], cand_providers=[cand]))
     took = time.perf_counter() - t0
     row = report.first_divergence_row
     where = f"{row.name} (rel {row.rel_err:.2e}, max abs {row.max_abs:.2e})" if row else "none"

@@ -106,8 +106,8 @@ def sweep_one(src: Path, xn: np.ndarray, fault: float | None = None) -> str:
     bf16 and the first row beyond bf16 rounding; with ``fault``, the fault check's result."""
     import layertap as lt
 
-    f32 = lt.compare(src, {"x": xn}, src, cand_runtime="openvino", ov_precision="f32")
-    ov = lt.compare(src, {"x": xn}, src, cand_runtime="openvino", ov_precision="bf16")
+    f32 = lt.compare(src, {"x": xn}, src, runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ov_precision="f32"))
+    ov = lt.compare(src, {"x": xn}, src, runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ov_precision="bf16"))
     emu = lt.compare(src, {"x": xn}, bf16_emulation(src))
     first = ov.first_divergence_row
     beyond, worst, where = beyond_rounding(ov, emu)
@@ -141,7 +141,8 @@ def faulty(src: Path, xn: np.ndarray, emu, scale: float) -> str:
     w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * np.float32(scale), w.name))
     bad = src.with_name(src.stem + "_fault.onnx")
     onnx.save(model, str(bad))
-    report = lt.compare(src, {"x": xn}, bad, cand_runtime="openvino", ov_precision="bf16", allow_different_weights=True)
+    report = lt.compare(src, {"x": xn}, bad, runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ov_precision="bf16"),
+                        criterion=lt.Criterion(allow_different_weights=True))
     beyond, worst, where = beyond_rounding(report, emu)
     row = next((r for r in report.rows if r.name == beyond), None)
     hit = "exact" if row is not None and node.output[0] in row.onnx else f"perturbed {node.output[0]}"

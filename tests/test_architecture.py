@@ -24,7 +24,7 @@ ALLOWED = {
     "reports": {"core", "onnxfile", "comparing"},  # comparing.words only (WORDS_OF below)
     "dataset": {"core", "pytorch", "onnxfile", "reports", "runtimes", "samples"},
     "fixing": {"core", "pytorch", "onnxfile", "runtimes", "exporting", "comparing", "samples"},
-    "reproducing": {"core", "onnxfile", "runtimes", "comparing", "samples"},
+    "reproducing": {"core", "pytorch", "onnxfile", "runtimes", "comparing", "samples"},
     "cli": {"core", "pytorch", "onnxfile", "runtimes", "exporting", "comparing", "reports", "dataset", "fixing",
             "reproducing", "samples"},
     "root": {"core", "pytorch", "onnxfile", "runtimes", "exporting", "comparing", "reports", "dataset", "fixing",

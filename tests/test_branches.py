@@ -261,7 +261,7 @@ def test_openvino_runs_tensors_both_branches_compute_and_loop_bodies_refuses_one
                                             r"node 'wrapper' only.*--runtime ort"):
         lt.run(path, feeds, taps=["t_relu1"], runtime="openvino", ov_precision="f32")
     # compare against ONNX Runtime: the branch tensors OpenVINO cannot hand out are rows saying so
-    report = lt.compare(path, feeds, path, cand_runtime="openvino", ov_precision="f32")
+    report = lt.compare(path, feeds, path, runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ov_precision="f32"))
     rows = {r.name: r for r in report.rows}
     assert report.ok and rows["output"].status == "pass"
     assert rows["e_conv1"].status == "no counterpart" and "inside an If branch" in rows["e_conv1"].note

@@ -131,7 +131,7 @@ def test_torch_cond_dynamo_branch_tensors_by_name(tmp_path):
         assert got[skipped].size == 0
     # ONNX vs ONNX: rows are module calls, and torch.cond's branch nodes carry no module path
     # (their name scopes hold the FX node name alone), so the branches add no rows and break nothing
-    report = lt.compare(path, [_inputs()["a"].numpy()], path, ort_optimizations=False, ref_ort_optimizations=True)
+    report = lt.compare(path, [_inputs()["a"].numpy()], path, runtime_options=lt.RuntimeOptions(ort_optimizations=False, ref_ort_optimizations=True))
     assert report.ok and [r.name for r in report.rows] == ["conv", "fc", "output"]
     # PyTorch refuses hooks inside torch.cond in eager mode: one line saying so, not "bad inputs"
     with pytest.raises(LayertapError, match="calls modules inside torch.cond .* refuses the forward hooks"):

@@ -153,8 +153,7 @@ def test_dataset_extraction_takes_the_named_state_dict(onet, tmp_path):
     ema = {k: v * 0.5 for k, v in state.items()}
     ckpt = training_checkpoint(spec, state, tmp_path / "both.pt", model=state, model_ema=ema)
     data = [np.random.default_rng(i).standard_normal((3, 48, 48)).astype(np.float32) for i in range(3)]
-    feats = lt.extract_dataset(spec, data, taps=["dense5"], out=tmp_path / "feats", weights=ckpt,
-                               weights_key="model_ema", progress=False)
+    feats = lt.extract_dataset(lt.Model(spec, weights=ckpt, weights_key="model_ema"), data, taps=["dense5"], out=tmp_path / "feats", dataset_options=lt.DatasetOptions(progress=False))
     model, _ = load_model(spec, weights=ckpt, weights_key="model_ema")
     with torch.no_grad():
         expected = lt.extract(model, torch.from_numpy(np.stack(data)), taps=["dense5"])["dense5"].numpy()

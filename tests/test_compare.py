@@ -122,8 +122,9 @@ def test_without_ort_optimisations(resnet18, resnet_input, resnet_onnx_dynamo):
     import layertap as lt
     from layertap.cli.console import StepProgress
 
-    with StepProgress(enabled=True) as progress:
-        report = lt.compare(resnet18, resnet_input, resnet_onnx_dynamo, ort_optimizations=False, modules=["layer2"], progress=progress)
+    with StepProgress(enabled=True) as progress, lt.reporting(progress):
+        report = lt.compare(resnet18, resnet_input, resnet_onnx_dynamo, modules=["layer2"],
+                            runtime_options=lt.RuntimeOptions(ort_optimizations=False))
     assert report.ok and report.ort_optimizations is False
     assert any("ORT_DISABLE_ALL" in n for n in report.notes)
     assert report.rows and all(r.path.startswith("layer2") for r in report.rows)
@@ -133,7 +134,7 @@ def test_batches_and_spill_give_the_same_rows(clean_reports, resnet18, resnet_in
     import layertap as lt
 
     ref = clean_reports("resnet_onnx_dynamo")
-    small = lt.compare(resnet18, resnet_input, resnet_onnx_dynamo, batch_outputs=12, memory_budget=400_000)
+    small = lt.compare(resnet18, resnet_input, resnet_onnx_dynamo, runtime_options=lt.RuntimeOptions(batch_outputs=12, memory_budget=400_000))
     assert small.ort_runs > 3
     assert any("batches" in n for n in small.notes) and any("on disk" in n for n in small.notes)
     assert [(r.name, r.status) for r in small.rows] == [(r.name, r.status) for r in ref.rows]

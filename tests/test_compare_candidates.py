@@ -125,7 +125,7 @@ def test_module_before_a_quantizer_island_is_not_judged_on_it(resnet18, resnet_i
 
     qdq = tmp_path / "qdq.onnx"
     quantize_static(str(resnet_onnx_dynamo), str(qdq), Reader(), quant_format=QuantFormat.QDQ)
-    report = lt.compare(resnet18, resnet_input, qdq, metric="cosine", min_cosine=0.95)
+    report = lt.compare(resnet18, resnet_input, qdq, metric="cosine", criterion=lt.Criterion(min_cosine=0.95))
     block = _row(report, "layer2.0")
     assert block.status == "pass" and block.cosine > 0.99, str(report)
     assert not [r.name for r in report.rows if r.ok is False], str(report)

@@ -134,8 +134,7 @@ def test_page_shows_the_deciding_metric_and_labels_its_threshold(files, metric, 
     from layertap.reports.compare_page import compare_fragment
 
     _, x, d = files
-    report = lt.compare(d / "ts.onnx", {"x": x.numpy()}, d / "int8.onnx", metric=metric, min_sqnr_db=45,
-                        min_cosine=0.99999)
+    report = lt.compare(d / "ts.onnx", {"x": x.numpy()}, d / "int8.onnx", metric=metric, criterion=lt.Criterion(min_sqnr_db=45, min_cosine=0.99999))
     first = report.first_divergence_row
     assert first is not None, str(report)
     html = compare_fragment(report)

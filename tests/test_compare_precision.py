@@ -107,7 +107,7 @@ def test_a_healthy_float16_file_passes_at_float16(crepe):
         assert last.startswith("no divergence beyond float16 rounding; output cosine "), last
         assert report.output_cosine > 0.9999 and report.ideal_output_cosine > 0.9999 and "(an ideal float16 run: " in last
     # the fixed rule, asked for, flags the same file at a BatchNorm: rounding, not a fault
-    fixed = lt.compare(crepe["fp32"], None, crepe["fp16"], samples=[{"x": s} for s in crepe["frames"]], precision="fp32")
+    fixed = lt.compare(crepe["fp32"], None, crepe["fp16"], samples=[{"x": s} for s in crepe["frames"]], criterion=lt.Criterion(precision="fp32"))
     assert not fixed.ok and not fixed.judged_at_format and fixed.precision == "float32"
 
 
@@ -126,12 +126,14 @@ def test_the_users_rule_still_decides(crepe):
     tight = lt.compare(crepe["fp32"], None, crepe["int8"], samples=samples, rtol=1e-3)
     assert not tight.ok and not tight.judged_at_format and tight.precision == "int8"
     assert any(r.format_rel is not None for r in tight.rows)
-    cosine = lt.compare(crepe["fp32"], None, crepe["int8"], samples=samples, metric="cosine", min_cosine=0.99)
+    cosine = lt.compare(crepe["fp32"], None, crepe["int8"], samples=samples, metric="cosine", criterion=lt.Criterion(min_cosine=0.99))
     assert cosine.ok and not cosine.judged_at_format
 
 
 # -- faults are named at their module -----------------------------------------------------------------
 def test_float16_faults_are_named_at_their_module(crepe):
+    import layertap as lt
+
     d = crepe["dir"]
     # CREPE's ReLUs are functional (F.relu between conv4 and conv4_BN): the BatchNorm reading it shows it
     replace_op(crepe["fp16"], d / "wrong-op.onnx", _output_tensor(crepe["fp16"], "Relu", 3))
@@ -141,7 +143,7 @@ def test_float16_faults_are_named_at_their_module(crepe):
         assert first.impl_rel > 10 * first.format_rel
     conv = _output_tensor(crepe["fp16"], "Conv", 3)
     weight = scale_weight(crepe["fp16"], d / "weight.onnx", conv, 1.02)  # 2%: some 40x float16's rounding there
-    for report in _both(crepe, d / "weight.onnx", allow_different_weights=True):
+    for report in _both(crepe, d / "weight.onnx", criterion=lt.Criterion(allow_different_weights=True)):
         first = report.first_divergence_row
         assert first is not None and first.path == weight.rpartition(".")[0], "\n".join(report.footer())
 
@@ -199,12 +201,11 @@ def test_openvino_at_bf16_is_judged_at_bf16(onet, tmp_path):
     except Exception as e:  # noqa: BLE001 - no OpenVINO, or it refuses bf16 here
         pytest.skip(f"OpenVINO at bf16 is not available here: {e}")
     samples = [{"x": c} for c in onet["crops"]]
-    report = lt.compare(onet["fp32"], None, onet["fp32"], samples=samples, cand_runtime="openvino", ov_precision="bf16")
+    report = lt.compare(onet["fp32"], None, onet["fp32"], samples=samples, runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ov_precision="bf16"))
     assert report.ok and report.precision == "bfloat16", "\n".join(report.footer())
     conv = _output_tensor(onet["fp32"], "Conv", 2)
     scale_weight(onet["fp32"], tmp_path / "w.onnx", conv, 1.05)
-    bad = lt.compare(onet["fp32"], None, tmp_path / "w.onnx", samples=samples, cand_runtime="openvino", ov_precision="bf16",
-                     allow_different_weights=True)
+    bad = lt.compare(onet["fp32"], None, tmp_path / "w.onnx", samples=samples, runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ov_precision="bf16"), criterion=lt.Criterion(allow_different_weights=True))
     assert bad.first_divergence == "conv3", "\n".join(bad.footer())
 
 
@@ -215,12 +216,12 @@ def test_precision_named_by_the_user(crepe):
 
     samples = [{"x": s} for s in crepe["frames"]]
     # one float32 file run two ways, judged as if the candidate ran at float16: its rows are well within it
-    forced = lt.compare(crepe["fp32"], None, crepe["fp32"], samples=samples, ref_ort_optimizations=False, precision="fp16")
+    forced = lt.compare(crepe["fp32"], None, crepe["fp32"], samples=samples, runtime_options=lt.RuntimeOptions(ref_ort_optimizations=False), criterion=lt.Criterion(precision="fp16"))
     assert forced.ok and forced.precision == "float16" and all(r.format_rel for r in forced.rows if r.ok is not None)
     with pytest.raises(LayertapError, match="precision int8 judges at a quantiser's scales"):
-        lt.compare(crepe["fp32"], None, crepe["fp16"], samples=samples, precision="int8")
+        lt.compare(crepe["fp32"], None, crepe["fp16"], samples=samples, criterion=lt.Criterion(precision="int8"))
     with pytest.raises(LayertapError, match="unknown precision 'fp8'"):
-        lt.compare(crepe["fp32"], None, crepe["fp16"], samples=samples, precision="fp8")
+        lt.compare(crepe["fp32"], None, crepe["fp16"], samples=samples, criterion=lt.Criterion(precision="fp8"))
 
 
 def test_cli_json_html_and_plot_carry_the_split(crepe, cli, tmp_path):
@@ -246,7 +247,7 @@ def test_cli_json_html_and_plot_carry_the_split(crepe, cli, tmp_path):
 def _report(crepe):
     import layertap as lt
 
-    return lt.compare(crepe["fp32"], None, crepe["fp32"], samples=[{"x": crepe["frames"][0]}], ref_ort_optimizations=False)
+    return lt.compare(crepe["fp32"], None, crepe["fp32"], samples=[{"x": crepe["frames"][0]}], runtime_options=lt.RuntimeOptions(ref_ort_optimizations=False))
 
 
 # -- the parts --------------------------------------------------------------------------------------------
@@ -322,7 +323,7 @@ def test_repro_packages_the_first_fault_with_what_the_format_explains(crepe, tmp
 
     bad = crepe["dir"] / "repro-weight.onnx"
     scale_weight(crepe["fp16"], bad, _output_tensor(crepe["fp16"], "Conv", 3), 1.02)
-    report = lt.repro(crepe["fp32"], {"x": crepe["frames"][0]}, bad, out=tmp_path / "pkg", allow_different_weights=True)
+    report = lt.repro(crepe["fp32"], {"x": crepe["frames"][0]}, bad, out=tmp_path / "pkg", criterion=lt.Criterion(allow_different_weights=True))
     assert report.module == "conv4" and report.reproduced, report
     assert any(n.startswith("judged at float16: repro.py allows what float16 explains at this call") for n in report.notes)
     healthy = lt.repro(crepe["fp32"], {"x": crepe["frames"][0]}, crepe["fp16"], out=tmp_path / "pkg2", module="conv4_BN")

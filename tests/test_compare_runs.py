@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +71,7 @@ def test_sample_dependent_overflow_found_on_the_right_sample(big):
     import layertap as lt
 
     _, _, fp32, fp16 = big
-    report = lt.compare(fp32, None, fp16, samples=_samples([0.01, 20.0, 0.02]), metric="cosine", check_finite=True)
+    report = lt.compare(fp32, None, fp16, samples=_samples([0.01, 20.0, 0.02]), metric="cosine", criterion=lt.Criterion(check_finite=True))
     assert not report.ok
     fc1 = _row(report, "fc1")
     assert fc1.ok is False and fc1.finite is False and fc1.worst_sample == 1
@@ -108,7 +109,7 @@ def test_pytorch_reference_with_samples_and_metrics(big):
     import layertap as lt
 
     net, x, _, fp16 = big
-    report = lt.compare(net, x * 0.01, fp16, samples=3, metric="sqnr", min_sqnr_db=20)
+    report = lt.compare(net, x * 0.01, fp16, samples=3, metric="sqnr", criterion=lt.Criterion(min_sqnr_db=20))
     assert report.samples == 3
     norm = _row(report, "norm")
     assert norm.sqnr_db is not None and norm.cosine is not None and norm.worst_sample in (0, 1, 2)
@@ -147,7 +148,7 @@ def test_int8_qdq_compared_through_dequantize(r18):
 
     q = d / "q.onnx"
     quantize_static(str(ts), str(q), Reader(), quant_format=QuantFormat.QDQ)
-    report = lt.compare(ts, {"x": x.numpy()}, q, metric="sqnr", min_sqnr_db=5)
+    report = lt.compare(ts, {"x": x.numpy()}, q, metric="sqnr", criterion=lt.Criterion(min_sqnr_db=5))
     assert report.ok, str(report)
     compared = [r for r in report.rows if r.ok is not None]
     assert len(compared) >= 30
@@ -173,7 +174,7 @@ def test_ort_optimised_copy_and_same_file_two_ways(r18):
     assert report.ok, str(report)
     assert sum(r.status == "pass" for r in report.rows) >= 30
     # one file, ORT with and without graph optimisations as the two sides
-    twice = lt.compare(ts, x.numpy(), ts, ref_ort_optimizations=False, samples=2)
+    twice = lt.compare(ts, x.numpy(), ts, samples=2, runtime_options=lt.RuntimeOptions(ref_ort_optimizations=False))
     assert twice.ok and twice.samples == 2
     assert any("ORT_DISABLE_ALL" in n for n in twice.notes)
     with pytest.raises(LayertapError, match="same file"):
@@ -305,7 +306,7 @@ def test_pytorch_reference_batches_share_one_session_per_batch_across_samples(to
     model, x, ts, d = r18
     xs = [x, x * 0.5, -x]
     whole = lt.compare(model, x, ts, samples=xs, local=True)
-    parts = lt.compare(model, x, ts, samples=xs, local=True, batch_outputs=8)
+    parts = lt.compare(model, x, ts, samples=xs, local=True, runtime_options=lt.RuntimeOptions(batch_outputs=8))
     assert whole.ort_runs == 3 and whole.samples == 3
     n_batches = parts.ort_runs // 3
     assert n_batches > 2 and parts.ort_runs == 3 * n_batches
@@ -319,7 +320,7 @@ def test_pytorch_reference_batches_share_one_session_per_batch_across_samples(to
         assert same(a.rel_err, b.rel_err) and same(a.local_rel, b.local_rel), (a.name, a.rel_err, b.rel_err)
     assert sum(r.local_rel is not None for r in parts.rows) >= 20
     # a budget too small for one sample's values: they wait on disk, the rows do not change
-    tight = lt.compare(model, x, ts, samples=xs, batch_outputs=8, memory_budget=1 << 16)
+    tight = lt.compare(model, x, ts, samples=xs, runtime_options=lt.RuntimeOptions(batch_outputs=8, memory_budget=1 << 16))
     assert [(r.name, r.status) for r in tight.rows] == [(r.name, r.status) for r in parts.rows]
     assert all(same(a.rel_err, b.rel_err) for a, b in zip(tight.rows, parts.rows))
     assert any("held on disk" in n for n in tight.notes), tight.notes
@@ -423,7 +424,7 @@ def test_onnx_reference_without_inputs_generates_them_as_run_does(torch_mod, tmp
     path = tmp_path / "dyn.onnx"
     axes = {"img": {0: "batch", 2: "h", 3: "w"}, "ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
     torch_mod.onnx.export(net, args, str(path), dynamo=False, input_names=list(axes), dynamic_axes=axes)
-    report = lt.compare(path, None, path, ref_ort_optimizations=False, samples=2)
+    report = lt.compare(path, None, path, samples=2, runtime_options=lt.RuntimeOptions(ref_ort_optimizations=False))
     conv, emb, gate = (_row(report, n) for n in ("conv", "emb", "gate"))
     assert list(conv.shape) == [1, 4, 112, 112] and list(emb.shape) == [1, 1, 8]
     assert report.ok and gate.ref_max == emb.ref_max  # the mask passes every embedding value through
@@ -458,10 +459,10 @@ def test_both_references_run_through_one_driver_with_the_same_batches_and_notes(
     torch_mod.onnx.export(model, (x,), str(path), dynamo=False)
     xs = [x, x * 0.5, -x]
     torch_ref = dict(ref=model, args=x, samples=xs)
-    onnx_ref = dict(ref=str(path), args=None, samples=[{"input.1": a.numpy()} for a in xs], ref_ort_optimizations=False)
-    for sides, kw in ((1, torch_ref), (2, onnx_ref)):  # an ONNX reference runs in ORT too
-        whole = lt.compare(cand=path, **kw)
-        parts = lt.compare(cand=path, batch_outputs=1, **kw)
+    onnx_ref = dict(ref=str(path), args=None, samples=[{"input.1": a.numpy()} for a in xs])
+    for sides, kw, runs in ((1, torch_ref, lt.RuntimeOptions()), (2, onnx_ref, lt.RuntimeOptions(ref_ort_optimizations=False))):
+        whole = lt.compare(cand=path, **kw, runtime_options=runs)  # an ONNX reference runs in ORT too
+        parts = lt.compare(cand=path, **kw, runtime_options=replace(runs, batch_outputs=1))
         n_batches = parts.ort_runs // (3 * sides)
         assert n_batches > 2 and parts.ort_runs == 3 * sides * n_batches, parts.ort_runs
         assert any(f"ONNX Runtime ran {3 * n_batches} times" in n and "in batches" in n for n in parts.notes), parts.notes
@@ -482,7 +483,7 @@ def test_onnx_reference_draws_token_ids_below_the_embedding_table(torch_mod, tmp
     path = tmp_path / "emb.onnx"
     torch_mod.onnx.export(net, (torch_mod.tensor([[1, 2, 3]]),), str(path), dynamo=False, input_names=["ids"],
                           dynamic_axes={"ids": {0: "batch", 1: "seq"}})
-    report = lt.compare(path, None, path, ref_ort_optimizations=False, samples=3)
+    report = lt.compare(path, None, path, samples=3, runtime_options=lt.RuntimeOptions(ref_ort_optimizations=False))
     assert report.ok and report.samples == 3, str(report)
     assert [r.shape for r in report.rows][0] == [1, 1, 4]
 

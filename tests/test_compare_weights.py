@@ -132,7 +132,7 @@ def test_same_weights_pass_the_check_with_folded_batchnorms(files, exporter):
 def test_allow_different_weights_compares_anyway(files):
     import layertap as lt
 
-    report = lt.compare(_net(1), _x(), files["dynamo"]["a"], allow_different_weights=True)
+    report = lt.compare(_net(1), _x(), files["dynamo"]["a"], criterion=lt.Criterion(allow_different_weights=True))
     assert report.weights.compared_anyway and not report.ok
     assert any(n.startswith("compared anyway (allow_different_weights): the file's weights are not the model's")
                for n in report.notes), report.notes
@@ -171,11 +171,11 @@ def test_converted_files_of_the_same_model_are_accepted(files, exporter, kind):
     cand = files[exporter][kind]
     for ref in (_net(0), files[exporter]["a"]):
         args = _x() if not isinstance(ref, Path) else _x().numpy()
-        report = lt.compare(ref, args, cand, metric="sqnr", min_sqnr_db=5)
+        report = lt.compare(ref, args, cand, metric="sqnr", criterion=lt.Criterion(min_sqnr_db=5))
         assert report.weights.matched >= 2 and report.weights.differing == [], report.weights.to_dict()
         assert not any(r.weights for r in report.rows)
     if exporter == "dynamo":  # file against file: every weight of one naming, the folded ones included
-        assert lt.compare(files[exporter]["a"], _x().numpy(), cand, metric="sqnr", min_sqnr_db=5).weights.matched >= 6
+        assert lt.compare(files[exporter]["a"], _x().numpy(), cand, metric="sqnr", criterion=lt.Criterion(min_sqnr_db=5)).weights.matched >= 6
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)
@@ -187,7 +187,7 @@ def test_files_from_two_seeds_are_refused(files, exporter):
                        r"\(rel [0-9.e+-]+\), and \d+ of \d+ matched parameters differ; make both files from one "
                        r"checkpoint, or pass --allow-different-weights$"):
         lt.compare(files[exporter]["a"], _x().numpy(), files[exporter]["b"])
-    report = lt.compare(files[exporter]["a"], _x().numpy(), files[exporter]["b"], allow_different_weights=True)
+    report = lt.compare(files[exporter]["a"], _x().numpy(), files[exporter]["b"], criterion=lt.Criterion(allow_different_weights=True))
     assert report.weights.compared_anyway and any(n.startswith("compared anyway") for n in report.notes)
 
 
@@ -255,7 +255,7 @@ def test_bfloat16_weights_read_through_their_cast(files, tmp_path):
     import layertap as lt
 
     bf16 = _bfloat16_copy(files["torchscript"]["a"], tmp_path / "bf16.onnx")
-    report = lt.compare(_net(0), _x(), bf16, metric="sqnr", min_sqnr_db=20)
+    report = lt.compare(_net(0), _x(), bf16, metric="sqnr", criterion=lt.Criterion(min_sqnr_db=20))
     assert report.weights.matched == 2 and report.weights.differing == [], report.weights.to_dict()
     with pytest.raises(LayertapError, match="the file's weights are not the model's"):
         lt.compare(_net(1), _x(), bf16)

@@ -51,8 +51,7 @@ def per_sample(model, folder: Path, ids, taps=TAPS) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("fmt,workers", [("safetensors", 0), ("npy", 2), ("zarr", 0)])
 def test_values_equal_per_sample_extract(work, net, tmp_path, fmt, workers):
     # batch 8 and shard 6 do not align: batches straddle shards; workers=2: DataLoader worker processes
-    f = lt.extract_dataset(net, work["npy"], taps=TAPS, out=tmp_path / "o", batch_size=8, shard_size=6, format=fmt,
-                           workers=workers, progress=False)
+    f = lt.extract_dataset(net, work["npy"], taps=TAPS, out=tmp_path / "o", batch_size=8, format=fmt, dataset_options=lt.DatasetOptions(shard_size=6, workers=workers, progress=False))
     assert f.ids == sorted(p.name for p in work["npy"].iterdir())
     ref = per_sample(net, work["npy"], f.ids)
     assert f.taps == ["conv1", "relu#0", "relu#1", "head:input"]
@@ -67,8 +66,8 @@ def test_values_equal_per_sample_extract(work, net, tmp_path, fmt, workers):
 def test_pooled_shapes_and_dtypes(work, net, tmp_path, pool, dtype, fmt):
     import ml_dtypes
 
-    f = lt.extract_dataset(net, work["npy"], taps=TAPS, out=tmp_path / "o", batch_size=5, shard_size=8,
-                           pool=pool, dtype=dtype, format=fmt, progress=False)
+    f = lt.extract_dataset(net, work["npy"], taps=TAPS, out=tmp_path / "o", batch_size=5,
+                           pool=pool, format=fmt, dataset_options=lt.DatasetOptions(shard_size=8, dtype=dtype, progress=False))
     ref = per_sample(net, work["npy"], f.ids)
     want = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     reduce = {"mean": lambda a: a.mean((2, 3)), "max": lambda a: a.max((2, 3)), "first": lambda a: a[:, :, 0, 0]}[pool]
@@ -87,7 +86,7 @@ def test_token_pooling_and_safetensors_readable(tmp_path):
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 6)).eval()
     data = [np.random.default_rng(i).standard_normal((5, 4)).astype(np.float32) for i in range(7)]  # (tokens, dim)
-    f = lt.extract_dataset(model, data, taps=["0"], out=tmp_path / "o", pool="first", batch_size=3, progress=False)
+    f = lt.extract_dataset(model, data, taps=["0"], out=tmp_path / "o", pool="first", batch_size=3, dataset_options=lt.DatasetOptions(progress=False))
     ref = np.stack([model(torch.from_numpy(d)).detach().numpy()[0] for d in data])
     np.testing.assert_allclose(np.asarray(f["0"]), ref, **TOL)
     shard = load_file(str(tmp_path / "o" / f.manifest.data["shards"][0]["file"]))  # the real reader agrees
@@ -100,7 +99,7 @@ def test_images_with_ids_follow_torchvision_transforms(tmp_path):
 
     folder = image_folder(tmp_path / "imgs", n=5)
     f = lt.extract_dataset("torchvision:resnet18", folder, taps=["layer4"], out=tmp_path / "o", pool="mean",
-                           batch_size=2, shard_size=3, progress=False)
+                           batch_size=2, dataset_options=lt.DatasetOptions(shard_size=3, progress=False))
     assert f.ids == ["cats/img1.png", "cats/img3.jpg", "dogs/img0.jpg", "dogs/img2.png", "dogs/img4.png"]
     prep = f.manifest.data["preprocessing"]
     assert prep["source"] == "torchvision weights resnet18" and prep["crop"] == [224, 224] and prep["resize"] == 256
@@ -122,8 +121,8 @@ def test_datasets_image_column_equals_the_image_folder(net, tmp_path):
     files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.*"))
     ds = datasets.Dataset.from_dict({"image": [Image.open(folder / f) for f in files], "label": [0, 1, 0, 1]})
     ds.cast_column("image", datasets.Image()).save_to_disk(str(tmp_path / "hf"))
-    a = lt.extract_dataset(net, folder, taps=["conv2"], out=tmp_path / "a", image_size=20, pool="mean", progress=False)
-    b = lt.extract_dataset(net, tmp_path / "hf", taps=["conv2"], out=tmp_path / "b", image_size=20, pool="mean", progress=False)
+    a = lt.extract_dataset(net, folder, taps=["conv2"], out=tmp_path / "a", pool="mean", sample_options=lt.SampleOptions(image_size=20), dataset_options=lt.DatasetOptions(progress=False))
+    b = lt.extract_dataset(net, tmp_path / "hf", taps=["conv2"], out=tmp_path / "b", pool="mean", sample_options=lt.SampleOptions(image_size=20), dataset_options=lt.DatasetOptions(progress=False))
     assert a.ids == files and b.ids == [0, 1, 2, 3]
     assert b.manifest.data["data"] == {"kind": "datasets", "path": str(tmp_path / "hf"), "column": "image",
                                        "classes": None, "label_column": "label"}
@@ -162,7 +161,7 @@ def test_cuda_without_a_gpu_is_one_line(work, net, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     with pytest.raises(LayertapError, match="--device cuda: no CUDA device is available here"):
-        lt.extract_dataset(net, work["npy"], taps=["conv2"], out=tmp_path / "o", device="cuda", progress=False)
+        lt.extract_dataset(net, work["npy"], taps=["conv2"], out=tmp_path / "o", device="cuda", dataset_options=lt.DatasetOptions(progress=False))
     assert not (tmp_path / "o").exists()
 
 
@@ -170,7 +169,7 @@ def test_image_size_mean_std_options(work, net, tmp_path):
     from PIL import Image
 
     folder = image_folder(tmp_path / "imgs", n=3)
-    f = lt.extract_dataset(net, folder, taps=["conv2"], out=tmp_path / "o", image_size=24, mean=[0.5], std=[0.25], progress=False)
+    f = lt.extract_dataset(net, folder, taps=["conv2"], out=tmp_path / "o", sample_options=lt.SampleOptions(image_size=24, mean=[0.5], std=[0.25]), dataset_options=lt.DatasetOptions(progress=False))
     img = Image.open(folder / f.ids[0]).convert("RGB")
     w, h = img.size
     s = 24 / min(w, h)
@@ -192,8 +191,8 @@ def tiny_onnx(work, net):
 
 def test_onnx_backend_equals_pytorch(work, net, tiny_onnx, tmp_path):
     taps = ["conv1", "conv2"]
-    fo = lt.extract_dataset(tiny_onnx, work["npy"], taps=taps, out=tmp_path / "onnx", batch_size=8, shard_size=6, workers=2, progress=False)
-    ft = lt.extract_dataset(net, work["npy"], taps=taps, out=tmp_path / "torch", batch_size=8, shard_size=6, progress=False)
+    fo = lt.extract_dataset(tiny_onnx, work["npy"], taps=taps, out=tmp_path / "onnx", batch_size=8, dataset_options=lt.DatasetOptions(shard_size=6, workers=2, progress=False))
+    ft = lt.extract_dataset(net, work["npy"], taps=taps, out=tmp_path / "torch", batch_size=8, dataset_options=lt.DatasetOptions(shard_size=6, progress=False))
     assert fo.ids == ft.ids and fo.taps == ft.taps == taps
     for tap in taps:
         np.testing.assert_allclose(np.asarray(fo[tap]), np.asarray(ft[tap]), rtol=1e-4, atol=1e-4)
@@ -203,7 +202,7 @@ def test_onnx_backend_equals_pytorch(work, net, tiny_onnx, tmp_path):
 def test_onnx_extraction_never_imports_torch(work, tiny_onnx, tmp_path):
     code = (
         "import sys, layertap as lt\n"
-        f"f = lt.extract_dataset({str(tiny_onnx)!r}, {str(work['npy'])!r}, taps=['conv2'], out={str(tmp_path / 'o')!r}, progress=False)\n"
+        f"f = lt.extract_dataset({str(tiny_onnx)!r}, {str(work['npy'])!r}, taps=['conv2'], out={str(tmp_path / 'o')!r}, dataset_options=lt.DatasetOptions(progress=False))\n"
         "print(len(f), 'torch' in sys.modules)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": SRC})
@@ -215,18 +214,18 @@ def test_iterables_dataloader_and_datasets_folder_agree(work, net, tmp_path):
     datasets = pytest.importorskip("datasets")
     files = sorted(work["npy"].iterdir())
     arrays = [np.load(p) for p in files]
-    base = lt.extract_dataset(net, work["npy"], taps=["conv2"], out=tmp_path / "folder", batch_size=4, progress=False)
+    base = lt.extract_dataset(net, work["npy"], taps=["conv2"], out=tmp_path / "folder", batch_size=4, dataset_options=lt.DatasetOptions(progress=False))
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.from_numpy(np.stack(arrays))), batch_size=3)
     hf = tmp_path / "hf"
     datasets.Dataset.from_dict({"x": arrays, "label": list(range(len(arrays)))}).save_to_disk(str(hf))
     for name, data in [("list", arrays), ("generator", (a for a in arrays)), ("loader", loader), ("hf", hf)]:
-        f = lt.extract_dataset(net, data, taps=["conv2"], out=tmp_path / f"out_{name}", batch_size=4, progress=False)
+        f = lt.extract_dataset(net, data, taps=["conv2"], out=tmp_path / f"out_{name}", batch_size=4, dataset_options=lt.DatasetOptions(progress=False))
         assert f.ids == list(range(len(arrays))), name
         np.testing.assert_array_equal(np.asarray(f["conv2"]), np.asarray(base["conv2"]), err_msg=name)
 
 
 def test_load_features_is_lazy_and_indexes_across_shards(work, net, tmp_path):
-    lt.extract_dataset(net, work["npy"], taps=["conv2"], out=tmp_path / "o", shard_size=6, batch_size=6, progress=False)
+    lt.extract_dataset(net, work["npy"], taps=["conv2"], out=tmp_path / "o", batch_size=6, dataset_options=lt.DatasetOptions(shard_size=6, progress=False))
     f = lt.load_features(tmp_path / "o")
     a = f["conv2"]
     assert isinstance(a.parts[0], np.memmap) and len(a.parts) == 4
@@ -240,7 +239,7 @@ def test_load_features_is_lazy_and_indexes_across_shards(work, net, tmp_path):
 
 
 def test_limit_and_stop_early(work, net, tmp_path):
-    f = lt.extract_dataset(net, work["npy"], taps=["conv1"], out=tmp_path / "o", limit=7, stop_early=True, progress=False)
+    f = lt.extract_dataset(net, work["npy"], taps=["conv1"], out=tmp_path / "o", sample_options=lt.SampleOptions(limit=7), dataset_options=lt.DatasetOptions(stop_early=True, progress=False))
     assert len(f) == 7 and f.manifest.data["source_count"] == 7
 
 
@@ -306,7 +305,7 @@ def test_ctrl_c_names_the_kept_shards_and_the_resume_command(work, tmp_path):
 def test_ctrl_c_before_the_first_shard_keeps_nothing(work, tmp_path):
     data = [np.zeros(1, np.float32)] * 2 + [np.full(1, -1, np.float32)]  # Threads raises KeyboardInterrupt on -1
     with pytest.raises(KeyboardInterrupt):
-        lt.extract_dataset(f"{work['model']}:Threads", data, taps=["count"], out=tmp_path / "o", batch_size=1, shard_size=4, progress=False)
+        lt.extract_dataset(f"{work['model']}:Threads", data, taps=["count"], out=tmp_path / "o", batch_size=1, dataset_options=lt.DatasetOptions(shard_size=4, progress=False))
     assert not (tmp_path / "o").exists()
 
 
@@ -314,7 +313,7 @@ def test_resume_runs_on_the_thread_count_the_run_started_with(work, tmp_path):
     # a convolution's float sums depend on how many threads split it: a resumed run must use the recorded count
     model, first = f"{work['model']}:Threads", torch.get_num_threads()
     stopped = [np.zeros(1, np.float32)] * 6 + [np.full(1, -1, np.float32)] + [np.zeros(1, np.float32)]
-    kw = dict(taps=["count"], out=tmp_path / "o", batch_size=2, shard_size=2, progress=False)
+    kw = dict(taps=["count"], out=tmp_path / "o", batch_size=2, dataset_options=lt.DatasetOptions(shard_size=2, progress=False))
     try:
         torch.set_num_threads(1)
         with pytest.raises(KeyboardInterrupt):
@@ -362,25 +361,25 @@ def test_corrupt_sample_named_shards_kept_then_resume_after_fix(work, tmp_path):
 def test_skip_bad_records_skipped_ids(work, net, tmp_path):
     folder = image_folder(tmp_path / "imgs", n=4)
     (folder / "cats" / "broken.png").write_bytes(b"not a png")
-    f = lt.extract_dataset(net, folder, taps=["conv2"], out=tmp_path / "o", image_size=16, skip_bad=True, progress=False)
+    f = lt.extract_dataset(net, folder, taps=["conv2"], out=tmp_path / "o", sample_options=lt.SampleOptions(image_size=16), dataset_options=lt.DatasetOptions(skip_bad=True, progress=False))
     assert "cats/broken.png" not in f.ids and len(f) == 4
     assert [s["id"] for s in f.skipped] == ["cats/broken.png"]
     assert "cannot read sample 'cats/broken.png'" in f.skipped[0]["error"]
     with pytest.raises(LayertapError, match="cats/broken.png"):
-        lt.extract_dataset(net, folder, taps=["conv2"], out=tmp_path / "o2", image_size=16, progress=False)
+        lt.extract_dataset(net, folder, taps=["conv2"], out=tmp_path / "o2", sample_options=lt.SampleOptions(image_size=16), dataset_options=lt.DatasetOptions(progress=False))
 
 
 def test_wrong_shape_sample_named_and_mixed_shapes_need_pool(work, net, tmp_path):
     data = npy_folder(tmp_path / "data", n=5)
     np.save(data / "s003.npy", np.zeros((3, 20, 20), np.float32))
     with pytest.raises(LayertapError, match=r"sample 's003.npy' has shape 3x20x20, unlike the first sample 's000.npy' \(3x16x16\).*--pool"):
-        lt.extract_dataset(net, data, taps=["conv2"], out=tmp_path / "o", progress=False)
-    f = lt.extract_dataset(net, data, taps=["conv2"], out=tmp_path / "p", pool="mean", progress=False)
+        lt.extract_dataset(net, data, taps=["conv2"], out=tmp_path / "o", dataset_options=lt.DatasetOptions(progress=False))
+    f = lt.extract_dataset(net, data, taps=["conv2"], out=tmp_path / "p", pool="mean", dataset_options=lt.DatasetOptions(progress=False))
     ref = lt.extract(net, torch.from_numpy(np.load(data / "s003.npy"))[None], taps=["conv2"])["conv2"].mean((2, 3))
     np.testing.assert_allclose(f["conv2"][3], ref[0].numpy(), **TOL)
     np.save(data / "s004.npy", np.zeros((3, 16, 16), np.float64))
     with pytest.raises(LayertapError, match="'s004.npy' has dtype float64, unlike"):
-        lt.extract_dataset(net, data, taps=["conv2"], out=tmp_path / "q", pool="mean", progress=False)
+        lt.extract_dataset(net, data, taps=["conv2"], out=tmp_path / "q", pool="mean", dataset_options=lt.DatasetOptions(progress=False))
 
 
 @pytest.mark.parametrize("case,expected", [
@@ -405,7 +404,7 @@ def test_bad_inputs_give_one_line(work, tmp_path, case, expected):
         (out / "notes.txt").write_text("mine")
     taps = ["lstm[1][0]"] if case == "unbatched" else (["lstm"] if case == "tuple" else ["lstm[0]"])
     with pytest.raises(LayertapError) as e:
-        lt.extract_dataset(model, data, taps=taps, out=out, progress=False)
+        lt.extract_dataset(model, data, taps=taps, out=out, dataset_options=lt.DatasetOptions(progress=False))
     assert expected in str(e.value) and "\n" not in str(e.value)
     if case == "other":
         assert (out / "notes.txt").read_text() == "mine"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -28,9 +29,11 @@ def cluster():
 
 def test_ray_equals_local_byte_for_byte(cluster, tmp_path, caplog):
     data = npy_folder(tmp_path / "data", n=22, shape=(3, 32, 32))
-    kw = dict(taps=["layer1.0", "layer4"], batch_size=4, shard_size=6, pool="mean", dtype="float16", progress=False)
-    local = lt.extract_dataset("torchvision:resnet18", data, out=tmp_path / "local", **kw)
-    on_ray = lt.extract_dataset("torchvision:resnet18", data, out=tmp_path / "ray", engine="ray", **kw)
+    kw = dict(taps=["layer1.0", "layer4"], batch_size=4, pool="mean")
+    opts = lt.DatasetOptions(shard_size=6, dtype="float16", progress=False)
+    local = lt.extract_dataset("torchvision:resnet18", data, out=tmp_path / "local", **kw, dataset_options=opts)
+    on_ray = lt.extract_dataset("torchvision:resnet18", data, out=tmp_path / "ray", **kw,
+                                dataset_options=replace(opts, engine="ray"))
     assert on_ray.ids == local.ids and on_ray.taps == local.taps == ["layer1.0", "layer4"]
     assert same_tree(tmp_path / "local", tmp_path / "ray") == []  # same shards, same manifest
     assert [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()] == []  # current Ray Data API
@@ -39,10 +42,11 @@ def test_ray_equals_local_byte_for_byte(cluster, tmp_path, caplog):
 def test_ray_shard_size_in_bytes_equals_local(cluster, tmp_path):
     # a size in bytes is resolved before the shards are handed out: the same shards as a local run
     data = npy_folder(tmp_path / "data", n=10, shape=(3, 8, 8))
-    kw = dict(taps=["conv2"], batch_size=2, shard_size="2KiB", progress=False)
+    kw = dict(taps=["conv2"], batch_size=2)
+    opts = lt.DatasetOptions(shard_size="2KiB", progress=False)
     model = f"{write_model(tmp_path)}:Net"
-    local = lt.extract_dataset(model, data, out=tmp_path / "local", **kw)
-    on_ray = lt.extract_dataset(model, data, out=tmp_path / "ray", engine="ray", **kw)
+    local = lt.extract_dataset(model, data, out=tmp_path / "local", **kw, dataset_options=opts)
+    on_ray = lt.extract_dataset(model, data, out=tmp_path / "ray", **kw, dataset_options=replace(opts, engine="ray"))
     assert local.manifest.header["options"]["shard_samples"] == on_ray.manifest.header["options"]["shard_samples"] == 2
     # 16x4x4 float32: 1024 bytes per sample
     assert same_tree(tmp_path / "local", tmp_path / "ray") == []
@@ -54,7 +58,8 @@ def test_ray_actors_run_on_the_drivers_thread_count(cluster, tmp_path):
     try:
         torch.set_num_threads(3)  # neither Ray's per-actor default nor this cluster's CPU count
         f = lt.extract_dataset(f"{write_model(tmp_path)}:Threads", [np.zeros(1, np.float32)] * 6, taps=["count"],
-                               out=tmp_path / "o", batch_size=2, shard_size=2, engine="ray", progress=False)
+                               out=tmp_path / "o", batch_size=2,
+                               dataset_options=lt.DatasetOptions(shard_size=2, engine="ray", progress=False))
     finally:
         torch.set_num_threads(first)
     assert f.manifest.data["options"]["threads"] == 3
@@ -64,18 +69,22 @@ def test_ray_actors_run_on_the_drivers_thread_count(cluster, tmp_path):
 def test_ray_images_resume_and_bad_samples(cluster, tmp_path):
     folder = image_folder(tmp_path / "imgs", n=9)
     (folder / "dogs" / "zz_broken.png").write_bytes(b"not a png")
-    kw = dict(taps=["layer2"], batch_size=2, shard_size=3, pool="max", image_size=32, progress=False)
+    kw = dict(taps=["layer2"], batch_size=2, pool="max", sample_options=lt.SampleOptions(image_size=32))
+    opts = lt.DatasetOptions(shard_size=3, progress=False)
     with pytest.raises(LayertapError, match="'dogs/zz_broken.png'"):
-        lt.extract_dataset("torchvision:resnet18", folder, out=tmp_path / "ray", engine="ray", **kw)
+        lt.extract_dataset("torchvision:resnet18", folder, out=tmp_path / "ray", **kw, dataset_options=replace(opts, engine="ray"))
     kept = json.loads((tmp_path / "ray" / "manifest.json").read_text())
     assert kept["status"] == "running" and len(kept["shards"]) == 3  # the other shards were written
-    f = lt.extract_dataset("torchvision:resnet18", folder, out=tmp_path / "skip", engine="ray", skip_bad=True, **kw)
-    local = lt.extract_dataset("torchvision:resnet18", folder, out=tmp_path / "local", skip_bad=True, **kw)
+    f = lt.extract_dataset("torchvision:resnet18", folder, out=tmp_path / "skip", **kw,
+                           dataset_options=replace(opts, engine="ray", skip_bad=True))
+    local = lt.extract_dataset("torchvision:resnet18", folder, out=tmp_path / "local", **kw,
+                               dataset_options=replace(opts, skip_bad=True))
     assert [s["id"] for s in f.skipped] == ["dogs/zz_broken.png"] and f.ids == local.ids
     assert np.array_equal(np.asarray(f["layer2"]), np.asarray(local["layer2"]))  # a batch of 1 (beside the bad sample) too
     (folder / "dogs" / "zz_broken.png").unlink()
-    resumed = lt.extract_dataset("torchvision:resnet18", folder, out=tmp_path / "ray", engine="ray", resume=True, **kw)
-    fresh = lt.extract_dataset("torchvision:resnet18", folder, out=tmp_path / "fresh", **kw)
+    resumed = lt.extract_dataset("torchvision:resnet18", folder, out=tmp_path / "ray", resume=True, **kw,
+                                 dataset_options=replace(opts, engine="ray"))
+    fresh = lt.extract_dataset("torchvision:resnet18", folder, out=tmp_path / "fresh", **kw, dataset_options=opts)
     assert resumed.ids == fresh.ids
     assert same_tree(tmp_path / "fresh", tmp_path / "ray") == []
 
@@ -94,4 +103,4 @@ def test_cli_joins_a_running_cluster_by_address(cluster, tmp_path):
 def test_ray_refuses_an_iterator(cluster, tmp_path):
     with pytest.raises(LayertapError, match="engine='ray' needs data it can split"):
         lt.extract_dataset(torch.nn.Linear(2, 2), (np.zeros(2, np.float32) for _ in range(3)), taps=[""],
-                           out=tmp_path / "o", engine="ray", progress=False)
+                           out=tmp_path / "o", dataset_options=lt.DatasetOptions(engine="ray", progress=False))

@@ -255,7 +255,7 @@ def test_batch_of_one_is_widened_and_stays_symbolic(tmp_path, torch_mod):
 def test_external_data_is_written_beside_the_model(tmp_path, torch_mod):
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU()).eval()
     path = tmp_path / "ext.onnx"
-    report = lt.export(model, torch.randn(2, 64), path, taps=["0"], exporter="torchscript", external_data=True)
+    report = lt.export(model, torch.randn(2, 64), path, taps=["0"], exporter="torchscript", export_options=lt.ExportOptions(external_data=True))
     assert report.ok
     assert sorted(os.listdir(tmp_path)) == ["ext.onnx", "ext.onnx.data"]
     proto = onnx.load(str(path), load_external_data=False)
@@ -269,11 +269,11 @@ def test_external_data_is_written_beside_the_model(tmp_path, torch_mod):
 
 def test_input_names_override(tmp_path, torch_mod):
     model = nn.Sequential(nn.Linear(4, 3)).eval()
-    report = lt.export(model, (torch.randn(2, 4),), tmp_path / "n.onnx", input_names=["features"],
-                       exporter="torchscript")
+    report = lt.export(model, (torch.randn(2, 4),), tmp_path / "n.onnx",
+                       exporter="torchscript", export_options=lt.ExportOptions(input_names=["features"]))
     assert list(report.inputs) == ["features"]
     with pytest.raises(LayertapError, match="input_names has 2 names"):
-        lt.export(model, (torch.randn(2, 4),), tmp_path / "n2.onnx", input_names=["a", "b"])
+        lt.export(model, (torch.randn(2, 4),), tmp_path / "n2.onnx", export_options=lt.ExportOptions(input_names=["a", "b"]))
 
 
 # -- failures -------------------------------------------------------------------------
@@ -312,7 +312,7 @@ def test_dynamo_failure_is_one_line_and_falls_back(tmp_path, torch_mod):
     msg = str(info.value)
     assert "\n" not in msg and "dynamo exporter" in msg and "--exporter torchscript" in msg
     assert os.listdir(tmp_path) == []
-    report = lt.export(model, x, tmp_path / "dd.onnx", taps=["lin"], fallback=True)
+    report = lt.export(model, x, tmp_path / "dd.onnx", taps=["lin"], export_options=lt.ExportOptions(fallback=True))
     assert report.exporter == "torchscript" and any("fell back" in n for n in report.notes)
     assert sorted(os.listdir(tmp_path)) == ["dd.onnx"]
 
@@ -335,7 +335,7 @@ def test_bad_arguments(tmp_path, torch_mod):
     with pytest.raises(LayertapError, match="does not exist"):
         lt.export(model, torch.ones(1, 2), tmp_path / "missing" / "a.onnx")
     with pytest.raises(LayertapError, match="also an output name"):
-        lt.export(model, torch.ones(2, 2), tmp_path / "a.onnx", input_names=["output"])
+        lt.export(model, torch.ones(2, 2), tmp_path / "a.onnx", export_options=lt.ExportOptions(input_names=["output"]))
     assert os.listdir(tmp_path) == []
 
 
@@ -490,7 +490,7 @@ def test_bert_model_output_fields_and_keyword_inputs(tmp_path, torch_mod):
 def test_replacing_an_external_data_model_removes_its_old_data(tmp_path, torch_mod):
     model = nn.Sequential(nn.Linear(64, 64)).eval()
     path = tmp_path / "m.onnx"
-    lt.export(model, torch.randn(2, 64), path, exporter="torchscript", external_data=True)
+    lt.export(model, torch.randn(2, 64), path, exporter="torchscript", export_options=lt.ExportOptions(external_data=True))
     assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.data"]
     lt.export(model, torch.randn(2, 64), path, exporter="torchscript")
     assert os.listdir(tmp_path) == ["m.onnx"]

@@ -97,7 +97,7 @@ def test_children_named_model_and_fn_keep_their_paths(tmp_path, torch_mod, expor
     model = Collide().eval()
     taps = ["model", "model.0", "_fn", "model.1:input", "head"]
     path = tmp_path / "c.onnx"
-    report = lt.export(model, torch.randn(2, 4), path, taps=taps, exporter=exporter, input_names=["model.x"])
+    report = lt.export(model, torch.randn(2, 4), path, taps=taps, exporter=exporter, export_options=lt.ExportOptions(input_names=["model.x"]))
     names = ["output", *taps]
     assert [r.name for r in report.rows] == names and report.ok, str(report)
     sess = _session(path)

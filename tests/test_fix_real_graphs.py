@@ -329,7 +329,7 @@ def test_an_openvino_ir_runs_in_openvino(tmp_path):
     src = _tf_shared(tmp_path / "shared.onnx")
     xml = tmp_path / "shared.xml"
     ov.save_model(ov.convert_model(str(src)), str(xml), compress_to_fp16=False)
-    report = lt.compare(src, None, xml, ov_precision="f32")
+    report = lt.compare(src, None, xml, runtime_options=lt.RuntimeOptions(ov_precision="f32"))
     assert report.ok and report.runtimes["candidate"]["runtime"] == "OpenVINO", report.footer()
     ones = {"x": np.ones((1, 4, 8, 8), np.float32)}  # a single output is named "output"
     got = lt.run(xml, ones, ov_precision="f32")  # no runtime named: an IR runs in OpenVINO

@@ -173,7 +173,7 @@ def test_a_float16_overflow_fails_at_the_paired_row(torch_mod, tmp_path, sample,
     spox_file, torch_file, fp16 = _build(torch_mod, tmp_path, 1e4)
     big = {"x": sample["x"] * 10}
     assert lt.compare(spox_file, big, torch_file).ok
-    report = lt.compare(spox_file, big, fp16, check_finite=True)
+    report = lt.compare(spox_file, big, fp16, criterion=lt.Criterion(check_finite=True))
     assert not report.ok and report.first_divergence == "Conv_1_Y"
     assert {r.name: r.status for r in report.rows}["Add_0_C"] == "pass"
     assert any("only by op type and shape" in n for n in report.notes)

@@ -340,7 +340,7 @@ def test_export_replacing_external_pair(tmp_path):
         torch.manual_seed(seed)
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU()).eval()
         x = torch.randn(2, 4)
-        lt.export(model, x, out, ["0"], exporter="torchscript", external_data=True, dynamic_batch=False)
+        lt.export(model, x, out, ["0"], exporter="torchscript", dynamic_batch=False, export_options=lt.ExportOptions(external_data=True))
         got = ort_run(out, x.numpy())
         np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
         assert sorted(p.name for p in tmp_path.iterdir()) == sorted({"e.onnx", *_locations(out)})

@@ -53,7 +53,7 @@ def test_compare_with_a_past_given_as_cache(llama, llama_dynamo_cache):
     with torch.no_grad():
         cache = llama(prompt_ids(4, seed=5), cache=transformers.DynamicCache(config=llama.config),
                       use_cache=True).past_key_values
-    report = lt.compare(llama, (), llama_dynamo_cache, kwargs=dict(input_ids=prompt_ids(3), cache=cache))
+    report = lt.compare(lt.Model(llama, kwargs=dict(input_ids=prompt_ids(3), cache=cache)), (), llama_dynamo_cache)
     assert report.ok
     row = next(r for r in report.rows if r.name == "output")
     assert row.shape == [1, 3, 256] and row.status == "pass"
@@ -66,7 +66,7 @@ def test_model_with_other_layers_is_refused(llama_genai_fp32):
 
 def test_steps_compare_each_token_with_the_reference_tokens(llama, llama_dynamo_cache):
     ids = prompt_ids(7)
-    report = lt.compare(llama, ids, llama_dynamo_cache, steps=3)
+    report = lt.compare(llama, ids, llama_dynamo_cache, sample_options=lt.SampleOptions(steps=3))
     assert report.ok and report.first_divergence is None
     outputs = [(r.name, r.token, r.tokens, r.shape) for r in report.rows if r.path == ""]
     assert outputs == [("output@0..6", 0, 7, [1, 7, 256]), ("output@7", 7, 1, [1, 1, 256]),
@@ -82,7 +82,7 @@ def test_steps_compare_each_token_with_the_reference_tokens(llama, llama_dynamo_
 
 
 def test_steps_int4_divergence_named_with_token(llama, llama_genai_int4):
-    report = lt.compare(llama, prompt_ids(7), llama_genai_int4, steps=2)
+    report = lt.compare(llama, prompt_ids(7), llama_genai_int4, sample_options=lt.SampleOptions(steps=2))
     assert not report.ok
     row = report.first_divergence_row
     assert report.first_divergence == f"{row.path}@0..6" and report.summary()["first_divergence_token"] == 0
@@ -98,13 +98,13 @@ def test_steps_refuse_a_file_without_cache(tmp_path, llama):
     path = tmp_path / "no_cache.onnx"
     torch.onnx.export(llama.model.norm, (torch.zeros(1, 3, 64),), str(path), dynamo=False)
     with pytest.raises(LayertapError, match="steps= needs a decoder file with a KV cache"):
-        lt.compare(llama.model.norm, torch.zeros(1, 3, 64), path, steps=2)
+        lt.compare(llama.model.norm, torch.zeros(1, 3, 64), path, sample_options=lt.SampleOptions(steps=2))
 
 
 @pytest.fixture(scope="session")
 def llama_kv_export(llama, tmp_path_factory):
     path = tmp_path_factory.mktemp("llama_kv") / "llama_kv.onnx"
-    return lt.export(llama, prompt_ids(5), path, kv_cache=True), path
+    return lt.export(llama, prompt_ids(5), path, export_options=lt.ExportOptions(kv_cache=True)), path
 
 
 def test_export_kv_cache_uses_optimum_names_and_decodes(llama, llama_kv_export):
@@ -115,13 +115,13 @@ def test_export_kv_cache_uses_optimum_names_and_decodes(llama, llama_kv_export):
                                    "past_key_values.1.key", "past_key_values.1.value"]
     assert any("a prefill of 5 tokens and 3 greedy steps fed their own present.*" in n for n in report.notes)
     # another prompt length, a prefill made by layertap, then decode steps: all match PyTorch
-    steps = lt.compare(llama, prompt_ids(9), path, steps=4)
+    steps = lt.compare(llama, prompt_ids(9), path, sample_options=lt.SampleOptions(steps=4))
     assert steps.ok and [r.token for r in steps.rows if r.path == ""] == [0, 9, 10, 11, 12]
 
 
 def test_export_dynamic_sequence_runs_at_other_lengths(llama, tmp_path):
     path = tmp_path / "llama_seq.onnx"
-    report = lt.export(llama, prompt_ids(5), path, dynamic_sequence=True)
+    report = lt.export(llama, prompt_ids(5), path, export_options=lt.ExportOptions(dynamic_sequence=True))
     assert report.ok and report.inputs["input_ids"][1] != 5  # a symbol, not the example's length
     assert any(n.startswith("the model also returns its KV cache (past_key_values), which the file does not output")
                for n in report.notes)
@@ -172,7 +172,7 @@ def test_long_generation_values_beyond_the_budget_go_to_disk(llama, llama_dynamo
                          memory_budget=4096)
     assert held.spilled == 0 and spilled.spilled > 0 and list(spilled) == list(held)
     assert all(torch.equal(spilled[k], held[k]) for k in held)
-    report = lt.compare(llama, ids, llama_dynamo_cache, steps=2, memory_budget=4096)
+    report = lt.compare(llama, ids, llama_dynamo_cache, sample_options=lt.SampleOptions(steps=2), runtime_options=lt.RuntimeOptions(memory_budget=4096))
     assert report.ok and any("KiB of reference values were held on disk (memory_budget)" in n for n in report.notes)
 
 
@@ -198,7 +198,7 @@ def test_int4_builder_file_against_its_fp32_builder_file_on_generated_feeds(llam
         assert [d.dim_param or d.dim_value for d in graph.input[2].type.tensor_type.shape.dim][3] == "kv_cache_dim"
         assert kv_layout(graph).dims == ("batch_size", 2, "past_sequence_length", 16)
     saved = tmp_path / "feeds.npz"
-    report = lt.compare(bare["fp32"], None, bare["int4"], samples=2, save_inputs=saved)
+    report = lt.compare(bare["fp32"], None, bare["int4"], samples=2, sample_options=lt.SampleOptions(save_inputs=saved))
     assert report.samples == 2 and not report.ok
     assert report.first_divergence == "model.layers.0.self_attn.q_proj"  # the first int4 MatMulNBits
     rows = {r.name: r for r in report.rows}

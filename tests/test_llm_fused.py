@@ -69,7 +69,7 @@ def test_builder_local_error_for_every_module(llama, llama_genai_fp32, llama_gen
 
 
 def test_builder_int4_local_error_per_token_row(llama, llama_genai_int4):
-    report = lt.compare(llama, prompt_ids(6), llama_genai_int4, steps=2, local=True, modules=["model.layers.0"])
+    report = lt.compare(llama, prompt_ids(6), llama_genai_int4, local=True, modules=["model.layers.0"], sample_options=lt.SampleOptions(steps=2))
     local = {r.name: r.local_rel for r in report.rows}
     for token in ("0..5", "6", "7"):  # the prompt's row, then each decode step's
         assert [m for m in LINEARS if not local[f"model.layers.0.{m}@{token}"] > 1e-2] == []

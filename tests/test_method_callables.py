@@ -87,11 +87,10 @@ def test_compare_and_extract_dataset_take_a_callable(tmp_path, torch_mod):
     model, x = Encoder().eval(), torch.randn(2, 4)
     path = tmp_path / "e.onnx"
     lt.export(model, x, path, method=encode_and_score, exporter="torchscript", verify=False)
-    report = lt.compare(model, x, path, method=encode_and_score)
+    report = lt.compare(lt.Model(model, method=encode_and_score), x, path)
     assert report.ok and {"enc", "head"} <= {r.name for r in report.rows}, str(report)
     data = [np.full(4, i, np.float32) for i in range(6)]
-    feats = lt.extract_dataset(model, data, taps=["enc"], out=tmp_path / "f", batch_size=4, method=encode_and_score,
-                               progress=False)
+    feats = lt.extract_dataset(lt.Model(model, method=encode_and_score), data, taps=["enc"], out=tmp_path / "f", batch_size=4, dataset_options=lt.DatasetOptions(progress=False))
     np.testing.assert_allclose(feats["enc"], model.enc(torch.from_numpy(np.stack(data))).detach().numpy(), rtol=1e-6)
     manifest = json.loads((tmp_path / "f" / "manifest.json").read_text())
     assert manifest["model"]["method"] == "encode_and_score"
@@ -105,7 +104,7 @@ def test_a_method_that_is_neither_name_nor_callable_is_named_in_the_error(tmp_pa
         "tap": lambda: lt.tap(model, ["enc"], method=3).__enter__(),
         "layers": lambda: lt.layers(model, x, method=3),
         "export": lambda: lt.export(model, x, tmp_path / "m.onnx", method=3),
-        "compare": lambda: lt.compare(model, x, tmp_path / "m.onnx", method=3),
+        "compare": lambda: lt.compare(lt.Model(model, method=3), x, tmp_path / "m.onnx"),
     }
     if call == "compare":
         lt.export(model, x, tmp_path / "m.onnx", exporter="torchscript", verify=False)

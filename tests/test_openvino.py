@@ -71,7 +71,7 @@ def _bf16_runs() -> bool:
 def test_a_file_in_onnx_runtime_vs_itself_in_openvino_at_f32_passes_every_row(files, kind):
     import layertap as lt
 
-    report = lt.compare(files[kind], None, files[kind], cand_runtime="openvino", ov_precision="f32", samples=2, local=True)
+    report = lt.compare(files[kind], None, files[kind], samples=2, local=True, runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ov_precision="f32"))
     statuses = {r.name: r.status for r in report.rows}
     assert report.ok and report.first_divergence is None, report.footer()
     assert set(statuses.values()) <= {"pass", "absorbed"}
@@ -90,7 +90,8 @@ import json, sys
 import layertap as lt
 out = {}
 for name in sys.argv[1:]:
-    report = lt.compare(name, None, name, cand_runtime="openvino", ov_precision="f32", samples=2)
+    report = lt.compare(name, None, name, runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ov_precision="f32"),
+                        samples=2)
     out[name] = dict(ok=report.ok, first=report.first_divergence, note=report.runtimes["candidate"].get("note", ""))
 print(json.dumps(out))
 """
@@ -113,7 +114,7 @@ def test_openvino_int8_kernels_that_saturate_are_named(files):
     from layertap.runtimes import open_runtime
 
     here = open_runtime("openvino", ov_precision="f32")
-    report = lt.compare(files["qdq_full"], None, files["qdq_full"], cand_runtime="openvino", ov_precision="f32", samples=2)
+    report = lt.compare(files["qdq_full"], None, files["qdq_full"], samples=2, runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ov_precision="f32"))
     assert report.ok is not here.int8_saturates()  # this CPU's own kernels: exact, or named as above
     assert ("int8 kernels saturate" in report.runtimes["candidate"].get("note", "")) is here.int8_saturates()
 
@@ -123,7 +124,7 @@ def test_openvino_at_bf16_finds_the_first_divergence_at_the_first_conv(files):
         pytest.skip("this CPU does not run OpenVINO at bf16")
     import layertap as lt
 
-    report = lt.compare(files["ts"], None, files["ts"], cand_runtime="openvino", ov_precision="bf16", rtol=1e-3)
+    report = lt.compare(files["ts"], None, files["ts"], rtol=1e-3, runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ov_precision="bf16"))
     assert not report.ok
     # conv (with the BatchNorm folded into it) rounds its products to bfloat16: ~3e-3 relative, as bf16's 8 bits
     assert report.first_divergence == "stem.1"
@@ -135,7 +136,7 @@ def test_openvino_at_bf16_finds_the_first_divergence_at_the_first_conv(files):
 def test_pytorch_reference_with_an_openvino_candidate(files):
     import layertap as lt
 
-    report = lt.compare(files["model"], files["x"], files["dynamo"], runtime="openvino", ov_precision="f32")
+    report = lt.compare(files["model"], files["x"], files["dynamo"], runtime_options=lt.RuntimeOptions(runtime="openvino", ov_precision="f32"))
     assert report.ok and {r.status for r in report.rows} <= {"pass", "absorbed"}
     assert report.runtimes == {"candidate": report.runtimes["candidate"]}
     assert report.runtimes["candidate"]["runtime"] == "OpenVINO"
@@ -252,11 +253,11 @@ def test_an_openvino_ir_pair_compares_with_its_onnx_source_by_tensor_name(files,
     xml = tmp_path / "ts.xml"
     ov.save_model(ov.convert_model(str(files["ts"])), str(xml))  # weights compressed to float16 by default
     before = xml.read_bytes(), xml.with_suffix(".bin").read_bytes()
-    report = lt.compare(files["ts"], None, xml, cand_runtime="openvino", ov_precision="f32")
+    report = lt.compare(files["ts"], None, xml, runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ov_precision="f32"))
     statuses = {r.name: r.status for r in report.rows}
     assert report.ok and statuses["stem.1"] == statuses["block.2"] == statuses["output"] == "pass"
     assert 0 < report.rows[-1].rel_err < 1e-2  # float16 weights: a small, real difference
-    back = lt.compare(xml, None, files["ts"], runtime="openvino", cand_runtime="ort", ov_precision="f32")
+    back = lt.compare(xml, None, files["ts"], runtime_options=lt.RuntimeOptions(runtime="openvino", cand_runtime="ort", ov_precision="f32"))
     assert back.ok and back.runtimes["reference"]["runtime"] == "OpenVINO"
     r = _cli("compare", str(files["ts"]), str(xml), "--ov-precision", "f32")  # an IR side runs in OpenVINO
     assert r.returncode == 0 and "in OpenVINO" in r.stdout, r.stdout + r.stderr
@@ -276,9 +277,8 @@ def test_an_openvino_ir_pair_compares_with_its_onnx_source_by_tensor_name(files,
 def test_openvino_exposes_tensors_in_batches_and_judges_by_any_metric(files):
     import layertap as lt
 
-    one = lt.compare(files["dynamo"], None, files["dynamo"], cand_runtime="openvino", ov_precision="f32")
-    batched = lt.compare(files["dynamo"], None, files["dynamo"], cand_runtime="openvino", ov_precision="f32",
-                         batch_outputs=2, metric="cosine", check_finite=True)
+    one = lt.compare(files["dynamo"], None, files["dynamo"], runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ov_precision="f32"))
+    batched = lt.compare(files["dynamo"], None, files["dynamo"], metric="cosine", runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ov_precision="f32", batch_outputs=2), criterion=lt.Criterion(check_finite=True))
     assert batched.ok and batched.criterion.metric == "cosine"
     assert batched.ort_runs > one.ort_runs == 2  # one run per side unbatched, several with two tensors per run
     assert any("exposing the intermediates in batches" in n for n in batched.notes)
@@ -290,7 +290,7 @@ def test_openvino_compare_and_run_never_import_torch_and_ort_alone_never_imports
         "import sys, layertap as lt\n"
         f"lt.run({str(files['ts'])!r})\n"
         "assert 'openvino' not in sys.modules\n"
-        f"lt.compare({str(files['ts'])!r}, None, {str(files['ts'])!r}, cand_runtime='openvino')\n"
+        f"lt.compare({str(files['ts'])!r}, None, {str(files['ts'])!r}, runtime_options=lt.RuntimeOptions(cand_runtime='openvino'))\n"
         "assert 'openvino' in sys.modules and 'torch' not in sys.modules\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -308,14 +308,14 @@ def test_openvino_reads_an_unedited_file_from_disk_and_an_edited_graph_from_memo
     inlined: list[str] = []
     real = ov_rt.inline_weights
     monkeypatch.setattr(ov_rt, "inline_weights", lambda model, source: inlined.append(model.graph.name) or real(model, source))
-    report = lt.compare(ext, None, ext, cand_runtime="openvino", ov_precision="f32", batch_outputs=3)
+    report = lt.compare(ext, None, ext, runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ov_precision="f32", batch_outputs=3))
     assert report.ok and report.ort_runs > 2 and inlined == []  # every batch read the file itself
     assert any(n.startswith("OpenVINO ran ") and "exposing the intermediates in batches" in n for n in report.notes)
     x = np.random.default_rng(1).standard_normal((2, 3, 16, 16)).astype(np.float32)
     got = lt.run(ext, {"x": x}, taps=["stem"], runtime="openvino", ov_precision="f32")
     np.testing.assert_allclose(got["stem"], lt.run(ext, {"x": x}, taps=["stem"])["stem"], rtol=1e-4, atol=1e-5)
     assert inlined == []
-    local = lt.compare(ext, None, ext, cand_runtime="openvino", ov_precision="f32", local=True)
+    local = lt.compare(ext, None, ext, local=True, runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ov_precision="f32"))
     assert local.ok and inlined  # the part graphs (--local) are edited graphs, read from memory
 
 
@@ -324,10 +324,10 @@ def test_no_ort_opt_on_a_side_openvino_runs_is_refused(files):
     from layertap.errors import LayertapError
 
     with pytest.raises(LayertapError, match=r"--no-ort-opt .* OpenVINO runs the candidate"):
-        lt.compare(files["ts"], None, files["ts"], cand_runtime="openvino", ort_optimizations=False)
+        lt.compare(files["ts"], None, files["ts"], runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ort_optimizations=False))
     with pytest.raises(LayertapError, match=r"--ref-no-ort-opt .* OpenVINO runs the reference"):
-        lt.compare(files["ts"], None, files["ts"], runtime="openvino", cand_runtime="ort", ref_ort_optimizations=False)
-    mixed = lt.compare(files["ts"], None, files["ts"], runtime="openvino", cand_runtime="ort", ort_optimizations=False)
+        lt.compare(files["ts"], None, files["ts"], runtime_options=lt.RuntimeOptions(runtime="openvino", cand_runtime="ort", ref_ort_optimizations=False))
+    mixed = lt.compare(files["ts"], None, files["ts"], runtime_options=lt.RuntimeOptions(runtime="openvino", cand_runtime="ort", ort_optimizations=False))
     assert mixed.ok and any("graph optimisations disabled" in n for n in mixed.notes)
     r = _cli("compare", str(files["ts"]), str(files["ts"]), "--cand-runtime", "openvino", "--no-ort-opt")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "OpenVINO runs the candidate" in r.stderr, r.stderr
@@ -341,12 +341,12 @@ def test_a_reduced_precision_is_judged_at_its_rounding_and_a_real_fault_still_fa
 
     import layertap as lt
 
-    report = lt.compare(files["ts"], None, files["ts"], cand_runtime="openvino", ov_precision="bf16")
+    report = lt.compare(files["ts"], None, files["ts"], runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ov_precision="bf16"))
     assert report.ok and report.precision == "bfloat16" and report.judged_at_format, report.footer()
     compared = [r for r in report.rows if r.ok is not None]
     assert all(r.format_rel is not None and r.impl_rel is not None for r in compared)
     assert report.footer()[-1].startswith("no divergence beyond bfloat16 rounding; output cosine ")
-    tight = lt.compare(files["ts"], None, files["ts"], cand_runtime="openvino", ov_precision="bf16", rtol=1e-3)
+    tight = lt.compare(files["ts"], None, files["ts"], rtol=1e-3, runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ov_precision="bf16"))
     assert not tight.ok and tight.criterion.rtol == 1e-3 and not tight.judged_at_format
     model = onnx.load(str(files["ts"]))  # the weight of the second Conv times 1.02 in a copy
     weights = {i.name: i for i in model.graph.initializer}
@@ -355,7 +355,7 @@ def test_a_reduced_precision_is_judged_at_its_rounding_and_a_real_fault_still_fa
     w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * np.float32(1.02), w.name))
     bad = tmp_path / "fault.onnx"
     onnx.save(model, str(bad))
-    found = lt.compare(files["ts"], None, bad, cand_runtime="openvino", ov_precision="bf16", allow_different_weights=True)
+    found = lt.compare(files["ts"], None, bad, runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ov_precision="bf16"), criterion=lt.Criterion(allow_different_weights=True))
     assert not found.ok and conv.output[0] in found.first_divergence_row.onnx, found.footer()
     r = _cli("compare", str(files["ts"]), str(files["ts"]), "--cand-runtime", "openvino", "--ov-precision", "bf16")
     assert r.returncode == 0 and "no divergence beyond bfloat16 rounding" in r.stdout, r.stdout + r.stderr

@@ -1,7 +1,7 @@
-"""The option objects at the library boundary: ``lt.compare``, ``lt.fix``, ``lt.repro`` and
-``lt.extract_dataset`` take Criterion / RuntimeOptions / SampleOptions and their documented
-keywords alike (a keyword not at its default replaces the object's field); the CLI's argument
-groups build the same objects."""
+"""The option objects at the library boundary: ``lt.compare``, ``lt.fix``, ``lt.repro``, ``lt.export`` and
+``lt.extract_dataset`` take Criterion / RuntimeOptions / SampleOptions / Model (and their own objects) beside
+a few everyday keywords (a keyword given explicitly replaces the object's field, whatever its value); each
+takes at most 12 parameters; the CLI's argument groups build the same objects."""
 
 from __future__ import annotations
 
@@ -27,14 +27,16 @@ def _errors(report):
 
 def test_compare_takes_the_objects_as_it_takes_the_keywords(tiny, tmp_path):
     a, b = tmp_path / "a.npz", tmp_path / "b.npz"
-    by_keywords = lt.compare(tiny, None, tiny, samples=3, seed=5, ref_ort_optimizations=False, save_inputs=a)
+    by_keywords = lt.compare(tiny, None, tiny, samples=3, sample_options=SampleOptions(seed=5, save_inputs=a),
+                             runtime_options=RuntimeOptions(ref_ort_optimizations=False))
     by_objects = lt.compare(tiny, None, tiny, sample_options=SampleOptions(samples=3, seed=5, save_inputs=b),
                             runtime_options=RuntimeOptions(ref_ort_optimizations=False))
     assert by_objects.samples == by_keywords.samples == 3
     assert _errors(by_objects) == _errors(by_keywords)
     drawn = np.load(a)["x"]
     assert drawn.shape == (3, 4) and np.array_equal(drawn, np.load(b)["x"])  # the same seeded samples
-    again = lt.compare(tiny, None, tiny, ref_ort_optimizations=False, sample_options=SampleOptions(inputs=b, limit=2))
+    again = lt.compare(tiny, None, tiny, sample_options=SampleOptions(inputs=b, limit=2),
+                       runtime_options=RuntimeOptions(ref_ort_optimizations=False))
     assert again.samples == 2 and again.ok
 
 
@@ -103,7 +105,7 @@ def test_a_chosen_tolerance_is_never_fitted_to_a_reduced_precision():
     assert merged_criterion(Criterion(rtol=1e-2))[1] is True
     assert merged_criterion(None, atol=1e-5)[1] is True  # given, though at the default value
     rule, _ = merged_criterion(Criterion(metric="sqnr", min_sqnr_db=20.0), metric="rel", check_finite=True)
-    assert (rule.metric, rule.min_sqnr_db, rule.check_finite) == ("sqnr", 20.0, True)  # "rel": the keyword's default
+    assert (rule.metric, rule.min_sqnr_db, rule.check_finite) == ("rel", 20.0, True)  # given: it wins, default or not
 
 
 def test_the_sample_and_tolerance_groups_build_the_librarys_objects(tmp_path):
@@ -140,3 +142,42 @@ def test_repro_and_fix_read_the_samples_of_an_options_object(tiny, scaled, tmp_p
     every = lt.fix(tiny, to="fp16", out=None, sample_options=SampleOptions(inputs=samples))
     first_two = lt.fix(tiny, to="fp16", out=None, sample_options=SampleOptions(inputs=samples, limit=2))
     assert every.kept and first_two.ok and not first_two.kept
+
+
+def test_a_keyword_given_at_its_default_still_wins(tiny, scaled):
+    """The merge once let an object's field beat a keyword given at the keyword's default value."""
+    assert SampleOptions.merged(SampleOptions(seed=5), seed=0).seed == 0
+    assert RuntimeOptions.merged(RuntimeOptions(ort_optimizations=False), ort_optimizations=True).ort_optimizations
+    assert merged_criterion(Criterion(metric="cosine"), metric="rel")[0].metric == "rel"
+    # the scaled file passes by cosine and fails by rel: metric="rel" given decides
+    assert lt.compare(tiny, None, scaled, samples=2, criterion=Criterion(metric="cosine")).ok
+    assert not lt.compare(tiny, None, scaled, samples=2, criterion=Criterion(metric="cosine"), metric="rel").ok
+    with pytest.raises(LayertapError, match="SampleOptions has no field colour"):
+        SampleOptions.merged(None, colour="red")
+
+
+@pytest.mark.parametrize("name", ["compare", "repro", "fix", "export", "extract_dataset", "run", "extract", "tap",
+                                  "layers", "add_outputs", "onnx_layers", "load_features"])
+def test_no_public_function_takes_more_than_twelve_parameters(name):
+    import inspect
+
+    assert len(inspect.signature(getattr(lt, name)).parameters) <= 12
+
+
+def test_a_model_spec_is_a_reference_as_a_module_is(tmp_path):
+    """compare, repro and fix load a MODEL spec themselves (its example input from --input specs or its
+    defaults), as extract_dataset does: the CLI hands them the spec."""
+    spec = "tests/_tiny.py:small_cnn"
+    path = tmp_path / "m.onnx"
+    loaded = lt.Model(spec)
+    from layertap.pytorch.reference import example_call, load
+
+    ref = load(loaded)
+    args, _, _ = example_call(ref, ["1x3x16x16"], SampleOptions())
+    lt.export(ref.module, args, path, exporter="torchscript")
+    by_spec = lt.compare(spec, ["1x3x16x16"], path, samples=2)
+    by_module = lt.compare(ref.module, None, path, sample_options=SampleOptions(samples=[args, example_call(
+        ref, ["1x3x16x16"], SampleOptions(seed=1))[0]]))
+    assert by_spec.ok and by_spec.samples == 2 and _errors(by_spec) == _errors(by_module)
+    fixed = lt.fix(lt.Model(spec), ["1x3x16x16"], to="fp16", out=None, samples=2)
+    assert fixed.ok

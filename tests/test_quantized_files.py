@@ -121,7 +121,7 @@ def test_compare_rows_use_the_candidates_own_module_tensors(qfiles, exporter):
     files, x, _ = qfiles
     q = files[(exporter, "qdq")]
     smap = ScopeMap.from_model(onnx.load(str(q), load_external_data=False))
-    report = lt.compare(files[(exporter, "float")], {"x": x}, q, metric="sqnr", min_sqnr_db=10)
+    report = lt.compare(files[(exporter, "float")], {"x": x}, q, metric="sqnr", criterion=lt.Criterion(min_sqnr_db=10))
     checked = 0
     for row in report.rows:
         if not row.onnx or not row.name or row.name == "output" or smap.calls(row.name.split("#")[0]) == 0:
@@ -205,7 +205,7 @@ def test_a_qdq_file_run_two_ways_compares_each_tensor_as_itself(qfiles, exporter
     value, not with the other side's dequantised (clipped) copy of it."""
     files, x, _ = qfiles
     q = files[(exporter, "qdq")]
-    report = lt.compare(q, {"x": x}, q, ort_optimizations=False, ref_ort_optimizations=True)
+    report = lt.compare(q, {"x": x}, q, runtime_options=lt.RuntimeOptions(ort_optimizations=False, ref_ort_optimizations=True))
     assert report.ok, str(report)
     assert {r.status for r in report.rows} <= {"pass", "absorbed"}
     assert all(r.max_abs is None or r.max_abs < 1e-4 for r in report.rows)
@@ -222,7 +222,7 @@ def test_int8_sums_are_exact_on_every_cpu(tmp_path):
     path = tmp_path / "probe.onnx"
     onnx.save(model, str(path))
     assert float(lt.run(path, feed)["output"].item()) == exact
-    report = lt.compare(path, feed, path, ort_optimizations=False, ref_ort_optimizations=True)
+    report = lt.compare(path, feed, path, runtime_options=lt.RuntimeOptions(ort_optimizations=False, ref_ort_optimizations=True))
     assert report.ok and [r.max_abs for r in report.rows if r.name == "output"] == [0.0], str(report)
 
 

@@ -163,7 +163,7 @@ def test_an_image_folder_mixing_class_folders_and_loose_files_is_refused(cnn_fil
     assert rc == 2 and err.count("\n") == 1
     assert "mixes class folders (cats/" in err and "loose.png" in err
     with pytest.raises(lt.LayertapError, match="loose.png"):
-        lt.extract_dataset(cnn_file, images, taps=["x"], out=tmp_path / "o", image_size=16, progress=False)
+        lt.extract_dataset(cnn_file, images, taps=["x"], out=tmp_path / "o", sample_options=lt.SampleOptions(image_size=16), dataset_options=lt.DatasetOptions(progress=False))
 
 
 # -- datasets folders of token ids ----------------------------------------------------------------
@@ -178,7 +178,7 @@ def test_compare_on_a_datasets_folder_of_token_ids(text_model, tmp_path, capsys)
     saved = np.load(tmp_path / "t.npz")
     np.testing.assert_array_equal(saved["input_ids"], np.asarray(rows["input_ids"][:3]))
     np.testing.assert_array_equal(saved["attention_mask"], np.asarray(rows["attention_mask"][:3]))
-    report = lt.compare(model, None, path, inputs=tokens, columns=["input_ids", "attention_mask"])
+    report = lt.compare(model, None, path, sample_options=lt.SampleOptions(inputs=tokens, columns=["input_ids", "attention_mask"]))
     assert report.ok and report.samples == 5
     rc, _, err = _cli(capsys, "compare", path, path, "--no-ort-opt", "--inputs", tokens, "--columns", "input_ids,atention_mask")
     assert rc == 2 and err.count("\n") == 1
@@ -187,7 +187,7 @@ def test_compare_on_a_datasets_folder_of_token_ids(text_model, tmp_path, capsys)
 
 def test_extract_on_token_columns_keeps_the_label_column(text_model, tmp_path):
     model, _, tokens, _, rows = text_model
-    f = lt.extract_dataset(model, tokens, taps=["proj"], out=tmp_path / "o", batch_size=2, progress=False)
+    f = lt.extract_dataset(model, tokens, taps=["proj"], out=tmp_path / "o", batch_size=2, dataset_options=lt.DatasetOptions(progress=False))
     assert f["proj"].shape == (5, 4)
     assert f.labels.tolist() == rows["label"] and f.classes == ["neg", "pos"]
     import torch
@@ -206,7 +206,7 @@ def test_ragged_token_rows_are_refused_saying_to_pad(text_model, tmp_path, capsy
     assert rc == 2 and err.count("\n") == 1
     assert "column 'input_ids'" in err and "different lengths (2 to 3)" in err and "padding='max_length'" in err
     with pytest.raises(lt.LayertapError, match="different lengths"):
-        lt.extract_dataset(model, ragged, taps=["proj"], out=tmp_path / "o", progress=False)
+        lt.extract_dataset(model, ragged, taps=["proj"], out=tmp_path / "o", dataset_options=lt.DatasetOptions(progress=False))
 
 
 # -- datasets folders of images or arrays beside labels and captions ------------------------------
@@ -254,10 +254,9 @@ def test_a_datasets_object_in_memory_reads_as_its_folder_does(cnn_file, captione
     """A Dataset given to lt.extract_dataset (any format) feeds its image column, not every column of a row."""
     images, _, _, labels = captioned
     ds = datasets.load_from_disk(str(images))
-    expected = lt.extract_dataset(cnn_file, images, taps=["x"], out=tmp_path / "folder", image_size=16, progress=False)
+    expected = lt.extract_dataset(cnn_file, images, taps=["x"], out=tmp_path / "folder", sample_options=lt.SampleOptions(image_size=16), dataset_options=lt.DatasetOptions(progress=False))
     for fmt in (None, "numpy", "torch"):
-        f = lt.extract_dataset(cnn_file, ds.with_format(fmt), taps=["x"], out=tmp_path / f"mem_{fmt}", image_size=16,
-                               progress=False)
+        f = lt.extract_dataset(cnn_file, ds.with_format(fmt), taps=["x"], out=tmp_path / f"mem_{fmt}", sample_options=lt.SampleOptions(image_size=16), dataset_options=lt.DatasetOptions(progress=False))
         assert f.labels.tolist() == labels and f.classes == ["cat", "dog"]
         np.testing.assert_array_equal(f["x"][:], expected["x"][:])
 
@@ -272,11 +271,11 @@ def test_shard_size_in_bytes_default_and_resume(tmp_path, capsys):
 
     data = npy_folder(tmp_path / "data", n=10, shape=(3, 4, 4))
     net = nn.Sequential(nn.Conv2d(3, 8, 1))
-    f = lt.extract_dataset(net, data, taps=["0"], out=tmp_path / "a", batch_size=2, progress=False)
+    f = lt.extract_dataset(net, data, taps=["0"], out=tmp_path / "a", batch_size=2, dataset_options=lt.DatasetOptions(progress=False))
     opts = f.manifest.header["options"]
     assert opts["shard_size"] == "256MB" and opts["shard_samples"] == 256 * 10**6 // (8 * 4 * 4 * 4) // 2 * 2
     # 8 float32 per sample after mean pooling: 32 bytes; 100 bytes hold 3, so 2 (whole batches of 2)
-    f = lt.extract_dataset(net, data, taps=["0"], out=tmp_path / "b", batch_size=2, pool="mean", shard_size="100B", progress=False)
+    f = lt.extract_dataset(net, data, taps=["0"], out=tmp_path / "b", batch_size=2, pool="mean", dataset_options=lt.DatasetOptions(shard_size="100B", progress=False))
     assert f.manifest.header["options"]["shard_samples"] == 2 and len(f.manifest.data["shards"]) == 5
     # interrupted after 2 shards: a resume with the same options writes the same bytes
     out = tmp_path / "c"
@@ -307,9 +306,8 @@ def test_npy_files_are_named_after_their_tap_and_load_as_bfloat16(tmp_path):
 
     data = npy_folder(tmp_path / "data", n=5, shape=(3, 4, 4))
     net = nn.Sequential(nn.Conv2d(3, 8, 1), nn.ReLU())
-    f32 = lt.extract_dataset(net, data, taps=["0", "1"], out=tmp_path / "f32", pool="mean", progress=False)
-    bf = lt.extract_dataset(net, data, taps=["0", "1"], out=tmp_path / "bf", pool="mean", format="npy", dtype="bfloat16",
-                            progress=False)
+    f32 = lt.extract_dataset(net, data, taps=["0", "1"], out=tmp_path / "f32", pool="mean", dataset_options=lt.DatasetOptions(progress=False))
+    bf = lt.extract_dataset(net, data, taps=["0", "1"], out=tmp_path / "bf", pool="mean", format="npy", dataset_options=lt.DatasetOptions(dtype="bfloat16", progress=False))
     shard = tmp_path / "bf" / bf.manifest.data["shards"][0]["file"]
     assert sorted(p.name for p in shard.iterdir()) == ["0.npy", "1.npy"]
     raw = np.load(shard / "1.npy")  # plain np.load, ml_dtypes imported: bfloat16 values

@@ -190,9 +190,8 @@ def test_repro_unknown_module_of_a_file_path_fails_before_any_run(files, tmp_pat
     f, _, _, _, x = files
     steps = []
     recorder = type("Recorder", (), {"__getattr__": lambda self, name: lambda *a, **k: steps.append(name)})()
-    with pytest.raises(LayertapError, match=r"unknown module 'actt'; did you mean: act"):
-        lt.repro(str(f["dynamo"]["net"]), {"x": x}, str(f["dynamo"]["q"]), out=tmp_path / "pkg", module="actt",
-                 progress=recorder)
+    with pytest.raises(LayertapError, match=r"unknown module 'actt'; did you mean: act"), lt.reporting(recorder):
+        lt.repro(str(f["dynamo"]["net"]), {"x": x}, str(f["dynamo"]["q"]), out=tmp_path / "pkg", module="actt")
     assert steps == [] and not (tmp_path / "pkg").exists()
 
 

@@ -43,6 +43,14 @@ _EXPORTS = {
     "ReproReport": ".reproducing.repro",
     "FixReport": ".fixing.fix",
     "LayertapError": ".errors",
+    "Model": ".options",
+    "Criterion": ".metrics",
+    "RuntimeOptions": ".options",
+    "SampleOptions": ".options",
+    "ExportOptions": ".options",
+    "DatasetOptions": ".options",
+    "SearchOptions": ".options",
+    "reporting": ".options",
 }
 
 __all__ = sorted(_EXPORTS)

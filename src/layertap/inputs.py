@@ -273,3 +273,22 @@ def parse_inputs(texts: list[str] | None) -> list[InputSpec]:
         if spec.name:
             seen.add(spec.name)
     return specs
+
+
+def as_specs(args: Any) -> list[InputSpec] | None:
+    """``args`` as ``--input`` specs when they are specs (``InputSpec`` objects or their text, alone or in
+    a list), else ``None`` (tensors, arrays, a dict of them, or nothing).
+
+    Example:
+        >>> [s.shape for s in as_specs(["1x3x8x8"])], as_specs(None), as_specs([np.zeros(2)])
+        ([(1, 3, 8, 8)], None, None)
+    """
+    items = args if isinstance(args, (list, tuple)) else [args]
+    if not items or not all(isinstance(a, (str, InputSpec)) for a in items):
+        return None
+    texts = iter(parse_inputs([a for a in items if isinstance(a, str)]))
+    specs = [next(texts) if isinstance(a, str) else a for a in items]
+    named = [s.name is not None for s in specs]
+    if any(named) and not all(named):
+        raise InputSpecError("--input specs must all be named (NAME=...) or all positional")
+    return specs

@@ -370,7 +370,8 @@ class Criterion:
     ``cosine >= min_cosine``; ``sqnr``: ``sqnr_db >= min_sqnr_db``.
     ``check_finite`` also fails any non-finite candidate value. A comparison whose candidate computes
     below float32 is judged at its ``precision`` instead, unless the tolerances or the metric were
-    chosen (:attr:`ErrorStats.within_format`).
+    chosen (:attr:`ErrorStats.within_format`). ``allow_different_weights``: compare a candidate whose
+    parameters mostly differ from the reference's (another checkpoint), instead of refusing it.
 
     Example:
         >>> c = Criterion(metric="cosine", min_cosine=0.99)
@@ -389,6 +390,7 @@ class Criterion:
     #: the format a reduced-precision candidate is judged at (``auto``: read from the file and its runtime;
     #: ``fp32``, ``fp16``, ``bf16``, ``int8``); see :mod:`layertap.comparing.ideal`
     precision: str = "auto"
+    allow_different_weights: bool = False
 
     def judge(self, ref: np.ndarray, got: np.ndarray) -> ErrorStats:
         """All statistics of ``got`` against ``ref``; ``ok`` by :attr:`metric`."""

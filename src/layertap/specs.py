@@ -34,6 +34,22 @@ _DICT_KEY = re.compile(r"[\"']([\w.-]+)[\"']\s*:")
 _ZOO_NAMES = {"torchvision": ("models", "torchvision model"), "timm": ("models", "timm model")}
 
 
+#: the suffixes of files a runtime runs (not PyTorch models): ONNX files and OpenVINO IRs
+RUNTIME_FILE_SUFFIXES = (".onnx", ".xml")
+
+
+def is_model_spec(text: str) -> bool:
+    """Whether ``text`` is a MODEL spec (``head:name``) rather than the path of a file a runtime runs.
+
+    Example:
+        >>> is_model_spec("torchvision:resnet18"), is_model_spec("nets/m.onnx"), is_model_spec("file.py:Net")
+        (True, False, True)
+    """
+    if text.lower().endswith(RUNTIME_FILE_SUFFIXES):
+        return False
+    return ":" in text and not re.match(r"^[A-Za-z]:[\\/]", text)  # a Windows drive is no spec
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A parsed MODEL text: ``head:name``.

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import LayertapError
-from ..options import RuntimeOptions, SampleOptions
+from ..options import DatasetOptions as LibDatasetOptions
+from ..options import Model, RuntimeOptions, SampleOptions
 from ..runtimes import is_ir
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,7 +49,7 @@ class Args:
     tolerance: Tolerance = field(init=False, repr=False)
     json: bool = False
     report: str | None = None  # as given (checked)
-    dataset: DatasetOptions | None = None  # extract --data
+    dataset: DatasetChoice | None = None  # extract --data
     runtime: RuntimeOptions = field(default_factory=RuntimeOptions)  # RuntimeArgs
     sampling: SampleOptions = field(default_factory=SampleOptions)  # SampleArgs
 
@@ -83,13 +84,19 @@ class ModelChoice:
     weights_key: str | None = None
     weights_strict: bool = True
 
+    @property
+    def model(self) -> Model:
+        """The PyTorch model as the library takes it (a MODEL spec with its files and method)."""
+        return Model(self.spec if self.spec is not None else self.text, weights=self.weights,
+                     weights_key=self.weights_key, weights_strict=self.weights_strict,
+                     config=self.config, unsafe_pickle=self.unsafe_pickle, method=self.method)
+
     def load(self, device: str = "cpu", max_bytes: int | None = None) -> Any:
         """Build the model; returns ``(model, info)`` (see pytorch.models)."""
-        from ..pytorch.models import load_model
+        from ..pytorch.reference import load
 
-        return load_model(self.spec if self.spec is not None else self.text, weights=self.weights, config=self.config,
-                          unsafe_pickle=self.unsafe_pickle, weights_key=self.weights_key,
-                          weights_strict=self.weights_strict, device=device, max_bytes=max_bytes)
+        loaded = load(self.model, device=device, max_bytes=max_bytes)
+        return loaded.module, loaded.info
 
     def load_with_inputs(self, inputs: InputChoice, *, need_inputs: bool = True, device: str = "cpu",
                          max_bytes: int | None = None) -> tuple[Any, Any, Any, dict]:
@@ -98,14 +105,16 @@ class ModelChoice:
         With ``need_inputs=False`` a model without known inputs gets ``args=None``.
         With ``device="meta"`` the model and its inputs hold no data (shapes only).
         """
-        from ..pytorch.example_inputs import make_inputs
+        from ..pytorch.reference import example_call, load
         from .console import status
 
         with status(f"loading {self.text}"):
-            model, info = self.load(device, max_bytes)
+            loaded = load(self.model, device=device, max_bytes=max_bytes)
+        model, info = loaded.module, loaded.info
+        assert info is not None  # a MODEL spec always has its ModelInfo
         if not inputs.specs and not info.inputs and not need_inputs:
             return model, info, None, {}
-        args, kwargs = make_inputs(info, inputs.specs, model=model, method=self.method, seed=inputs.seed)
+        args, kwargs, _ = example_call(loaded, inputs.specs or None, SampleOptions(seed=inputs.seed))
         if device != "cpu":
             args, kwargs = tuple(a.to(device) for a in args), {k: v.to(device) for k, v in kwargs.items()}
         return model, info, args, kwargs
@@ -369,7 +378,8 @@ class ToleranceArgs(ArgGroup):
 
         rule = dict(metric=ns.metric, min_cosine=ns.min_cosine, min_sqnr_db=ns.min_sqnr,
                     check_finite=ns.check_finite, precision=ns.precision) if self.metrics else {}
-        criterion, _ = merged_criterion(Criterion(), rtol=ns.rtol, atol=ns.atol, **rule)
+        given = {k: v for k, v in dict(rtol=ns.rtol, atol=ns.atol, **rule).items() if v is not None}
+        criterion, _ = merged_criterion(Criterion(), **given)
         args.tolerance = Tolerance(criterion, given=ns.rtol is not None or ns.atol is not None)
 
 
@@ -559,22 +569,20 @@ def add_sample_options(group: Any) -> None:
 
 
 @dataclass(frozen=True)
-class DatasetOptions:
-    """The options of extraction over ``--data``; how its samples are read (``--limit``, ``--columns``,
-    ``--image-size``, ``--mean``, ``--std``) as the library's :class:`~layertap.options.SampleOptions`."""
+class DatasetChoice:
+    """Extraction over ``--data``: the data, OUT_DIR and ``lt.extract_dataset``'s everyday options; the rest
+    as the library's :class:`~layertap.options.DatasetOptions` (``--dtype``, ``--shard-size``,
+    ``--skip-bad``, ``--workers``, ``--ray``) and how samples are read (``--limit``, ``--columns``,
+    ``--image-size``, ``--mean``, ``--std``) as its :class:`~layertap.options.SampleOptions`."""
 
     data: str
     out: str  # -o OUT_DIR
     batch_size: int
-    workers: int
     format: str
-    dtype: str
     pool: str
-    shard_size: int | str  # samples, or a size (256MB)
     resume: bool
     device: str
-    skip_bad: bool
-    ray: str | None
+    options: LibDatasetOptions
     sampling: SampleOptions
 
 
@@ -611,5 +619,8 @@ class DatasetArgs(ArgGroup):
             samples, _ = parse_shard_size(ns.shard_size)  # a typo fails before the model loads
             sampling = SampleOptions(limit=ns.limit, columns=ns.columns, image_size=ns.image_size, mean=ns.mean,
                                      std=ns.std)
-            args.dataset = DatasetOptions(ns.data, ns.output, ns.batch_size, ns.workers, ns.format, ns.dtype, ns.pool,
-                                          samples or ns.shard_size, ns.resume, ns.device, ns.skip_bad, ns.ray, sampling)
+            options = LibDatasetOptions(dtype=ns.dtype, shard_size=samples or ns.shard_size, skip_bad=ns.skip_bad,
+                                        workers=ns.workers, engine="ray" if ns.ray is not None else "local",
+                                        ray_address=ns.ray or None)
+            args.dataset = DatasetChoice(ns.data, ns.output, ns.batch_size, ns.format, ns.pool, ns.resume, ns.device,
+                                         options, sampling)

@@ -48,15 +48,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import LayertapError, unknown_name
-from ..metrics import DEFAULT_MIN_COSINE, DEFAULT_MIN_SQNR_DB, METRICS, ROUNDING_RTOL, Criterion
+from ..inputs import as_specs
+from ..metrics import METRICS, ROUNDING_RTOL, Criterion
 from ..numformats import PRECISIONS
 from ..onnxfile.kvcache import kv_layout
 from ..onnxfile.modelfile import ModelFile, is_onnx_source
-from ..options import RuntimeOptions, SampleOptions, merged_criterion
+from ..options import DEFAULT_MEMORY_BUDGET, UNSET, RuntimeOptions, SampleOptions, current_progress, merged_criterion
 from ..runtimes import is_ir
 from ..runtimes.ort import FUSION_NOTE
 from ..samples.declared import read_inputs
-from ..samples.drawn import given_samples, random_for_file, with_cache
+from ..samples.drawn import given_samples, random_for_file, spec_samples, with_cache
 from ..samples.loading import save_samples
 from .driver import Progress, compare_sides
 from .ideal import Judging, candidate_formats, judging
@@ -65,8 +66,6 @@ from .rows import CompareReport
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..samples.images import Preprocess
-
-DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of intermediates held at once, per side
 
 __all__ = ["compare", "Progress", "FUSION_NOTE", "DEFAULT_MEMORY_BUDGET"]
 
@@ -79,122 +78,64 @@ def compare(
     args: Any = None,
     cand: str | os.PathLike | ModelFile | None = None,
     *,
-    samples: int | Sequence[Any] | None = None,
-    providers: Sequence[str] | str | None = None,
-    cand_providers: Sequence[str] | str | None = None,
-    metric: str = "rel",
-    local: bool = False,
-    rtol: float | None = None,
-    atol: float | None = None,
-    min_cosine: float = DEFAULT_MIN_COSINE,
-    min_sqnr_db: float = DEFAULT_MIN_SQNR_DB,
-    check_finite: bool = False,
+    samples: int | Sequence[Any] | None = UNSET,
     modules: Sequence[str] | None = None,
-    kwargs: dict | None = None,
-    method: str | Callable[..., Any] = "forward",
-    ort_optimizations: bool = True,
-    ref_ort_optimizations: bool | None = None,
-    batch_outputs: int | None = None,
-    memory_budget: int = DEFAULT_MEMORY_BUDGET,
-    seed: int = 0,
-    progress: Progress | None = None,
-    onnx_path: str | os.PathLike | None = None,
-    allow_different_weights: bool = False,
-    runtime: str | None = None,
-    cand_runtime: str | None = None,
-    ov_precision: str | None = None,
-    ov_device: str | None = None,
-    steps: int | None = None,
-    inputs: str | os.PathLike | None = None,
-    limit: int | None = None,
-    save_inputs: str | os.PathLike | None = None,
-    columns: Sequence[str] | None = None,
-    image_size: Any = None, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
-    preprocess: Preprocess | None = None,
+    metric: str = UNSET,
+    rtol: float | None = UNSET,
+    atol: float | None = UNSET,
+    local: bool = False,
     criterion: Criterion | None = None,
     runtime_options: RuntimeOptions | None = None,
     sample_options: SampleOptions | None = None,
-    precision: str = "auto",
 ) -> CompareReport:
-    """Compare a reference with an ONNX candidate layer by layer in ONNX Runtime.
+    """Compare a reference with a candidate file layer by layer.
 
     Args:
-        ref: the ``nn.Module`` the candidate was exported from (eval mode), or
-            the path of a reference ONNX file (then torch is never imported).
-        args: one sample: the positional arguments (a tensor/array or a tuple
-            of them; a dict of named inputs for an ONNX reference). ``None``
-            with an ONNX reference: random data from its input shapes.
-        cand: the candidate ONNX file (a float16/int8 conversion, an optimised
-            copy, another exporter's file, or ``ref`` itself run another way);
-            read only, never modified. ``onnx_path`` is its former name. An ONNX
-            ``ref`` or ``cand`` may also be the file already read
-            (:func:`~layertap.onnxfile.modelfile.read_model`): it is not read again,
-            and is left holding its graph without the inline weights.
-        samples: several samples: a list/iterable of samples like ``args``, or
-            ``N`` for N seeded random samples shaped like ``args`` (or like the
-            reference file's inputs). Rows then hold each call's worst sample.
-        providers, cand_providers: ORT execution providers of the reference
-            (an ONNX file; refused with a PyTorch reference) and of the candidate,
-            e.g. ``["CUDA"]``; default CPU.
-        metric: what decides pass/fail: ``rel`` (``max_abs <= atol + rtol *
-            max|ref|``), ``cosine`` (``>= min_cosine``) or ``sqnr`` (``>= min_sqnr_db``).
-        rtol, atol: the ``rel`` rule (default 1e-3, 1e-5). Given (or a ``metric`` other than ``rel``), they
-            decide every row; left out, a candidate below float32 is judged at its precision (``precision``).
-        precision: the format a reduced-precision candidate is judged at: ``auto`` (read from the file and
-            its runtime: float16/bfloat16 types, QDQ scales, OpenVINO's inference precision), or ``fp16``,
-            ``bf16``, ``int8``, ``fp32`` (``fp32``: the fixed rule above). Below float32 every row carries
-            ``format_rel`` (an ideal run at that format against the reference: what the format costs there) and
-            ``impl_rel`` (the candidate against that ideal run: what the file or the runtime adds); a row fails
-            when ``impl_rel`` exceeds :data:`~layertap.metrics.FORMAT_MULTIPLE` times ``format_rel`` (plus the
-            float32 tolerance), or where the format cannot carry the value (overflow, underflow, clipping).
-            ``report.precision`` names the format judged at (see :mod:`layertap.comparing.ideal`).
-        local: also run each compared call's candidate nodes on the reference's
-            own inputs; ``local_rel`` is the error the call makes by itself.
-        check_finite: a candidate value that is NaN/inf fails its row (the
-            report's ``first_nonfinite`` names the first one either way).
+        ref: the PyTorch model the candidate was exported from: an ``nn.Module`` (eval mode), a MODEL spec
+            (``torchvision:resnet18``, ``path/file.py:Net``) or a :class:`~layertap.options.Model` (a spec with
+            its weights, or a module with the method to call: ``Model(clip, method="encode_image")``); or the
+            path of a reference ONNX file (then torch is never imported).
+        args: one sample: the positional arguments (a tensor/array or a tuple of them; a dict of named inputs
+            for an ONNX reference). For a PyTorch reference also ``--input`` specs (``["1x3x224x224"]``,
+            drawn as the model accepts them); ``None``: a spec's default input, or random data from an ONNX
+            reference's input shapes.
+        cand: the candidate file (a float16/int8 conversion, an optimised copy, another exporter's file, an
+            OpenVINO IR, or ``ref`` itself run another way); read only, never modified. An ONNX ``ref`` or
+            ``cand`` may also be the file already read (:func:`~layertap.onnxfile.modelfile.read_model`): it is
+            not read again.
+        samples: several samples: a list/iterable of samples like ``args``, or ``N`` for N seeded random
+            samples shaped like ``args`` (or like the reference file's inputs). Rows then hold each call's
+            worst sample.
         modules: compare only these modules and their submodules.
-        kwargs: keyword arguments for the PyTorch method.
-        method: the PyTorch method the file was exported from: a name or a
-            callable ``fn(model, *args, **kwargs)``, as for ``lt.export``.
-        ort_optimizations: ORT graph optimisations for the candidate;
-            ``ref_ort_optimizations`` for an ONNX reference (default: the same).
-        batch_outputs: at most this many ONNX tensors per ORT run.
-        memory_budget: bytes of intermediates held at once on each side.
-        seed: seed of random samples.
-        progress: receives the steps (``step``/``advance``); ``None``: silent.
-        allow_different_weights: compare even when most parameters found on both sides by
-            name differ (another checkpoint); the report says so. Without it that raises
-            :class:`~layertap.comparing.weights.DifferentWeightsError`. A few differing
-            parameters never stop the comparison: each is named on its module's row (``weights``).
-        runtime, cand_runtime: what runs each file: ``"ort"`` (ONNX Runtime, the default) or
-            ``"openvino"``. ``runtime`` is an ONNX reference's (the candidate's with a PyTorch
-            reference), ``cand_runtime`` the candidate's (default: the reference's), so
-            ``compare(f, None, f, cand_runtime="openvino")`` runs one file in both.
-        ov_precision, ov_device: OpenVINO's ``INFERENCE_PRECISION_HINT`` (``f32``, ``bf16``,
-            ``f16``; default the device's) and device (``CPU``, ``GPU``, ``NPU``; default CPU).
-        steps: with a decoder file (a KV cache), the prompt and then this many greedy decode
-            steps on both sides, the reference's tokens forced on both, each side fed its own
-            cache; rows are per call and token (``PATH@POS``, ``token``), the first divergence
-            names both (:mod:`.steps`).
-        inputs: the samples from a path instead of ``args``/``samples``: any folder
-            ``lt.extract_dataset`` reads (images, ``.npy``/``.npz`` files, a ``datasets`` folder)
-            or one ``.npz`` (see :func:`~layertap.samples.loading.load_samples`); ``limit``
-            reads the first N; ``columns`` picks a ``datasets`` folder's input columns.
-        image_size, mean, std: image preprocessing when the model's config gives none (a timm
-            model's is used; ``preprocess`` gives the model's recipe, e.g.
-            ``layertap.pytorch.preprocessing.zoo_recipe("torchvision:resnet18")``).
-        save_inputs: write the samples compared to this ``.npz``; ``inputs=`` of it repeats the
-            comparison exactly (an array per input: samples of batch 1 joined on the batch axis,
-            e.g. 4 samples of ``1x3x224x224`` as ``4x3x224x224``; see
-            :func:`~layertap.samples.loading.save_samples`).
-        criterion, runtime_options, sample_options: the same options as objects
-            (:class:`~layertap.metrics.Criterion`: ``metric``, ``rtol``, ``atol``, ``min_cosine``,
-            ``min_sqnr_db``, ``check_finite``; :class:`~layertap.options.RuntimeOptions`: ``runtime``,
-            ``cand_runtime``, ``providers``,
-            ``cand_providers``, ``ort_optimizations``, ``ref_ort_optimizations``, ``ov_precision``,
-            ``ov_device``; :class:`~layertap.options.SampleOptions`: ``samples``, ``inputs``, ``limit``,
-            ``columns``, ``image_size``, ``mean``, ``std``, ``preprocess``, ``save_inputs``, ``seed``);
-            a keyword not left at its default replaces the object's field.
+        metric: what decides pass/fail: ``rel`` (the default: ``max_abs <= atol + rtol * max|ref|``),
+            ``cosine`` (``>= min_cosine``) or ``sqnr`` (``>= min_sqnr_db``).
+        rtol, atol: the ``rel`` rule (default 1e-3, 1e-5). Given (or a ``metric`` other than ``rel``), they
+            decide every row; left out, a candidate below float32 is judged at its precision
+            (``criterion.precision``): every row carries ``format_rel`` (an ideal run at that format against
+            the reference: what the format costs there) and ``impl_rel`` (the candidate against that ideal run:
+            what the file or the runtime adds); a row fails when ``impl_rel`` exceeds
+            :data:`~layertap.metrics.FORMAT_MULTIPLE` times ``format_rel`` (plus the float32 tolerance), or
+            where the format cannot carry the value (see :mod:`layertap.comparing.ideal`).
+        local: also run each compared call's candidate nodes on the reference's own inputs; ``local_rel``
+            is the error the call makes by itself.
+        criterion: the rule as an object (:class:`~layertap.metrics.Criterion`: ``metric``, ``rtol``,
+            ``atol``, ``min_cosine``, ``min_sqnr_db``, ``check_finite``, ``precision`` (``auto``, ``fp32``,
+            ``fp16``, ``bf16``, ``int8``), ``allow_different_weights``: compare even when most parameters
+            found on both sides by name differ; without it that raises
+            :class:`~layertap.comparing.weights.DifferentWeightsError`).
+        runtime_options: what runs each file and the memory held (:class:`~layertap.options.RuntimeOptions`:
+            ``runtime``/``cand_runtime`` ``"ort"`` or ``"openvino"`` (an OpenVINO IR runs in OpenVINO),
+            ``providers``/``cand_providers``, ``ort_optimizations``/``ref_ort_optimizations``,
+            ``ov_precision``, ``ov_device``, ``batch_outputs``, ``memory_budget``).
+        sample_options: the samples as an object (:class:`~layertap.options.SampleOptions`: ``inputs`` (a path
+            any ``lt.extract_dataset`` reads, or one ``.npz``), ``limit``, ``columns``, the image recipe
+            (``image_size``, ``mean``, ``std``, ``preprocess``; default the model's zoo's), ``save_inputs``
+            (write the samples compared to one ``.npz``: ``inputs=`` of it repeats the comparison),
+            ``seed``, and ``steps``: with a decoder file (a KV cache), the prompt and then this many greedy
+            decode steps on both sides, rows per call and token).
+
+    A keyword given explicitly wins over an object's field, whatever its value. Progress goes to the
+    receiver of :func:`layertap.options.reporting`.
 
     Returns:
         A :class:`CompareReport`: ``.ok``, ``.rows`` (one per module call, in
@@ -202,6 +143,7 @@ def compare(
 
     Example:
         >>> import torch, layertap as lt
+        >>> from layertap.options import RuntimeOptions
         >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
         >>> x = torch.randn(2, 4)
         >>> import tempfile, os; path = os.path.join(tempfile.mkdtemp(), "m.onnx")
@@ -209,23 +151,18 @@ def compare(
         >>> report = lt.compare(model, x, path, samples=3)
         >>> report.ok, report.first_divergence, report.samples
         (True, None, 3)
-        >>> lt.compare(path, None, path, ref_ort_optimizations=False).ok
+        >>> lt.compare(path, None, path, runtime_options=RuntimeOptions(ref_ort_optimizations=False)).ok
         True
     """
-    cand = _candidate(cand, onnx_path)
-    runs = RuntimeOptions.merged(runtime_options, runtime=runtime, cand_runtime=cand_runtime, providers=providers,
-                                 cand_providers=cand_providers, ort_optimizations=ort_optimizations,
-                                 ref_ort_optimizations=ref_ort_optimizations, ov_precision=ov_precision, ov_device=ov_device)
-    sampling = SampleOptions.merged(sample_options, samples=samples, inputs=inputs, limit=limit, columns=columns,
-                                    image_size=image_size, mean=mean, std=std, preprocess=preprocess,
-                                    save_inputs=save_inputs, seed=seed)
-    rule, tolerance_chosen = merged_criterion(criterion, metric=metric, rtol=rtol, atol=atol, min_cosine=min_cosine,
-                                              min_sqnr_db=min_sqnr_db, check_finite=check_finite, precision=precision)
-    plan = _Plan(_checked(rule), modules, batch_outputs, memory_budget, allow_different_weights, local,
-                 sampling.seed, sampling.save_inputs, progress, tolerance_chosen)
-    _check_memory(batch_outputs, memory_budget)
-    return _compare(ref, args, cand, runs, sampling, plan, tolerance_chosen=tolerance_chosen,
-                    call=_TorchCall(dict(kwargs or {}), method, steps))
+    if cand is None:
+        raise LayertapError("compare needs a candidate file (the third argument)")
+    runs = RuntimeOptions.merged(runtime_options)
+    sampling = SampleOptions.merged(sample_options, samples=samples)
+    rule, tolerance_chosen = merged_criterion(criterion, metric=metric, rtol=rtol, atol=atol)
+    _check_memory(runs.batch_outputs, runs.memory_budget)
+    plan = _Plan(_checked(rule), modules, runs.batch_outputs, runs.memory_budget, rule.allow_different_weights, local,
+                 sampling.seed, sampling.save_inputs, current_progress(), tolerance_chosen)
+    return _compare(ref, args, cand, runs, sampling, plan, tolerance_chosen=tolerance_chosen)
 
 
 @dataclass(frozen=True)
@@ -258,32 +195,39 @@ class _Plan:
         return dict(criterion=self.criterion, local=self.local, memory_budget=self.memory_budget, progress=self.progress)
 
 
-@dataclass(frozen=True)
-class _TorchCall:
-    """How a PyTorch reference is called: keyword arguments, the method, decode steps."""
-
-    kwargs: dict
-    method: str | Callable[..., Any] = "forward"
-    steps: int | None = None
-
-
 def _compare(ref: Any, args: Any, cand: Any, runs: RuntimeOptions, sampling: SampleOptions, plan: _Plan, *,
-             tolerance_chosen: bool, call: _TorchCall) -> CompareReport:
-    """``compare`` on its options as objects: the runtimes opened, the samples read, the rows' rule
-    fitted to a reduced precision, then the sides built for the kind of reference."""
+             tolerance_chosen: bool) -> CompareReport:
+    """``compare`` on its options as objects: the runtimes opened, a PyTorch reference loaded and its
+    example call made, the samples read, the rows' rule fitted to a reduced precision, then the sides
+    built for the kind of reference."""
     onnx_ref = is_onnx_source(ref)
     ref_rt, cand_rt = side_runtimes(onnx_ref, runs, ir=(onnx_ref and is_ir(ref), is_ir(cand)))
     criterion, precision_note = rounding_criterion(plan.criterion, tolerance_chosen, ref_rt)
     plan = replace(plan, criterion=criterion)
-    _check_steps_use(call.steps, onnx_ref or sampling.samples is not None or sampling.inputs is not None)
+    _check_steps_use(sampling.steps, onnx_ref or sampling.samples is not None or sampling.inputs is not None)
+    loaded = None
+    kwargs: dict[str, Any] = {}
+    specs = as_specs(args) if onnx_ref else None
+    if specs is not None and sampling.inputs is not None:  # the samples come from there; specs gave shapes
+        args = None
+    elif specs is not None:  # --input specs of an ONNX reference: drawn once per sample
+        n = sampling.samples if isinstance(sampling.samples, int) else 1
+        args, sampling = None, replace(sampling, samples=spec_samples(specs, n, sampling.seed))
+    if not onnx_ref:
+        from ..pytorch.reference import example_call, load
+
+        loaded = load(ref)
+        args, kwargs, sampling = example_call(loaded, args, sampling)
+        ref = loaded.module
     samples = sampling.samples
     if sampling.inputs is not None or sampling.save_inputs is not None:
         ref, cand, args, samples = reference_samples(ref, cand, args, sampling)
     given, n_random = given_samples(args if onnx_ref else _as_args(args), samples)
-    if onnx_ref:
+    if loaded is None:
         report = _compare_files(ref, cand, given, n_random, ref_rt, cand_rt, plan)
     else:
-        report = _compare_torch(ref, cand, given, n_random, cand_rt, plan, call, ort_optimizations=runs.ort_optimizations)
+        report = _compare_torch(ref, cand, given, n_random, cand_rt, plan, loaded.method, kwargs, sampling.steps,
+                                ort_optimizations=runs.ort_optimizations)
     report.notes[:0] = [precision_note] if precision_note else []
     return report
 
@@ -371,14 +315,6 @@ def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike |
     return report
 
 
-def _candidate(cand: Any, onnx_path: Any) -> Any:
-    """The candidate file (``onnx_path``: its former keyword); none is a user error."""
-    cand = cand if cand is not None else onnx_path
-    if cand is None:
-        raise LayertapError("compare needs a candidate ONNX file (the third argument)")
-    return cand
-
-
 def _check_steps_use(steps: int | None, other_samples: bool) -> None:
     """``steps=`` decodes one prompt against a PyTorch reference; anything else is refused."""
     if steps is not None and other_samples:
@@ -400,8 +336,9 @@ def _checked(criterion: Criterion) -> Criterion:
     if c.precision not in ("auto", *PRECISIONS):
         raise LayertapError(unknown_name("precision", str(c.precision), ["auto", *PRECISIONS],
                                          hint="auto reads it from the candidate file and its runtime"))
-    return Criterion(c.metric, float(c.rtol), float(c.atol), float(c.min_cosine), float(c.min_sqnr_db),
-                     bool(c.check_finite), c.precision)
+    return replace(c, rtol=float(c.rtol), atol=float(c.atol), min_cosine=float(c.min_cosine),
+                   min_sqnr_db=float(c.min_sqnr_db), check_finite=bool(c.check_finite),
+                   allow_different_weights=bool(c.allow_different_weights))
 
 
 def _as_args(args: Any) -> tuple:
@@ -419,21 +356,22 @@ def _torch_samples(given: list[Any], n_random: int, kwargs: dict, seed: int) -> 
 
 
 def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[Any], n_random: int, runtime: Any,
-                   plan: _Plan, call: _TorchCall, *, ort_optimizations: bool) -> CompareReport:
+                   plan: _Plan, method: str | Callable[..., Any], kwargs: dict, steps: int | None, *,
+                   ort_optimizations: bool) -> CompareReport:
     """PyTorch reference: one hooked forward per sample (or decode step), the candidate's tensors in ORT batches."""
     from ..pytorch.taps import bound_method
     from .steps import StepReference, check_steps
     from .torch_ref import TorchReference
 
-    bound_method(model, call.method)  # a non-module or an unknown method fails before any work
-    runs = _torch_samples(given, n_random, call.kwargs, plan.seed)
+    bound_method(model, method)  # a non-module or an unknown method fails before any work
+    runs = _torch_samples(given, n_random, kwargs, plan.seed)
     cand_side = OrtSide(cand, runtime)
     judged = plan.judging(cand_side)
     reference: TorchReference
     candidate: Any = cand_side
-    options = dict(method=call.method, progress=plan.progress, local=plan.local, judging=judged, **plan.sides())
-    if call.steps is not None:  # decode steps fill the model's cache in place: no second, rounded forward
-        reference = StepReference(model, runs, cand_side, steps=check_steps(call.steps), ideal=False, **options)
+    options = dict(method=method, progress=plan.progress, local=plan.local, judging=judged, **plan.sides())
+    if steps is not None:  # decode steps fill the model's cache in place: no second, rounded forward
+        reference = StepReference(model, runs, cand_side, steps=check_steps(steps), ideal=False, **options)
         candidate = reference.candidate
     else:
         reference = TorchReference(model, runs, cand_side, **options)
@@ -455,9 +393,9 @@ def reference_samples(ref: Any, cand: Any, args: Any, sampling: SampleOptions) -
     def zoo() -> Preprocess | None:
         if preprocess is not None or onnx_ref:
             return preprocess
-        from ..pytorch.preprocessing import zoo_recipe
+        from ..pytorch.reference import recipe
 
-        return zoo_recipe(ref)
+        return recipe(ref)
 
     ref, cand, args, samples = read_inputs(ref, cand, onnx_ref, args, sampling, zoo)
     if sampling.inputs is None or onnx_ref:

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import LayertapError
-from ..options import RuntimeOptions, SampleOptions
+from ..options import DatasetOptions, Model, RuntimeOptions, SampleOptions
 from ..samples.images import Preprocess, choose_recipe
 from ..samples.sources import Bad, IterSource, MapSource, open_source, reference
 from .arrays import DTYPES, POOLS, check_choice
 from .backends import BackendSpec
 from .features import Features, load_features
-from .job import DEFAULT_SHARD_SIZE, Job, Options, check_resumed_ids, discard_empty, parse_shard_size, prepare_out
+from .job import Job, Options, check_resumed_ids, discard_empty, parse_shard_size, prepare_out
 from .shards import FORMATS
 
 ENGINES = ("local", "ray")
@@ -26,68 +26,43 @@ def extract_dataset(
     out: str | os.PathLike,
     *,
     batch_size: int = 64,
-    shard_size: int | str = DEFAULT_SHARD_SIZE,
     format: str = "safetensors",  # noqa: A002 - the CLI's --format
-    dtype: str = "float32",
     pool: str = "none",
     resume: bool = False,
-    limit: int | None = None,
-    workers: int = 0,
     device: str = "cpu",
-    method: str | Callable[..., Any] = "forward",
-    stop_early: bool = False,
-    skip_bad: bool = False,
-    image_size: Any = None,
-    mean: Sequence[float] | None = None,
-    std: Sequence[float] | None = None,
-    weights: str | None = None,
-    config: str | None = None,
-    unsafe_pickle: bool = False,
-    weights_key: str | None = None, weights_strict: bool = True,
-    engine: str = "local",
-    ray_address: str | None = None,
-    progress: bool | None = None,
-    runtime: str | None = None,
-    ov_precision: str | None = None,
-    ov_device: str | None = None,
-    columns: Sequence[str] | None = None,
+    dataset_options: DatasetOptions | None = None,
     runtime_options: RuntimeOptions | None = None,
     sample_options: SampleOptions | None = None,
 ) -> Features:
     """Run a model over a whole dataset and save the tapped tensors in shards.
 
     Args:
-        model_or_path: an ``nn.Module``, a MODEL spec (``torchvision:resnet18``) or an ``.onnx`` file.
+        model_or_path: an ``nn.Module``, a MODEL spec (``torchvision:resnet18``), a
+            :class:`~layertap.options.Model` (a spec with its ``weights``, ``config``, ``weights_key``,
+            ``weights_strict``, ``unsafe_pickle``; the ``method`` run) or an ``.onnx`` file.
         data: a folder of images, of ``.npy``/``.npz`` samples, or a ``datasets``
             ``save_to_disk`` folder; or any sequence / iterable of samples or a DataLoader.
         taps: selectors; each must give a tensor with the batch first.
         out: OUT_DIR (created; must be new or empty, or an extraction to ``resume``).
         batch_size: samples per forward.
-        shard_size: samples per shard file (``1024``), or the size of a shard's features
-            (``"256MB"``, ``"1GiB"``; the default): the samples per shard then follow from the
-            taps' bytes per sample, and the manifest records the count used (``shard_samples``).
         format: ``safetensors``, ``npy`` or ``zarr``.
-        dtype: floating features are stored as ``float32``, ``float16`` or ``bfloat16``.
         pool: ``none``, or ``mean``/``max``/``first`` over spatial (N,C,H,W) or token (N,T,D) axes.
         resume: continue an interrupted run (the options must be the same).
-        limit: read only the first ``limit`` samples.
-        workers: DataLoader worker processes (threads for ONNX files) that load ahead.
         device: ``cpu`` or ``cuda`` (PyTorch backend).
-        method, stop_early: as for ``lt.extract`` (the manifest records a callable by its name).
-        skip_bad: record unreadable samples in the manifest and go on, instead of stopping.
-        image_size, mean, std: image preprocessing when the model's config gives none.
-        weights, config, unsafe_pickle, weights_key, weights_strict: options of a MODEL spec
-            (see ``layertap.pytorch.models.load_model``).
-        engine: ``local`` or ``ray`` (Ray Data; ``ray_address`` joins a cluster, else a local one starts).
-        progress: show a progress bar (default: when stderr is a terminal).
-        runtime, ov_precision, ov_device: what runs an ``.onnx`` file: ``"ort"`` (ONNX Runtime, the
-            default) or ``"openvino"``, with OpenVINO's precision (``f32``/``bf16``/``f16``) and device.
-        columns: the input columns of a ``datasets`` folder (default: its image or array column,
-            else every array column, as named inputs); a ``label`` column is kept as labels.
-        runtime_options, sample_options: those options as objects
-            (:class:`~layertap.options.RuntimeOptions`: ``runtime``, ``ov_precision``, ``ov_device``;
-            :class:`~layertap.options.SampleOptions`: ``limit``, ``columns``, ``image_size``, ``mean``,
-            ``std``); a keyword not left at its default replaces the object's field.
+        dataset_options: the rest of the run (:class:`~layertap.options.DatasetOptions`): ``dtype`` of the
+            stored floating features (``float32``, ``float16``, ``bfloat16``), ``shard_size`` (samples per
+            shard, ``1024``, or the size of a shard's features, ``"256MB"``, the default: the samples per
+            shard then follow from the taps' bytes per sample, and the manifest records the count used),
+            ``skip_bad`` (record unreadable samples in the manifest and go on), ``workers`` (DataLoader
+            worker processes; threads for ONNX files), ``stop_early`` (as for ``lt.extract``), ``engine``
+            (``local`` or ``ray``: Ray Data; ``ray_address`` joins a cluster, else a local one starts) and
+            ``progress`` (a progress bar; default: when stderr is a terminal).
+        runtime_options: what runs an ``.onnx`` file (:class:`~layertap.options.RuntimeOptions`: ``runtime``
+            ``"ort"``, the default, or ``"openvino"``, with ``ov_precision`` and ``ov_device``).
+        sample_options: which samples and how images are read (:class:`~layertap.options.SampleOptions`:
+            ``limit`` (the first N), ``columns`` (the input columns of a ``datasets`` folder; default its
+            image or array column, else every array column, as named inputs; a ``label`` column is kept as
+            labels), ``image_size``, ``mean``, ``std`` (when the model's config gives no recipe)).
 
     Returns:
         :class:`~layertap.dataset.features.Features` over OUT_DIR (see ``lt.load_features``).
@@ -97,25 +72,31 @@ def extract_dataset(
         >>> from torch import nn
         >>> out = tempfile.mkdtemp() + "/feats"
         >>> data = [np.ones((2, 3, 3), np.float32) * i for i in range(10)]
-        >>> f = lt.extract_dataset(nn.Sequential(nn.Conv2d(2, 4, 1)), data, taps=["0"], out=out,
-        ...                        batch_size=4, shard_size=8, pool="mean", progress=False)
+        >>> from layertap.options import DatasetOptions
+        >>> f = lt.extract_dataset(nn.Sequential(nn.Conv2d(2, 4, 1)), data, taps=["0"], out=out, batch_size=4,
+        ...                        pool="mean", dataset_options=DatasetOptions(shard_size=8, progress=False))
         >>> len(f), f["0"].shape, f["0"].dtype.name, len(f.manifest.data["shards"])
         (10, (10, 4), 'float32', 2)
     """
-    runs = RuntimeOptions.merged(runtime_options, runtime=runtime, ov_precision=ov_precision, ov_device=ov_device)
-    sampling = SampleOptions.merged(sample_options, limit=limit, columns=columns, image_size=image_size, mean=mean, std=std)
-    opts = _options(batch_size, shard_size, format, dtype, pool, sampling.limit, skip_bad, workers)
-    check_choice("engine", engine, ENGINES)
-    tap_texts = _tap_texts(taps, model_or_path)
-    spec = BackendSpec(_model_arg(model_or_path), tap_texts, method=method, stop_early=stop_early, device=device,
-                       weights=None if weights is None else str(Path(weights).resolve()), config=config, unsafe_pickle=unsafe_pickle,
-                       weights_key=weights_key, weights_strict=weights_strict, runtime=_runtime(model_or_path, runs))
+    runs = RuntimeOptions.merged(runtime_options)
+    sampling = SampleOptions.merged(sample_options)
+    run = DatasetOptions.merged(dataset_options)
+    opts = _options(batch_size, run.shard_size, format, run.dtype, pool, sampling.limit, run.skip_bad, run.workers)
+    check_choice("engine", run.engine, ENGINES)
+    model = Model.of(model_or_path)
+    source = model.spec if model.spec is not None else model.source  # text: it travels to Ray workers
+    tap_texts = _tap_texts(taps, source)
+    loading = model.loading  # paths absolute: Ray workers run elsewhere
+    spec = BackendSpec(_model_arg(source), tap_texts, method=model.method, stop_early=run.stop_early, device=device,
+                       weights=None if loading["weights"] is None else str(Path(loading["weights"]).resolve()),
+                       config=None if model.config is None else os.fspath(model.config), unsafe_pickle=model.unsafe_pickle,
+                       weights_key=model.weights_key, weights_strict=model.weights_strict, runtime=_runtime(source, runs))
     recipe: list[Preprocess | None] = []  # found once, when a sample needs it
     source, out_dir = _open_data(data, out, _recipe_once(spec, sampling, recipe), sampling.columns,
                                  same_shape=opts.pool == "none")
     count = (len(source) if opts.limit is None else min(opts.limit, len(source))) if isinstance(source, MapSource) else None
     header = _header(spec, source, opts.recorded(tap_texts, device, _threads(spec)), recipe)
-    ref = _reference(source, skip_bad)
+    ref = _reference(source, run.skip_bad)
     _check_device(spec, device)
     created = not out_dir.exists()
     manifest = prepare_out(out_dir, header, resume)
@@ -123,7 +104,7 @@ def extract_dataset(
     job = Job(out_dir, source, spec, opts, ref, count, manifest)
     kept = len(manifest.shards)
     if manifest.status != "complete":
-        _finish(job, created, engine, ray_address, progress)
+        _finish(job, created, run.engine, run.ray_address, run.progress)
     feats = load_features(out)
     feats.kept, feats.written = kept, len(manifest.shards) - kept
     return feats
@@ -265,9 +246,9 @@ def _preprocess(spec: BackendSpec, sampling: SampleOptions) -> Preprocess | None
     def zoo() -> Preprocess | None:
         if spec.is_onnx:
             return None
-        from ..pytorch.preprocessing import zoo_recipe
+        from ..pytorch.reference import recipe
 
-        return zoo_recipe(spec.model)
+        return recipe(spec.model)
 
     return choose_recipe(sampling.image_size, sampling.mean, sampling.std, zoo,
                          lambda: _onnx_image_size(Path(spec.model)) if spec.is_onnx else None)

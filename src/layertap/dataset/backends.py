@@ -165,11 +165,13 @@ def _load_torch_model(spec: BackendSpec):
         return spec.model
     if not isinstance(spec.model, str):
         raise LayertapError(f"model must be an nn.Module, a MODEL spec or an .onnx path, got a {type(spec.model).__name__}")
-    from ..pytorch.models import load_model
+    from ..options import Model
+    from ..pytorch.reference import load
 
-    model, spec._info = load_model(spec.model, weights=spec.weights, config=spec.config, unsafe_pickle=spec.unsafe_pickle,
-                                   weights_key=spec.weights_key, weights_strict=spec.weights_strict)
-    return model
+    loaded = load(Model(spec.model, weights=spec.weights, weights_key=spec.weights_key, weights_strict=spec.weights_strict,
+                        config=spec.config, unsafe_pickle=spec.unsafe_pickle))
+    spec._info = loaded.info
+    return loaded.module
 
 
 class OnnxBackend:

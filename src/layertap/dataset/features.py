@@ -152,7 +152,8 @@ def load_features(out: str | os.PathLike) -> Features:
         >>> from torch import nn
         >>> out = tempfile.mkdtemp() + "/feats"
         >>> data = [np.full((3,), i, np.float32) for i in range(5)]
-        >>> _ = lt.extract_dataset(nn.Sequential(nn.Linear(3, 2)), data, taps=["0"], out=out, progress=False)
+        >>> _ = lt.extract_dataset(nn.Sequential(nn.Linear(3, 2)), data, taps=["0"], out=out,
+        ...                        dataset_options=lt.DatasetOptions(progress=False))
         >>> f = lt.load_features(out)
         >>> f.ids, f.taps, f["0"].shape
         ([0, 1, 2, 3, 4], ['0'], (5, 2))

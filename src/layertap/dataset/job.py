@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import LayertapError
+from ..options import DatasetOptions
 from ..samples.sources import IterSource, MapSource, Reference
 from .arrays import numpy_dtype
 from .backends import BackendSpec
@@ -20,7 +21,7 @@ from .batches import BatchRunner, Collated, ShardData, collate, keyed_layout
 from .manifest import NAME, Manifest
 from .shards import remove_leftovers, write_shard
 
-DEFAULT_SHARD_SIZE = "256MB"
+DEFAULT_SHARD_SIZE = DatasetOptions().shard_size
 
 
 @dataclass

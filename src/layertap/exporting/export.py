@@ -56,6 +56,7 @@ from ..files.writes import check_output_path
 from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
 from ..onnxfile.metadata import TAPS_KEY
 from ..onnxfile.publish import external_locations, publish, publish_file
+from ..options import ExportOptions
 from ..pytorch.values import random_tensor, tensor_to_numpy
 from ..selectors import Tap, parse_taps
 from . import _onnxedit as edit
@@ -77,18 +78,13 @@ def export(
     taps: Sequence[str | Tap] = (),
     *,
     method: str | Callable[..., Any] = "forward",
+    kwargs: dict | None = None,
     dynamic_batch: bool = True,
     verify: bool = True,
     exporter: str = "dynamo",
-    opset: int | None = None,
     rtol: float = DEFAULT_RTOL,
     atol: float = DEFAULT_ATOL,
-    input_names: Sequence[str] | None = None,
-    kwargs: dict | None = None,
-    fallback: bool = False,
-    external_data: bool | None = None,
-    dynamic_sequence: bool = False,
-    kv_cache: bool = False,
+    export_options: ExportOptions | None = None,
 ) -> ExportReport:
     """Export ``model.<method>(*args, **kwargs)`` to ONNX with taps as extra outputs.
 
@@ -105,24 +101,21 @@ def export(
             return anything made of tensors, tuples, lists and dicts.
         dynamic_batch: make each input's first dimension symbolic (and every
             output that follows it); ``False`` fixes all sizes.
+        kwargs: keyword arguments of the call.
         verify: run the file in ONNX Runtime and compare with PyTorch.
         exporter: ``"dynamo"`` (torch.export-based, default) or ``"torchscript"``.
-        opset: ONNX opset version (exporter default when ``None``).
         rtol, atol: verification tolerances (see :mod:`layertap.metrics`).
-        input_names: names for the tensor inputs; default from the method's
-            signature (``x``, ``pixel_values``, ``input_ids``...).
-        kwargs: keyword arguments of the call.
-        fallback: when the dynamo exporter fails, try the TorchScript one
-            (the report says so) instead of raising.
-        external_data: store weights in ``<path>.data``; default: only when
-            they exceed 1.9 GiB.
-        dynamic_sequence: also make the sequence axis symbolic (axis 1 of every
-            input of rank 2 or more; axis 2 of a cache input), verified at another length.
-        kv_cache: a transformers decoder with its KV cache (implies ``dynamic_sequence``):
-            ``args`` is ``input_ids``; inputs ``input_ids``, ``attention_mask``,
-            ``past_key_values.N.key/value``, outputs ``logits``, ``present.N.key/value``
-            (Optimum's names), verified also over a prefill and greedy decode steps
-            (:mod:`layertap.exporting.llm`).
+        export_options: the rest, as an object (:class:`~layertap.options.ExportOptions`):
+            ``opset`` (the exporter's default when ``None``); ``input_names`` for the tensor inputs (default
+            from the method's signature: ``x``, ``pixel_values``, ``input_ids``...); ``fallback``: when the
+            dynamo exporter fails, try the TorchScript one (the report says so) instead of raising;
+            ``external_data``: store weights in ``<path>.data`` (default: only when they exceed 1.9 GiB);
+            ``dynamic_sequence``: also make the sequence axis symbolic (axis 1 of every input of rank 2 or
+            more; axis 2 of a cache input), verified at another length; ``kv_cache``: a transformers
+            decoder with its KV cache (implies ``dynamic_sequence``): ``args`` is ``input_ids``; inputs
+            ``input_ids``, ``attention_mask``, ``past_key_values.N.key/value``, outputs ``logits``,
+            ``present.N.key/value`` (Optimum's names), verified also over a prefill and greedy decode
+            steps (:mod:`layertap.exporting.llm`).
 
     Returns:
         An :class:`~layertap.exporting.verify.ExportReport`: one row per graph
@@ -146,18 +139,20 @@ def export(
     """
     out = check_output_path(path, suffixes=(".onnx",))
     _check_options(model, exporter)
+    opts = ExportOptions.merged(export_options)
+    input_names, kv_cache = opts.input_names, opts.kv_cache
     if kv_cache:
         args, input_names, method, kwargs = *llm.cache_example(model, _as_args(args), dict(kwargs or {})), \
             llm.cache_method(model), None
-    plan = _plan(model, args, kwargs, taps, method, input_names, dynamic_batch, external_data)
-    if dynamic_sequence or kv_cache:
+    plan = _plan(model, args, kwargs, taps, method, input_names, dynamic_batch, opts.external_data)
+    if opts.dynamic_sequence or kv_cache:
         plan.sequence = llm.sequence_axes(plan.input_names, plan.traced)
     plan.cache = kv_cache
     if not kv_cache and method == "forward" and llm.returns_cache(model):
         plan.notes.append(llm.DROPPED_CACHE_NOTE)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name[:120]}.") as work:
         raw, final = _work_paths(Path(work), "model.onnx")  # short: any output name fits NAME_MAX
-        used, graph = _run_exporter(plan, raw, exporter, fallback, opset)
+        used, graph = _run_exporter(plan, raw, exporter, opts.fallback, opts.opset)
         _finish_graph(plan, graph)
         _save(graph, final, plan.external)
         rows, inputs = _rows(graph, plan.wrapper), _declared_inputs(graph)

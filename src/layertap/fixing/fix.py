@@ -10,10 +10,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 from ..errors import LayertapError
-from ..options import SampleOptions
+from ..options import UNSET, SampleOptions, SearchOptions
 from ..samples.declared import Declared, as_feeds, random_feeds, read_samples
 from ..tables import Column, Report
 from .configs import Target, check_script, write_configs
@@ -145,17 +145,19 @@ class NodeFixReport(FixReport):
 
 
 def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike | None = "fixed.onnx",
-        target: str | Target = "cosine:0.999", samples: int | Sequence[Any] | None = None,
+        target: str | Target = "cosine:0.999", samples: int | Sequence[Any] | None = UNSET,
         calib: str | os.PathLike | Sequence[Any] | None = None, keep: Sequence[str] = (), max_float: int | None = None,
-        config_out: str | os.PathLike | None = None, seed: int = 0, naive: bool = False, rank_report: Any = None,
-        exporter: str = "dynamo", on_step: Callable[[FixStep], None] | None = None,
-        sample_options: SampleOptions | None = None) -> FixReport:
+        config_out: str | os.PathLike | None = None, sample_options: SampleOptions | None = None,
+        search_options: SearchOptions | None = None) -> FixReport:
     """Convert ``ref`` to ``to`` (``fp16`` or ``int8``) keeping the fewest modules in float32 that meet ``target``.
 
     Args:
-        ref: a float32 ONNX file, or an ``nn.Module`` (exported first, as ``lt.export`` does, with ``args``).
-        args: one sample (a dict by input name, an array, or arrays in input order); a PyTorch ``ref``
-            without it is exported with the first of ``samples`` (a folder / ``.npz``).
+        ref: a float32 ONNX file, or a PyTorch model (an ``nn.Module``, a MODEL spec, or a
+            :class:`~layertap.options.Model` with its weights and method), exported first as ``lt.export``
+            does, with ``args``.
+        args: one sample (a dict by input name, an array, or arrays in input order; ``--input`` specs for a
+            PyTorch ``ref``); a PyTorch ``ref`` without it is exported with its spec's default input, else
+            the first of ``samples`` (a folder / ``.npz``).
         samples: ``N`` seeded random samples, or a list of samples, or a folder / ``.npz``
             (images, ``.npy``/``.npz`` files, a ``datasets`` folder); the target is judged over all.
         calib: int8 calibration samples (a folder / ``.npz`` or a list); default the comparison samples.
@@ -165,14 +167,13 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
             tensor names they make), ``.kept`` holds node names and the report is a :class:`NodeFixReport`.
         config_out: a folder for the kept set in each toolchain's form (:func:`.configs.write_configs`);
             for float16 also ``convert.py``, which makes FIXED.onnx again (run once here to check it).
-        naive: one module at a time in graph order, no ranking (what the ranking is measured against).
         out: where FIXED.onnx goes (``None``: no file, the report only).
-        rank_report: a comparison of a plain conversion with REF to rank by (else one is made).
-        exporter: how a PyTorch ``ref`` is exported (``dynamo`` or ``torchscript``).
-        on_step: called with each step as it is measured.
         sample_options: ``samples`` and ``seed`` as an object (:class:`~layertap.options.SampleOptions`;
-            its ``inputs`` is a folder / ``.npz`` of samples, ``limit`` reads its first N); a keyword not
-            left at its default replaces the object's field.
+            its ``inputs`` is a folder / ``.npz`` of samples, ``limit`` reads its first N); ``samples=``
+            given replaces its field.
+        search_options: how the search runs (:class:`~layertap.options.SearchOptions`: ``naive``,
+            ``rank_report``, ``exporter`` of a PyTorch ``ref``, ``on_step`` called with each step as it is
+            measured).
 
     Returns:
         A :class:`FixReport` (``.ok``, ``.kept``, ``.nodes``, ``.steps``).
@@ -188,14 +189,16 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
     if to not in FORMATS:
         raise LayertapError(f"unknown conversion --to {to!r}; use one of {', '.join(FORMATS)}")
     goal = Target.parse(target)
-    sampling = SampleOptions.merged(sample_options, samples=samples, seed=seed)
+    sampling = SampleOptions.merged(sample_options, samples=samples)
+    args = _drawn(ref, args, sampling)
+    search_by = search_options or SearchOptions()
     given: Any = sampling.inputs if sampling.inputs is not None else sampling.samples
     if max_float is not None and (not isinstance(max_float, int) or max_float < 0):
         raise LayertapError(f"--max-float must be a number of modules (nodes, in a file without module scopes) >= 0, "
                             f"got {max_float!r}")
     with tempfile.TemporaryDirectory(prefix="layertap-fix-") as tmp:
         folder = Path(tmp)
-        ref_path = _reference_file(ref, args, given, folder, exporter)
+        ref_path, args = _reference_file(ref, args, sampling, folder, search_by.exporter)
         out_path = _check_out(out, ref_path, config_out)
         model = _load(ref_path)
         declared = Declared.of(model)
@@ -204,11 +207,11 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
         modules = units_of(model)
         notes = _unit_notes(modules)
         forced = modules.check(list(keep))
-        trials = Trials(model, Converter(to, folder, calib_feeds), modules, feeds, goal, folder, on_step)
+        trials = Trials(model, Converter(to, folder, calib_feeds), modules, feeds, goal, folder, search_by.on_step)
         base = trials.baseline()
         plain = trials.trial(forced, "keep" if forced else "plain", forced)
         if not plain.ok or to == "fp16":
-            report = rank_report or _rank_report(ref_path, trials.files[plain.step], feeds)
+            report = search_by.rank_report or _rank_report(ref_path, trials.files[plain.step], feeds)
             constants = constants_beyond(model, modules) if to == "fp16" else set()
             groups = rank(report, to, modules, constants)
             required = beyond_range(report, to, modules, constants)
@@ -216,6 +219,7 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
             if required:
                 notes.append(f"kept in float32 in every set (values beyond float16's range): {', '.join(required)}")
             forced = list(dict.fromkeys(forced + required))
+            naive = search_by.naive
             search(trials, graph_order(modules, groups) if naive else groups, forced, max_float, naive=naive,
                    start=out_of_range(report, to, modules, constants))
         if trials.converter.retyped:
@@ -254,25 +258,45 @@ def _retyped_note(names: list[str]) -> str:
     return f"types onnxconverter-common wrote and ONNX Runtime refuses, repaired (as by convert.py): {', '.join(names[:3])}{more}"
 
 
-def _reference_file(ref: Any, args: Any, samples: Any, folder: Path, exporter: str) -> Path:
-    """The float32 ONNX file: ``ref`` itself, or a PyTorch model exported into ``folder`` (with ``args``,
-    else the first of the ``samples`` a path holds)."""
-    if isinstance(ref, (str, os.PathLike)):
+def _drawn(ref: Any, args: Any, sampling: SampleOptions) -> Any:
+    """``--input`` specs of an ONNX reference drawn as its first sample (a PyTorch one draws its own)."""
+    from ..inputs import as_specs
+    from ..onnxfile.modelfile import is_onnx_source
+    from ..samples.drawn import spec_samples
+
+    specs = as_specs(args) if is_onnx_source(ref) else None
+    return args if specs is None else spec_samples(specs, 1, sampling.seed)[0]
+
+
+def _reference_file(ref: Any, args: Any, sampling: SampleOptions, folder: Path, exporter: str) -> tuple[Path, Any]:
+    """The float32 ONNX file and the sample ``args`` stand for: ``ref`` itself, or a PyTorch model loaded and
+    exported into ``folder`` (with ``args``, ``--input`` specs drawn, a spec's default input, else the first
+    of the samples ``sampling.inputs`` holds, then not a sample of its own)."""
+    from ..onnxfile.modelfile import is_onnx_source
+
+    if is_onnx_source(ref):
         path = Path(ref)
         if not path.is_file():
             raise LayertapError(f"ONNX file '{path}' does not exist")
-        return path
-    if args is None and isinstance(samples, (str, os.PathLike)):
+        return path, args
+    from ..exporting.export import export
+    from ..pytorch.reference import example_call, load
+
+    loaded = load(ref)
+    kwargs = loaded.kwargs
+    if args is None and sampling.inputs is not None:
         from ..pytorch.example_inputs import example_from_samples
 
-        args = example_from_samples(ref, samples)
-    if args is None:
+        args = example_from_samples(loaded.module, sampling.inputs)
+    elif args is None and loaded.info is None:
         raise LayertapError("a PyTorch reference needs one sample to export with (args=...)")
-    from ..exporting.export import export
-
+    else:
+        args, kwargs, _ = example_call(loaded, args, SampleOptions(seed=sampling.seed))
+        if set(kwargs) - set(loaded.kwargs):
+            raise LayertapError("fix exports the model with positional inputs only; give unnamed --input specs")
     path = folder / "reference.onnx"
-    export(ref, args, path, exporter=exporter)
-    return path
+    export(loaded.module, args, path, method=loaded.method, kwargs=kwargs or None, exporter=exporter)
+    return path, (None if sampling.inputs is not None else args)
 
 
 def _check_out(out: str | os.PathLike | None, ref: Path, config_out: Any) -> Path | None:
@@ -344,6 +368,28 @@ def _publish(src: Path, out: Path) -> None:
         shutil.copyfile(src, tmp)
 
 
+def compare_block_list(ref: Any, samples: Any, report: Any, cand: Any, out: str | os.PathLike, criterion: Any,
+                       seed: int = 0) -> tuple[FixReport, list[str]]:
+    """``compare --fp16-block-list``: :func:`write_block_list` with the target the comparison's rule names
+    (its cosine or SQNR threshold, else cosine 0.999), and the lines that say what was written: the
+    report's notes, the list, whether a float16 conversion with it meets the target and the converter's
+    options to convert with."""
+    from .convert import FP16_OPTIONS
+
+    rule = criterion
+    target = {"cosine": Target("cosine", rule.min_cosine), "sqnr": Target("sqnr", rule.min_sqnr_db)}.get(
+        rule.metric, Target("cosine", 0.999))
+    found = write_block_list(ref, None, samples, report, cand, out, target=target, seed=seed)
+    first, best = found.steps[0], found.best
+    shown = f"{target.metric} {fmt_metric(first.metric)} -> {fmt_metric(best.metric if best else None)}"
+    verdict = (f"a float16 conversion with it meets {target} ({shown})" if found.ok else
+               f"no list meets {target} ({len(found.steps)} conversions tried; this is the best found: {shown})")
+    options = ", ".join(f"{k}={v!r}" for k, v in FP16_OPTIONS.items())
+    return found, [f"note: {n}" for n in found.notes] + [
+        f"fp16 block list: {len(found.nodes)} nodes ({', '.join(found.kept) or 'none'}): {verdict}; convert with "
+        f"{options} (the default max_finite_val, 1e4, clamps larger weights)"]
+
+
 def write_block_list(ref: Any, args: Any, samples: Any, report: Any, cand: Any, out: str | os.PathLike,
                      target: str | Target = "cosine:0.999", seed: int = 0) -> FixReport:
     """``compare --fp16-block-list``: the fp16 search of :func:`fix` on REF (a float32 ONNX file, or the
@@ -361,8 +407,8 @@ def write_block_list(ref: Any, args: Any, samples: Any, report: Any, cand: Any, 
     graph = model_file(cand).model.graph
     smap = getattr(report, "scope_map", None) or ScopeMap.from_model(model_file(cand).model)  # the comparison's, when it read one
     exporter = "torchscript" if smap.source == "torchscript" else "dynamo"
-    found = fix(ref, args, to="fp16", out=None, target=target, samples=samples, rank_report=report, seed=seed,
-                exporter=exporter)
+    found = fix(ref, args, to="fp16", out=None, target=target, samples=samples,
+                sample_options=SampleOptions(seed=seed), search_options=SearchOptions(rank_report=report, exporter=exporter))
     names = {n.name for n in graph.node}
     missing = [n for n in found.nodes if n not in names]
     if missing:

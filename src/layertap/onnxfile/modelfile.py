@@ -101,13 +101,18 @@ def read_model(path: str | os.PathLike) -> ModelFile:
 
 def is_onnx_source(source: Any) -> bool:
     """Whether ``source`` names a file for a runtime (a path, or a :class:`ModelFile` already read),
-    not a PyTorch model: how ``compare`` and ``repro`` tell an ONNX reference.
+    not a PyTorch model (a module, or a MODEL spec such as ``torchvision:resnet18``): how ``compare``,
+    ``repro`` and ``fix`` tell an ONNX reference.
 
     Example:
-        >>> is_onnx_source("m.onnx"), is_onnx_source(object())
-        (True, False)
+        >>> is_onnx_source("m.onnx"), is_onnx_source(object()), is_onnx_source("torchvision:resnet18")
+        (True, False, False)
     """
-    return isinstance(source, (str, os.PathLike, ModelFile))
+    from ..specs import is_model_spec
+
+    if isinstance(source, str):
+        return not is_model_spec(source)
+    return isinstance(source, (os.PathLike, ModelFile))
 
 
 def model_file(source: "str | os.PathLike | ModelFile") -> ModelFile:

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import LayertapError, printable, unknown_name
-from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
+from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, Criterion
 from ..onnxfile.modelfile import ModelFile
-from ..options import RuntimeOptions, SampleOptions
+from ..options import UNSET, Model, RuntimeOptions, SampleOptions, given, merged_criterion
 from .repro_files import MARKER, check_package, finish_package, write_package
 
 
@@ -81,15 +81,15 @@ class ReproReport:
 
 
 def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None = None, *, out: str | os.PathLike = "repro",
-          module: str | None = None, rtol: float | None = None, atol: float | None = None, kwargs: dict | None = None,
-          method: str = "forward", ort_optimizations: bool = True, allow_different_weights: bool = False,
-          command: str | None = None, progress: Any = None, samples: Sequence[Any] | None = None,
+          module: str | None = None, rtol: float | None = UNSET, atol: float | None = UNSET,
+          samples: Sequence[Any] | None = UNSET, command: str | None = None, criterion: Criterion | None = None,
           runtime_options: RuntimeOptions | None = None, sample_options: SampleOptions | None = None) -> ReproReport:
     """Write a minimal package that reproduces one module call's mismatch between ``ref`` and ``cand``.
 
     Args:
-        ref: the ``nn.Module`` the candidate was exported from, or the reference ONNX file.
-        args: one sample, as for :func:`layertap.compare`.
+        ref: the PyTorch model the candidate was exported from (an ``nn.Module``, a MODEL spec, or a
+            :class:`~layertap.options.Model` with its weights and method), or the reference ONNX file.
+        args: one sample, or ``--input`` specs, as for :func:`layertap.compare`.
         cand: the candidate ONNX file (never modified).
         out: the package folder (created; a previous repro package there is replaced).
         module: ``PATH`` or ``PATH#CALL``; default the first divergence. Where neither file carries
@@ -101,11 +101,15 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
         command: the command line the README names (default: this call).
         samples: several samples instead of ``args``: all are compared, and the one where the
             call's error is worst is packaged (README.md and repro.json name it).
-        runtime_options: what runs each file in the comparisons (:class:`~layertap.options.RuntimeOptions`);
-            ``ort_optimizations`` not left at its default replaces its field.
+        criterion: the comparisons' rule (:class:`~layertap.metrics.Criterion`; ``allow_different_weights``
+            compares a candidate with other weights); ``rtol``/``atol`` given replace its fields.
+        runtime_options: what runs each file in the comparisons (:class:`~layertap.options.RuntimeOptions`).
         sample_options: the samples as an object (:class:`~layertap.options.SampleOptions`): its
             ``samples`` as ``samples=``, or ``inputs``, a folder / ``.npz`` read as ``lt.compare`` reads
             it (``limit`` its first N); ``samples=`` given replaces its field.
+
+    A keyword given explicitly wins over an object's field. Progress goes to the receiver of
+    :func:`layertap.options.reporting`.
 
     Returns:
         A :class:`ReproReport` (``.module``, ``.error``, ``.files``, ``.reproduced``).
@@ -130,14 +134,16 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
     if cand is None:
         raise LayertapError("repro needs a candidate ONNX file (the third argument)")
     path, call = _parse_module(module)
+    called = _call_text(ref, cand, module)
     ref, cand = _read_onnx(ref), _read_onnx(cand)
+    target = _check_out(out, [p for p in (_source_path(ref), _source_path(cand)) if p is not None])
+    rule, chosen = merged_criterion(criterion, rtol=rtol, atol=atol)
+    ref, args, sampling = _loaded(ref, args, SampleOptions.merged(sample_options, samples=samples))
     if path is not None:
         path = _check_known(ref, cand, path)
-    target = _check_out(out, [p for p in (_source_path(ref), _source_path(cand)) if p is not None])
-    runs = RuntimeOptions.merged(runtime_options, ort_optimizations=ort_optimizations)
-    ref, cand, samples = _samples(ref, cand, SampleOptions.merged(sample_options, samples=samples))
-    options = dict(rtol=rtol, atol=atol, kwargs=kwargs, method=method, runtime_options=runs,
-                   allow_different_weights=allow_different_weights, progress=progress)
+    ref, cand, samples = _samples(ref, cand, sampling)
+    options = dict(criterion=rule, runtime_options=runtime_options, **given(rtol=rtol, atol=atol))
+    rtol, atol = (rule.rtol, rule.atol) if chosen else (None, None)
     sample = None
     if samples is not None and len(samples) > 1:
         ref, cand, path, call, sample = _worst_sample(compare, ref, cand, samples, path, call, options)
@@ -156,9 +162,9 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
     if part is None:
         raise LayertapError(_no_part_message(report, path, call))
     row = next(r for r in report.rows if (r.path, r.call) == (part.path, part.call))
-    given = None if sample is None or samples is None else (sample, len(samples))
+    worst = None if sample is None or samples is None else (sample, len(samples))
     rtol, atol, why = package_tolerance(report, row, rtol, atol)
-    return _package(ref, cand, part, row, target, rtol, atol, command or _call_text(ref, cand, module), given, why)
+    return _package(ref, cand, part, row, target, rtol, atol, command or called, worst, why)
 
 
 def package_tolerance(report: Any, row: Any, rtol: float | None, atol: float | None) -> tuple[float, float, list[str]]:
@@ -186,6 +192,21 @@ def package_tolerance(report: Any, row: Any, rtol: float | None, atol: float | N
     return wider, atol, [f"judged at {report.precision}: repro.py allows what {report.precision} explains at this call, "
                          f"rtol {rtol:g} + {FORMAT_MULTIPLE:g} x its format error {fmt:.3g} (an ideal {report.precision} run "
                          f"against the reference) = {wider:.3g}; pass --rtol to hold it to another tolerance"]
+
+
+def _loaded(ref: Any, args: Any, sampling: SampleOptions) -> tuple[Any, Any, SampleOptions]:
+    """A PyTorch reference loaded once for every comparison repro runs (a MODEL spec built, its example
+    call made from ``--input`` specs), as a :class:`~layertap.options.Model` of the loaded module; an
+    ONNX reference as it is."""
+    from ..onnxfile.modelfile import is_onnx_source
+
+    if is_onnx_source(ref):
+        return ref, args, sampling
+    from ..pytorch.reference import example_call, load
+
+    loaded = load(ref)
+    args, kwargs, sampling = example_call(loaded, args, sampling)
+    return Model(loaded.module, method=loaded.method, kwargs=kwargs), args, sampling
 
 
 def _samples(ref: Any, cand: Any, sampling: SampleOptions) -> tuple[Any, Any, list[Any] | None]:
@@ -290,8 +311,9 @@ def _check_known(ref: Any, cand: Any, path: str) -> str:
     scopes of the reference file (of the candidate when the reference has none). Where neither file
     has module scopes the rows are the reference's tensors: ``path`` is a tensor name, or the name
     of the node that makes it (returned as that tensor's name)."""
-    if hasattr(ref, "named_modules"):
-        known = [name for name, _ in ref.named_modules() if name]
+    module = ref.source if isinstance(ref, Model) else ref
+    if hasattr(module, "named_modules"):
+        known = [name for name, _ in module.named_modules() if name]
     else:
         from ..onnxfile.scopemap import ScopeMap
 
@@ -380,6 +402,7 @@ def _no_part_message(report: Any, path: str | None, call: int) -> str:
 
 def _call_text(ref: Any, cand: Any, module: str | None) -> str:
     """The Python call that made the package, as the README names it."""
-    ref_text = str(_source_path(ref) or type(ref).__name__)
+    shown = ref.source if isinstance(ref, Model) else ref
+    ref_text = str(_source_path(shown) or (shown if isinstance(shown, str) else type(shown).__name__))
     mod = f", module={module!r}" if module else ""
     return f"lt.repro({ref_text!r}, args, {str(_source_path(cand))!r}{mod})"

@@ -49,11 +49,16 @@ class Tool:
         args.own = self.parse_own(ns, args)
         for group in sorted(self.groups, key=lambda g: g.order):
             group.parse(ns, args)
+        self.finish(ns, args)
         return args
 
     def parse_own(self, ns: argparse.Namespace, args: Args) -> Any:
         """The tool's own options as a typed object; may set ``args.reads``. Runs before the groups."""
         return None
+
+    def finish(self, ns: argparse.Namespace, args: Args) -> None:
+        """Put the tool's own flags into the groups' option objects (``--memory-budget`` into the runtime
+        options, say), so the library gets each option in one object. Runs after the groups."""
 
     def run(self, args: Args) -> int:
         raise NotImplementedError

@@ -30,14 +30,15 @@ from .base import Tool
 
 @dataclass(frozen=True)
 class CompareOptions:
-    """``compare``'s own options, checked: the candidate, the extra outputs, and how the comparison
-    runs (the library's keywords beside its option objects; whether REF is an ONNX file is
-    ``args.model.is_onnx``, the samples are ``args.sampling``)."""
+    """``compare``'s own options, checked: the candidate, the extra outputs, the modules compared, and the
+    option objects with this command's own flags in them (``--allow-different-weights`` in the rule,
+    ``--memory-budget``/``--batch-outputs`` in the runtime options, ``--steps`` in the samples)."""
 
     cand: str
     outputs: dict[str, Path]  # "plot", "fp16", "inputs" (--save-inputs): checked paths
     node_data: str | None
-    run: dict[str, Any]  # compare()'s keywords: modules, local, memory, decode steps
+    modules: list[str] | None
+    local: bool
 
 
 class CompareTool(Tool):
@@ -97,34 +98,37 @@ class CompareTool(Tool):
         if ref_onnx and not Path(ns.model).is_file():
             raise OnnxFileError(f"ONNX file '{ns.model}' does not exist")
         args.reads = (ns.onnx, ns.model) if ref_onnx else (ns.onnx,)
-        return CompareOptions(ns.onnx, _check_outputs(ns, args.reads), ns.node_data, _options(ns))
+        return CompareOptions(ns.onnx, _check_outputs(ns, args.reads), ns.node_data, ns.module, ns.local)
+
+    def finish(self, ns: argparse.Namespace, args: Args) -> None:
+        args.tolerance = replace(args.tolerance, criterion=replace(args.tolerance.criterion,
+                                                                   allow_different_weights=ns.allow_different_weights))
+        args.runtime = replace(args.runtime, batch_outputs=ns.batch_outputs, memory_budget=ns.memory_budget << 20)
+        args.sampling = replace(args.sampling, steps=ns.steps)
 
     def run(self, args: Args) -> int:
         opts: CompareOptions = args.own
-        two = sides(args, opts.cand)
-
         from ...comparing import compare
+        from ...options import reporting
 
-        sampling, used = _keeping_inputs(two.sampling, opts)
+        ref, cand = reference(args), _read(opts.cand)
+        sampling, used = _keeping_inputs(args.sampling, opts)
         try:
-            with StepProgress(enabled=sys.stderr.isatty()) as progress:
-                report = compare(two.ref, two.args, two.cand, kwargs=two.kwargs, progress=progress,
-                                 method=args.model.method, criterion=args.tolerance.criterion,
-                                 runtime_options=args.runtime, sample_options=sampling, **args.tolerance.chosen(),
-                                 **opts.run)
-            _write_outputs(args, report, two.cand)
+            with StepProgress(enabled=sys.stderr.isatty()) as progress, reporting(progress):
+                report = compare(ref, args.inputs.specs or None, cand, modules=opts.modules, local=opts.local,
+                                 criterion=args.tolerance.criterion, runtime_options=args.runtime,
+                                 sample_options=sampling, **args.tolerance.chosen())
+            _write_outputs(args, report, cand)
             self.print_table(report, as_json=args.json)
-            if "fp16" in opts.outputs:
-                given = (two.args, two.sampling.samples) if used is None else \
-                    (None, used.load(two.ref, two.cand))
-                _block_list(args, report, two.cand, two.ref, given)
+            if used is not None:
+                _block_list(args, report, cand, ref, used.load(ref, cand))
         finally:
             if used is not None:
                 used.close()
         if not args.json:
             for path in opts.outputs.values():
                 self.say(f"wrote {path}")
-        self.write_visuals(args, report, two.cand)
+        self.write_visuals(args, report, cand)
         return 0 if report.ok else 1
 
     @staticmethod
@@ -143,41 +147,18 @@ class CompareTool(Tool):
             sys.stderr.write(f"wrote Model Explorer node data {', '.join(map(str, written))}\n")
 
 
-@dataclass(frozen=True)
-class Sides:
-    """What ``compare`` (and ``repro``) runs: the candidate file and the reference, each read or
-    loaded once, one sample's ``args``/``kwargs``, and the sample options (``samples``: the drawn
-    ones, or ``N``; ``inputs``: a path the library reads)."""
-
-    cand: Any
-    ref: Any
-    args: Any
-    kwargs: dict
-    sampling: SampleOptions
-
-
-def sides(args: Args, cand_path: str) -> Sides:
-    """The :class:`Sides` of ``compare`` (and ``repro``): each ONNX file read once, a PyTorch REF
-    loaded first, the samples from ``--inputs``, ``--input`` or ``--samples``."""
-    cand = _Candidate(cand_path)
+def reference(args: Args) -> Any:
+    """REF as the library takes it: an ONNX file read once (graph only), else the PyTorch model (a MODEL
+    spec with its files and method; loaded once here when ``--fp16-block-list`` searches with it too)."""
     if args.model.is_onnx:
-        ref: Any = _read(args.model.text)
-        return Sides(cand.file(), ref, None, {}, _onnx_samples(args))
-    ref, sample_args, kwargs, sampling = _torch_inputs(args)
-    return Sides(cand.file(), ref, sample_args, kwargs, sampling)
+        return _read(args.model.text)
+    model = args.model.model
+    if isinstance(args.own, CompareOptions) and "fp16" in args.own.outputs:
+        from ...options import Model
+        from ...pytorch.reference import load
 
-
-class _Candidate:
-    """The candidate file, read once, when first needed (after the model loaded: a model error comes first)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._file: Any = None
-
-    def file(self) -> Any:
-        if self._file is None:
-            self._file = _read(self.path)
-        return self._file
+        return Model(load(model).module, method=model.method)
+    return model
 
 
 def _read(path: str) -> Any:
@@ -236,88 +217,23 @@ class _UsedInputs:
 
 
 def _keeping_inputs(sampling: SampleOptions, opts: CompareOptions) -> tuple[SampleOptions, _UsedInputs | None]:
-    """The sample options, with the samples read from ``--inputs`` kept when ``--fp16-block-list`` needs them."""
-    if "fp16" not in opts.outputs or sampling.inputs is None:
+    """The sample options, with the samples compared kept when ``--fp16-block-list`` needs them: its
+    conversions are judged on the same values."""
+    if "fp16" not in opts.outputs:
         return sampling, None
     used = _UsedInputs(None if sampling.save_inputs is None else str(sampling.save_inputs))
     return replace(sampling, save_inputs=used.path), used
 
 
-def _block_list(args: Args, report: Any, cand: Any, ref: Any, samples: tuple[Any, Any]) -> None:
+def _block_list(args: Args, report: Any, cand: Any, ref: Any, samples: list[Any]) -> None:
     """--fp16-block-list: the first step of ``fix --to fp16`` (ranked by this comparison), so the list
     written is one a float16 conversion was verified with; says when no list meets the target."""
-    from ...fixing.configs import Target
-    from ...fixing.fix import fmt_metric, write_block_list
+    from ...fixing import compare_block_list
 
-    rule = args.tolerance.criterion
-    target = {"cosine": Target("cosine", rule.min_cosine), "sqnr": Target("sqnr", rule.min_sqnr_db)}.get(
-        rule.metric, Target("cosine", 0.999))
-    path = args.own.outputs["fp16"]
-    found = write_block_list(args.model.text if args.model.is_onnx else ref, samples[0], samples[1], report, cand, path,
-                             target=target, seed=args.inputs.seed)
-    first, best = found.steps[0], found.best
-    shown = f"{target.metric} {fmt_metric(first.metric)} -> {fmt_metric(best.metric if best else None)}"
-    verdict = (f"a float16 conversion with it meets {target} ({shown})" if found.ok else
-               f"no list meets {target} ({len(found.steps)} conversions tried; this is the best found: {shown})")
-    for note in found.notes:
-        sys.stderr.write(f"note: {printable(note)}\n")
-    sys.stderr.write(f"fp16 block list: {len(found.nodes)} nodes ({', '.join(found.kept) or 'none'}): {verdict}; convert "
-                     f"with {_options_text()} (the default max_finite_val, 1e4, clamps larger weights)\n")
-
-
-def _options_text() -> str:
-    from ...fixing.convert import FP16_OPTIONS
-
-    return ", ".join(f"{k}={v!r}" for k, v in FP16_OPTIONS.items())
-
-
-def _options(ns: argparse.Namespace) -> dict[str, Any]:
-    """compare()'s keywords beside its option objects: the modules, memory, decode steps."""
-    return dict(
-        local=ns.local,
-        modules=ns.module,
-        batch_outputs=ns.batch_outputs,
-        memory_budget=ns.memory_budget << 20,
-        allow_different_weights=ns.allow_different_weights,
-        **({"steps": ns.steps} if ns.steps is not None else {}),
-    )
-
-
-def _onnx_samples(args: Args) -> SampleOptions:
-    """An ONNX reference's samples: --inputs (the library reads it), --input specs drawn (once per
-    --samples), or N random from its shapes."""
-    sampling = args.sampling
-    specs = args.inputs.specs
-    if sampling.inputs is not None or not specs:
-        return sampling
-    from ...samples.drawn import spec_samples
-
-    n = sampling.samples if isinstance(sampling.samples, int) else 1
-    return replace(sampling, samples=spec_samples(specs, n, sampling.seed))
-
-
-def _torch_inputs(args: Args) -> tuple[Any, Any, dict, SampleOptions]:
-    """``(model, args, kwargs, sample options)`` for a PyTorch reference."""
-    sampling = args.sampling
-    if sampling.inputs is not None:  # compare reads --inputs, with the zoo's image recipe
-        from ...pytorch.preprocessing import zoo_recipe
-
-        spec = args.model.text
-        preprocess = zoo_recipe(spec) if spec.startswith("torchvision:") else None  # timm: the module's
-        from ..console import status
-
-        with status(f"loading {spec}"):
-            model, _ = args.model.load()
-        return model, None, {}, replace(sampling, preprocess=preprocess)
-    model, info, first, kwargs = args.model.load_with_inputs(args.inputs)
-    n = sampling.samples
-    if isinstance(n, int) and n > 1:
-        from ...pytorch.example_inputs import draw_samples
-
-        drawn = draw_samples(info, args.inputs.specs, n, (first, kwargs), model=model, method=args.model.method,
-                             seed=sampling.seed)
-        return model, None, {}, replace(sampling, samples=drawn)
-    return model, first, kwargs, replace(sampling, samples=None)
+    _, lines = compare_block_list(args.model.text if args.model.is_onnx else ref.source, samples, report, cand,
+                                  args.own.outputs["fp16"], args.tolerance.criterion, seed=args.inputs.seed)
+    for line in lines:
+        sys.stderr.write(printable(line) + "\n")
 
 
 def _check_order(ref: str, cand: str, ref_onnx: bool) -> None:

@@ -7,21 +7,19 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...options import ExportOptions
 from ..args import Args, InputArgs, JsonArgs, ModelArgs, OutputArgs, TapArgs, ToleranceArgs
 from .base import Tool, running
 
 
 @dataclass(frozen=True)
-class ExportOptions:
-    """``export``'s own options."""
+class ExportChoice:
+    """``export``'s own options: the everyday ones, and the rest as the library's object."""
 
     static: bool
     exporter: str
-    fallback: bool
     verify: bool
-    opset: int | None
-    dynamic_sequence: bool = False
-    kv_cache: bool = False
+    options: ExportOptions
 
 
 class ExportTool(Tool):
@@ -63,13 +61,14 @@ class ExportTool(Tool):
         g = parser.add_argument_group("advanced")
         g.add_argument("--opset", type=int, default=None, metavar="N", help="ONNX opset version (exporter default)")
 
-    def parse_own(self, ns: argparse.Namespace, args: Args) -> ExportOptions:
-        return ExportOptions(ns.static, ns.exporter, ns.fallback, not ns.no_verify, ns.opset, ns.dynamic_sequence,
-                             ns.kv_cache)
+    def parse_own(self, ns: argparse.Namespace, args: Args) -> ExportChoice:
+        return ExportChoice(ns.static, ns.exporter, not ns.no_verify,
+                            ExportOptions(opset=ns.opset, fallback=ns.fallback, dynamic_sequence=ns.dynamic_sequence,
+                                          kv_cache=ns.kv_cache))
 
     def run(self, args: Args) -> int:
         # every option was checked by parse() before torch is imported
-        opts: ExportOptions = args.own
+        opts: ExportChoice = args.own
         out = Path(args.output or "")
         model, info, sample_args, kwargs = args.model.load_with_inputs(args.inputs)
         method = args.model.method
@@ -87,14 +86,11 @@ class ExportTool(Tool):
                 method=method,
                 kwargs=kwargs,
                 dynamic_batch=not opts.static,
-                dynamic_sequence=opts.dynamic_sequence,
-                kv_cache=opts.kv_cache,
                 verify=opts.verify,
                 exporter=opts.exporter,
-                fallback=opts.fallback,
-                opset=opts.opset,
                 rtol=args.tolerance.rtol,
                 atol=args.tolerance.atol,
+                export_options=opts.options,
             )
         self.print_table(report, as_json=args.json)
         return 0 if report.ok else 1

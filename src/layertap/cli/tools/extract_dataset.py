@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from ..args import Args, ReportArgs, need
 
@@ -16,11 +17,8 @@ def run_dataset(args: Args) -> int:
     m = args.model
     try:
         feats = extract_dataset(
-            m.text, d.data, args.tap_texts, d.out, batch_size=d.batch_size, shard_size=d.shard_size, format=d.format,
-            dtype=d.dtype, pool=d.pool, resume=d.resume, workers=d.workers, device=d.device,
-            method=m.method, stop_early=args.own, skip_bad=d.skip_bad, weights=m.weights, config=m.config,
-            unsafe_pickle=m.unsafe_pickle, weights_key=m.weights_key, weights_strict=m.weights_strict,
-            engine="ray" if d.ray is not None else "local", ray_address=d.ray or None,
+            m.text if m.is_onnx else m.model, d.data, args.tap_texts, d.out, batch_size=d.batch_size, format=d.format,
+            pool=d.pool, resume=d.resume, device=d.device, dataset_options=replace(d.options, stop_early=args.own),
             runtime_options=args.runtime, sample_options=d.sampling,
         )
     except (KeyboardInterrupt, Terminated) as stop:

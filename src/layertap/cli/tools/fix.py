@@ -88,12 +88,13 @@ class FixTool(Tool):
 
     def run(self, args: Args) -> int:
         opts: FixOptions = args.own
-        ref, first = _reference(args)
         from ...fixing import fix
+        from ...options import SearchOptions
 
-        report = fix(ref, first, to=opts.to, out=str(args.output), target=opts.target, calib=opts.calib,
-                     keep=opts.keep, max_float=opts.max_float, config_out=opts.config_out,
-                     sample_options=args.sampling, on_step=None if args.json else _say_step)
+        ref = args.model.text if args.model.is_onnx else args.model.model
+        report = fix(ref, args.inputs.specs or None, to=opts.to, out=str(args.output), target=opts.target,
+                     calib=opts.calib, keep=opts.keep, max_float=opts.max_float, config_out=opts.config_out,
+                     sample_options=args.sampling, search_options=SearchOptions(on_step=None if args.json else _say_step))
         self.print_table(report, as_json=args.json)
         if not args.json:
             self.say(f"wrote {args.output}" + ("" if report.ok else " (the best set found; the target is not met)"))
@@ -106,23 +107,6 @@ class FixTool(Tool):
                        ("fixed file", str(args.output))]
             ReportArgs.write(args, report_page(report, f"fix {args.model.text} --to {opts.to}", summary=summary))
         return 0 if report.ok else 1
-
-
-def _reference(args: Args) -> tuple[Any, Any]:
-    """``(ref, first sample)``: the ONNX file (``--input`` specs drawn as samples), or the loaded model
-    and its example inputs (exported first; None: the first of ``--inputs``)."""
-    if args.model.is_onnx:
-        specs = args.inputs.specs
-        if not specs:
-            return args.model.text, None
-        from ...samples.drawn import spec_samples
-
-        return args.model.text, spec_samples(specs, 1, args.inputs.seed)[0]
-    # without --input or a spec's default, lt.fix exports with the first sample of --inputs
-    model, _, first, kwargs = args.model.load_with_inputs(args.inputs, need_inputs=args.sampling.inputs is None)
-    if kwargs:
-        raise LayertapError("fix exports the model with positional inputs only; give unnamed --input specs")
-    return model, first
 
 
 def _say_step(step: Any) -> None:

@@ -13,7 +13,7 @@ from ...errors import OnnxFileError
 from ..args import Args, InputArgs, ModelArgs, SampleArgs, ToleranceArgs, is_onnx_path
 from ..console import StepProgress
 from .base import Tool
-from .compare import sides
+from .compare import reference
 
 
 @dataclass(frozen=True)
@@ -64,13 +64,12 @@ class ReproTool(Tool):
 
     def run(self, args: Args) -> int:
         opts: ReproOptions = args.own
-        two = sides(args, opts.cand)
+        from ...options import reporting
         from ...reproducing.repro import repro
 
-        with StepProgress(enabled=sys.stderr.isatty()) as progress:
-            report = repro(two.ref, two.args, two.cand, out=opts.out, module=opts.module, kwargs=two.kwargs,
-                           method=args.model.method, command=_command(args), progress=progress,
-                           sample_options=two.sampling, **args.tolerance.chosen())
+        with StepProgress(enabled=sys.stderr.isatty()) as progress, reporting(progress):
+            report = repro(reference(args), args.inputs.specs or None, opts.cand, out=opts.out, module=opts.module,
+                           command=_command(args), sample_options=args.sampling, **args.tolerance.chosen())
         for line in report.lines():
             print(line)
         return 0 if report.reproduced else 1
