@@ -31,7 +31,7 @@ _EXPORTS = {
     "onnx_layers": ".onnxfile.tensor_table",
     "add_outputs": ".onnxfile.outputs",
     "run": ".runtimes",
-    "extract_dataset": ".dataset.api",
+    "extract_dataset": ".dataset.extract",
     "fix": ".fixing",
     "load_features": ".dataset.features",
     "Tap": ".selectors",

@@ -590,8 +590,8 @@ class DatasetArgs(ArgGroup):
     """``--data`` and the options of extraction over a dataset."""
 
     def add(self, parser: argparse.ArgumentParser) -> None:
-        from ..dataset.arrays import DTYPES, POOLS
         from ..dataset.job import DEFAULT_SHARD_SIZE
+        from ..dataset.pooling import DTYPES, POOLS
         from ..dataset.shards import FORMATS
 
         g = parser.add_argument_group("dataset (with --data; -o is then an OUT_DIR)")

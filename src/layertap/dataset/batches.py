@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import LayertapError
 from ..samples.sources import Bad, Reference, check_sample
-from .arrays import cast, pool, pooled_axes
+from .pooling import cast, pool, pooled_axes
 
 
 @dataclass

@@ -10,8 +10,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import LayertapError, unknown_name
-from .arrays import numpy_dtype
 from .manifest import Manifest
+from .pooling import numpy_dtype
 from .shards import open_array
 
 

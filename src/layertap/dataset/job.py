@@ -15,10 +15,10 @@ import numpy as np
 from ..errors import LayertapError
 from ..options import DatasetOptions
 from ..samples.sources import IterSource, MapSource, Reference
-from .arrays import numpy_dtype
 from .backends import BackendSpec
 from .batches import BatchRunner, Collated, ShardData, collate, keyed_layout
 from .manifest import NAME, Manifest
+from .pooling import numpy_dtype
 from .shards import remove_leftovers, write_shard
 
 DEFAULT_SHARD_SIZE = DatasetOptions().shard_size
@@ -88,7 +88,7 @@ def samples_per_shard(shard_bytes: int, layout: list[dict], batch_size: int) -> 
         >>> samples_per_shard(256 * 10**6, [{"shape": [256, 56, 56], "dtype": "float32"}], 64)
         64
     """
-    from .arrays import numpy_dtype
+    from .pooling import numpy_dtype
 
     per_sample = sum(int(np.prod(t["shape"], dtype=np.int64)) * numpy_dtype(t["dtype"]).itemsize for t in layout)
     n = max(1, shard_bytes // max(per_sample, 1))

@@ -26,7 +26,7 @@ from ..samples.sources import MapSource
 from .backends import pin_threads
 from .batches import ShardAssembler, ShardData, batch_ranges, shard_count
 from .job import Job
-from .local import progress_bar
+from .local_engine import progress_bar
 
 
 def run_ray(job: Job, address: str | None, progress: bool | None) -> int:

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..errors import LayertapError
-from .arrays import numpy_dtype
+from .pooling import numpy_dtype
 
 FORMATS = ("safetensors", "npy", "zarr")
 TMP_PREFIX = ".shard-"

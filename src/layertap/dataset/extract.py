@@ -10,10 +10,10 @@ from ..errors import LayertapError
 from ..options import DatasetOptions, Model, RuntimeOptions, SampleOptions
 from ..samples.images import Preprocess, choose_recipe
 from ..samples.sources import Bad, IterSource, MapSource, open_source, reference
-from .arrays import DTYPES, POOLS, check_choice
 from .backends import BackendSpec
 from .features import Features, load_features
 from .job import Job, Options, check_resumed_ids, discard_empty, parse_shard_size, prepare_out
+from .pooling import DTYPES, POOLS, check_choice
 from .shards import FORMATS
 
 ENGINES = ("local", "ray")
@@ -157,7 +157,7 @@ def _run(job: Job, engine: str, ray_address: str | None, progress: bool | None) 
         from .ray_engine import run_ray
 
         return run_ray(job, ray_address, progress)
-    from .local import run_local
+    from .local_engine import run_local
 
     return run_local(job, progress)
 
