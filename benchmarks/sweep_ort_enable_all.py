@@ -65,7 +65,7 @@ def main() -> None:
     import torch
 
     import layertap as lt
-    from layertap.onnxfile.ort import nchwc_block_size
+    from layertap.runtimes.ort_kernels import nchwc_block_size
 
     print(f"NCHWc block size here: {nchwc_block_size()}")
     work = Path(tempfile.mkdtemp(prefix="sweep-nchwc-"))

@@ -19,7 +19,7 @@ ALLOWED = {
     "onnxfile": {"core"},
     "samples": {"core", "onnxfile"},
     "runtimes": {"core", "onnxfile"},
-    "exporting": {"core", "pytorch", "onnxfile"},
+    "exporting": {"core", "pytorch", "onnxfile", "runtimes"},
     "comparing": {"core", "pytorch", "onnxfile", "runtimes", "samples"},
     "reports": {"core", "onnxfile", "comparing"},  # comparing.words only (WORDS_OF below)
     "dataset": {"core", "pytorch", "onnxfile", "reports", "runtimes", "samples"},
@@ -38,6 +38,10 @@ LAZY_FOR_ALL = {"reports"}
 # only draw them, and the compare wing never reaches back into the pages.
 WORDS_OF = {"reports": {"comparing": "layertap.comparing.words"}}
 NEVER = {"comparing": {"reports"}}  # not even inside a function
+# The runtimes' own libraries: every session and run of a file is made in runtimes/ (a new runtime
+# is a module there). The one exception is a converter: fix's int8 conversion is ORT's quantize_static.
+RUNTIME_LIBRARIES = {"onnxruntime", "openvino"}
+CONVERTERS = {"layertap.fixing.convert"}
 
 
 def _name(path: Path) -> str:
@@ -98,6 +102,8 @@ def test_imports_follow_the_rule(module):
     for target, eager in _imports(module):
         if target.split(".")[0] == "torch" and part in ("core", "onnxfile", "runtimes", "samples"):
             bad.append(f"{target} (the ONNX side and the core never import torch)")
+        if target.split(".")[0] in RUNTIME_LIBRARIES and part != "runtimes" and module not in CONVERTERS:
+            bad.append(f"{target} (only runtimes/ runs a file)")
         if not target.startswith("layertap") or target not in MODULES:
             continue
         other = _part(target)
@@ -160,6 +166,9 @@ def test_the_rule_catches_a_bad_import(tmp_path, monkeypatch):
     monkeypatch.setitem(MODULES, "layertap.onnxfile.bad", bad)
     monkeypatch.setitem(MODULES, "layertap.pytorch.values", SRC / "pytorch" / "values.py")
     with pytest.raises(AssertionError, match="never import torch.*pytorch.values"):
+        test_imports_follow_the_rule("layertap.onnxfile.bad")
+    bad.write_text("def f():\n    import onnxruntime\n")  # onnxfile/ reads and edits files; only runtimes/ runs them
+    with pytest.raises(AssertionError, match="onnxruntime .only runtimes/ runs a file"):
         test_imports_follow_the_rule("layertap.onnxfile.bad")
 
 

@@ -251,7 +251,7 @@ def test_fast_paths_give_the_exact_paths_values():
     """The one-pass float32 statistics and ORT's float16 cast agree with the plain numpy ones,
     special values included (those leave the fast path)."""
     from layertap.metrics import Criterion, error_stats, similarity
-    from layertap.onnxfile.ort import as_float32
+    from layertap.runtimes.ort_kernels import as_float32
 
     rng = np.random.default_rng(3)
     ref = rng.standard_normal(10_000).astype(np.float32)

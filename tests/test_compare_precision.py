@@ -274,8 +274,7 @@ def test_numpy_torch_and_onnx_runtime_round_alike():
     import torch
 
     from layertap.numformats import Format, round_on_grid
-    from layertap.onnxfile.ort import SessionSource
-    from layertap.onnxfile.rounded import rounded_source
+    from layertap.onnxfile.rounded import rounded_model
     from layertap.pytorch.rounding import round_on_grid as torch_grid
     from layertap.pytorch.rounding import round_tensor
 
@@ -283,11 +282,19 @@ def test_numpy_torch_and_onnx_runtime_round_alike():
     per_channel = Format.quantised("int8", np.array([0.01, 0.02, 0.05], np.float32), np.zeros(3, np.int8), axis=1)
     g = h.make_graph([h.make_node("Relu", ["x"], ["a"]), h.make_node("Neg", ["a"], ["b"]), h.make_node("Neg", ["b"], ["y"])],
                      "g", [h.make_tensor_value_info("x", 1, [2, 3, 4, 4])], [h.make_tensor_value_info("y", 1, [2, 3, 4, 4])])
-    src = SessionSource(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), Path("."))
+    from layertap.runtimes.ort import source_session
+    from layertap.runtimes.source import SessionSource
+
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+    def ideal_session(formats):
+        rounded, held = rounded_model(model, Path("."), {}, formats)
+        return source_session(SessionSource(rounded, Path("."), held=held), ["a"], optimize=False)
+
     for fmt in (Format("float16"), Format("bfloat16"), Format.quantised("uint8", np.float32(0.03), np.uint8(7)), per_channel):
         want = fmt.rounded(np.maximum(x, 0))
         got_torch = round_tensor(torch.from_numpy(np.maximum(x, 0)), fmt).numpy()
-        got_ort = rounded_source(src, {"a": fmt}).session(["a"], optimize=False).run(["a"], {"x": x})[0]
+        got_ort = ideal_session({"a": fmt}).run(["a"], {"x": x})[0]
         np.testing.assert_array_equal(got_torch, want)
         np.testing.assert_allclose(got_ort, want, rtol=0, atol=1e-6)
     w = np.random.default_rng(1).standard_normal((4, 3, 3, 3)).astype(np.float32)

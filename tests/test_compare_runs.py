@@ -217,7 +217,7 @@ def test_ort_enable_all_copy_read_through_its_nchwc_layout(r18):
     from onnx import numpy_helper
 
     import layertap as lt
-    from layertap.onnxfile.ort import NCHWC_DOMAIN, nchwc_block_size
+    from layertap.runtimes.ort_kernels import NCHWC_DOMAIN, nchwc_block_size
 
     model, x, ts, d = r18
     full = d / "all.onnx"
@@ -493,8 +493,8 @@ def test_onnx_runtime_reports_the_providers_that_ran_not_those_asked_for(tmp_pat
 
     import onnx.helper as h
 
-    from layertap.onnxfile.ort import SessionSource
     from layertap.runtimes.ort import OrtRuntime
+    from layertap.runtimes.source import SessionSource
 
     g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g", [h.make_tensor_value_info("x", 1, [2])],
                      [h.make_tensor_value_info("y", 1, [2])])
@@ -517,10 +517,11 @@ def test_sessions_do_not_spin(r18):
     """layertap's ORT sessions wait for work without spinning: a spinning pool takes the cores the
     other side's run and the statistics need between runs (see benchmarks/bench_compare.py)."""
     from layertap.onnxfile.modelfile import read_model
-    from layertap.onnxfile.ort import SessionSource
+    from layertap.runtimes.ort import source_session
+    from layertap.runtimes.source import SessionSource
 
     mf = read_model(r18[2])
-    sess = SessionSource(mf.model, mf.folder, move_weights=True).session()
+    sess = source_session(SessionSource.with_weights_held(mf.model, mf.folder))
     assert sess.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
 
 

@@ -394,7 +394,6 @@ def test_external_weights_are_read_mapped_from_their_file_unless_it_cannot_hold_
     from onnx import numpy_helper
 
     from layertap.onnxfile.modelfile import read_model
-    from layertap.onnxfile.ort import SessionSource
     from layertap.onnxfile.weights import file_params
 
     w = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float16)
@@ -404,7 +403,7 @@ def test_external_weights_are_read_mapped_from_their_file_unless_it_cannot_hold_
     onnx.save_model(h.make_model(g), str(path), save_as_external_data=True, location="m.data", size_threshold=0)
     before = (tmp_path / "m.data").read_bytes()
     mf = read_model(path)
-    value, allowance = file_params(SessionSource(mf.model, mf.folder))["fc.weight"].read()
+    value, allowance = file_params(mf.model, mf.folder)["fc.weight"].read()
     assert value.dtype == np.float32 and np.array_equal(value, w.astype(np.float32))
     assert np.allclose(allowance.of(value), np.abs(value) * 2.0**-11 + 1.2e-7)
     from layertap.onnxfile.weights import _mapped
@@ -415,4 +414,4 @@ def test_external_weights_are_read_mapped_from_their_file_unless_it_cannot_hold_
     (tmp_path / "m.data").write_bytes(before[:100])  # shorter than the weight
     assert _mapped(mf.model.graph.initializer[0], mf.folder) is None
     with pytest.raises(Exception):  # noqa: B017 - onnx's own error for a truncated data file
-        file_params(SessionSource(mf.model, mf.folder))["fc.weight"].read()
+        file_params(mf.model, mf.folder)["fc.weight"].read()

@@ -215,7 +215,7 @@ def test_int8_sums_are_exact_on_every_cpu(tmp_path):
     """ONNX Runtime's u8 x s8 kernels on x86 CPUs without VNNI sum pairs of products in 16 bits with
     saturation (4 x 127 x 127 gives 510 there, not 64516); layertap's sessions pin ORT's exact int8
     option, so a quantised file gives one answer on every CPU, fused or not."""
-    from layertap.onnxfile.ort import int8_probe
+    from layertap.runtimes.ort import int8_probe
 
     model, feed, exact, saturated = int8_probe("MatMul")
     assert (exact, saturated) == (64516.0, 510.0)
@@ -231,7 +231,7 @@ def test_a_graph_onnx_runtime_cannot_make_exact_still_runs(tmp_path):
     tied weights): such a file runs as ORT runs it by default, both products alike."""
     from onnx import helper as h
 
-    from layertap.onnxfile.ort import int8_probe
+    from layertap.runtimes.ort import int8_probe
 
     model, feed, exact, saturated = int8_probe("MatMul")
     model.graph.node.extend([h.make_node("DequantizeLinear", ["w_q", "scale", "zero"], ["w_dq2"]),

@@ -176,7 +176,7 @@ def _as_ref_type(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
     batch's values are not held twice)."""
     if ref.dtype != got.dtype and np.issubdtype(ref.dtype, np.floating) and np.issubdtype(got.dtype, np.floating):
         if ref.dtype == np.float32 and got.dtype == np.float16:
-            from ..onnxfile.ort import as_float32
+            from ..runtimes.ort_kernels import as_float32
 
             return as_float32(got)
         return got.astype(ref.dtype)

@@ -381,7 +381,7 @@ class Values:
 def unblock_values(values: dict[str, np.ndarray], batch: list[Item], ref_values: dict[str, np.ndarray],
                    blocked: set[str]) -> None:
     """Candidate tensors in ORT's NCHWc layout, in place as NCHW shaped like the reference tensor they answer."""
-    from ..onnxfile.ort import nchwc_block_size
+    from ..runtimes.ort_kernels import nchwc_block_size
     from .nchwc import unblock
 
     block = nchwc_block_size() or 0

@@ -10,7 +10,7 @@ OpenVINO at bfloat16), every compared row carries two errors beside the plain on
   runtime adds.
 
 The ideal run is built from the reference: an ONNX reference's graph with rounding nodes after
-each tensor the candidate holds low (:func:`~layertap.onnxfile.rounded.rounded_source`, run in
+each tensor the candidate holds low (:func:`~layertap.onnxfile.rounded.rounded_model`, run in
 ONNX Runtime with its optimisations off, so no rounding is optimised away or fused into integer
 kernels); a PyTorch reference's forward with its operators and calls rounded
 (:mod:`layertap.pytorch.rounding`, from a :class:`~layertap.pytorch.rounding.RoundingPlan` made here
@@ -39,7 +39,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
     from ..pytorch.rounding import RoundingPlan
-    from .onnx_side import OrtRunner, OrtSide, ScopeView
+    from ..runtimes.runner import ModelRunner
+    from .onnx_side import OrtSide, ScopeView
 
 @dataclass(frozen=True)
 class Judging:
@@ -105,7 +106,8 @@ def candidate_formats(cand: "OrtSide", precision: str = "auto") -> TensorFormats
 
         if precision in ("auto", "int8"):
             return TensorFormats(default=Format(runtime_precision) if runtime_precision in FLOAT_LIMITS else None)
-    return file_formats(cand.runner.source, runtime_precision=runtime_precision, precision=precision)
+    src = cand.runner.source
+    return file_formats(src.model, src.folder, src.held, runtime_precision=runtime_precision, precision=precision)
 
 
 def judging(formats: TensorFormats, criterion: Criterion, chosen: bool) -> Judging | None:
@@ -142,26 +144,29 @@ def reference_formats(ref: "onnx.ModelProto", formats: TensorFormats) -> dict[st
 
 
 class OnnxIdeal:
-    """The ideal run of an ONNX reference: its graph rounded (:func:`~layertap.onnxfile.rounded.rounded_source`),
+    """The ideal run of an ONNX reference: its graph rounded (:func:`~layertap.onnxfile.rounded.rounded_model`),
     run in ONNX Runtime on the CPU with graph optimisations off."""
 
     def __init__(self, ref: "OrtSide", formats: TensorFormats) -> None:
         self.ref, self.formats = ref, formats
-        self._runner: OrtRunner | None = None
+        self._runner: ModelRunner | None = None
 
     @property
-    def runner(self) -> "OrtRunner":
+    def runner(self) -> "ModelRunner":
         """Built on first use: in the driver's worker thread, beside the candidate's session build (its
         weights rounded there, numpy and ONNX Runtime letting go of the GIL)."""
         if self._runner is None:
-            from ..onnxfile.rounded import rounded_source
+            from ..onnxfile.rounded import rounded_model
             from ..runtimes import open_runtime
-            from .onnx_side import OrtRunner
+            from ..runtimes.ort_kernels import rounded_through
+            from ..runtimes.runner import ModelRunner
+            from ..runtimes.source import SessionSource
 
             wanted = reference_formats(self.ref.proto, self.formats)
-            source = rounded_source(self.ref.runner.source, wanted, _grid(self.formats))
-            self._runner = OrtRunner.of_source(source, self.ref.runner.folder, open_runtime("ort", optimize=False),
-                                               f"the ideal run of {self.ref.path}")
+            ref = self.ref.runner.source
+            model, held = rounded_model(ref.model, ref.folder, ref.held, wanted, _grid(self.formats), cast_round=rounded_through)
+            self._runner = ModelRunner(SessionSource(model, ref.folder, held=held), open_runtime("ort", optimize=False),
+                                       label=f"the ideal run of {self.ref.path}")
         return self._runner
 
     def prepare(self, names: list[str]) -> None:

@@ -31,9 +31,9 @@ from .torch_side import input_key
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
-    from ..onnxfile.ort import SessionSource
     from ..onnxfile.scopemap import ScopeMap
     from ..runtimes import Runtime
+    from ..runtimes.source import SessionSource
 
 _SEE_THROUGH = {"Cast", "QuantizeLinear", "DequantizeLinear", "Identity"}
 
@@ -44,9 +44,9 @@ class LocalGraph:
     """The candidate's nodes of several calls, each fed on its own (see module doc)."""
 
     def __init__(self, source: "SessionSource", runtime: "Runtime", scopes: "ScopeMap | None" = None) -> None:
-        from ..onnxfile.ort import inferred_types
         from ..onnxfile.parts import PartCutter
         from ..onnxfile.scopemap import GraphFacts, ScopeMap
+        from ..onnxfile.tensor_types import inferred_types
 
         self.sessions = source  # the candidate, its weights held once for every part run
         self.cand = cand = source.model
@@ -64,7 +64,7 @@ class LocalGraph:
         self.blocked = blocked_tensors(cand.graph)
         self.block = 0
         if self.blocked:
-            from ..onnxfile.ort import nchwc_block_size
+            from ..runtimes.ort_kernels import nchwc_block_size
 
             self.block = nchwc_block_size() or 0
 

@@ -41,7 +41,7 @@ def blocked_stand_ins(graph: "onnx.GraphProto", ref: "onnx.GraphProto") -> dict[
     """
     import onnx
 
-    from ..onnxfile.ort import NCHWC_DOMAIN
+    from ..runtimes.ort_kernels import NCHWC_DOMAIN
 
     made = {t for node in graph.node for t in node.output if t}
     readers: dict[str, list[Any]] = {}
@@ -77,7 +77,7 @@ def blocked_stand_ins(graph: "onnx.GraphProto", ref: "onnx.GraphProto") -> dict[
 
 def blocked_tensors(graph: "onnx.GraphProto") -> set[str]:
     """Tensors a file holds in ORT's NCHWc layout (written by its NCHWc kernels)."""
-    from ..onnxfile.ort import NCHWC_DOMAIN
+    from ..runtimes.ort_kernels import NCHWC_DOMAIN
 
     return {t for n in graph.node if n.domain == NCHWC_DOMAIN and n.op_type != "ReorderOutput" for t in n.output if t}
 

@@ -104,7 +104,7 @@ class _NameLookup:
     @classmethod
     def of(cls, ref: "onnx.ModelProto", cand: "onnx.ModelProto") -> "_NameLookup":
         from ..onnxfile.branches import with_branches
-        from ..onnxfile.ort import nchwc_block_size
+        from ..runtimes.ort_kernels import nchwc_block_size
 
         # a tensor both files quantise the same way (one file run two ways) is compared as itself
         ref_through = stand_ins(ref.graph)
@@ -172,8 +172,8 @@ class _CandidateCalls:
 def _name_items(ref: "onnx.ModelProto", names: _NameLookup, wanted: Callable[[str], bool]) -> list[Item]:
     """One row per float activation the reference computes (no module scopes), paired by name."""
     from ..onnxfile.branches import with_branches
-    from ..onnxfile.ort import inferred_types
     from ..onnxfile.scopemap import GraphFacts
+    from ..onnxfile.tensor_types import inferred_types
 
     weights = GraphFacts(ref.graph).weights
     types = inferred_types(ref)
@@ -554,7 +554,7 @@ def _chunks(side: OrtSide, names: list[str], feed: dict[str, np.ndarray], budget
 
 def _sizes(model: "onnx.ModelProto", feed: dict[str, np.ndarray]) -> dict[str, int]:
     """Estimated bytes per tensor from shape inference; symbolic sizes take the feed's largest batch."""
-    from ..onnxfile.ort import inferred_types
+    from ..onnxfile.tensor_types import inferred_types
 
     batch = max((a.shape[0] for a in feed.values() if a.ndim), default=1)
     out = {}

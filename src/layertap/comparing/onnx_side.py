@@ -1,6 +1,6 @@
-"""``lt.compare``'s ONNX side: load the graph, run it in ONNX Runtime with chosen
-tensors exposed as outputs, map the PyTorch arguments onto its inputs, and view
-its module scopes under the model's own module paths.
+"""``lt.compare``'s ONNX side: a file in its runtime (:class:`~layertap.runtimes.runner.ModelRunner`:
+its own copy of the graph, chosen tensors exposed as outputs), the PyTorch arguments mapped onto
+its inputs, and its module scopes viewed under the model's own module paths.
 
 Used by :mod:`layertap.comparing`.
 """
@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ..errors import InputSpecError, LayertapError, OnnxFileError, one_line
-from ..runtimes import is_ir
+from ..errors import InputSpecError, LayertapError, OnnxFileError
+from ..runtimes.runner import ModelRunner
 from .torch_side import to_numpy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -23,160 +23,31 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..onnxfile.kvcache import KvLayout
     from ..onnxfile.modelfile import ModelFile
-    from ..onnxfile.ort import SessionSource
     from ..runtimes import Runtime, RuntimeInfo
-
-
-class OrtRunner:
-    """Sessions over an in-memory copy of the graph with chosen tensors as outputs.
-
-    The model's inline weights are taken out once (:class:`SessionSource` with
-    ``move_weights``): every session, and every part of the graph run on its own
-    (``--local``), reads them in place, instead of the whole model being
-    serialised and parsed again per session. :attr:`proto` is that small copy;
-    callers use it and drop the model they passed in.
-    """
-
-    def __init__(self, proto: "onnx.ModelProto", folder: Path, runtime: "Runtime", file: Path | None = None,
-                 origin: Path | None = None) -> None:
-        from ..onnxfile.ort import SessionSource
-
-        self.file = file  # an OpenVINO IR: run from the file (``proto`` is its tensor names only)
-        # ``origin``: the unedited file ``proto`` was read from (see SessionSource)
-        self.source = SessionSource(proto, folder, move_weights=True, origin=origin)
-        self.label = str(file or origin or folder)  # how an error names what failed to load
-        self.proto = self.source.model
-        self.folder = folder
-        self.runtime = runtime
-        self._out_info = {o.name: o for o in self.proto.graph.output}
-        self._value_info = {v.name: v for v in self.proto.graph.value_info}
-        self.runs = 0
-        self.sessions = 0
-        self._session: tuple[tuple[str, ...], Any] | None = None  # the last engine, kept for the next sample
-
-    @classmethod
-    def of_source(cls, source: "SessionSource", folder: Path, runtime: "Runtime", label: str) -> "OrtRunner":
-        """A runner on a graph already held in memory with its weights (an ideal run's rounded copy);
-        ``label`` names it in an error."""
-        runner = cls.__new__(cls)
-        runner.file, runner.source, runner.proto, runner.folder, runner.runtime = None, source, source.model, folder, runtime
-        runner.label = label
-        runner._out_info = {o.name: o for o in runner.proto.graph.output}
-        runner._value_info = {v.name: v for v in runner.proto.graph.value_info}
-        runner.runs = runner.sessions = 0
-        runner._session = None
-        return runner
-
-    @property
-    def optimize(self) -> bool:
-        """ONNX Runtime's graph optimisations (always on for another runtime)."""
-        return self.runtime.optimize
-
-    def exposable(self) -> set[str] | None:
-        """The tensors the runtime can hand out (``None``: every tensor of the graph)."""
-        return self.runtime.exposable(self.file or self.source)
-
-    def input_names(self) -> list[tuple[str, str]]:
-        """(name, element type) of the graph's real inputs (not initializers)."""
-        import onnx
-
-        inits = {i.name for i in self.proto.graph.initializer}
-        out = []
-        for i in self.proto.graph.input:
-            if i.name in inits:
-                continue
-            et = i.type.tensor_type.elem_type
-            try:
-                dtype = onnx.helper.tensor_dtype_to_np_dtype(et).name if et else ""
-            except (KeyError, ValueError, TypeError):
-                dtype = ""  # a type numpy lacks (bfloat16, float8): feed as given
-            out.append((i.name, dtype))
-        return out
-
-    def input_shapes(self) -> dict[str, tuple[int | str, ...]]:
-        """Declared shape of each graph input: a fixed size as an int, a symbolic one as its
-        name (``""`` when unnamed or negative: :func:`~layertap.onnxfile.shapes.declared_dims`)."""
-        from ..onnxfile.shapes import input_dims
-
-        return {name: dims for name, dims in input_dims(self.proto.graph).items() if dims is not None}
-
-    def prepare(self, names: list[str]) -> Any:
-        """The session exposing ``names``: the last one while the names stay the same (one
-        session for every sample of a batch), else a new one."""
-        key = tuple(names)
-        if self._session is None or self._session[0] != key:
-            self._session = None  # drop the old session (and its exposed-output graph) first
-            self._session = (key, self._new_session(names))
-            self.sessions += 1
-        return self._session[1]
-
-    def run(self, names: list[str], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One run exposing ``names`` (in the session :meth:`prepare` keeps)."""
-        sess = self.prepare(names)
-        try:
-            values = sess.run(names, feed)
-        except Exception as e:  # noqa: BLE001
-            raise InputSpecError(f"{self.runtime.describe().runtime} rejected the inputs: {one_line(e)}") from None
-        self.runs += 1
-        return values
-
-    def _new_session(self, names: list[str]) -> Any:
-        import onnx
-
-        infos = []
-        for n in names:
-            info = self._out_info.get(n) or self._value_info.get(n)
-            infos.append(info if info is not None else onnx.helper.make_empty_tensor_value_info(n))
-        try:
-            return self.runtime.open(self.file or self.source, infos, only=True)
-        except LayertapError:
-            raise
-        except Exception as e:  # noqa: BLE001 - ORT raises its own types
-            raise OnnxFileError(self._load_failure(names, e)) from None
-
-    def _load_failure(self, names: list[str], error: Exception) -> str:
-        """What failed to load: the file itself, or only with the tensors exposed (it is opened again as it is, to tell)."""
-        runtime = self.runtime.describe().runtime
-        try:
-            self.runtime.open(self.file or self.source)
-        except Exception as plain:  # noqa: BLE001 - ORT raises its own types
-            return f"{runtime} cannot load '{self.label}' (as it is, without layertap's outputs too): {one_line(plain)}"
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        return (f"{runtime} loads '{self.label}' but not with its tensors {shown} exposed as outputs: {one_line(error)}; "
-                "compare fewer modules (--module) to find the tensor it refuses")
-
-    def close(self) -> None:
-        self._session = None
 
 
 class OrtSide:
     """An ONNX file run by a runtime (ONNX Runtime, OpenVINO): a compare side (the candidate, or an
-    ONNX reference's runs)."""
+    ONNX reference's runs). The caller's file (a path, or a ``ModelFile`` it read) is left as it
+    was: the side runs its own copy of the graph (:class:`~layertap.runtimes.runner.ModelRunner`)."""
 
     def __init__(self, source: "str | os.PathLike | ModelFile", runtime: "Runtime") -> None:
-        from ..onnxfile.modelfile import ModelFile, model_file
         from .nchwc import blocked_tensors
 
-        if not isinstance(source, ModelFile) and is_ir(source):
-            from ..runtimes.openvino import ir_graph
-
-            # an OpenVINO IR: its tensors by name (no module scopes, no ONNX nodes), run from the file
-            self.path = Path(source)
-            self.runner = OrtRunner(ir_graph(runtime, self.path), self.path.parent, runtime, file=self.path)
+        # The shared loader: graph only (weights held once, in memory, for every engine) and the
+        # external-data safety checks every ONNX command applies; a file the caller already read is
+        # not read again. An OpenVINO IR: its tensors by name (no module scopes, no ONNX nodes), run from the file.
+        self.runner = ModelRunner.reading(source, runtime)
+        self.path = Path(self.runner.path)
+        if self.runner.file is not None:
             self.blocked: set[str] = set()
             self.carried: frozenset[str] = frozenset()  # an IR's If bodies stay OpenVINO's
             return
-        # The shared loader: graph only (weights stay on disk for ORT) and the external-data
-        # safety checks every ONNX command applies; a file the caller already read is not read again.
-        loaded = model_file(source)
-        self.path = loaded.path if isinstance(source, ModelFile) else Path(source)
-        self.runner = OrtRunner(loaded.model, loaded.folder, runtime, origin=loaded.path)
-        # the runner holds the graph and the weights once: a caller's file keeps the graph alone
-        loaded.model = self.runner.proto
-        del loaded
+        # a fused decoder's module calls read values its ops hide: made tensors of the side's graph first
+        self.runner.expose_fused_values_in_place()
         self.blocked = blocked_tensors(self.runner.proto.graph)
         #: tensors of If branches carried out to the main graph (empty when their branch did not run)
-        self.carried = frozenset(carry_branches(self.runner))
+        self.carried = frozenset(self.runner.carry_branches_in_place(IF_BRANCHES))
 
     @property
     def proto(self) -> "onnx.ModelProto":
@@ -195,11 +66,11 @@ class OrtSide:
         return self.runner.sessions
 
     def prepare(self, names: list[str]) -> None:
-        """Build the session that exposes ``names`` ahead of :meth:`run` (see :meth:`OrtRunner.prepare`)."""
+        """Build the engine that exposes ``names`` ahead of :meth:`run` (see :meth:`ModelRunner.prepare`)."""
         self.runner.prepare(names)
 
     def run(self, names: list[str], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One run exposing ``names`` (see :meth:`OrtRunner.run`)."""
+        """One run exposing ``names`` (see :meth:`ModelRunner.run`)."""
         return self.runner.run(names, feed)
 
     def local_graph(self, scopes: Any = None) -> Any:
@@ -234,34 +105,7 @@ class OrtSide:
         self.runner.close()
 
 
-IF_BRANCHES = ("If",)  # the subgraphs a compare reads and carries out (see carry_branches)
-
-
-def carry_branches(runner: OrtRunner) -> list[str]:
-    """Tensors inside ``If`` branches made outputs of their ``If`` nodes (see
-    :mod:`layertap.onnxfile.branches`), so rows can expose them; the names carried.
-
-    ONNX Runtime only: OpenVINO's CPU plug-in refuses an ``If`` whose branches give tensors of
-    different shapes (the branch not taken gives an empty one). Loop bodies are not carried:
-    their values per iteration answer no single module call. A tensor that cannot be carried (a
-    name several subgraphs define, an untyped one) stays inside, and its rows have no counterpart.
-    """
-    from ..errors import OnnxFileError
-    from ..onnxfile.branches import Carrier, branch_tensors, has_subgraphs
-
-    graph = runner.proto.graph
-    if not runner.runtime.carries_branches or runner.file is not None or not has_subgraphs(graph):
-        return []
-    carrier, carried = Carrier(runner.proto), []
-    for name in branch_tensors(graph, ops=IF_BRANCHES):
-        try:
-            if carrier.carry(name) is not None:
-                carried.append(name)
-        except OnnxFileError:
-            continue
-    if carried:
-        runner.source.origin = None  # the graph is no longer the file's
-    return carried
+IF_BRANCHES = ("If",)  # the subgraphs a compare reads and carries out (ModelRunner.carry_branches_in_place)
 
 
 def absorb_unexposable(items: Sequence[Any], side: OrtSide, *, reference: bool = False) -> None:
@@ -357,7 +201,7 @@ def _decoder_feed(inputs: list[tuple[str, str]], args: tuple, kwargs: dict, layo
 
 def check_feed_shapes(feed: dict[str, np.ndarray], declared: dict[str, tuple[int | str, ...]]) -> None:
     """A clear one-line error before any run when an input cannot fit the file
-    (``declared`` as :meth:`OrtRunner.input_shapes` gives it).
+    (``declared`` as :meth:`ModelRunner.input_shapes` gives it).
 
     Example:
         >>> check_feed_shapes({"x": np.zeros((2, 3))}, {"x": (1, 3)})

@@ -32,8 +32,8 @@ from ..onnxfile.weights import Allowance, format_allowance
 from ..text import fmt_float, fmt_shape
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..onnxfile.ort import SessionSource
     from ..onnxfile.weights import FileParam, Reading
+    from ..runtimes.source import SessionSource
     from .rows import CompareRow
 
 #: a reference value recomputed here (a folded BatchNorm's scale) may land an ulp or two away
@@ -284,18 +284,22 @@ def within(r: np.ndarray, c: np.ndarray, r_allow: Allowance, c_allow: Allowance)
 # ---------------------------------------------------------------------------
 def check_file_weights(ref: "SessionSource", cand: "SessionSource", stop: threading.Event | None = None) -> WeightCheck:
     """Two files' parameters (from the sessions' sources, which hold their weights), matched by name."""
-    from ..onnxfile.weights import file_params
-
-    return check_files(file_params(ref), file_params(cand), stop)
+    return check_files(_params(ref), _params(cand), stop)
 
 
 def check_model_weights(model: Any, view: Any, cand: "SessionSource", stop: threading.Event | None = None) -> WeightCheck:
     """A PyTorch model against the file ``cand`` holds; ``view``: the file's scopes under the model's paths
     (its wrapper prefix, the Conv modules a BatchNorm was folded into)."""
-    from ..onnxfile.weights import file_params
-
     absorbed = {cp.path: cp.absorbed_by for cp in view.counterparts() if cp.absorbed_by}
-    return check_model(model, file_params(cand), view.prefix, absorbed, stop)
+    return check_model(model, _params(cand), view.prefix, absorbed, stop)
+
+
+def _params(source: "SessionSource") -> "dict[str, FileParam]":
+    """The parameters of the file ``source`` holds, read where it holds them (float16 widened on every core)."""
+    from ..onnxfile.weights import file_params
+    from ..runtimes.ort_kernels import as_float32
+
+    return file_params(source.model, source.folder, source.held, widen=as_float32)
 
 
 def check_files(ref: dict[str, "FileParam"], cand: dict[str, "FileParam"], stop: threading.Event | None = None) -> WeightCheck:

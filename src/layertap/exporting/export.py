@@ -522,13 +522,12 @@ def _verify(final: Path, plan: _Plan, rows: list[ExportRow], rtol: float, atol: 
     every row with ORT's message rather than stopping the export: the file
     is written, the report says what broke, the CLI exits 1.
     """
-    from ..onnxfile.ort import open_session, quiet_options, run_options
+    from ..runtimes import open_runtime
 
-    # fatal log lines only: a failing kernel logs its error on stderr
-    # besides raising it, and the report already carries the message.
-    run_opts = run_options()
+    # the runtime's engines keep ORT's log lines off stderr: a failing kernel logs
+    # its error besides raising it, and the report already carries the message
     try:
-        sess = open_session(str(final), quiet_options)
+        engine = open_runtime("ort").open_file(final)
     except Exception as e:
         raise LayertapError(f"ONNX Runtime cannot load the exported model: {_reason(e)}") from e
     runs: list[tuple[tuple, list, str | None]] = [(plan.example, plan.reference, None)]
@@ -550,7 +549,8 @@ def _verify(final: Path, plan: _Plan, rows: list[ExportRow], rtol: float, atol: 
         feeds = {n: tensor_to_numpy(t) for n, t in zip(plan.input_names, tensors)}
         batch = {n: int(t.shape[0]) for n, t in zip(plan.input_names, tensors) if t.dim() > 0}
         try:
-            got = sess.run(plan.output_names, feeds, run_opts)
+            ran = engine.run(plan.output_names, feeds)
+            got = [ran[n] for n in plan.output_names]
         except Exception as e:  # noqa: BLE001 - reported per row, see above
             problem = f"ONNX Runtime failed at batch {_batch_words(batch)}: {_reason(e)}"
             for row in rows:
@@ -562,15 +562,15 @@ def _verify(final: Path, plan: _Plan, rows: list[ExportRow], rtol: float, atol: 
                 check.problem = why
             row.add(check)
     if plan.cache:
-        _verify_decode(sess, plan, rows, run_opts, rtol, atol)
+        _verify_decode(engine, plan, rows, rtol, atol)
 
 
-def _verify_decode(sess: Any, plan: _Plan, rows: list[ExportRow], run_opts: Any, rtol: float, atol: float) -> None:
+def _verify_decode(engine: Any, plan: _Plan, rows: list[ExportRow], rtol: float, atol: float) -> None:
     """A cache export decodes: a prefill from an empty past, then greedy steps fed their own cache."""
     logits = next(r for r in rows if r.name == "logits")
     ids = plan.example[0]
     try:
-        calls = llm.verify_decode(sess, plan.wrapper.model, ids, run_opts)
+        calls = llm.verify_decode(engine, plan.wrapper.model, ids)
     except Exception as e:  # noqa: BLE001 - reported on the row, as a refused run is
         logits.add(Check({"input_ids": int(ids.shape[0])}, None, None, None, False,
                          f"ONNX Runtime failed to decode from an empty past: {_reason(e)}"))

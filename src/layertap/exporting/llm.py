@@ -133,16 +133,16 @@ def other_sequence(example: Sequence[torch.Tensor], axes: dict[int, int], names:
     return tuple(out)
 
 
-def verify_decode(sess: Any, model: Any, ids: torch.Tensor, run_opts: Any,
+def verify_decode(engine: Any, model: Any, ids: torch.Tensor,
                   steps: int = DECODE_STEPS) -> list[tuple[int, np.ndarray, np.ndarray]]:
-    """A prefill from an empty past and ``steps`` greedy decode steps in ONNX Runtime (``present.*``
-    fed back as ``past_key_values.*``) and in PyTorch; per call, its first token position and the
-    two sides' logits. Both sides take PyTorch's tokens."""
+    """A prefill from an empty past and ``steps`` greedy decode steps in ONNX Runtime (``engine``: a
+    :class:`~layertap.runtimes.base.Engine` on the file; ``present.*`` fed back as ``past_key_values.*``)
+    and in PyTorch; per call, its first token position and the two sides' logits. Both sides take
+    PyTorch's tokens."""
     import transformers
 
     layers = model.config.num_hidden_layers
     kv = len(past_names(layers))
-    names = [o.name for o in sess.get_outputs()]
     heads = model.config.num_key_value_heads or model.config.num_attention_heads
     size = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
     past = [np.zeros((ids.shape[0], heads, 0, size), np.float32) for _ in range(kv)]
@@ -152,7 +152,7 @@ def verify_decode(sess: Any, model: Any, ids: torch.Tensor, run_opts: Any,
         feed = {"input_ids": tensor_to_numpy(tokens),
                 "attention_mask": np.ones((ids.shape[0], position + tokens.shape[1]), np.int64),
                 **dict(zip(past_names(layers), past))}
-        got = dict(zip(names, sess.run(None, feed, run_opts)))
+        got = engine.run(None, feed)
         with torch.no_grad():
             ref = model(input_ids=tokens, use_cache=True, **{_cache_arg(model): cache}).logits
         out.append((position, got["logits"], tensor_to_numpy(ref)))

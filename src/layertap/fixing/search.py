@@ -12,7 +12,6 @@ without module scopes (:mod:`.units`); "module" below stands for either. Never i
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -317,20 +316,14 @@ def graph_order(modules: Units, groups: list[list[str]]) -> list[list[str]]:
 
 
 def _session(path: Path) -> Any:
-    import onnxruntime as ort
+    """An engine on a file as ONNX Runtime runs it by default (its latency is measured)."""
+    from ..runtimes import open_runtime
 
-    from ..onnxfile.ort import open_session
-
-    def options() -> Any:
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        return opts
-
-    return open_session(os.fspath(path), options)
+    return open_runtime("ort").open_file(path, timing=True)
 
 
 def _run_all(sess: Any, feeds: list[dict[str, Any]]) -> list[list[np.ndarray]]:
-    return [[np.asarray(o) for o in sess.run(None, f)] for f in feeds]
+    return [[np.asarray(o) for o in sess.run(None, f).values()] for f in feeds]
 
 
 def _latency(sess: Any, feed: dict[str, Any]) -> float:

@@ -175,12 +175,13 @@ class ModuleNodes(Units):
 
         super().__init__(model.graph)
         smap = smap or ScopeMap.from_model(model)
+        at = _node_indices(smap.graph, model.graph)
         for path in smap.modules():
-            found = sorted({i for k in range(smap.calls(path)) for i in smap.call_nodes(path, k)[0]})
+            found = sorted({at[i] for k in range(smap.calls(path)) for i in smap.call_nodes(path, k)[0] if i in at})
             if path and found:
                 self._add(path, found)
         # each node's module: the deepest call that holds its value (a folded Conv is its BatchNorm's)
-        self._owner = {i: path for i, (path, _) in smap.owners().items() if path in self._nodes}
+        self._owner = {at[i]: path for i, (path, _) in smap.owners().items() if path in self._nodes and i in at}
         self._own_units(model.graph)
 
     def _add(self, unit: str, nodes: list[int]) -> None:
@@ -221,6 +222,24 @@ class ModuleNodes(Units):
 
     def _related(self, a: str, b: str) -> bool:
         return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _node_indices(view: "onnx.GraphProto", graph: "onnx.GraphProto") -> dict[int, int]:
+    """A scope map's node index -> the index of that node in ``graph``: the same where the map read
+    ``graph`` itself, by node name where it read a copy with more nodes (a fused decoder's hidden
+    values made tensors), whose added nodes the file does not have.
+
+    Example:
+        >>> import onnx.helper as h
+        >>> g = h.make_graph([h.make_node("Relu", ["x"], ["y"], name="r")], "g", [], [])
+        >>> v = h.make_graph([h.make_node("Neg", ["x"], ["n"], name="added"), *g.node], "v", [], [])
+        >>> _node_indices(g, g), _node_indices(v, g)
+        ({0: 0}, {1: 0})
+    """
+    if view is graph:
+        return {i: i for i in range(len(graph.node))}
+    index = {n.name: i for i, n in enumerate(graph.node)}
+    return {i: index[n.name] for i, n in enumerate(view.node) if n.name in index}
 
 
 class NodeUnits(Units):

@@ -88,8 +88,7 @@ class Carrier:
     """Carries branch tensors of ``model`` out to its main graph (edits ``model`` in place).
 
     Example:
-        >>> import numpy as np, onnx.helper as h
-        >>> from layertap.onnxfile.ort import open_session
+        >>> import onnx.helper as h
         >>> f = lambda n: h.make_tensor_value_info(n, 1, [2])
         >>> then = h.make_graph([h.make_node("Relu", ["x"], ["r"]), h.make_node("Neg", ["r"], ["a"])], "then", [], [f("a")])
         >>> other = h.make_graph([h.make_node("Abs", ["x"], ["b"])], "else", [], [f("b")])
@@ -98,13 +97,9 @@ class Carrier:
         >>> m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
         >>> Carrier(m).carry("r")
         'r'
-        >>> _ = m.graph.output.append(h.make_tensor_value_info("r", 1, None))
-        >>> s = open_session(m.SerializeToString())
-        >>> x = np.array([-1, 2], np.float32)
-        >>> [v.tolist() for v in s.run(None, {"c": np.array(True), "x": x})]
-        [[-0.0, -2.0], [0.0, 2.0]]
-        >>> [v.tolist() for v in s.run(None, {"c": np.array(False), "x": x})]
-        [[1.0, 2.0], []]
+        >>> node = m.graph.node[0]  # r: an output of the If, empty when the else branch runs
+        >>> list(node.output), {a.name: [o.name for o in a.g.output] for a in node.attribute}
+        (['y', 'r'], {'else_branch': ['b', 'layertap/empty/r'], 'then_branch': ['a', 'r']})
     """
 
     model: "onnx.ModelProto"
@@ -409,7 +404,7 @@ def subgraph_types(model: "onnx.ModelProto") -> dict[Path, dict[str, "onnx.Value
     (``()`` the main graph; ``((k, "then_branch"),)`` the then branch of its k-th node)."""
     import onnx
 
-    from .ort import is_typed
+    from .tensor_types import is_typed
 
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)

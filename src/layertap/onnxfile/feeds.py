@@ -25,8 +25,8 @@ import numpy as np
 from ..errors import InputSpecError, unknown_name
 from ..inputs import DEFAULT_INT_HIGH, InputSpec, random_input
 from .kvcache import KvLayout, complete_feeds, kv_layout
-from .ort import ORT_NUMPY
 from .shapes import declared_dims
+from .tensor_types import ORT_NUMPY
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -68,22 +68,23 @@ class Feeds:
 
 def make_feeds(sess: Any, graph: "onnx.GraphProto", inputs: Any, seed: int = 0, *,
                folder: Path | None = None, config: Any = None) -> Feeds:
-    """Check the given inputs against the session's and generate the missing ones.
+    """Check the given inputs against the engine's and generate the missing ones.
 
-    ``inputs``: ``None``, a dict name -> array or :class:`~layertap.inputs.InputSpec`,
+    ``sess``: anything whose ``get_inputs()`` lists the inputs with ``name``, ``type`` (ONNX Runtime's
+    text, ``tensor(int64)``) and ``shape`` (a runtime's engine). ``inputs``: ``None``, a dict name ->
+    array or :class:`~layertap.inputs.InputSpec`,
     or a list of those in input order. A decoder file's missing cache inputs make a
     prefill (:func:`~layertap.onnxfile.kvcache.complete_feeds`: empty past sized by the
     file, ``config`` or the config next to it in ``folder``; mask and positions).
 
     Example:
         >>> import onnx.helper as h
-        >>> from pathlib import Path
-        >>> from layertap.onnxfile.ort import SessionSource
+        >>> from types import SimpleNamespace as Engine
         >>> g = h.make_graph([h.make_node("Gather", ["E", "ids"], ["y"])], "g",
         ...     [h.make_tensor_value_info("ids", 7, ["batch", "seq"])], [h.make_tensor_value_info("y", 1, None)],
         ...     [h.make_tensor("E", 1, [5, 2], [0.0] * 10)])
-        >>> m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
-        >>> f = make_feeds(SessionSource(m, Path(".")).session(), m.graph, None)
+        >>> engine = Engine(get_inputs=lambda: [Engine(name="ids", type="tensor(int64)", shape=["batch", "seq"])])
+        >>> f = make_feeds(engine, g, None)
         >>> f.arrays["ids"].shape, int(f.arrays["ids"].max()) < 5, f.generated
         ((1, 16), True, ['ids=1x16 int64 in [0, 5)'])
     """

@@ -17,7 +17,8 @@ needs to know, per tensor, how the candidate holds the value:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
@@ -27,8 +28,6 @@ from .scopemap import plain_weight_name
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
-
-    from .ort import SessionSource
 
 
 @dataclass
@@ -85,23 +84,23 @@ class TensorFormats:
         return sum(1 for n in names if self.of(n) is not None) / len(names) if names else 0.0
 
 
-def file_formats(source: "SessionSource", *, runtime_precision: str | None = None, precision: str = "auto") -> TensorFormats:
-    """The formats of the tensors of the file ``source`` holds (its weights read where it holds them).
+def file_formats(model: "onnx.ModelProto", folder: Path, held: Mapping[str, np.ndarray] | None = None, *,
+                 runtime_precision: str | None = None, precision: str = "auto") -> TensorFormats:
+    """The formats of the tensors of ``model`` (its weights read where they are: ``held``, the arrays
+    taken out of it by name, inline, or in the data files in ``folder``).
 
     Args:
-        source: the candidate file in memory.
+        model, folder, held: the candidate file in memory.
         runtime_precision: the precision its runtime computes float tensors at (``"bfloat16"``, ``"float16"``,
             from :class:`~layertap.runtimes.RuntimeInfo`), or ``None``/``"float32"``.
         precision: ``auto`` (read the file and the runtime), or the user's ``fp32``/``fp16``/``bf16``/``int8``.
 
     Example:
         >>> import onnx.helper as h
-        >>> from pathlib import Path
-        >>> from layertap.onnxfile.ort import SessionSource
         >>> g = h.make_graph([h.make_node("Cast", ["x"], ["x16"], to=10), h.make_node("Relu", ["x16"], ["y16"]),
         ...                   h.make_node("Cast", ["y16"], ["y"], to=1)], "g",
         ...     [h.make_tensor_value_info("x", 1, [2])], [h.make_tensor_value_info("y", 1, [2])])
-        >>> f = file_formats(SessionSource(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), Path(".")))
+        >>> f = file_formats(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), Path("."))
         >>> sorted(f.tensors), f.precision
         (['x', 'x16', 'y16'], 'float16')
     """
@@ -111,7 +110,7 @@ def file_formats(source: "SessionSource", *, runtime_precision: str | None = Non
         return TensorFormats(forced=True)
     if precision in ("fp16", "bf16"):
         return TensorFormats(default=Format(PRECISIONS[precision]), forced=True)
-    reader = _Reader(source)
+    reader = _Reader(model, folder, held or {})
     quantised, weights, levels, dequantized = reader.quantised()
     if precision == "int8":
         if not quantised:
@@ -127,13 +126,13 @@ def file_formats(source: "SessionSource", *, runtime_precision: str | None = Non
 class _Reader:
     """One file's graph and held weights, read for their formats."""
 
-    def __init__(self, source: "SessionSource") -> None:
+    def __init__(self, model: "onnx.ModelProto", folder: Path, held: Mapping[str, np.ndarray]) -> None:
         from .weights import initializer_array
 
-        self.model = source.model
-        self.graph = source.model.graph
-        self.held = dict(zip(source.names, source.arrays))
-        self.folder = source.folder
+        self.model = model
+        self.graph = model.graph
+        self.held = held
+        self.folder = folder
         self.inits = {t.name: t for t in self.graph.initializer}
         self.consts = {n.output[0]: n for n in self.graph.node if n.op_type == "Constant" and n.output}
         self._array = initializer_array
@@ -154,7 +153,7 @@ class _Reader:
         """Tensors of a reduced float type, and float32 tensors a ``Cast`` narrows to one."""
         import onnx
 
-        from .ort import inferred_types
+        from .tensor_types import inferred_types
 
         low: dict[int, str] = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
         out: dict[str, Format] = {}

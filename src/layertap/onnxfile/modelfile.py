@@ -56,6 +56,8 @@ class ModelFile:
     model: "onnx.ModelProto"
     external: list[ExternalRef]
     _taps: list[dict] | None = field(default=None, repr=False)
+    #: its reader gave ``model`` away (:meth:`hand_over`)
+    handed_over: bool = field(default=False, repr=False)
 
     @property
     def folder(self) -> Path:
@@ -64,6 +66,23 @@ class ModelFile:
     def data_files(self) -> list[str]:
         """Distinct external-data locations, in first-use order."""
         return list(dict.fromkeys(r.location for r in self.external))
+
+    def hand_over(self) -> "ModelFile":
+        """Give this file's weights to the first runtime that opens it (a compare side, ``lt.run``),
+        so they are held once: that runtime takes them out of :attr:`model` and leaves here the
+        graph alone, its big weights referring to memory the runtime holds. For the reader that
+        just read the file and needs only its graph afterwards (the CLI's compare: its node data
+        and block list read node names); without it a runtime copies the weights out and
+        :attr:`model` stays as it is. Returns ``self``.
+
+        Example:
+            >>> import tempfile
+            >>> from layertap.onnxfile.samples import write_tiny_model
+            >>> read_model(write_tiny_model(tempfile.mkdtemp())).hand_over().handed_over
+            True
+        """
+        self.handed_over = True
+        return self
 
     def taps_metadata(self) -> list[dict]:
         """The ``layertap.taps`` records written by ``lt.export`` (empty if none or unreadable)."""

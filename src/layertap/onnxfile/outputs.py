@@ -39,8 +39,8 @@ from ..files.writes import check_output_path, temp_path
 from ..selectors import Tap
 from .branches import Carrier, branch_tensors, has_subgraphs
 from .modelfile import ModelFile, read_model
-from .ort import SessionSource, tensor_types
 from .publish import publish
+from .tensor_types import TensorTyper, tensor_types
 from .walk import attribute_graphs, defines
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -53,34 +53,30 @@ ALL_WARNING = (
 _IDENTITY_PREFIX = "layertap/Identity/"
 
 
-def add_outputs(
-    src: str | os.PathLike,
-    dst: str | os.PathLike,
-    tensors: Sequence[str] = (),
-    modules: Sequence[str] = (),
-    all: bool = False,  # noqa: A002 - the public keyword (add_outputs(all=True)) is part of the API
-) -> list[str]:
-    """Write a copy of ``src`` to ``dst`` with extra graph outputs; return their names.
+def add_outputs(src: str | os.PathLike, dst: str | os.PathLike, tensors: Sequence[str] = (), modules: Sequence[str] = (),
+                all: bool = False, *, typer: TensorTyper | None) -> list[str]:  # noqa: A002 - lt.add_outputs' keyword
+    """Write a copy of ``src`` to ``dst`` with extra graph outputs; return their names
+    (``lt.add_outputs``: :func:`layertap.runtimes.add_outputs` hands in ONNX Runtime as ``typer``).
 
     ``tensors`` are ONNX tensor names (node outputs, graph inputs, initializers);
     ``modules`` are tap selectors of PyTorch module paths (``layer3.1``,
     ``layer2.0.relu#1``, ``fc:input``), resolved through the exporter's scope
     information; ``all=True`` marks every node output (and warns: it blocks ORT
     fusions). The original outputs stay first and unchanged; ``src`` is never
-    modified and ``dst`` is written atomically.
+    modified and ``dst`` is written atomically. ``typer`` types what shape inference
+    leaves open (``None``: nothing does, and such a tensor is refused).
 
     Example:
         >>> import tempfile
         >>> from layertap.onnxfile.samples import write_tiny_model
         >>> path = str(write_tiny_model(tempfile.mkdtemp()))  # y = -relu(x); modules act, neg
-        >>> import layertap as lt
-        >>> lt.add_outputs(path, path.replace("m.onnx", "tapped.onnx"), modules=["act"])
+        >>> add_outputs(path, path.replace("m.onnx", "tapped.onnx"), modules=["act"], typer=None)
         ['act']
     """
     with operation():
         out = check_output_path(dst, inputs=(src,), suffixes=(".onnx",))
         mf = read_model(src)
-        adder = OutputAdder(mf)
+        adder = OutputAdder(mf, typer=typer)
         pairs = adder.resolve(tensors=tensors, modules=modules, all=all)
         added = adder.apply(pairs)
         refuse_inputs(out)  # now that the external data files are known
@@ -91,7 +87,11 @@ def add_outputs(
 class OutputAdder:
     """Resolve requests to tensors and add them, typed, as graph outputs of ``mf.model``.
 
-    Edits ``mf.model`` in memory (the loaded copy; the file is untouched).
+    An editor: works in place on ``mf.model`` (give it a model of your own, such as the copy
+    :func:`~layertap.onnxfile.modelfile.read_model` just loaded; the file is untouched). Besides the
+    outputs (and an ``Identity`` per alias) it adds nodes only to carry branch tensors out
+    (:attr:`carried`) and, reading a fused decoder's module scopes, to make its hidden values
+    tensors (:attr:`exposed_fused`). ``typer`` types what shape inference leaves open.
 
     Example:
         >>> import tempfile
@@ -102,10 +102,9 @@ class OutputAdder:
         (['x', 'act'], ['y', 'x', 'act'])
     """
 
-    def __init__(self, mf: ModelFile, source: SessionSource | None = None) -> None:
+    def __init__(self, mf: ModelFile, *, typer: TensorTyper | None = None) -> None:
         self.mf = mf
-        #: ONNX Runtime on ``mf.model`` (asked for the types shape inference leaves open)
-        self.source = source or SessionSource(mf.model, mf.folder)
+        self.typer = typer
         self.graph = mf.model.graph
         self._scopes = None
         self._stand_ins: dict[str, str] | None = None
@@ -117,13 +116,18 @@ class OutputAdder:
         self._branches: dict[str, str] | None = None
         #: branch tensors carried out to the main graph -> where they are computed
         self.carried: dict[str, str] = {}
+        #: the values a fused decoder's ops hide were made tensors of the graph (for its module scopes)
+        self.exposed_fused = False
 
     # -- resolving --------------------------------------------------------------
     @property
     def scopes(self):
         if self._scopes is None:
-            from .scopemap import ScopeMap
+            from .scopemap import ScopeMap, expose_fused_values_in_place, is_fused_llm
 
+            # the module taps of a fused decoder name tensors its graph must then compute
+            if is_fused_llm(self.graph):
+                self.exposed_fused = expose_fused_values_in_place(self.graph)
             self._scopes = ScopeMap.from_model(self.mf.model, branches=True)
         return self._scopes
 
@@ -205,7 +209,6 @@ class OutputAdder:
         if got is not None:
             self._produced.add(got)
             self.carried[got] = where
-            self.source.origin = None  # the graph is no longer the file's: a runtime must read this one
         return got
 
     def nested_location(self, name: str) -> str | None:
@@ -249,8 +252,8 @@ class OutputAdder:
                 )
 
     def _types(self, tensors: Sequence[str]) -> dict[str, "onnx.ValueInfoProto"]:
-        """Type and shape per tensor: shape inference first, ONNX Runtime for the rest."""
-        known = tensor_types(self.mf.model, self.mf.folder, tensors, source=self.source)
+        """Type and shape per tensor: shape inference first, the typer (ONNX Runtime) for the rest."""
+        known = tensor_types(self.mf.model, self.mf.folder, tensors, typer=self.typer)
         still = [t for t in dict.fromkeys(tensors) if t not in known]
         if still:
             raise OnnxFileError(

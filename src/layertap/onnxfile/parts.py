@@ -46,17 +46,14 @@ class PartCutter:
 
     Example:
         >>> import numpy as np, onnx.helper as h, onnx.numpy_helper as nh
-        >>> from layertap.onnxfile.ort import open_session
         >>> w = nh.from_array(np.full((2, 2), 2, np.float32), "w")
         >>> g = h.make_graph([h.make_node("Relu", ["x"], ["r"]), h.make_node("MatMul", ["r", "w"], ["y"])], "g",
         ...     [h.make_tensor_value_info("x", 1, [1, 2])], [h.make_tensor_value_info("y", 1, [1, 2])], [w])
         >>> cut = PartCutter(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
         >>> piece = cut.piece([1], {"r": (1, [1, 2])}, ["y"])
         >>> part = cut.model([piece])
-        >>> [i.name for i in part.graph.input], [t.name for t in part.graph.initializer]
-        (['r'], ['w'])
-        >>> open_session(part.SerializeToString()).run(None, {"r": np.ones((1, 2), np.float32)})[0]
-        array([[4., 4.]], dtype=float32)
+        >>> [i.name for i in part.graph.input], [t.name for t in part.graph.initializer], [n.op_type for n in part.graph.node]
+        (['r'], ['w'], ['MatMul'])
     """
 
     def __init__(self, model: "onnx.ModelProto", facts: GraphFacts | None = None) -> None:

@@ -14,12 +14,13 @@ with rounding after each such tensor:
 
 Each rounded tensor keeps its name (the producer's output is renamed), so the ideal run is read
 by the reference's tensor names, and every reader (subgraphs too) reads the rounded value. The
-input model is never changed: :func:`rounded_source` returns a new in-memory source.
+input model is never changed: :func:`rounded_model` returns a new graph and its held weights.
 Never imports torch.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
 import numpy as np
@@ -30,44 +31,43 @@ from .walk import fresh_name
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
-    from .ort import SessionSource
-
 _LOW_TYPES = {"float16": 10, "bfloat16": 16}  # onnx.TensorProto.FLOAT16, BFLOAT16
 _FLOAT = 1  # onnx.TensorProto.FLOAT
 
 
-def rounded_source(source: "SessionSource", formats: Mapping[str, Format],
-                   weight_round: Callable[[str, np.ndarray], np.ndarray | None] | None = None) -> "SessionSource":
-    """A new source holding ``source``'s model with each float32 tensor named in ``formats`` rounded to
-    its format (see the module doc); ``source`` is left as it was.
+def rounded_model(model: "onnx.ModelProto", folder: Path, held: Mapping[str, np.ndarray], formats: Mapping[str, Format],
+                  weight_round: Callable[[str, np.ndarray], np.ndarray | None] | None = None, *,
+                  cast_round: Callable[[np.ndarray, str], np.ndarray] | None = None,
+                  ) -> tuple["onnx.ModelProto", dict[str, np.ndarray]]:
+    """A copy of ``model`` with each float32 tensor named in ``formats`` rounded to its format (see the
+    module doc), and the arrays of its weights held in memory; ``model`` and ``held`` are left as they were.
 
     Args:
-        source: the reference file in memory.
+        model, folder, held: the reference file in memory (``held``: the arrays of its weights taken
+            out of it, by name; others are inline or in the data files in ``folder``).
         formats: tensor name -> the format the candidate holds it in (activations, graph inputs,
             ``Constant`` outputs and initializers alike).
         weight_round: for an initializer, its rounded values (``None``: round it by ``formats``); lets a
             caller quantise a weight on the candidate's grid rather than with a scale made for other values.
+        cast_round: a float32 array rounded to ``float16``/``bfloat16`` and back (default numpy's,
+            :meth:`~layertap.numformats.Format.rounded`; a runtime's is faster on big weights).
 
     Example:
         >>> import onnx.helper as h
-        >>> from pathlib import Path
-        >>> from layertap.onnxfile.ort import SessionSource
         >>> g = h.make_graph([h.make_node("Mul", ["x", "x"], ["y"]), h.make_node("Relu", ["y"], ["z"])], "g",
         ...     [h.make_tensor_value_info("x", 1, [2])], [h.make_tensor_value_info("z", 1, [2])])
-        >>> src = SessionSource(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), Path("."))
-        >>> ideal = rounded_source(src, {"y": Format("float16")})
-        >>> x = np.array([1.0001, 3.0], np.float32)
-        >>> ideal.session(["y"], optimize=False).run(["y", "z"], {"x": x})[0].tolist()
-        [1.0, 9.0]
-        >>> [n.op_type for n in src.model.graph.node]
-        ['Mul', 'Relu']
+        >>> model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+        >>> ideal, held = rounded_model(model, Path("."), {}, {"y": Format("float16")})
+        >>> [n.op_type for n in ideal.graph.node], [n.op_type for n in model.graph.node]
+        (['Mul', 'Cast', 'Cast', 'Relu'], ['Mul', 'Relu'])
     """
     import onnx
 
-    from .ort import SessionSource, inferred_types
+    from .tensor_types import inferred_types
 
+    source = model
     model = onnx.ModelProto()
-    model.CopyFrom(source.model)
+    model.CopyFrom(source)
     types = inferred_types(model)
 
     def is_float32(name: str) -> bool:
@@ -75,32 +75,35 @@ def rounded_source(source: "SessionSource", formats: Mapping[str, Format],
         return vi is not None and vi.type.WhichOneof("value") == "tensor_type" and vi.type.tensor_type.elem_type == _FLOAT
 
     wanted = {t: f for t, f in formats.items() if f.low and is_float32(t)}
-    names, arrays = _rounded_weights(model, source, wanted, weight_round)
+    rounded = _rounded_weights_in_place(model, folder, held, wanted, weight_round, cast_round or _cast_round)
     _RoundingNodes(model.graph, wanted, types).insert()
-    out = SessionSource(model, source.folder)
-    out.names, out.arrays = names, arrays
-    return out
+    return model, rounded
 
 
-def _rounded_weights(model: "onnx.ModelProto", source: "SessionSource", wanted: Mapping[str, Format],
-                     weight_round: Callable[[str, np.ndarray], np.ndarray | None] | None) -> tuple[list[str], list[np.ndarray]]:
-    """The source's held weights, with each initializer in ``wanted`` replaced by its rounded values
-    (held in memory too, whether the file kept it inline, in memory or in its data file)."""
-    from .ort import hold_in_memory, rounded_through
+def _rounded_weights_in_place(model: "onnx.ModelProto", folder: Path, held: Mapping[str, np.ndarray],
+                              wanted: Mapping[str, Format], weight_round: Callable[[str, np.ndarray], np.ndarray | None] | None,
+                              cast_round: Callable[[np.ndarray, str], np.ndarray]) -> dict[str, np.ndarray]:
+    """``held`` with each initializer of ``model`` (the copy) in ``wanted`` replaced by its rounded values,
+    held in memory too (whether the file kept it inline, in memory or in its data file)."""
+    from .held import hold_in_memory
     from .weights import initializer_array
 
-    held = dict(zip(source.names, source.arrays))
+    out = dict(held)
     for t in model.graph.initializer:
         fmt = wanted.get(t.name)
         if fmt is None:
             continue
-        value = np.asarray(initializer_array(t, held, source.folder), np.float32)
+        value = np.asarray(initializer_array(t, out, folder), np.float32)
         rounded = weight_round(t.name, value) if weight_round is not None else None
         if rounded is None:
-            rounded = fmt.rounded(value) if fmt.is_quantised else rounded_through(value, fmt.name)
-        held[t.name] = np.require(rounded, np.float32, "C").reshape(value.shape)  # a scalar stays a scalar
-        hold_in_memory(t, held[t.name])
-    return list(held), list(held.values())
+            rounded = fmt.rounded(value) if fmt.is_quantised else cast_round(value, fmt.name)
+        out[t.name] = np.require(rounded, np.float32, "C").reshape(value.shape)  # a scalar stays a scalar
+        hold_in_memory(t, out[t.name])
+    return out
+
+
+def _cast_round(value: np.ndarray, low: str) -> np.ndarray:
+    return Format(low).rounded(value)
 
 
 class _RoundingNodes:

@@ -11,6 +11,7 @@ from ..text import fmt_shape
 from .branches import has_subgraphs, subgraph_types
 from .modelfile import ModelFile, model_file
 from .shapes import declared_dims
+from .tensor_types import TensorTyper
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -66,35 +67,35 @@ class OnnxLayers(Table):
         return out
 
 
-def onnx_layers(path: "str | os.PathLike | ModelFile") -> OnnxLayers:
+def onnx_layers(path: "str | os.PathLike | ModelFile", *, typer: TensorTyper | None) -> OnnxLayers:
     """List the tensors of an ONNX file (weights are not read), or of a file already read (an
-    OpenVINO IR's tensors as :func:`~layertap.runtimes.openvino.ir_file` reads them).
+    OpenVINO IR's tensors as :func:`~layertap.runtimes.openvino.ir_file` reads them; left as it
+    was). ``typer`` types what shape inference leaves open (``lt.onnx_layers``:
+    :func:`layertap.runtimes.onnx_layers` hands in ONNX Runtime).
 
     Example:
         >>> import tempfile
         >>> from layertap.onnxfile.samples import write_tiny_model
         >>> path = str(write_tiny_model(tempfile.mkdtemp()))  # y = -relu(x); modules act, neg
-        >>> import layertap as lt
-        >>> [(r.name, r.op, r.module) for r in lt.onnx_layers(path)]
+        >>> [(r.name, r.op, r.module) for r in onnx_layers(path, typer=None)]
         [('x', 'input', None), ('/act/Relu_output_0', 'Relu', 'act'), ('y', 'Neg', 'neg')]
     """
-    import onnx
-
-    from .ort import tensor_types
     from .scopemap import ScopeMap
+    from .tensor_types import tensor_types
 
     mf = model_file(path)
-    graph = mf.model.graph
-    types = tensor_types(mf.model, mf.folder)  # the typing add_outputs uses (ORT for fused ops)
-    scopes = ScopeMap.from_model(mf.model)
+    types = tensor_types(mf.model, mf.folder, typer=typer)  # the typing add_outputs uses (ORT for fused ops)
+    model = _with_fused_values(mf.model)
+    graph = model.graph
+    scopes = ScopeMap.from_model(model)
     owners = scopes.owners()
     inits = {i.name for i in graph.initializer}
     rows = [
         TensorRow(i.name, "input", None, *_type_of(types.get(i.name)), None, None)
         for i in graph.input if i.name not in inits
     ]
-    sub_types = subgraph_types(mf.model) if has_subgraphs(graph) else {}
-    inner = _branch_owners(mf.model) if sub_types else {}
+    sub_types = subgraph_types(model) if has_subgraphs(graph) else {}
+    inner = _branch_owners(model) if sub_types else {}
     for k, node in enumerate(graph.node):
         rows.extend(_branch_rows(node, (k,), sub_types, inner))
         module, call = owners.get(k, (None, None))
@@ -107,8 +108,21 @@ def onnx_layers(path: "str | os.PathLike | ModelFile") -> OnnxLayers:
         notes.append("no module scopes in this file (neither torch.onnx dynamo metadata nor TorchScript node names)")
     if inits:
         notes.append(f"{len(inits)} initializers (weights) not listed")
-    del onnx
     return OnnxLayers(rows, notes, source=scopes.source)
+
+
+def _with_fused_values(model: "onnx.ModelProto") -> "onnx.ModelProto":
+    """``model``, or for a fused decoder a copy with the values its ops hide made tensors: listed as
+    the tensors its module taps read (:func:`~layertap.onnxfile.scopemap.expose_fused_values_in_place`)."""
+    import onnx
+
+    from .scopemap import expose_fused_values_in_place, is_fused_llm
+
+    if not is_fused_llm(model.graph):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out if expose_fused_values_in_place(out.graph) else model
 
 
 def _branch_owners(model: "onnx.ModelProto") -> dict[str, tuple[str, int]]:

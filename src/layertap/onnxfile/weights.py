@@ -14,9 +14,9 @@ conversion may land, per element (half a unit in the last place of float16 / bfl
 half a quantisation step ``scale / 2`` for integers). Quantisation scales and zero points,
 integer tensors and names exporters make up (``onnx::Conv_193``, ``val_12``) are not parameters.
 
-Weights are read one at a time, from where the compare already holds them
-(:class:`~layertap.onnxfile.ort.SessionSource`), else from the proto or its external data
-file; the graph is never changed. Never imports torch.
+Weights are read one at a time, from where the compare already holds them (arrays taken out of
+the model, :mod:`layertap.onnxfile.held`), else from the proto or its external data file; the
+graph is never changed. Never imports torch.
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ from .scopemap import BN_FOLD_RULES, plain_weight_name, rules
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
-
-    from .ort import SessionSource
 
 #: half the relative spacing of each float type's values: the most round-to-nearest moves a value
 #: (bfloat16 at twice that: some converters truncate)
@@ -139,27 +137,29 @@ def format_allowance(fmt: str) -> Allowance:
     return Allowance(unit, _FLOOR.get(fmt, 0.0))
 
 
-def file_params(source: "SessionSource") -> dict[str, FileParam]:
-    """The parameters of the model ``source`` holds, by name (see the module doc).
+def file_params(model: "onnx.ModelProto", folder: Path, held: Mapping[str, np.ndarray] | None = None, *,
+                widen: Callable[[np.ndarray], np.ndarray] | None = None) -> dict[str, FileParam]:
+    """The parameters of ``model`` by name (see the module doc); its weights read where they are:
+    ``held`` (arrays taken out of it, by name), inline, or in the data files in ``folder``.
+    ``widen``: float16 values to float32 (default numpy's cast; a runtime's is faster on big weights).
 
     Example:
         >>> import onnx.helper as h, onnx.numpy_helper as nh
-        >>> from layertap.onnxfile.ort import SessionSource
         >>> w = nh.from_array(np.full((2, 2), 0.1, np.float16), "fc.weight")
         >>> g = h.make_graph([h.make_node("MatMul", ["x", "fc.weight"], ["y"])], "g",
         ...     [h.make_tensor_value_info("x", 10, [1, 2])], [h.make_tensor_value_info("y", 10, [1, 2])], [w])
-        >>> p = file_params(SessionSource(h.make_model(g), Path(".")))["fc.weight"]
+        >>> p = file_params(h.make_model(g), Path("."))["fc.weight"]
         >>> value, allowance = p.read()
         >>> p.fmt, value.dtype, float(allowance.of(value).max()) < 1e-4
         ('float16', dtype('float32'), True)
     """
-    graph = source.model.graph
-    held = dict(zip(source.names, source.arrays))
+    graph = model.graph
+    held = held or {}
     inits = {t.name: t for t in graph.initializer}
     folded = _folded(graph)
 
     def array(name: str) -> np.ndarray:
-        return initializer_array(inits[name], held, source.folder)
+        return initializer_array(inits[name], held, folder)
 
     out: dict[str, FileParam] = {}
     quant_args = {t for n in graph.node if n.op_type in _QDQ_OPS for t in n.input[1:3]}
@@ -168,7 +168,7 @@ def file_params(source: "SessionSource") -> dict[str, FileParam]:
         if dtype is None or t.name in quant_args or _ANONYMOUS.match(t.name):
             continue
         out[t.name] = FileParam(t.name, tuple(t.dims), np.dtype(dtype).name, folded.get(t.name),
-                                functools.partial(_read_float, array, t.name))
+                                functools.partial(_read_float, array, t.name, widen or _widen))
     for node in graph.node:
         param = _dequantized(node, inits, array, folded) or _cast(node, out, folded)
         if param is not None and not _ANONYMOUS.match(param.name):
@@ -206,13 +206,15 @@ def _np_type(elem: int) -> Any:
     return onnx.helper.tensor_dtype_to_np_dtype(elem)
 
 
-def _read_float(array: Callable[[str], np.ndarray], name: str) -> Reading:
+def _read_float(array: Callable[[str], np.ndarray], name: str, widen: Callable[[np.ndarray], np.ndarray]) -> Reading:
     """A float initializer as float32, with its format's rounding."""
-    from .ort import as_float32
-
     a = array(name)
-    value = a if a.dtype == np.float32 else as_float32(a) if a.dtype == np.float16 else a.astype(np.float32)
+    value = a if a.dtype == np.float32 else widen(a) if a.dtype == np.float16 else a.astype(np.float32)
     return value, format_allowance(a.dtype.name)
+
+
+def _widen(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float32)
 
 
 def _dequantized(node: "onnx.NodeProto", inits: Mapping[str, Any], array: Callable[[str], np.ndarray],
@@ -301,7 +303,7 @@ def _mapped(t: "onnx.TensorProto", folder: Path) -> np.ndarray | None:
 
     from ..errors import OnnxFileError
     from .modelfile import external_ref
-    from .ort import tensor_nbytes
+    from .tensor_types import tensor_nbytes
 
     try:
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))

@@ -155,7 +155,7 @@ def _owners(model: Any, smap: Any) -> dict[int, tuple[str, int]]:
     if smap is None or not set(names) <= {n.name for n in smap.graph.node}:
         from ..onnxfile.scopemap import ScopeMap
 
-        return ScopeMap.from_model(model).owners()
+        smap = ScopeMap.from_model(model)  # a fused decoder's is read on a copy with more nodes: by name too
     by_name = {smap.graph.node[i].name: owner for i, owner in smap.owners().items()}
     return {k: by_name[name] for k, name in enumerate(names) if name in by_name}
 

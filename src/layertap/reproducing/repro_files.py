@@ -68,10 +68,9 @@ def _path(source: Any) -> Path:
 
 def _cand_part(folder: Path, path: Path, part: Any) -> None:
     """The candidate's nodes of the call, fed the reference's values (cast inside to the file's types)."""
-    from ..onnxfile.modelfile import read_model
     from ..onnxfile.parts import PartCutter, save_part
 
-    mf = read_model(path)
+    mf = _read(path)
     cutter = PartCutter(mf.model)
     inputs = {t: (_elem(v), v.shape) for t, v in part.inputs.items()}
     piece = cutter.piece(part.nodes, inputs, list(part.expected), cast=part.casts)
@@ -80,11 +79,10 @@ def _cand_part(folder: Path, path: Path, part: Any) -> None:
 
 def _ref_part(folder: Path, path: Path, part: Any) -> str | None:
     """The reference file's nodes of the same call, fed the same inputs; or why there is none."""
-    from ..onnxfile.modelfile import read_model
     from ..onnxfile.parts import PartCutter, save_part
     from ..onnxfile.scopemap import ScopeMap
 
-    mf = read_model(path)
+    mf = _read(path)
     smap = ScopeMap.from_model(mf.model)
     rename = {part.ref_names.get(t, t): t for t in [*part.inputs, *part.expected]}
     if smap.source != "none":
@@ -104,6 +102,18 @@ def _ref_part(folder: Path, path: Path, part: Any) -> str | None:
         return "the reference's nodes of this call do not make the tensors compared"
     save_part(cutter.model([piece], "reference_part"), folder / "ref.onnx", mf.folder)
     return None
+
+
+def _read(path: Path) -> Any:
+    """A file read for its part: a fused decoder's hidden values made tensors of this copy, as its
+    compare side made them (the part's nodes are counted in that graph)."""
+    from ..onnxfile.modelfile import read_model
+    from ..onnxfile.scopemap import expose_fused_values_in_place, is_fused_llm
+
+    mf = read_model(path)
+    if is_fused_llm(mf.model.graph):
+        expose_fused_values_in_place(mf.model.graph)
+    return mf
 
 
 def _makers(graph: Any, tensors: list[str]) -> tuple[list[int], tuple[str, ...]]:
@@ -141,13 +151,13 @@ def check_package(folder: Path, *, rtol: float, atol: float, timeout: float = 90
 
 def _run_ref(folder: Path, rtol: float, atol: float) -> tuple[float, bool]:
     """The reference's part on ``inputs.npz`` against ``expected.npz``: worst rel error, agreement."""
-    from ..onnxfile.ort import open_session
+    from ..runtimes import open_runtime
 
-    session = open_session(str(folder / "ref.onnx"))
+    engine = open_runtime("ort").open_file(folder / "ref.onnx")
     with np.load(folder / "inputs.npz") as inputs, np.load(folder / "expected.npz") as expected:
-        feed = {i.name: inputs[npz_member(i.name)] for i in session.get_inputs()}
-        names = [o.name for o in session.get_outputs()]
-        got = dict(zip(names, session.run(names, feed)))
+        feed = {i.name: inputs[npz_member(i.name)] for i in engine.get_inputs()}
+        names = engine.output_names()
+        got = engine.run(names, feed)
         stats = [error_stats(expected[npz_member(n)], got[n].reshape(expected[npz_member(n)].shape), rtol, atol)
                  for n in names]
     return max((s.rel_err for s in stats), default=0.0), all(s.ok for s in stats)
@@ -207,7 +217,7 @@ def _repro_py(module: str, part: Any, rtol: float, atol: float) -> str:
     """The script: the candidate's part on the inputs, each output's error, exit 1 while any exceeds the tolerance."""
     inputs = {t: npz_member(t) for t in part.inputs}
     expected = {t: npz_member(t) for t in part.expected}
-    from ..onnxfile.ort import EXACT_INT8
+    from ..runtimes.ort import EXACT_INT8
 
     return _SCRIPT.format(module=module, rtol=rtol, atol=atol, inputs=inputs, expected=expected, exact_int8=EXACT_INT8)
 

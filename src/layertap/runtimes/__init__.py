@@ -1,17 +1,26 @@
 """The engines that run an ONNX file (or an OpenVINO IR) with chosen tensors exposed: ONNX Runtime
-and OpenVINO behind one small protocol (:mod:`.base`), opened by :func:`open_runtime`. Never imports torch.
+and OpenVINO behind one small protocol (:mod:`.base`), opened by :func:`open_runtime`; every
+session and every run layertap makes of a file goes through them. Here too the public functions
+that need a runtime: ``lt.run``, and ``lt.add_outputs`` / ``lt.onnx_layers`` (file edits and reads of
+:mod:`layertap.onnxfile`, with ONNX Runtime typing the tensors shape inference leaves open).
+Never imports torch.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..errors import LayertapError, unknown_name
-from .base import Engine, InputInfo, Runtime, RuntimeInfo
+from .base import Engine, InputInfo, Runtime, RuntimeInfo, is_ir
 
-__all__ = ["RUNTIMES", "Engine", "InputInfo", "Runtime", "RuntimeInfo", "open_runtime", "run"]
+if TYPE_CHECKING:  # pragma: no cover
+    from ..onnxfile.modelfile import ModelFile
+    from ..onnxfile.tensor_table import OnnxLayers
+
+__all__ = ["RUNTIMES", "Engine", "InputInfo", "Runtime", "RuntimeInfo", "add_outputs", "is_ir", "onnx_layers",
+           "open_runtime", "run"]
 
 #: the runtimes ``--runtime`` names
 RUNTIMES = ("ort", "openvino")
@@ -49,16 +58,6 @@ def open_runtime(runtime: str = "ort", *, providers: Sequence[str] | str | None 
     from .openvino import OpenVinoRuntime
 
     return OpenVinoRuntime(ov_device or "CPU", ov_precision)
-
-
-def is_ir(source: Any) -> bool:
-    """Whether a file argument names an OpenVINO IR (``.xml``, its weights in the ``.bin`` beside it).
-
-    Example:
-        >>> is_ir("m.xml"), is_ir("m.onnx")
-        (True, False)
-    """
-    return isinstance(source, (str, os.PathLike)) and str(source).lower().endswith(".xml")
 
 
 def run(
@@ -109,3 +108,54 @@ def run(
     else:
         session = TappedSession(path, engine, taps)
     return session.run(inputs, seed=seed, notify=notify, flatten=False)
+
+
+def add_outputs(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    tensors: Sequence[str] = (),
+    modules: Sequence[str] = (),
+    all: bool = False,  # noqa: A002 - the public keyword (add_outputs(all=True)) is part of the API
+) -> list[str]:
+    """Write a copy of ``src`` to ``dst`` with extra graph outputs; return their names.
+
+    ``tensors`` are ONNX tensor names (node outputs, graph inputs, initializers);
+    ``modules`` are tap selectors of PyTorch module paths (``layer3.1``,
+    ``layer2.0.relu#1``, ``fc:input``), resolved through the exporter's scope
+    information; ``all=True`` marks every node output (and warns: it blocks ORT
+    fusions). The original outputs stay first and unchanged; ``src`` is never
+    modified and ``dst`` is written atomically. Tensors shape inference cannot type
+    (ops ONNX does not know) are typed by ONNX Runtime
+    (:func:`layertap.onnxfile.outputs.add_outputs` with :func:`.ort.ort_typer`).
+
+    Example:
+        >>> import tempfile
+        >>> from layertap.onnxfile.samples import write_tiny_model
+        >>> path = str(write_tiny_model(tempfile.mkdtemp()))  # y = -relu(x); modules act, neg
+        >>> import layertap as lt
+        >>> lt.add_outputs(path, path.replace("m.onnx", "tapped.onnx"), modules=["act"])
+        ['act']
+    """
+    from ..onnxfile import outputs
+    from .ort import ort_typer
+
+    return outputs.add_outputs(src, dst, tensors, modules, all, typer=ort_typer())
+
+
+def onnx_layers(path: "str | os.PathLike | ModelFile") -> "OnnxLayers":
+    """List the tensors of an ONNX file (weights are not read), or of a file already read (an
+    OpenVINO IR's tensors as :func:`~layertap.runtimes.openvino.ir_file` reads them); tensors
+    shape inference cannot type are typed by ONNX Runtime, as :func:`add_outputs` types them
+    (:func:`layertap.onnxfile.tensor_table.onnx_layers` with :func:`.ort.ort_typer`).
+
+    Example:
+        >>> import tempfile, layertap as lt
+        >>> from layertap.onnxfile.samples import write_tiny_model
+        >>> path = str(write_tiny_model(tempfile.mkdtemp()))  # y = -relu(x); modules act, neg
+        >>> [(r.name, r.op, r.module) for r in lt.onnx_layers(path)]
+        [('x', 'input', None), ('/act/Relu_output_0', 'Relu', 'act'), ('y', 'Neg', 'neg')]
+    """
+    from ..onnxfile import tensor_table
+    from .ort import ort_typer
+
+    return tensor_table.onnx_layers(path, typer=ort_typer())

@@ -1,11 +1,14 @@
 """The runtime protocol: a :class:`Runtime` opens :class:`Engine` s on a model (held in memory by
-a :class:`~layertap.onnxfile.ort.SessionSource`, or a file) with chosen tensors exposed; an engine
-runs a feed into arrays by name; :meth:`Runtime.describe` says what ran (runtime, version, device,
-precision). :func:`layertap.runtimes.open_runtime` is the one factory (``ort`` or ``openvino``).
+a :class:`~layertap.runtimes.source.SessionSource`, or a file) with chosen tensors exposed, on a
+part of a model (``--local``), or on a file as it is (export's check, fix's trials, repro's
+reference part); an engine runs a feed into arrays by name; :meth:`Runtime.describe` says what
+ran (runtime, version, device, precision). :func:`layertap.runtimes.open_runtime` is the one
+factory (``ort`` or ``openvino``); every session and every run of an ONNX file goes through it.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Sequence
@@ -15,7 +18,7 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
-    from ..onnxfile.ort import SessionSource
+    from .source import SessionSource
 
 
 class InputInfo(NamedTuple):
@@ -59,6 +62,9 @@ class Engine(Protocol):
     def get_inputs(self) -> list[InputInfo]:
         """The model's real inputs (not initializers)."""
 
+    def output_names(self) -> list[str]:
+        """The model's outputs, one name each, in order (what ``run(None, ...)`` hands out)."""
+
     def run(self, names: Sequence[str] | None, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One run on ``feed``: the tensors ``names`` (``None``: every output) by name."""
 
@@ -95,11 +101,25 @@ class Runtime(Protocol):
     def open_part(self, source: "SessionSource", part: "onnx.ModelProto") -> Engine:
         """An engine on a graph built from ``source`` 's nodes, reading its weights (``--local``)."""
 
+    def open_file(self, path: Path, *, timing: bool = False) -> Engine:
+        """An engine on the file at ``path`` as it is, read by the runtime itself (its own outputs;
+        ``timing``: set up to measure its latency as the runtime runs by default)."""
+
     def exposable(self, model: "SessionSource | Path") -> set[str] | None:
         """Tensor names this runtime can hand out (``None``: every tensor of the ONNX graph)."""
 
     def describe(self) -> RuntimeInfo:
         """Runtime, version, device and the precision that ran."""
+
+
+def is_ir(source: Any) -> bool:
+    """Whether a file argument names an OpenVINO IR (``.xml``, its weights in the ``.bin`` beside it).
+
+    Example:
+        >>> is_ir("m.xml"), is_ir("m.onnx")
+        (True, False)
+    """
+    return isinstance(source, (str, os.PathLike)) and str(source).lower().endswith(".xml")
 
 
 def check_exposed(names: Sequence[str], available: set[str] | None, runtime: str) -> None:

@@ -1,5 +1,5 @@
 """OpenVINO as a :class:`~.base.Runtime`: the ONNX graph (weights held in memory by a
-:class:`~layertap.onnxfile.ort.SessionSource`, handed over inline) or an IR file read once,
+:class:`~layertap.runtimes.source.SessionSource`, handed over inline) or an IR file read once,
 intermediates exposed by tensor name (``Model.add_outputs``), compiled on a device with
 ``INFERENCE_PRECISION_HINT``. ``openvino`` is imported only here, when asked for.
 
@@ -23,14 +23,14 @@ if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
     from ..onnxfile.modelfile import ModelFile
-    from ..onnxfile.ort import SessionSource
+    from .source import SessionSource
 
 INSTALL = "pip install 'layertap[openvino]'"
 #: ``--ov-precision`` -> OpenVINO's hint value
 PRECISIONS = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
 _TYPE_NAMES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 # OpenVINO documents this "saturation issue" and has no setting against it (ONNX Runtime has one, which
-# layertap's sessions use: onnxfile.ort.exact_session); measured on a QDQ file with full-range weights:
+# layertap's sessions use: runtimes.ort.EXACT_INT8); measured on a QDQ file with full-range weights:
 # 56 quanta on a Conv's output, against none with 7-bit weights
 SATURATION_NOTE = ("its int8 kernels saturate on this CPU: without VNNI they sum pairs of int8 products in 16 bits, "
                    "and 4 x 127 x 127 gave {got:g}, not {exact:g}; quantised layers can differ from exact int8 sums by "
@@ -58,6 +58,12 @@ class OpenVinoEngine:
     def get_inputs(self) -> list[InputInfo]:
         return list(self._inputs)
 
+    def output_names(self) -> list[str]:
+        first: dict[int, str] = {}
+        for name, i in self.positions.items():
+            first.setdefault(i, name)
+        return [first[i] for i in sorted(first)]
+
     def run(self, names: Sequence[str] | None, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         wanted = list(names) if names is not None else list(self.positions)
         # np.require keeps a 0-d input (an If's condition) 0-d; np.ascontiguousarray makes it 1-d
@@ -71,7 +77,7 @@ class OpenVinoRuntime:
 
     Example:
         >>> import onnx.helper as h
-        >>> from layertap.onnxfile.ort import SessionSource
+        >>> from layertap.runtimes.source import SessionSource
         >>> g = h.make_graph([h.make_node("Relu", ["x"], ["r"]), h.make_node("Neg", ["r"], ["y"])], "g",
         ...     [h.make_tensor_value_info("x", 1, [2])], [h.make_tensor_value_info("y", 1, [2])])
         >>> rt = OpenVinoRuntime("CPU", "f32")
@@ -139,10 +145,10 @@ class OpenVinoRuntime:
         return ov_model
 
     def int8_saturates(self) -> bool:
-        """Whether this device's int8 kernels saturate: :func:`~layertap.onnxfile.ort.int8_probe`
+        """Whether this device's int8 kernels saturate: :func:`~layertap.runtimes.ort.int8_probe`
         (a QDQ Conv whose pairs of products overflow 16 bits) compiled here at this precision."""
         if self._int8_sum is None:
-            from ..onnxfile.ort import int8_probe
+            from .ort import int8_probe
 
             model, feed, exact, _ = int8_probe("Conv")
             compiled = self.core.compile_model(self.core.read_model(model.SerializeToString()), self.device, self.config)
@@ -177,6 +183,10 @@ class OpenVinoRuntime:
         except RuntimeError as e:
             raise OnnxFileError(f"OpenVINO cannot read the part graph: {one_line(e, limit=300)}") from None
         return self._compile(m, None)
+
+    def open_file(self, path: Path, *, timing: bool = False) -> OpenVinoEngine:
+        """The file read by OpenVINO (ONNX or IR), compiled as its settings say (``timing`` changes nothing)."""
+        return self._compile(self.read(path), None)
 
     def _compile(self, m: Any, only: Sequence[str] | None) -> OpenVinoEngine:
         """Compile ``m``; its outputs by every name they carry (positions taken before compiling:
@@ -217,7 +227,7 @@ def _check_device(core: Any, device: str) -> str:
 
 def _inputs(m: Any) -> list[InputInfo]:
     """The model's inputs as ONNX Runtime names their types (``tensor(float)``)."""
-    from ..onnxfile.ort import ORT_NUMPY
+    from ..onnxfile.tensor_types import ORT_NUMPY
 
     by_dtype = {np.dtype(v): k for k, v in ORT_NUMPY.items()}
     out = []
@@ -279,7 +289,7 @@ def inline_weights(model: "onnx.ModelProto", source: "SessionSource") -> "onnx.M
     import onnx
     from onnx import numpy_helper
 
-    held = dict(zip(source.names, source.arrays))
+    held = source.held
     out = onnx.ModelProto()
     out.CopyFrom(model)
     for t in out.graph.initializer:
@@ -353,7 +363,7 @@ def _elem(kind: str) -> int:
     """ONNX's element type of an ORT type text (``tensor(float)`` -> 1; 0 when unknown)."""
     import onnx.helper as h
 
-    from ..onnxfile.ort import ORT_NUMPY
+    from ..onnxfile.tensor_types import ORT_NUMPY
 
     dtype = ORT_NUMPY.get(kind)
     return int(h.np_dtype_to_tensor_dtype(np.dtype(dtype))) if dtype is not None else 0

@@ -1,25 +1,202 @@
-"""Run an ONNX file with intermediate taps, in memory (``lt.run``, dataset extraction).
+"""Run an ONNX file (or an OpenVINO IR) in a runtime, in memory: :class:`ModelRunner` exposes
+chosen tensors per run (compare's sides, batch after batch), :class:`TappedSession` one set of taps
+for many inputs (``lt.run``, dataset extraction).
 
-No edited file is written: the graph (weights left on disk) gets the extra
-outputs in memory, and the runtime (ONNX Runtime, OpenVINO: a
-:class:`~layertap.runtimes.base.Runtime` handed in by the caller) opens it from there.
+No edited file is written: the graph (weights taken out once, :func:`~.source.open_source`) gets
+the extra outputs in memory, and the runtime (ONNX Runtime, OpenVINO: a
+:class:`~layertap.runtimes.base.Runtime` handed in by the caller) opens it from there. The
+caller's file (a path, or a :class:`~layertap.onnxfile.modelfile.ModelFile` it read) is left as
+it was: every edit here is to the runner's own copy, in steps whose names say so.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import LayertapError, OnnxFileError, SelectorError, one_line, unknown_name
+from ..errors import InputSpecError, LayertapError, OnnxFileError, SelectorError, one_line, unknown_name
 from ..onnxfile.feeds import make_feeds
-from ..onnxfile.modelfile import ModelFile, model_file
-from ..onnxfile.ort import SessionSource
+from ..onnxfile.modelfile import ModelFile
 from ..onnxfile.outputs import OutputAdder, dedupe
 from ..selectors import Tap
-from .base import Runtime
+from .base import Runtime, is_ir
+from .ort import ort_typer
+from .source import SessionSource, open_source
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+
+class ModelRunner:
+    """A model in a runtime, run any number of times with chosen tensors exposed: an engine per set
+    of names, the last one kept for the next run (one engine for every sample of a batch).
+
+    The model's inline weights are taken out once (:class:`~.source.SessionSource`): every engine,
+    and every part of the graph run on its own (``--local``), reads them in place, instead of the
+    whole model being serialised and parsed again per engine. Build it with :meth:`reading` (a file)
+    or on a source already in memory (an ideal run's rounded copy; ``label`` names it in an error).
+
+    Example:
+        >>> import tempfile
+        >>> from layertap.onnxfile.samples import write_tiny_model
+        >>> from layertap.runtimes import open_runtime
+        >>> runner = ModelRunner.reading(write_tiny_model(tempfile.mkdtemp()), open_runtime("ort"))
+        >>> runner.input_names(), runner.run(["/act/Relu_output_0"], {"x": np.array([[-1.0, 2, 3, 4]], np.float32)})
+        ([('x', 'float32')], {'/act/Relu_output_0': array([[0., 2., 3., 4.]], dtype=float32)})
+    """
+
+    def __init__(self, source: SessionSource, runtime: Runtime, *, file: Path | None = None, path: Path | None = None,
+                 label: str | None = None) -> None:
+        self.source = source
+        self.runtime = runtime
+        self.file = file  # an OpenVINO IR: run from the file (the source is its tensor names only)
+        self.path = path or file or source.origin or source.folder  # the file it runs, as the caller named it
+        self.label = label or str(file or source.origin or source.folder)  # how an error names what failed to load
+        self.folder = source.folder
+        self._out_info = {o.name: o for o in source.model.graph.output}
+        self._value_info = {v.name: v for v in source.model.graph.value_info}
+        self.runs = 0
+        self.sessions = 0
+        self._session: tuple[tuple[str, ...], Any] | None = None  # the last engine, kept for the next sample
+
+    @classmethod
+    def reading(cls, source: "str | os.PathLike | ModelFile", runtime: Runtime) -> "ModelRunner":
+        """A runner on a file: an ONNX file read once (a ``ModelFile`` the caller read is not read again,
+        nor changed: :func:`~.source.open_source`), or an OpenVINO IR, whose tensors are known by name
+        (:func:`~.openvino.ir_graph`) and which its runtime reads itself."""
+        if not isinstance(source, ModelFile) and is_ir(source):
+            from .openvino import ir_graph
+
+            path = Path(source)
+            return cls(SessionSource(ir_graph(runtime, path), path.parent), runtime, file=path)
+        held, mf = open_source(source)
+        return cls(held, runtime, path=mf.path if isinstance(source, ModelFile) else Path(source))
+
+    @property
+    def proto(self) -> "onnx.ModelProto":
+        """The graph the runner runs (its own copy, weights held apart)."""
+        return self.source.model
+
+    @property
+    def optimize(self) -> bool:
+        """The runtime's graph optimisations (always on for a runtime without that switch)."""
+        return self.runtime.optimize
+
+    def exposable(self) -> set[str] | None:
+        """The tensors the runtime can hand out (``None``: every tensor of the graph)."""
+        return self.runtime.exposable(self.file or self.source)
+
+    def input_names(self) -> list[tuple[str, str]]:
+        """(name, element type) of the graph's real inputs (not initializers)."""
+        import onnx
+
+        inits = {i.name for i in self.proto.graph.initializer}
+        out = []
+        for i in self.proto.graph.input:
+            if i.name in inits:
+                continue
+            et = i.type.tensor_type.elem_type
+            try:
+                dtype = onnx.helper.tensor_dtype_to_np_dtype(et).name if et else ""
+            except (KeyError, ValueError, TypeError):
+                dtype = ""  # a type numpy lacks (bfloat16, float8): feed as given
+            out.append((i.name, dtype))
+        return out
+
+    def input_shapes(self) -> dict[str, tuple[int | str, ...]]:
+        """Declared shape of each graph input: a fixed size as an int, a symbolic one as its
+        name (``""`` when unnamed or negative: :func:`~layertap.onnxfile.shapes.declared_dims`)."""
+        from ..onnxfile.shapes import input_dims
+
+        return {name: dims for name, dims in input_dims(self.proto.graph).items() if dims is not None}
+
+    def expose_fused_values_in_place(self) -> bool:
+        """Make the values a fused decoder's ops hide tensors of the runner's own graph, so its module
+        calls (:meth:`~layertap.onnxfile.scopemap.ScopeMap.from_model`) can be exposed; whether any
+        node was added (the graph is then no longer the file's)."""
+        from ..onnxfile.scopemap import expose_fused_values_in_place, is_fused_llm
+
+        graph = self.proto.graph
+        if self.file is not None or not is_fused_llm(graph) or not expose_fused_values_in_place(graph):
+            return False
+        self.source.origin = None
+        return True
+
+    def carry_branches_in_place(self, ops: Collection[str]) -> list[str]:
+        """Make every tensor inside the runner's own graph's subgraphs of ``ops`` (``If``) an output of
+        its node (see :mod:`layertap.onnxfile.branches`), so runs can expose them; the names carried.
+
+        Only where the runtime carries branches (:attr:`~.base.Runtime.carries_branches`; OpenVINO's CPU
+        plug-in refuses an ``If`` whose branches give tensors of different shapes, the branch not taken
+        giving an empty one). A tensor that cannot be carried (a name several subgraphs define, an
+        untyped one) stays inside.
+        """
+        from ..onnxfile.branches import Carrier, branch_tensors, has_subgraphs
+
+        graph = self.proto.graph
+        if not self.runtime.carries_branches or self.file is not None or not has_subgraphs(graph):
+            return []
+        carrier, carried = Carrier(self.proto), []
+        for name in branch_tensors(graph, ops=ops):
+            try:
+                if carrier.carry(name) is not None:
+                    carried.append(name)
+            except OnnxFileError:
+                continue
+        if carried:
+            self.source.origin = None  # the graph is no longer the file's
+        return carried
+
+    def prepare(self, names: list[str]) -> Any:
+        """The engine exposing ``names``: the last one while the names stay the same (one
+        engine for every sample of a batch), else a new one."""
+        key = tuple(names)
+        if self._session is None or self._session[0] != key:
+            self._session = None  # drop the old engine (and its exposed-output graph) first
+            self._session = (key, self._new_session(names))
+            self.sessions += 1
+        return self._session[1]
+
+    def run(self, names: list[str], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One run exposing ``names`` (in the engine :meth:`prepare` keeps)."""
+        sess = self.prepare(names)
+        try:
+            values = sess.run(names, feed)
+        except Exception as e:  # noqa: BLE001
+            raise InputSpecError(f"{self.runtime.describe().runtime} rejected the inputs: {one_line(e)}") from None
+        self.runs += 1
+        return values
+
+    def _new_session(self, names: list[str]) -> Any:
+        import onnx
+
+        infos = []
+        for n in names:
+            info = self._out_info.get(n) or self._value_info.get(n)
+            infos.append(info if info is not None else onnx.helper.make_empty_tensor_value_info(n))
+        try:
+            return self.runtime.open(self.file or self.source, infos, only=True)
+        except LayertapError:
+            raise
+        except Exception as e:  # noqa: BLE001 - ORT raises its own types
+            raise OnnxFileError(self._load_failure(names, e)) from None
+
+    def _load_failure(self, names: list[str], error: Exception) -> str:
+        """What failed to load: the file itself, or only with the tensors exposed (it is opened again as it is, to tell)."""
+        runtime = self.runtime.describe().runtime
+        try:
+            self.runtime.open(self.file or self.source)
+        except Exception as plain:  # noqa: BLE001 - ORT raises its own types
+            return f"{runtime} cannot load '{self.label}' (as it is, without layertap's outputs too): {one_line(plain)}"
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        return (f"{runtime} loads '{self.label}' but not with its tensors {shown} exposed as outputs: {one_line(error)}; "
+                "compare fewer modules (--module) to find the tensor it refuses")
+
+    def close(self) -> None:
+        self._session = None
 
 
 class TappedSession:
@@ -47,11 +224,9 @@ class TappedSession:
                  file: Path | None = None) -> None:
         self.path = path.path if isinstance(path, ModelFile) else path
         self.runtime = runtime
-        self.mf = mf = model_file(path)
-        # the weights go to ORT once, as arrays; the proto keeps only the graph
-        self.source = SessionSource(mf.model, mf.folder, move_weights=True, origin=mf.path)
-        mf.model = self.source.model
-        adder = OutputAdder(mf, self.source)
+        # the weights go to the runtime once, as arrays; the taps are added to the source's own graph
+        self.source, self.mf = open_source(path)
+        adder = OutputAdder(self.mf, typer=ort_typer(self.source.held))
         self.positions: dict[str, tuple[str, int]] = {}  # a PATH@POS tap's name -> (its whole value's name, POS)
         pairs: list[tuple[str, str]] = []
         plain: set[str] = set()
@@ -66,6 +241,8 @@ class TappedSession:
         self.own = list(adder.outputs)
         self.added = adder.apply(self.pairs)
         self.carried = adder.carried  # branch tensors: an empty value means their branch did not run
+        if adder.carried or adder.exposed_fused:
+            self.source.origin = None  # the graph is no longer the file's: a runtime must read this one
         self.tap_names = list(dict.fromkeys([*(n for n, _ in self.pairs if n not in self.hidden), *self.positions]))
         try:
             # ``file``: a file the runtime reads itself (an OpenVINO IR, ``mf`` its tensor names)

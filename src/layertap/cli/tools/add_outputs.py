@@ -46,7 +46,7 @@ class AddOutputsTool(Tool):
         return AddOutputsOptions(ns.src, ns.tensor, ns.module, ns.all)
 
     def run(self, args: Args) -> int:
-        from ...onnxfile.outputs import add_outputs
+        from ...runtimes import add_outputs
 
         opts: AddOutputsOptions = args.own
         with warnings.catch_warnings(record=True) as caught:

@@ -162,10 +162,11 @@ def reference(args: Args) -> Any:
 
 
 def _read(path: str) -> Any:
-    """An ONNX file read once (graph only); an OpenVINO IR stays a path, for OpenVINO to read."""
+    """An ONNX file read once (graph only), its weights handed over to the runtime that runs it (the
+    command reads only the graph afterwards); an OpenVINO IR stays a path, for OpenVINO to read."""
     from ...onnxfile.modelfile import read_model
 
-    return path if is_ir(path) else read_model(path)
+    return path if is_ir(path) else read_model(path).hand_over()
 
 
 def _check_outputs(ns: argparse.Namespace, inputs: tuple[str, ...]) -> dict[str, Path]:

@@ -74,7 +74,7 @@ class LayersTool(Tool):
                 raise LayertapError(f"{flag} does not apply to an ONNX file ({m.text}); its tensors are listed without running it")
         if m.method != "forward":
             raise LayertapError(f"--method does not apply to an ONNX file ({m.text})")
-        from ...onnxfile.tensor_table import onnx_layers
+        from ...runtimes import onnx_layers
 
         if is_ir(m.text):  # an OpenVINO IR: its tensors as OpenVINO reads them
             from ...runtimes import open_runtime

@@ -8,7 +8,7 @@ fused LLM files (:mod:`.llm_names`). Everything here reads a file and never impo
 
 from .folds import BN_FOLD_RULES, plain_weight_name
 from .graph_facts import GraphFacts, rules, stand_ins
-from .llm_names import is_fused_llm, skip_norm_inputs
+from .llm_names import expose_fused_values_in_place, is_fused_llm, skip_norm_inputs, with_fused_values
 from .scopes import Counterpart, ScopeMap
 
 __all__ = [
@@ -16,9 +16,11 @@ __all__ = [
     "Counterpart",
     "GraphFacts",
     "ScopeMap",
+    "expose_fused_values_in_place",
     "is_fused_llm",
     "plain_weight_name",
     "rules",
     "skip_norm_inputs",
     "stand_ins",
+    "with_fused_values",
 ]

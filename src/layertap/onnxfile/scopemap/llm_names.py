@@ -12,9 +12,9 @@ int4 ``MatMulNBits``, for the three projections), ``/model/layers.2/final_norm_l
   ``k_proj`` and ``v_proj`` are slices of it on the last axis (widths from the
   head counts: ``num_heads`` and ``kv_num_heads`` heads of one head size).
 
-:func:`expose_fused_values` adds the few nodes that make those values tensors
-(a ``Slice`` per projection, the final norm's residual output); they feed nothing
-the file's own outputs depend on. :func:`fused_calls` then maps every node to its
+:func:`expose_fused_values_in_place` adds the few nodes that make those values tensors
+(a ``Slice`` per projection, the final norm's residual output; :func:`with_fused_values`: on a
+copy); they feed nothing the file's own outputs depend on. :func:`fused_calls` then maps every node to its
 module with the exporter-independent :class:`~layertap.onnxfile.calls.Call` record.
 """
 
@@ -67,31 +67,71 @@ def module_path(node_name: str) -> str | None:
     return ".".join(parts) or None
 
 
-def expose_fused_values(graph: "onnx.GraphProto") -> None:
-    """Add the nodes that make the values fused ops hide into tensors (idempotent; see the module text).
+def expose_fused_values_in_place(graph: "onnx.GraphProto") -> bool:
+    """Edit ``graph`` in place: add the nodes that make the values fused ops hide into tensors (see
+    the module text); whether any were added (none when they are there already).
 
     ``q_proj``/``k_proj``/``v_proj``: a ``Slice`` of each packed ``qkv_proj`` output, placed right
-    after it; the last skip-norm: its residual output (output 3).
+    after it; the last skip-norm: its residual output (output 3). For a graph a caller only reads,
+    :func:`with_fused_values` leaves it as it is.
     """
-    if any(n.op_type == "Slice" and n.name.endswith("/q_proj/Slice") for n in graph.node):
-        return
-    attention = {n.input[0]: n for n in graph.node if n.op_type in ("GroupQueryAttention", "MultiHeadAttention") and n.input}
-    nodes = []
-    for node in graph.node:
-        nodes.append(node)
-        gqa = attention.get(node.output[0]) if node.output else None
-        if gqa is not None and node.name.rsplit("/", 2)[-2] == "qkv_proj":
-            widths = _qkv_widths(graph, node, gqa)
-            if widths is not None:
-                nodes.extend(_slices(node, widths))
-    skips = [n for n in nodes if n.op_type == _SKIP_NORM]
-    if skips and _FINAL_NORM_RE.match(skips[-1].name) and len(skips[-1].output) < 4:
-        last = skips[-1]
+    slices, last = _fused_edits(graph)
+    if last is not None:
         while len(last.output) < 3:
             last.output.append("")
         last.output.append(last.name.rsplit("/", 1)[0] + "/output_3")
+    if not slices:
+        return last is not None
+    nodes = []
+    for k, node in enumerate(graph.node):
+        nodes.append(node)
+        nodes.extend(slices.get(k, ()))
     graph.ClearField("node")
     graph.node.extend(nodes)
+    return True
+
+
+def with_fused_values(graph: "onnx.GraphProto") -> "onnx.GraphProto":
+    """``graph`` with the values its fused ops hide made tensors: ``graph`` itself when there is
+    nothing to add, else a copy (``graph`` is left as it was).
+
+    Example:
+        >>> from onnx import helper
+        >>> n = helper.make_node("SkipSimplifiedLayerNormalization", ["a", "b", "w"], ["y"],
+        ...                      name="/model/layers.2/final_norm_layernorm/SkipLayerNorm", domain="com.microsoft")
+        >>> g = helper.make_graph([n], "g", [], [])
+        >>> list(with_fused_values(g).node[0].output), list(g.node[0].output)
+        (['y', '', '', '/model/layers.2/final_norm_layernorm/output_3'], ['y'])
+        >>> exposed = with_fused_values(g)
+        >>> with_fused_values(exposed) is exposed
+        True
+    """
+    import onnx
+
+    slices, last = _fused_edits(graph)
+    if not slices and last is None:
+        return graph
+    out = onnx.GraphProto()
+    out.CopyFrom(graph)
+    expose_fused_values_in_place(out)
+    return out
+
+
+def _fused_edits(graph: "onnx.GraphProto") -> "tuple[dict[int, list[onnx.NodeProto]], onnx.NodeProto | None]":
+    """What exposing the fused values adds: ``Slice`` nodes after the node at each index, and the
+    last skip-norm that lacks its residual output (``None``: none to add)."""
+    slices: dict[int, list[onnx.NodeProto]] = {}
+    if not any(n.op_type == "Slice" and n.name.endswith("/q_proj/Slice") for n in graph.node):
+        attention = {n.input[0]: n for n in graph.node if n.op_type in ("GroupQueryAttention", "MultiHeadAttention") and n.input}
+        for k, node in enumerate(graph.node):
+            gqa = attention.get(node.output[0]) if node.output else None
+            if gqa is not None and node.name.rsplit("/", 2)[-2] == "qkv_proj":
+                widths = _qkv_widths(graph, node, gqa)
+                if widths is not None:
+                    slices[k] = _slices(node, widths)
+    skips = [n for n in graph.node if n.op_type == _SKIP_NORM]
+    last = skips[-1] if skips and _FINAL_NORM_RE.match(skips[-1].name) and len(skips[-1].output) < 4 else None
+    return slices, last
 
 
 def _qkv_widths(graph: "onnx.GraphProto", qkv: "onnx.NodeProto", attn: "onnx.NodeProto") -> tuple[int, int] | None:
@@ -165,7 +205,7 @@ def _slices(qkv: "onnx.NodeProto", widths: tuple[int, int]) -> list["onnx.NodePr
 
 
 def fused_calls(graph: "onnx.GraphProto") -> tuple[list[Call], list[str | None]]:
-    """One call per module of a fused decoder (after :func:`expose_fused_values`), and each node's module.
+    """One call per module of a fused decoder (after :func:`expose_fused_values_in_place`), and each node's module.
 
     A module's value is the first output of its last node in graph order (a container's:
     its last child's), except where a fused op holds it: a decoder layer's output is the

@@ -63,7 +63,7 @@ from .folds import (
     fold_torchscript,
 )
 from .graph_facts import RULE_KEY, GraphFacts, is_fusion
-from .llm_names import expose_fused_values, fused_calls, is_fused_llm
+from .llm_names import fused_calls, is_fused_llm, with_fused_values
 from .node_scopes import read_nodes
 from .placing import place_floating
 
@@ -149,20 +149,23 @@ class ScopeMap:
     # -- construction ---------------------------------------------------------
     @classmethod
     def from_model(cls, model: "onnx.ModelProto", *, branches: bool | Collection[str] = False) -> "ScopeMap":
-        """Read module scopes from a model (weights not needed).
+        """Read module scopes from a model (weights not needed); ``model`` is left as it was.
 
         ``branches``: read the nodes inside ``If``/``Loop``/``Scan`` subgraphs too (or inside
         those of the op types it lists, e.g. ``("If",)``), on a view
         of the graph with them inlined (:func:`~layertap.onnxfile.branches.flat_graph`); node
         indices then count in that view, so only callers that use tensor names
-        ask for it. A graph without subgraphs is read as it is either way.
+        ask for it. A graph without subgraphs is read as it is either way. A fused decoder's
+        hidden values (:mod:`.llm_names`) are read on a copy with them made tensors, unless the
+        graph has them already (:func:`~.llm_names.expose_fused_values_in_place`: what a caller
+        that runs the tensors the map names does to its own model first).
         """
         from ..branches import with_branches
 
         ops = None if branches is True or branches is False else branches
         graph = with_branches(model.graph, ops) if branches else model.graph
         if is_fused_llm(graph):
-            expose_fused_values(graph)
+            graph = with_fused_values(graph)
             calls, paths = fused_calls(graph)
             return cls("builder", calls, graph, paths)
         facts = GraphFacts(graph)
