@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..errors import LayertapError
 from ..options import DatasetOptions as LibDatasetOptions
 from ..options import Model, RuntimeOptions, SampleOptions
-from ..runtimes import is_ir
+from ..runtimes import RUNTIMES, is_ir
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..inputs import InputSpec
@@ -440,10 +440,10 @@ class RuntimeArgs(ArgGroup):
     def add(self, parser: argparse.ArgumentParser) -> None:
         g = parser.add_argument_group("runtime")
         which = "an ONNX reference (else the candidate)" if self.cand else "the file"
-        g.add_argument("--runtime", choices=("ort", "openvino"), default=None,
+        g.add_argument("--runtime", choices=RUNTIMES, default=None,
                        help=f"what runs {which}: ort (ONNX Runtime, default) or openvino")
         if self.cand:
-            g.add_argument("--cand-runtime", choices=("ort", "openvino"), default=None,
+            g.add_argument("--cand-runtime", choices=RUNTIMES, default=None,
                            help="what runs the candidate (default: the reference's runtime)")
         g.add_argument("--ov-precision", choices=("f32", "bf16", "f16"), default=None,
                        help="OpenVINO's inference precision (default: the device's own, bf16 on CPUs with AMX)")

@@ -54,7 +54,7 @@ from ..numformats import PRECISIONS
 from ..onnxfile.kvcache import kv_layout
 from ..onnxfile.modelfile import ModelFile, is_onnx_source
 from ..options import DEFAULT_MEMORY_BUDGET, UNSET, RuntimeOptions, SampleOptions, current_progress, merged_criterion
-from ..runtimes import is_ir
+from ..runtimes import runtime_for
 from ..runtimes.ort import FUSION_NOTE
 from ..samples.declared import read_inputs
 from ..samples.drawn import given_samples, random_for_file, spec_samples, with_cache
@@ -201,7 +201,7 @@ def _compare(ref: Any, args: Any, cand: Any, runs: RuntimeOptions, sampling: Sam
     example call made, the samples read, the rows' rule fitted to a reduced precision, then the sides
     built for the kind of reference."""
     onnx_ref = is_onnx_source(ref)
-    ref_rt, cand_rt = side_runtimes(onnx_ref, runs, ir=(onnx_ref and is_ir(ref), is_ir(cand)))
+    ref_rt, cand_rt = side_runtimes(onnx_ref, runs, own=(runtime_for(ref) if onnx_ref else None, runtime_for(cand)))
     criterion, precision_note = rounding_criterion(plan.criterion, tolerance_chosen, ref_rt)
     plan = replace(plan, criterion=criterion)
     _check_steps_use(sampling.steps, onnx_ref or sampling.samples is not None or sampling.inputs is not None)
@@ -251,12 +251,14 @@ def rounding_criterion(criterion: Criterion, given: bool, ref_runtime: Any) -> t
                     "(its rounding); pass --rtol (rtol=) to judge tighter")
 
 
-def side_runtimes(onnx_ref: bool, runs: RuntimeOptions, ir: tuple[bool, bool] = (False, False)) -> tuple[Any, Any]:
+def side_runtimes(onnx_ref: bool, runs: RuntimeOptions, own: tuple[str | None, str | None] = (None, None)
+                  ) -> tuple[Any, Any]:
     """The reference's runtime (``None`` for a PyTorch reference) and the candidate's, each opened by
     :func:`~layertap.runtimes.open_runtime`; OpenVINO's options go to the sides that run OpenVINO.
-    A side that is an OpenVINO IR (``ir``: reference, candidate) runs in OpenVINO unless told otherwise:
-    nothing else runs it. ORT's graph optimisations per side (the reference's ``None``: the candidate's);
-    turning them off for a side that OpenVINO runs is refused, not ignored."""
+    A side whose file only one runtime runs (``own``: :func:`~layertap.runtimes.runtime_for` of the
+    reference and of the candidate; an OpenVINO IR) runs there unless told otherwise. ORT's graph
+    optimisations per side (the reference's ``None``: the candidate's); turning them off for a side that
+    OpenVINO runs is refused, not ignored."""
     from ..runtimes import open_runtime
 
     runtime, cand_runtime, ov_precision, ov_device = runs.runtime, runs.cand_runtime, runs.ov_precision, runs.ov_device
@@ -270,9 +272,8 @@ def side_runtimes(onnx_ref: bool, runs: RuntimeOptions, ir: tuple[bool, bool] = 
     if not onnx_ref and runtime is not None and cand_runtime is not None and runtime != cand_runtime:
         raise LayertapError("with a PyTorch reference only the candidate runs a file: give --runtime or "
                             "--cand-runtime (runtime= or cand_runtime=), not both")
-    ref_name = (runtime or ("openvino" if ir[0] else "ort")) if onnx_ref else None
-    cand_name = cand_runtime or ("openvino" if ir[1] else None) or (runtime if onnx_ref or runtime else None) or \
-        ref_name or "ort"
+    ref_name = (runtime or own[0] or "ort") if onnx_ref else None
+    cand_name = cand_runtime or own[1] or (runtime if onnx_ref or runtime else None) or ref_name or "ort"
     if "openvino" not in (ref_name, cand_name) and (ov_precision is not None or ov_device is not None):
         raise LayertapError("--ov-precision and --ov-device (ov_precision=, ov_device=) apply to the OpenVINO runtime; "
                             "add --runtime openvino or --cand-runtime openvino")

@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..errors import LayertapError, unknown_name
-from .base import Engine, InputInfo, Runtime, RuntimeInfo, is_ir
+from .base import Engine, InputInfo, Runtime, RuntimeInfo, is_ir, runtime_for
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..onnxfile.modelfile import ModelFile
     from ..onnxfile.tensor_table import OnnxLayers
 
 __all__ = ["RUNTIMES", "Engine", "InputInfo", "Runtime", "RuntimeInfo", "add_outputs", "is_ir", "onnx_layers",
-           "open_runtime", "run"]
+           "open_runtime", "run", "runtime_for"]
 
 #: the runtimes ``--runtime`` names
 RUNTIMES = ("ort", "openvino")
@@ -99,7 +99,7 @@ def run(
     """
     from .runner import TappedSession
 
-    runtime = runtime or ("openvino" if is_ir(path) else "ort")
+    runtime = runtime or runtime_for(path) or "ort"
     engine = open_runtime(runtime, providers=providers, ov_precision=ov_precision, ov_device=ov_device)
     if is_ir(path):
         from .openvino import ir_file

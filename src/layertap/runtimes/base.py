@@ -112,6 +112,25 @@ class Runtime(Protocol):
         """Runtime, version, device and the precision that ran."""
 
 
+#: file suffix -> the one runtime that runs such a file (a file of any other suffix is ONNX: ONNX Runtime by
+#: default, or any runtime asked for)
+OWN_RUNTIME = {".xml": "openvino"}
+
+
+def runtime_for(source: Any) -> str | None:
+    """The runtime a file needs (an OpenVINO IR: ``openvino``), ``None`` for one any runtime runs.
+
+    Example:
+        >>> runtime_for("m.xml"), runtime_for("m.onnx"), runtime_for(object())
+        ('openvino', None, None)
+    """
+    if not isinstance(source, (str, os.PathLike)):
+        source = getattr(source, "path", None)
+        if source is None:
+            return None
+    return OWN_RUNTIME.get(os.path.splitext(str(source))[1].lower())
+
+
 def is_ir(source: Any) -> bool:
     """Whether a file argument names an OpenVINO IR (``.xml``, its weights in the ``.bin`` beside it).
 

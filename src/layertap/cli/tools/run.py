@@ -53,7 +53,7 @@ class RunTool(Tool):
 
     def run(self, args: Args) -> int:
         from ...files.arrays import save_arrays
-        from ...runtimes import is_ir, run
+        from ...runtimes import run, runtime_for
         from ...runtimes.runner import flatten_sequences
 
         inputs = _inputs(args.inputs.specs)
@@ -65,7 +65,7 @@ class RunTool(Tool):
         for note in notes:
             self.say(note)
         table = RunTable([_row(k, v) for k, v in values.items()])
-        if args.runtime.runtime == "openvino" or (args.runtime.runtime is None and is_ir(args.own)):
+        if (args.runtime.runtime or runtime_for(args.own)) == "openvino":
             table.__dict__["title"] = "OpenVINO outputs"
         self.print_table(table, as_json=args.json)
         if args.output and not args.json:
