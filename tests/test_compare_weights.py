@@ -105,7 +105,7 @@ def _row(report, name):
 @pytest.mark.parametrize("exporter", EXPORTERS)
 def test_another_seed_is_refused_in_one_line(files, exporter):
     import layertap as lt
-    from layertap.comparing.weights import DifferentWeightsError
+    from layertap.comparing.weight_check import DifferentWeightsError
 
     with pytest.raises(DifferentWeightsError) as err:
         lt.compare(_net(1), _x(), files[exporter]["a"])
@@ -181,7 +181,7 @@ def test_converted_files_of_the_same_model_are_accepted(files, exporter, kind):
 @pytest.mark.parametrize("exporter", EXPORTERS)
 def test_files_from_two_seeds_are_refused(files, exporter):
     import layertap as lt
-    from layertap.comparing.weights import DifferentWeightsError
+    from layertap.comparing.weight_check import DifferentWeightsError
 
     with pytest.raises(DifferentWeightsError, match=r"^the candidate's weights are not the reference's: \S+ differs "
                        r"\(rel [0-9.e+-]+\), and \d+ of \d+ matched parameters differ; make both files from one "
@@ -298,7 +298,8 @@ def _candidate_runs(monkeypatch, cand: Path) -> list[str]:
     """Records, in order, each run of the candidate file and each parameter the weight check read (with its thread)."""
     import threading
 
-    from layertap.comparing import onnx_side, weights
+    from layertap.comparing import onnx_side
+    from layertap.comparing import weight_check as weights
 
     events: list[str] = []
     run = onnx_side.OrtSide.run
@@ -315,7 +316,7 @@ def test_weight_check_runs_on_its_thread_and_refuses_before_the_candidate_runs(f
     """The check runs beside the sides' work, on a worker thread; another checkpoint is still refused
     before the candidate's first run, and the same checkpoint's rows come after the whole check."""
     import layertap as lt
-    from layertap.comparing.weights import DifferentWeightsError
+    from layertap.comparing.weight_check import DifferentWeightsError
 
     cand = files["dynamo"]["a"]
     events = _candidate_runs(monkeypatch, cand)
@@ -337,7 +338,7 @@ def test_weight_check_stops_when_asked():
     """A comparison that ends early (an error, a signal) stops its check at the next parameter."""
     import threading
 
-    from layertap.comparing.weights import PendingCheck, judge
+    from layertap.comparing.weight_check import PendingCheck, judge
 
     read: list[str] = []
 
@@ -369,7 +370,7 @@ def test_weight_check_stops_when_asked():
 def test_blockwise_check_agrees_with_the_whole_array_rule(shape):
     """:func:`within` (block by block) says what ``all(|c - r| <= (ra + ca) * 1.01)`` says, with
     allowances as numbers, whole arrays and per-channel arrays, wherever the one bad element is."""
-    from layertap.comparing.weights import within
+    from layertap.comparing.weight_check import within
     from layertap.onnxfile.weights import Allowance
 
     rng = np.random.default_rng(0)

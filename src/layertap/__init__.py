@@ -31,7 +31,7 @@ _EXPORTS = {
     "onnx_layers": ".runtimes",
     "add_outputs": ".runtimes",
     "run": ".runtimes",
-    "extract_dataset": ".dataset.extract",
+    "extract_dataset": ".dataset.extraction",
     "fix": ".fixing",
     "load_features": ".dataset.features",
     "Tap": ".selectors",

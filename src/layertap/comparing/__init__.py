@@ -24,7 +24,7 @@ from __future__ import annotations
 from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, ErrorStats, error_stats
 from .api import DEFAULT_MEMORY_BUDGET, FUSION_NOTE, Progress, compare
 from .rows import ABSORBED, FAIL, NO_COUNTERPART, PASS, STATISTIC, CompareReport, CompareRow, pair_tensors
-from .weights import DifferentWeightsError, WeightCheck
+from .weight_check import DifferentWeightsError, WeightCheck
 
 __all__ = [
     "compare",

@@ -122,7 +122,7 @@ def compare(
             ``atol``, ``min_cosine``, ``min_sqnr_db``, ``check_finite``, ``precision`` (``auto``, ``fp32``,
             ``fp16``, ``bf16``, ``int8``), ``allow_different_weights``: compare even when most parameters
             found on both sides by name differ; without it that raises
-            :class:`~layertap.comparing.weights.DifferentWeightsError`).
+            :class:`~layertap.comparing.weight_check.DifferentWeightsError`).
         runtime_options: what runs each file and the memory held (:class:`~layertap.options.RuntimeOptions`:
             ``runtime``/``cand_runtime`` ``"ort"`` or ``"openvino"`` (an OpenVINO IR runs in OpenVINO),
             ``providers``/``cand_providers``, ``ort_optimizations``/``ref_ort_optimizations``,

@@ -34,11 +34,11 @@ from ..metrics import Criterion
 from .align import Item, RowBuilder, blame_rewritten, pack_batches
 from .background import Background
 from .ideal import fail_differing_weights, weigh_limits
-from .local import PairsOf, RefLookup, local_errors
+from .local_errors import PairsOf, RefLookup, local_errors
 from .merging import merge_samples
 from .rows import CompareReport, CompareRow
 from .torch_side import ArrayStore
-from .weights import WeightCheck
+from .weight_check import WeightCheck
 
 #: a first divergence at most this many times over the rule may be ORT's rounding (see :func:`could_be_rounding`)
 ROUNDING_EXCESS = 10.0

@@ -39,13 +39,13 @@ from .align import Item, RowBuilder
 from .background import Background
 from .driver import Sample, module_filter, plan_batches
 from .ideal import Judging, OnnxIdeal
-from .local import PairsOf, RefLookup, onnx_ref_inputs, ref_needs
+from .local_errors import PairsOf, RefLookup, onnx_ref_inputs, ref_needs
 from .nchwc import blocked_stand_ins
 from .onnx_side import IF_BRANCHES, OrtSide, absorb_unexposable, check_feed_shapes
 from .rows import ABSORBED, IN_BRANCH, NO_COUNTERPART, CompareRow, same_shape
 from .structure import pair_unnamed
 from .torch_side import ArrayStore, ModuleCall
-from .weights import PendingCheck, WeightCheck, check_file_weights
+from .weight_check import PendingCheck, WeightCheck, check_file_weights
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx

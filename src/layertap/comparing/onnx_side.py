@@ -74,9 +74,9 @@ class OrtSide:
         return self.runner.run(names, feed)
 
     def local_graph(self, scopes: Any = None) -> Any:
-        """The file's part graphs for local errors (:class:`~layertap.comparing.local.LocalGraph`;
+        """The file's part graphs for local errors (:class:`~layertap.comparing.local_errors.LocalGraph`;
         ``scopes``: the file's ScopeMap when the reference already read it)."""
-        from .local import LocalGraph
+        from .local_errors import LocalGraph
 
         if self.runner.file is not None:
             raise LayertapError(f"--local (local=True) runs parts of an ONNX graph; '{self.path}' is an OpenVINO IR, "

@@ -16,11 +16,11 @@ from ..onnxfile.kvcache import check_config, kv_layout
 from .align import Item, RowBuilder, call_counts, plan_items
 from .driver import Sample, Silent, module_filter, plan_batches
 from .ideal import Judging, TorchIdeal, rounding_plan
-from .local import PairsOf, RefLookup, torch_ref_inputs
+from .local_errors import PairsOf, RefLookup, torch_ref_inputs
 from .onnx_side import IF_BRANCHES, OrtSide, ScopeView, absorb_unexposable, check_feed_shapes, check_same_model, feed_from_args
 from .rows import NO_COUNTERPART, CompareRow
 from .torch_side import ArrayStore, run_torch
-from .weights import PendingCheck, WeightCheck, check_model_weights
+from .weight_check import PendingCheck, WeightCheck, check_model_weights
 
 #: said when a PyTorch reference meets a file with ORT's NCHWc kernels
 NCHWC_NOTE = ("the file holds ONNX Runtime's NCHWc kernels (saved at ORT_ENABLE_ALL), whose tensors are in a blocked "

@@ -136,7 +136,7 @@ def other_sequence(example: Sequence[torch.Tensor], axes: dict[int, int], names:
 def verify_decode(engine: Any, model: Any, ids: torch.Tensor,
                   steps: int = DECODE_STEPS) -> list[tuple[int, np.ndarray, np.ndarray]]:
     """A prefill from an empty past and ``steps`` greedy decode steps in ONNX Runtime (``engine``: a
-    :class:`~layertap.runtimes.base.Engine` on the file; ``present.*`` fed back as ``past_key_values.*``)
+    :class:`~layertap.runtimes.protocol.Engine` on the file; ``present.*`` fed back as ``past_key_values.*``)
     and in PyTorch; per call, its first token position and the two sides' logits. Both sides take
     PyTorch's tokens."""
     import transformers

@@ -50,7 +50,7 @@ class Allowance:
     value: ``|value| * rel + floor``.
 
     Kept as these parts, not as an array the size of the value: the weight check applies it block
-    by block (:func:`layertap.comparing.weights.within`), so no temporary the size of a weight is made.
+    by block (:func:`layertap.comparing.weight_check.within`), so no temporary the size of a weight is made.
 
     Attributes:
         rel: the part relative to each element's magnitude (half a float format's relative step).

@@ -1,7 +1,7 @@
 """``lt.repro``: a minimal package that reproduces one module call's mismatch.
 
 One ``local=True`` comparison keeps the part of the call (the asked-for one, else the first
-failing one) with the reference's values fed to it (:func:`layertap.comparing.local.keep_part`):
+failing one) with the reference's values fed to it (:func:`layertap.comparing.local_errors.keep_part`):
 the candidate's nodes of that call, cut by the same :class:`~layertap.onnxfile.parts.PartCutter`
 ``compare --local`` runs. The package is written to a temporary folder next to DIR, checked
 (``repro.py`` run in a fresh interpreter must exit 1; the reference's part must agree with
@@ -250,7 +250,7 @@ def _read_onnx(source: Any) -> Any:
 
 def _kept(compare: Any, ref: Any, args: Any, cand: Any, path: str | None, call: int, options: dict) -> tuple[Any, Any]:
     """One ``local=True`` comparison keeping the part of ``path#call`` (``None``: the first failing call)."""
-    from ..comparing.local import keep_part
+    from ..comparing.local_errors import keep_part
 
     with keep_part(path, call) as keeper:
         report = compare(ref, args, cand, local=True, **options)

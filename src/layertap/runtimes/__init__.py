@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..errors import LayertapError, unknown_name
-from .base import Engine, InputInfo, Runtime, RuntimeInfo, is_ir, runtime_for
+from .protocol import Engine, InputInfo, Runtime, RuntimeInfo, is_ir, runtime_for
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..onnxfile.modelfile import ModelFile

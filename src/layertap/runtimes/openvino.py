@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ..errors import LayertapError, OnnxFileError, one_line
-from .base import InputInfo, RuntimeInfo, check_exposed
+from .protocol import InputInfo, RuntimeInfo, check_exposed
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx

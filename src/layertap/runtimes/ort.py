@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..onnxfile.tensor_types import ORT_ELEM
-from .base import InputInfo, RuntimeInfo, as_input_infos
+from .protocol import InputInfo, RuntimeInfo, as_input_infos
 from .source import SessionSource, open_source
 
 if TYPE_CHECKING:  # pragma: no cover

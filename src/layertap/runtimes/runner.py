@@ -4,7 +4,7 @@ for many inputs (``lt.run``, dataset extraction).
 
 No edited file is written: the graph (weights taken out once, :func:`~.source.open_source`) gets
 the extra outputs in memory, and the runtime (ONNX Runtime, OpenVINO: a
-:class:`~layertap.runtimes.base.Runtime` handed in by the caller) opens it from there. The
+:class:`~layertap.runtimes.protocol.Runtime` handed in by the caller) opens it from there. The
 caller's file (a path, or a :class:`~layertap.onnxfile.modelfile.ModelFile` it read) is left as
 it was: every edit here is to the runner's own copy, in steps whose names say so.
 """
@@ -22,8 +22,8 @@ from ..onnxfile.feeds import make_feeds
 from ..onnxfile.modelfile import ModelFile
 from ..onnxfile.outputs import OutputAdder, dedupe
 from ..selectors import Tap
-from .base import Runtime, is_ir
 from .ort import ort_typer
+from .protocol import Runtime, is_ir
 from .source import SessionSource, open_source
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -204,7 +204,7 @@ class TappedSession:
 
     Build it once and call :meth:`run` for many inputs (dataset extraction);
     ``lt.run`` is one such call. ``tap_names`` lists the names the taps give.
-    ``runtime``: a :class:`~layertap.runtimes.base.Runtime`; its :meth:`~.base.Runtime.open_tapped`
+    ``runtime``: a :class:`~layertap.runtimes.protocol.Runtime`; its :meth:`~.base.Runtime.open_tapped`
     opens the graph whose taps were made outputs here (``file``: a file it reads itself, an
     OpenVINO IR, the taps exposed by name).
 

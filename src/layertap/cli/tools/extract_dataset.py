@@ -10,7 +10,7 @@ from ..args import Args, ReportArgs, need
 
 def run_dataset(args: Args) -> int:
     """Extract over ``--data`` into OUT_DIR; print what was written (every path was checked by parse)."""
-    from ...dataset.extract import extract_dataset
+    from ...dataset.extraction import extract_dataset
     from ..main import Terminated
 
     d = need(args.dataset, "no --data")
