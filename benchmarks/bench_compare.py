@@ -34,8 +34,16 @@ runs three ways: sample by sample with each, and file by file with ORT's default
 pool spins beside the other file's run). The goals are judged against the fastest of them, so
 that no ratio is won by a session option or by the order of a user's own runs.
 
+On a shared machine the separate processes above see different loads. ``--rounds N`` also
+times, in one process interleaved round by round (medians of ``N`` rounds, wall and this
+process's CPU time), each plain baseline beside the ``lt.compare`` it is the yardstick of: one
+PyTorch forward plus one ORT run of the file (ORT's defaults) beside ``lt.compare(model, x, file)``,
+and (with ``--fp16``) one ORT run of each file beside ``lt.compare(fp32_file, x, fp16_file)``.
+Every ``lt.compare`` there builds its sessions, as a user's call does (a "cold" compare).
+
 Run:
     .venv/bin/python benchmarks/bench_compare.py [--batch 1] [--size 224] [--repeat 3] [--budget-mb N] [--fp16] [--samples 16]
+        [--rounds N]
 """
 
 from __future__ import annotations
@@ -292,6 +300,63 @@ def child_polygraphy(path: str, batch: int, size: int, repeat: int) -> dict:
     return {"polygraphy_s": min(times), "rc": rc, "peak_rss_mb": peak}
 
 
+def child_interleaved(path: str, batch: int, size: int, rounds: int, fp16: bool) -> dict:
+    """The plain runs and ``lt.compare`` in this one process, round by round (medians of ``rounds``).
+
+    Without ``fp16``: one PyTorch forward plus one ORT run of ``path`` (session built before, ORT's
+    defaults) beside ``lt.compare(model, x, path)``; with it, one ORT run of each file beside
+    ``lt.compare(path, {"x": x}, fp16 file, metric="cosine")``. Each compare builds its own sessions."""
+    import statistics
+
+    import layertap as lt
+
+    if fp16:
+        x = _np_input(batch, size)
+        sessions = [_session(name, True) for name in (path, _fp16_path(path))]
+
+        def plain() -> None:
+            for sess in sessions:
+                sess.run(None, {"x": x})
+
+        def compared() -> object:
+            return lt.compare(path, {"x": x}, _fp16_path(path), metric="cosine")
+    else:
+        import torch
+
+        model, xt = _model(), _input(batch, size)
+        sess = _session(path, True)
+        feed = {sess.get_inputs()[0].name: xt.numpy()}
+
+        def plain() -> None:
+            with torch.no_grad():
+                model(xt)
+            sess.run(None, feed)
+
+        def compared() -> object:
+            return lt.compare(model, xt, path)
+
+    plain()
+    report = compared()  # warm: first-run allocations, imports
+    wall: dict[str, list[float]] = {"plain": [], "compare": []}
+    cpu: dict[str, list[float]] = {"plain": [], "compare": []}
+    for r in range(rounds):
+        for name, fn in ((("plain", plain), ("compare", compared)) if r % 2 == 0 else
+                         (("compare", compared), ("plain", plain))):
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            wall[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+    med = statistics.median
+    return {"plain_s": med(wall["plain"]), "compare_s": med(wall["compare"]), "plain_cpu_s": med(cpu["plain"]),
+            "compare_cpu_s": med(cpu["compare"]), "rounds": rounds, "ok": getattr(report, "ok", None)}
+
+
+def _print_interleaved(title: str, r: dict, goal: float) -> None:
+    print(f"  {title}, interleaved in one process (medians of {r['rounds']} rounds): lt.compare "
+          f"{r['compare_s'] * 1e3:.1f} ms against {r['plain_s'] * 1e3:.1f} ms -> {r['compare_s'] / r['plain_s']:.2f}x "
+          f"(goal <= {goal:g}x); by this process's CPU time {r['compare_cpu_s'] / r['plain_cpu_s']:.2f}x")
+
+
 def _fp16_path(path: str) -> str:
     return str(Path(path).with_name("resnet50-fp16.onnx"))
 
@@ -309,7 +374,7 @@ def _make_fp16(path: Path) -> None:
 
 def _run_child(mode: str, path: Path, ns: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", mode, "--onnx", str(path),
-           "--batch", str(ns.batch), "--size", str(ns.size), "--repeat", str(ns.repeat)]
+           "--batch", str(ns.batch), "--size", str(ns.size), "--repeat", str(ns.repeat), "--rounds", str(ns.rounds)]
     if ns.budget_mb:
         cmd += ["--budget-mb", str(ns.budget_mb)]
     cmd += ["--samples", str(ns.samples)]
@@ -325,8 +390,10 @@ def main() -> None:
     p.add_argument("--budget-mb", type=int, default=None, help="lt.compare memory_budget in MiB (default: its 1 GiB)")
     p.add_argument("--fp16", action="store_true", help="also: float32 vs float16 file, layer by layer, and Polygraphy")
     p.add_argument("--samples", type=int, default=16, help="with --fp16: samples of the many-sample comparison (0: skip it)")
+    p.add_argument("--rounds", type=int, default=0,
+                   help="also time the plain runs and lt.compare interleaved in one process, medians of N rounds (0: skip)")
     p.add_argument("--child", choices=("baseline", "compare", "fp16-baseline", "fp16-compare", "fp16-floor", "polygraphy",
-                                       "fp16-samples"))
+                                       "fp16-samples", "interleaved", "fp16-interleaved"))
     p.add_argument("--onnx")
     ns = p.parse_args()
     if ns.child:
@@ -342,6 +409,8 @@ def main() -> None:
             result = child_fp16_compare(ns.onnx, ns.batch, ns.size, ns.repeat, ns.budget_mb)
         elif ns.child == "fp16-samples":
             result = child_fp16_samples(ns.onnx, ns.batch, ns.size, ns.repeat, ns.samples)
+        elif ns.child in ("interleaved", "fp16-interleaved"):
+            result = child_interleaved(ns.onnx, ns.batch, ns.size, ns.rounds, ns.child == "fp16-interleaved")
         else:
             result = child_polygraphy(ns.onnx, ns.batch, ns.size, ns.repeat)
         print(json.dumps(result))
@@ -357,9 +426,11 @@ def main() -> None:
         print(f"export (not timed below): {time.perf_counter() - t0:.1f} s")
         base = _run_child("baseline", path, ns)
         cmp_ = _run_child("compare", path, ns)
+        mixed = _run_child("interleaved", path, ns) if ns.rounds else None
         if ns.fp16:
             _make_fp16(path)
-            modes = ("fp16-baseline", "fp16-floor", "fp16-compare", "polygraphy", *(("fp16-samples",) if ns.samples else ()))
+            modes = ("fp16-baseline", "fp16-floor", "fp16-compare", "polygraphy", *(("fp16-samples",) if ns.samples else ()),
+                     *(("fp16-interleaved",) if ns.rounds else ()))
             fp16 = {mode: _run_child(mode, path, ns) for mode in modes}
     one = base["torch_s"] + base["ort_s"]
     one_nospin = base["torch_s"] + base["ort_nospin_s"]
@@ -375,6 +446,8 @@ def main() -> None:
     print(f"  rows {cmp_['rows']} {cmp_['counts']}, ORT runs {cmp_['ort_runs']}, ok={cmp_['ok']}")
     print(f"  peak RSS: baseline {base['peak_rss_mb']:.0f} MB (model+inputs loaded {base['rss_loaded_mb']:.0f} MB), "
           f"compare {cmp_['peak_rss_mb']:.0f} MB (model+inputs loaded {cmp_['rss_loaded_mb']:.0f} MB)")
+    if mixed is not None:
+        _print_interleaved("one PyTorch forward + one ORT run", mixed, 2.5)
 
     if ns.fp16:
         _print_fp16(fp16)
@@ -423,6 +496,8 @@ def _print_fp16(r: dict) -> None:
               f"{(m['compare_s'] - m['one_s']) / (n - 1) * 1e3:.0f} ms against {best / n * 1e3:.0f} ms for a plain "
               "run of each")
         print(f"  rows {m['rows']} {m['counts']}, ORT runs {m['ort_runs']}, first divergence {m['first_divergence']}")
+    if "fp16-interleaved" in r:
+        _print_interleaved("one ORT run of each file", r["fp16-interleaved"], 4)
 
 
 if __name__ == "__main__":

@@ -454,7 +454,7 @@ def test_signal_during_data_copy_cleans_up(tmp_path, sig):
     before = hash_tree(tmp_path)
     other = matmul_model(tmp_path / "b", data="w.bin", seed=2)
     before = {**before, **hash_tree(tmp_path / "b")}
-    r = _signalled(tmp_path, "shutil", "copyfile", sig, ["add-outputs", str(other), "-o", str(out), "--tensor", "Y"])
+    r = _signalled(tmp_path, "layertap.onnxfile.outputs", "copy_data", sig, ["add-outputs", str(other), "-o", str(out), "--tensor", "Y"])
     one_error(r.returncode, r.stderr, r.stdout, expect=sig, status=128 + getattr(signal, sig))
     assert not leftovers(tmp_path)
     assert {k: v for k, v in hash_tree(tmp_path).items() if k in before} == before

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
@@ -362,10 +361,10 @@ def _rank_report(ref: Path, plain: Path, feeds: list[dict[str, Any]]) -> Any:
 
 
 def _publish(src: Path, out: Path) -> None:
-    from ..files.writes import atomic_path
+    from ..files.writes import atomic_path, copy_data
 
     with atomic_path(out) as tmp:
-        shutil.copyfile(src, tmp)
+        copy_data(src, tmp)
 
 
 def compare_block_list(ref: Any, samples: Any, report: Any, cand: Any, out: str | os.PathLike, criterion: Any,

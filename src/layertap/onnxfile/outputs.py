@@ -12,8 +12,11 @@ the output refers to the very same data files (no copy, instant, the input's
 files are only read); otherwise each data file is copied next to ``DST`` as
 ``DST.data`` (``DST.data1``, ... when there are several; a fresh name when
 replacing an earlier ``DST``, see :mod:`layertap.onnxfile.publish`) and the
-references are rewritten. Write into the input's folder to avoid copying big
-weights.
+references are rewritten. The copy is a copy-on-write clone where the file
+system offers one, else only the data ranges of a sparse file are copied
+(:func:`layertap.files.writes.copy_data`); never a link, so editing the output
+cannot change the input. Write into the input's folder to avoid copying big
+weights elsewhere.
 
 Naming: a tensor asked for by name keeps its name; a module output gets its
 selector's name (``layer3.1``, ``layer2.0.relu#1``) through an ``Identity`` node.
@@ -28,14 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from ..errors import LayertapWarning, OnnxFileError, unknown_name
 from ..files.reads import operation, refuse_inputs
-from ..files.writes import check_output_path, temp_path
+from ..files.writes import check_output_path, copy_data, temp_path
 from ..selectors import Tap
 from .branches import Carrier, branch_tensors, has_subgraphs
 from .modelfile import ModelFile, read_model
@@ -273,7 +275,7 @@ def _write(mf: ModelFile, out: Path) -> None:
         if mf.external and out.parent.resolve() != mf.folder.resolve():
             for loc in mf.data_files():
                 copies[loc] = temp_path(out, suffix=".data.tmp")
-                shutil.copyfile(mf.folder / loc, copies[loc])
+                copy_data(mf.folder / loc, copies[loc])  # a clone or the data ranges alone where the system can
         publish(mf.model, out, copies)
     finally:
         for tmp in copies.values():
