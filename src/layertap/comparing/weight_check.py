@@ -264,19 +264,44 @@ def within(r: np.ndarray, c: np.ndarray, r_allow: Allowance, c_allow: Allowance)
         >>> within(r, r * np.float32(1.0001), Allowance(rel=1e-4), Allowance())
         True
     """
+    # a file that holds the model's own values (float32 exports; folds recomputed the same way) has
+    # the same bits: equal finite values are within any allowance, so allowances are made only for
+    # blocks that differ; after one such block (a converted parameter) the rest are not tested for
+    # equality (measured on resnet50: float32 file 89 -> 69 ms of CPU, a float16 file unchanged)
+    same = _never_negative(r_allow) and _never_negative(c_allow)
     if r.ndim == 0 or r.size <= 2 * _BLOCK:
+        if same and _same_finite(r, c):
+            return True
         allowed = (r_allow.of(r) + c_allow.of(c)) * np.float32(1.01)
         return bool(np.all(np.abs(c - r) <= allowed))
     step = max(1, _BLOCK * r.shape[0] // r.size)
     for start in range(0, r.shape[0], step):
         rows = slice(start, start + step)
         rb, cb = r[rows], c[rows]
+        if same:
+            if _same_finite(rb, cb):
+                continue
+            same = False
         allowed = r_allow.part(rb, rows, r.shape)
         allowed += c_allow.part(cb, rows, r.shape)
         allowed *= np.float32(1.01)
         if not bool(np.all(np.abs(cb - rb) <= allowed)):
             return False
     return True
+
+
+def _never_negative(allow: Allowance) -> bool:
+    """Whether ``allow`` is at least 0 for every finite value (no negative or NaN floor), so that equal
+    finite values pass it as the full rule would pass them."""
+    return allow.rel >= 0 and bool(np.all(np.asarray(allow.floor) >= 0))
+
+
+def _same_finite(r: np.ndarray, c: np.ndarray) -> bool:
+    """Whether ``c`` holds exactly ``r``'s values, all finite (an infinity minus itself is NaN, which the
+    full rule refuses: such values take it)."""
+    if not bool(np.array_equal(r, c)):
+        return False
+    return r.size == 0 or (math.isfinite(float(np.max(r))) and math.isfinite(float(np.min(r))))
 
 
 # ---------------------------------------------------------------------------
