@@ -402,13 +402,12 @@ class SampleArgs(ArgGroup):
         if self.samples_help is not None:
             g.add_argument("--samples", type=positive_int, default=None, metavar="N", help=self.samples_help)
         if self.reading:
-            g.add_argument("--limit", type=positive_int, metavar="N", help="with --inputs: only the first N samples")
             g.add_argument("--save-inputs", metavar="FILE.npz",
                            help="write the samples compared to FILE.npz, an array per input named after it: samples "
                                 "of batch 1 joined on the batch axis (4 samples of 1x3x224x224: 4x3x224x224, one per "
                                 "row), others stacked (4 samples of 2x7: 4x2x7); --inputs FILE.npz repeats the "
                                 "comparison exactly")
-            add_sample_options(g)
+            add_sample_options(g, limit_help="with --inputs: only the first N samples")
 
     def parse(self, ns: argparse.Namespace, args: Args) -> None:
         samples = getattr(ns, "samples", None)
@@ -556,9 +555,10 @@ def names(text: str) -> list[str]:
     return out
 
 
-def add_sample_options(group: Any) -> None:
-    """``--columns``, ``--image-size``, ``--mean``, ``--std``: how samples are read from a folder
+def add_sample_options(group: Any, *, limit_help: str) -> None:
+    """``--limit``, ``--columns``, ``--image-size``, ``--mean``, ``--std``: how samples are read from a folder
     (``extract --data`` and ``compare --inputs`` read the same sources)."""
+    group.add_argument("--limit", type=positive_int, metavar="N", help=limit_help)
     group.add_argument("--columns", type=names, metavar="A,B",
                        help="the input columns of a datasets folder (default: its image or array column, else every "
                             "array column, as named inputs; a label column is kept as labels)")
@@ -605,10 +605,9 @@ class DatasetArgs(ArgGroup):
                        help=f"samples per shard file (1024), or the size of a shard's features (256MB, 1GiB; default "
                             f"{DEFAULT_SHARD_SIZE}: samples per shard from the taps' bytes per sample)")
         g.add_argument("--resume", action="store_true", help="continue an interrupted run in OUT_DIR (same options)")
-        g.add_argument("--limit", type=positive_int, metavar="N", help="only the first N samples")
         g.add_argument("--device", default="cpu", metavar="cpu|cuda", help="PyTorch device (default cpu)")
         g.add_argument("--skip-bad", action="store_true", help="skip unreadable samples (listed in the manifest) instead of stopping")
-        add_sample_options(g)
+        add_sample_options(g, limit_help="only the first N samples")
         g.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                        help="run on Ray Data: a local Ray without ADDRESS, else join the cluster at ADDRESS (e.g. auto, ray://head:10001)")
 
