@@ -7,9 +7,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import logging
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -29,6 +30,24 @@ def _zoo_import(name: str, spec: str):
         return importlib.import_module(name)
     except ImportError as e:
         raise ModelSpecError(f"MODEL {spec!r} needs the '{name}' package ({e}); pip install {name}") from None
+
+
+@contextlib.contextmanager
+def quiet_registrations() -> Iterator[None]:
+    """Importing torchao (transformers does, where it is installed, e.g. beside ExecuTorch) makes torch
+    log a deprecation line per Enum it registers with pytree: noise on stderr above the user's answer,
+    about a package they did not ask for. torch's pytree logger is raised for the import only.
+
+    >>> with quiet_registrations():
+    ...     pass
+    """
+    logger = logging.getLogger("torch.utils._pytree")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def torchvision_model(name: str, spec: str) -> Built:
@@ -70,7 +89,8 @@ def timm_model(name: str, spec: str) -> Built:
 def transformers_model(name: str, spec: str, config_path: str | os.PathLike | None, meta: bool, max_bytes: int | None) -> Built:
     """``transformers:CLASS`` from its default config or ``--config``; sized on the meta device first."""
     tr = _zoo_import("transformers", spec)
-    cls = getattr(tr, name, None) if not name.startswith("_") else None
+    with quiet_registrations():  # the class's module is imported here, and with it any torchao
+        cls = getattr(tr, name, None) if not name.startswith("_") else None
     config_class = getattr(cls, "config_class", None)
     if not (isinstance(cls, type) and issubclass(cls, nn.Module) and config_class is not None):
         candidates = [n for n in dir(tr) if "Model" in n or "For" in n]
