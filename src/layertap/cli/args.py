@@ -14,13 +14,24 @@ Parsing imports no torch: heavy imports happen only in :meth:`ModelChoice.load`.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..dataset.job import DEFAULT_SHARD_SIZE, parse_shard_size
+from ..dataset.pooling import DTYPES, POOLS
+from ..dataset.shards import FORMATS
 from ..errors import LayertapError
+from ..files.reads import note_input
+from ..files.writes import check_output_path
+from ..inputs import parse_inputs
+from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, Criterion
 from ..options import DatasetOptions as LibDatasetOptions
-from ..options import Model, RuntimeOptions, SampleOptions
+from ..options import Model, RuntimeOptions, SampleOptions, merged_criterion
 from ..runtimes import RUNTIMES, is_ir
+from ..specs import check_model_args
+from .console import status
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..inputs import InputSpec
@@ -106,7 +117,6 @@ class ModelChoice:
         With ``device="meta"`` the model and its inputs hold no data (shapes only).
         """
         from ..pytorch.reference import example_call, load
-        from .console import status
 
         with status(f"loading {self.text}"):
             loaded = load(self.model, device=device, max_bytes=max_bytes)
@@ -156,8 +166,6 @@ class ModelArgs(ArgGroup):
     def parse(self, ns: argparse.Namespace, args: Args) -> None:
         """Decide once whether MODEL is an ONNX file; otherwise check what needs no torch
         (spec syntax, package, ``--weights``/``--config`` files)."""
-        from ..specs import check_model_args
-
         is_onnx = self.onnx_ok and is_onnx_path(ns.model)
         spec = None if is_onnx else check_model_args(ns.model, weights=ns.weights, config=ns.config)
         if not ns.weights and (ns.weights_key or ns.weights_nonstrict):
@@ -197,8 +205,6 @@ class InputArgs(ArgGroup):
         g.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
 
     def parse(self, ns: argparse.Namespace, args: Args) -> None:
-        from ..inputs import parse_inputs
-
         args.inputs = InputChoice(parse_inputs(ns.input), ns.seed)
 
 
@@ -224,7 +230,7 @@ class TapArgs(ArgGroup):
         )
 
     def parse(self, ns: argparse.Namespace, args: Args) -> None:
-        from ..selectors import parse_taps
+        from ..selectors import parse_taps  # noqa: PLC0415 -- layertap --help loads this module; selectors load on use
 
         args.tap_texts = list(ns.tap)
         if self.selectors is True or (callable(self.selectors) and self.selectors(ns)):
@@ -245,9 +251,6 @@ class OutputArgs(ArgGroup):
         parser.add_argument("-o", "--output", required=self.required, metavar="FILE", help=self.help)
 
     def parse(self, ns: argparse.Namespace, args: Args) -> None:
-        from ..files.reads import note_input
-        from ..files.writes import check_output_path
-
         if not self.when(ns):
             return
         for path, what in read_paths(ns):
@@ -346,8 +349,6 @@ class ToleranceArgs(ArgGroup):
         self.rule, self.metrics = rule, metrics
 
     def add(self, parser: argparse.ArgumentParser) -> None:
-        from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
-
         g = parser.add_argument_group("pass rule" if self.metrics else "tolerance")
         g.add_argument("--rtol", type=nonneg_float, default=None, metavar="R",
                        help=f"{self.rule} (default {DEFAULT_RTOL:g})")
@@ -373,9 +374,6 @@ class ToleranceArgs(ArgGroup):
                             "value (--rtol/--atol/--metric given: they decide); fp32: the fixed rule")
 
     def parse(self, ns: argparse.Namespace, args: Args) -> None:
-        from ..metrics import Criterion
-        from ..options import merged_criterion
-
         rule = dict(metric=ns.metric, min_cosine=ns.min_cosine, min_sqnr_db=ns.min_sqnr,
                     check_finite=ns.check_finite, precision=ns.precision) if self.metrics else {}
         given = {k: v for k, v in dict(rtol=ns.rtol, atol=ns.atol, **rule).items() if v is not None}
@@ -419,8 +417,6 @@ class SampleArgs(ArgGroup):
             if reading.get(flag) is not None and ns.inputs is None:
                 raise LayertapError(f"--{flag.replace('_', '-')} applies to the samples of --inputs PATH; give --inputs too")
         if self.check_exists and ns.inputs is not None:
-            from pathlib import Path
-
             if not Path(ns.inputs).exists():
                 raise LayertapError(f"--inputs '{ns.inputs}' does not exist")
         if samples is None and ns.inputs is None:
@@ -505,8 +501,6 @@ class ReportArgs(ArgGroup):
     @staticmethod
     def write(args: Args, document: str) -> None:
         """Write the report atomically and say so on stderr."""
-        import sys
-
         from ..reports import write_report
 
         write_report(need(args.report, "no --report path"), document)
@@ -590,10 +584,6 @@ class DatasetArgs(ArgGroup):
     """``--data`` and the options of extraction over a dataset."""
 
     def add(self, parser: argparse.ArgumentParser) -> None:
-        from ..dataset.job import DEFAULT_SHARD_SIZE
-        from ..dataset.pooling import DTYPES, POOLS
-        from ..dataset.shards import FORMATS
-
         g = parser.add_argument_group("dataset (with --data; -o is then an OUT_DIR)")
         g.add_argument("--data", metavar="PATH", help="folder of images, of .npy/.npz samples, or a datasets save_to_disk folder")
         g.add_argument("--batch-size", type=positive_int, default=64, metavar="N", help="samples per forward (default 64)")
@@ -613,8 +603,6 @@ class DatasetArgs(ArgGroup):
 
     def parse(self, ns: argparse.Namespace, args: Args) -> None:
         if ns.data is not None:
-            from ..dataset.job import parse_shard_size
-
             samples, _ = parse_shard_size(ns.shard_size)  # a typo fails before the model loads
             sampling = SampleOptions(limit=ns.limit, columns=ns.columns, image_size=ns.image_size, mean=ns.mean,
                                      std=ns.std)

@@ -15,6 +15,8 @@ import signal
 import sys
 from typing import Any, Iterator
 
+from ..errors import printable
+
 # Piped output has no width to fit: lines are as long as their content.
 PIPED_WIDTH = 10_000
 RULE_WIDTH = 80  # section rules (the demo's) when the console is wider or unbounded
@@ -90,8 +92,6 @@ def say(message: str) -> None:
         >>> say("wrote out.onnx")  # on stderr
     """
     from rich.console import Console
-
-    from ..errors import printable
 
     Console(stderr=True, width=10_000 if not sys.stderr.isatty() else None).print(
         printable(message), markup=False, highlight=False, soft_wrap=True

@@ -16,9 +16,12 @@ import importlib
 import signal
 import sys
 import textwrap
+import warnings
 from typing import Iterator, NoReturn, Sequence
 
-from ..errors import LayertapError, one_line, printable
+from .. import __version__
+from ..errors import LayertapError, LayertapWarning, one_line, printable
+from ..files.reads import operation
 from .console import quiet_exit, stdout_closed
 
 # subcommand -> "module:Class" under layertap.cli.tools; imported when the parser is built
@@ -265,10 +268,6 @@ def _signals_raise() -> Iterator[None]:
 @contextlib.contextmanager
 def _warnings_one_line() -> Iterator[None]:
     """layertap's own warnings (something in an input was ignored) as one ``layertap: warning:`` line."""
-    import warnings
-
-    from ..errors import LayertapWarning
-
     shown: set[str] = set()
     with warnings.catch_warnings():
         default = warnings.showwarning
@@ -287,8 +286,6 @@ def _warnings_one_line() -> Iterator[None]:
 
 
 def _operation():
-    from ..files.reads import operation
-
     return operation()
 
 
@@ -298,7 +295,7 @@ def _json_stdout(as_json: bool) -> Iterator[None]:
     if not as_json:
         yield
         return
-    from .tools import base
+    from .tools import base  # noqa: PLC0415 -- cli.main imports no tool: they load when the parser is built
 
     base.JSON_OUT = sys.stdout
     try:
@@ -313,6 +310,4 @@ def _error(message: str) -> None:
 
 
 def _version() -> str:
-    from .. import __version__
-
     return f"layertap {__version__}"

@@ -7,12 +7,14 @@ Used by :mod:`layertap.comparing`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
 from ..metrics import Criterion, ErrorStats
+from ..runtimes.ort_kernels import as_float32
 from ..text import fmt_shape
 from .rows import ABSORBED, FAIL, NO_COUNTERPART, PASS, CompareRow, merge_stats, pair_tensors, same_shape, stat_fields
 from .torch_side import ArrayStore, ModuleCall
@@ -103,8 +105,6 @@ def _with_real_absorbers(counterparts: list[Any], calls: list[ModuleCall], torch
     """Counterparts whose absorbing module (a BatchNorm the scopes could only guess by
     name, ``conv1 -> bn1``) is renamed to the module PyTorch really ran right after the
     Conv: DenseNet's ``conv0`` is followed by ``norm0``, not ``bn0``."""
-    import dataclasses
-
     renames: dict[str, str] = {}
     for cp in counterparts:
         guess = cp.absorbed_by
@@ -176,8 +176,6 @@ def _as_ref_type(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
     batch's values are not held twice)."""
     if ref.dtype != got.dtype and np.issubdtype(ref.dtype, np.floating) and np.issubdtype(got.dtype, np.floating):
         if ref.dtype == np.float32 and got.dtype == np.float16:
-            from ..runtimes.ort_kernels import as_float32
-
             return as_float32(got)
         return got.astype(ref.dtype)
     return got
@@ -209,8 +207,6 @@ def blame_rewritten(rows: Sequence[CompareRow]) -> list[CompareRow]:
         >>> [(r.name, r.status, "starts here" in (r.note or "")) for r in blame_rewritten(rows)]
         [('attn', 'FAIL', True), ('norm2', 'FAIL', False)]
     """
-    import dataclasses
-
     out = list(rows)
     for i, row in enumerate(out):
         if row.ok is not False or REWRITE_DIFFERS not in (row.note or ""):

@@ -54,15 +54,18 @@ from ..numformats import PRECISIONS
 from ..onnxfile.kvcache import kv_layout
 from ..onnxfile.modelfile import ModelFile, is_onnx_source
 from ..options import DEFAULT_MEMORY_BUDGET, UNSET, RuntimeOptions, SampleOptions, current_progress, merged_criterion
-from ..runtimes import runtime_for
+from ..runtimes import open_runtime, runtime_for
 from ..runtimes.ort import FUSION_NOTE
 from ..samples.declared import read_inputs
 from ..samples.drawn import given_samples, random_for_file, spec_samples, with_cache
 from ..samples.loading import save_samples
 from .driver import Progress, compare_sides
 from .ideal import Judging, candidate_formats, judging
+from .onnx_ref import OnnxReference, refuse_same_run
 from .onnx_side import OrtSide
 from .rows import CompareReport
+from .steps import StepReference, check_steps
+from .torch_ref import TorchReference
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..samples.images import Preprocess
@@ -259,8 +262,6 @@ def side_runtimes(onnx_ref: bool, runs: RuntimeOptions, own: tuple[str | None, s
     reference and of the candidate; an OpenVINO IR) runs there unless told otherwise. ORT's graph
     optimisations per side (the reference's ``None``: the candidate's); turning them off for a side that
     OpenVINO runs is refused, not ignored."""
-    from ..runtimes import open_runtime
-
     runtime, cand_runtime, ov_precision, ov_device = runs.runtime, runs.cand_runtime, runs.ov_precision, runs.ov_device
     providers = (runs.providers, runs.cand_providers)
     optimize = (runs.ref_ort_optimizations, runs.ort_optimizations)
@@ -295,8 +296,6 @@ def side_runtimes(onnx_ref: bool, runs: RuntimeOptions, own: tuple[str | None, s
 def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike | ModelFile, given: list[Any],
                    n_random: int, ref_rt: Any, cand_rt: Any, plan: _Plan) -> CompareReport:
     """An ONNX reference: both files in their runtimes, aligned by :func:`.onnx_ref.align_files`. Never imports torch."""
-    from .onnx_ref import OnnxReference, refuse_same_run
-
     refuse_same_run(_path(ref), _path(cand), ref_rt, cand_rt)
     ref_side = OrtSide(ref, ref_rt)
     cand_side = OrtSide(cand, cand_rt)
@@ -361,8 +360,6 @@ def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[
                    ort_optimizations: bool) -> CompareReport:
     """PyTorch reference: one hooked forward per sample (or decode step), the candidate's tensors in ORT batches."""
     from ..pytorch.taps import bound_method
-    from .steps import StepReference, check_steps
-    from .torch_ref import TorchReference
 
     bound_method(model, method)  # a non-module or an unknown method fails before any work
     runs = _torch_samples(given, n_random, kwargs, plan.seed)

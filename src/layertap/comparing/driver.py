@@ -31,11 +31,13 @@ import numpy as np
 
 from ..errors import LayertapError, unknown_name
 from ..metrics import Criterion
+from ..runtimes.ort_kernels import nchwc_block_size
 from .align import Item, RowBuilder, blame_rewritten, pack_batches
 from .background import Background
 from .ideal import fail_differing_weights, weigh_limits
 from .local_errors import PairsOf, RefLookup, local_errors
 from .merging import merge_samples
+from .nchwc import unblock
 from .rows import CompareReport, CompareRow
 from .torch_side import ArrayStore
 from .weight_check import WeightCheck
@@ -381,9 +383,6 @@ class Values:
 def unblock_values(values: dict[str, np.ndarray], batch: list[Item], ref_values: dict[str, np.ndarray],
                    blocked: set[str]) -> None:
     """Candidate tensors in ORT's NCHWc layout, in place as NCHW shaped like the reference tensor they answer."""
-    from ..runtimes.ort_kernels import nchwc_block_size
-    from .nchwc import unblock
-
     block = nchwc_block_size() or 0
     done: set[str] = set()
     for it in batch:

@@ -31,9 +31,16 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from ..metrics import Criterion, ErrorStats, ideal_stats
-from ..numformats import Format, round_on_grid
+from ..metrics import FORMAT_MULTIPLE, Criterion, ErrorStats, ideal_stats
+from ..numformats import FLOAT_LIMITS, Format, round_on_grid
 from ..onnxfile.formats import TensorFormats, file_formats
+from ..onnxfile.rounded import rounded_model
+from ..runtimes import open_runtime
+from ..runtimes.ort_kernels import rounded_through
+from ..runtimes.runner import ModelRunner
+from ..runtimes.source import SessionSource
+from .rows import FAIL
+from .torch_side import run_torch
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -102,7 +109,6 @@ def candidate_formats(cand: "OrtSide", precision: str = "auto") -> TensorFormats
     info = cand.describe()
     runtime_precision = info.precision if info.precision in ("bfloat16", "float16") else None
     if cand.runner.file is not None:  # an OpenVINO IR: no ONNX graph to read, only its runtime's precision
-        from ..numformats import FLOAT_LIMITS
 
         if precision in ("auto", "int8"):
             return TensorFormats(default=Format(runtime_precision) if runtime_precision in FLOAT_LIMITS else None)
@@ -156,12 +162,6 @@ class OnnxIdeal:
         """Built on first use: in the driver's worker thread, beside the candidate's session build (its
         weights rounded there, numpy and ONNX Runtime letting go of the GIL)."""
         if self._runner is None:
-            from ..onnxfile.rounded import rounded_model
-            from ..runtimes import open_runtime
-            from ..runtimes.ort_kernels import rounded_through
-            from ..runtimes.runner import ModelRunner
-            from ..runtimes.source import SessionSource
-
             wanted = reference_formats(self.ref.proto, self.formats)
             ref = self.ref.runner.source
             model, held = rounded_model(ref.model, ref.folder, ref.held, wanted, _grid(self.formats), cast_round=rounded_through)
@@ -303,7 +303,6 @@ class TorchIdeal:
         """The rounded forward's module calls, recorded into ``store`` (see :func:`.torch_side.run_torch`)."""
         from ..pytorch.rounding import rounded
         from ..pytorch.taps import bound_method
-        from .torch_side import run_torch
 
         fn = bound_method(model, method)
         with rounded(model, self.plan) as (round_inputs, round_result):
@@ -332,9 +331,6 @@ def weigh_limits(rows: Sequence[Any], rtol: float) -> list[Any]:
         >>> weigh_limits([row("a", 1e-3), row("b.c", 1.0, "float16 overflow: ..."), row("b", 0.9)], 1e-3)[1].status
         'FAIL'
     """
-    from ..metrics import FORMAT_MULTIPLE
-    from .rows import FAIL
-
     out = list(rows)
     if not any(r.ok is not None and r.limit for r in out):
         return out
@@ -391,8 +387,6 @@ def fail_differing_weights(rows: Sequence[Any], precision: str) -> None:
         >>> rows[1].status, rows[1].note
         ('FAIL', 'conv1.weight differs (rel 0.05): more than float16 rounding explains')
     """
-    from .rows import FAIL
-
     for i, row in enumerate(rows):
         if not row.weights:
             continue

@@ -22,7 +22,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from ..onnxfile.parts import PartCutter
+from ..onnxfile.scopemap import GraphFacts, ScopeMap
 from ..onnxfile.shapes import declared_dims
+from ..onnxfile.tensor_types import inferred_types
+from ..runtimes.ort_kernels import nchwc_block_size
 from .align import Item
 from .nchwc import block, blocked_tensors, unblock
 from .rows import CompareRow, pair_tensors, same_shape
@@ -31,7 +35,6 @@ from .torch_side import input_key
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
-    from ..onnxfile.scopemap import ScopeMap
     from ..runtimes import Runtime
     from ..runtimes.source import SessionSource
 
@@ -44,10 +47,6 @@ class LocalGraph:
     """The candidate's nodes of several calls, each fed on its own (see module doc)."""
 
     def __init__(self, source: "SessionSource", runtime: "Runtime", scopes: "ScopeMap | None" = None) -> None:
-        from ..onnxfile.parts import PartCutter
-        from ..onnxfile.scopemap import GraphFacts, ScopeMap
-        from ..onnxfile.tensor_types import inferred_types
-
         self.sessions = source  # the candidate, its weights held once for every part run
         self.cand = cand = source.model
         self.runtime = runtime
@@ -64,8 +63,6 @@ class LocalGraph:
         self.blocked = blocked_tensors(cand.graph)
         self.block = 0
         if self.blocked:
-            from ..runtimes.ort_kernels import nchwc_block_size
-
             self.block = nchwc_block_size() or 0
 
     def part(self, path: str, call: int, tensors: Sequence[str]) -> tuple[list[int], tuple[str, ...]]:

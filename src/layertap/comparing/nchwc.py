@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from ..runtimes.ort_kernels import NCHWC_DOMAIN
+
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
@@ -40,8 +42,6 @@ def blocked_stand_ins(graph: "onnx.GraphProto", ref: "onnx.GraphProto") -> dict[
         {'y': 'reorder_token_0'}
     """
     import onnx
-
-    from ..runtimes.ort_kernels import NCHWC_DOMAIN
 
     made = {t for node in graph.node for t in node.output if t}
     readers: dict[str, list[Any]] = {}
@@ -77,8 +77,6 @@ def blocked_stand_ins(graph: "onnx.GraphProto", ref: "onnx.GraphProto") -> dict[
 
 def blocked_tensors(graph: "onnx.GraphProto") -> set[str]:
     """Tensors a file holds in ORT's NCHWc layout (written by its NCHWc kernels)."""
-    from ..runtimes.ort_kernels import NCHWC_DOMAIN
-
     return {t for n in graph.node if n.domain == NCHWC_DOMAIN and n.op_type != "ReorderOutput" for t in n.output if t}
 
 

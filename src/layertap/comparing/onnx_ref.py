@@ -31,11 +31,15 @@ import numpy as np
 
 from ..errors import InputSpecError, LayertapError, OnnxFileError
 from ..metrics import Criterion
+from ..onnxfile.branches import with_branches
 from ..onnxfile.feeds import integer_bounds
 from ..onnxfile.metadata import own_outputs
-from ..onnxfile.scopemap import stand_ins
+from ..onnxfile.scopemap import GraphFacts, ScopeMap, stand_ins
+from ..onnxfile.shapes import declared_dims
+from ..onnxfile.tensor_types import inferred_types
+from ..runtimes.ort_kernels import nchwc_block_size
 from ..samples.drawn import Sample as Given
-from .align import Item, RowBuilder
+from .align import Item, RowBuilder, pack_batches
 from .background import Background
 from .driver import Sample, module_filter, plan_batches
 from .ideal import Judging, OnnxIdeal
@@ -77,8 +81,6 @@ def align_files(ref: "onnx.ModelProto", cand: "onnx.ModelProto", wanted: Callabl
         >>> [(it.mc.path, it.tensors) for it in items], mode
         ([('r', ('r',)), ('', ('y',))], 'names')
     """
-    from ..onnxfile.scopemap import ScopeMap
-
     ref_map = ScopeMap.from_model(ref, branches=IF_BRANCHES)
     names = _NameLookup.of(ref, cand)
     if ref_map.source != "none":
@@ -103,9 +105,6 @@ class _NameLookup:
 
     @classmethod
     def of(cls, ref: "onnx.ModelProto", cand: "onnx.ModelProto") -> "_NameLookup":
-        from ..onnxfile.branches import with_branches
-        from ..runtimes.ort_kernels import nchwc_block_size
-
         # a tensor both files quantise the same way (one file run two ways) is compared as itself
         ref_through = stand_ins(ref.graph)
         through = {t: d for t, d in stand_ins(cand.graph).items() if ref_through.get(t) != d}
@@ -162,8 +161,6 @@ class _CandidateCalls:
 
     def __call__(self, path: str, call: int) -> Any:
         if self.calls is None:
-            from ..onnxfile.scopemap import ScopeMap
-
             cand_map = ScopeMap.from_model(self.cand, branches=IF_BRANCHES)
             self.calls = {(c.path, c.call): c for c in cand_map.counterparts()} if cand_map.source != "none" else {}
         return self.calls.get((path, call))
@@ -171,10 +168,6 @@ class _CandidateCalls:
 
 def _name_items(ref: "onnx.ModelProto", names: _NameLookup, wanted: Callable[[str], bool]) -> list[Item]:
     """One row per float activation the reference computes (no module scopes), paired by name."""
-    from ..onnxfile.branches import with_branches
-    from ..onnxfile.scopemap import GraphFacts
-    from ..onnxfile.tensor_types import inferred_types
-
     weights = GraphFacts(ref.graph).weights
     types = inferred_types(ref)
     graph_outputs = {o.name for o in ref.graph.output}
@@ -237,8 +230,6 @@ def _output_pairs(ref_out: list[str], cand_out: list[str], ref_dims: dict[str, A
 
 
 def _output_dims(model: "onnx.ModelProto") -> dict[str, Any]:
-    from ..onnxfile.shapes import declared_dims
-
     return {o.name: declared_dims(o) for o in model.graph.output}
 
 
@@ -546,16 +537,12 @@ def _check_variants(items: list[Item], ref_path: Path, cand_path: Path, mode: st
 
 def _chunks(side: OrtSide, names: list[str], feed: dict[str, np.ndarray], budget: int) -> list[list[str]]:
     """``names`` in runs of at most ``budget`` bytes (estimated as :func:`_sizes` does)."""
-    from .align import pack_batches
-
     sizes = _sizes(side.proto, feed)
     return pack_batches(names, lambda t: (1, sizes.get(t, 1 << 20)), None, budget)
 
 
 def _sizes(model: "onnx.ModelProto", feed: dict[str, np.ndarray]) -> dict[str, int]:
     """Estimated bytes per tensor from shape inference; symbolic sizes take the feed's largest batch."""
-    from ..onnxfile.tensor_types import inferred_types
-
     batch = max((a.shape[0] for a in feed.values() if a.ndim), default=1)
     out = {}
     for name, vi in inferred_types(model).items():

@@ -7,6 +7,7 @@ Used by :mod:`layertap.comparing`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -15,7 +16,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ..errors import InputSpecError, LayertapError, OnnxFileError
+from ..onnxfile.kvcache import complete_feeds
 from ..runtimes.runner import ModelRunner
+from .local_errors import LocalGraph
+from .nchwc import blocked_tensors
+from .rows import ABSORBED
 from .torch_side import to_numpy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -32,8 +37,6 @@ class OrtSide:
     was: the side runs its own copy of the graph (:class:`~layertap.runtimes.runner.ModelRunner`)."""
 
     def __init__(self, source: "str | os.PathLike | ModelFile", runtime: "Runtime") -> None:
-        from .nchwc import blocked_tensors
-
         # The shared loader: graph only (weights held once, in memory, for every engine) and the
         # external-data safety checks every ONNX command applies; a file the caller already read is
         # not read again. An OpenVINO IR: its tensors by name (no module scopes, no ONNX nodes), run from the file.
@@ -76,8 +79,6 @@ class OrtSide:
     def local_graph(self, scopes: Any = None) -> Any:
         """The file's part graphs for local errors (:class:`~layertap.comparing.local_errors.LocalGraph`;
         ``scopes``: the file's ScopeMap when the reference already read it)."""
-        from .local_errors import LocalGraph
-
         if self.runner.file is not None:
             raise LayertapError(f"--local (local=True) runs parts of an ONNX graph; '{self.path}' is an OpenVINO IR, "
                                 "whose nodes are not ONNX: compare it without --local")
@@ -113,8 +114,6 @@ def absorb_unexposable(items: Sequence[Any], side: OrtSide, *, reference: bool =
     quantize/dequantize pair or a fused node away) become ``absorbed``, never a failure: the
     next compared module holds their effect. ``reference``: check the rows' reference tensors.
     """
-    from .rows import ABSORBED
-
     available = side.runner.exposable()
     if available is None:
         return
@@ -177,7 +176,6 @@ def feed_from_args(inputs: list[tuple[str, str]], args: tuple, kwargs: dict, *, 
 
 def _decoder_feed(inputs: list[tuple[str, str]], args: tuple, kwargs: dict, layout: "KvLayout",
                   config: Any) -> dict[str, np.ndarray]:
-    from ..onnxfile.kvcache import complete_feeds
     from ..pytorch.caches import cache_tensors
 
     kwargs = dict(kwargs)
@@ -298,8 +296,6 @@ def wrapper_prefix(onnx_paths: set[str], model_paths: set[str]) -> str:
 
 def _unprefixed(cp: Any, prefix: str) -> Any:
     """``cp`` with ``prefix.`` removed from its path and from module names in its note."""
-    import dataclasses
-
     cut = len(prefix) + 1
     fields: dict[str, Any] = {"path": cp.path[cut:] if cp.path.startswith(prefix + ".") else cp.path}
     if cp.note:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -120,7 +121,6 @@ def _label_axes(ax: "Any", report: "CompareReport", metric: str) -> None:
     else:
         ax.set_ylabel("max|cand - ref| / max|ref|" if report.reference else "max|onnx - torch| / max|torch|")
     ax.set_xlabel(f"module call, {'reference' if report.reference else 'PyTorch'} execution order")
-    from pathlib import Path
 
     vs = (f"{Path(report.reference).name} vs {Path(report.onnx_path or '?').name}" if report.reference
           else "PyTorch vs ONNX Runtime")

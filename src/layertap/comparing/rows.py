@@ -6,6 +6,7 @@ Used by :mod:`layertap.comparing`, which re-exports the public names.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, FORMAT_MULTIPLE, Criterion, Er
 from ..tables import Column, ToleranceReport
 from ..text import fmt_db, fmt_float, fmt_shape, grid_lines
 from . import words
+from .plot import write_plot
 from .words import ideal_line
 
 PASS, FAIL, NO_COUNTERPART, ABSORBED = "pass", "FAIL", "no counterpart", "absorbed"
@@ -179,7 +181,6 @@ class CompareReport(ToleranceReport):
         if judging is not None:
             extra[:0] = _FORMAT_COLUMNS
             if self.judged_at_format:  # what decides stays on a narrow terminal; the plain error gives way
-                import dataclasses
 
                 extra[0] = dataclasses.replace(extra[0], drop=0)
                 base = [dataclasses.replace(c, drop=1) if c.key == "rel_err" else c for c in base]
@@ -226,8 +227,6 @@ class CompareReport(ToleranceReport):
 
     def plot(self, path: str | os.PathLike) -> None:
         """Write the error-per-module PNG (log scale, first divergence marked) atomically."""
-        from .plot import write_plot
-
         write_plot(self, path)
 
     def counts(self) -> dict[str, int]:
@@ -372,8 +371,6 @@ _EXTRA_COLUMNS = (
 
 def _metric_column(col: Column, metric: str) -> Column:
     """The deciding metric's column never gives way."""
-    import dataclasses
-
     deciding = {"cosine": "cosine", "sqnr": "sqnr_db"}.get(metric)
     return dataclasses.replace(col, drop=0) if col.key == deciding else col
 

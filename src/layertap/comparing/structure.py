@@ -18,7 +18,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .rows import same_shape
+from ..onnxfile.scopemap import GraphFacts
+from .rows import IN_BRANCH, NO_COUNTERPART, same_shape
 
 #: relative L2 error under which two tensors count as the same value (float16 and int8 conversions
 #: stay well below it; a ReLU against its input, or a Conv against Conv + BatchNorm, well above)
@@ -205,8 +206,6 @@ def unnamed_rows(items: Sequence[Any], graph_outputs: set[str]) -> list[Any]:
         >>> [it.mc.path for it in unnamed_rows(rows, {"y"})]
         ['r']
     """
-    from .rows import IN_BRANCH, NO_COUNTERPART
-
     inner = [it for it in items if it.mc.path]
     # a tensor found by name, also one a runtime keeps inside an If branch, makes the files variants of one
     if any((it.tensors and not set(it.ref_tensors) <= graph_outputs) or it.note == IN_BRANCH for it in inner):
@@ -249,8 +248,6 @@ def pair_unnamed(items: Sequence[Any], ref: Any, cand: Any, feeds: tuple[dict[st
 def _side_prints(side: Any, feed: dict[str, np.ndarray], keep: Callable[[str], bool],
                  chunks: Callable[[Any, list[str]], list[list[str]]]) -> dict[str, Print]:
     """The prints of one side's activations that ``keep`` keeps and its runtime can hand out."""
-    from ..onnxfile.scopemap import GraphFacts
-
     graph = side.proto.graph
     exposable = side.runner.exposable()
     tensors = [(t, op) for t, op in activations(graph, GraphFacts(graph).weights)

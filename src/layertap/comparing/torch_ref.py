@@ -13,6 +13,8 @@ import numpy as np
 
 from ..metrics import Criterion
 from ..onnxfile.kvcache import check_config, kv_layout
+from ..onnxfile.metadata import own_outputs
+from ..onnxfile.scopemap import ScopeMap, is_fused_llm, skip_norm_inputs
 from .align import Item, RowBuilder, call_counts, plan_items
 from .driver import Sample, Silent, module_filter, plan_batches
 from .ideal import Judging, TorchIdeal, rounding_plan
@@ -38,9 +40,6 @@ class TorchReference:
                  criterion: Criterion, modules: Sequence[str] | None, batch_outputs: int | None, memory_budget: int,
                  allow_different_weights: bool, progress: Any, local: bool = False, judging: Judging | None = None,
                  ideal: bool = True) -> None:
-        from ..onnxfile.metadata import own_outputs
-        from ..onnxfile.scopemap import ScopeMap
-
         self.model, self.method, self.runs_args, self.prog, self.local = model, method, runs, progress, local
         self.n_samples, self.criterion, self.judging = len(runs), criterion, judging
         self.cand, self.batch_outputs, self.budget = cand, batch_outputs, memory_budget
@@ -126,8 +125,6 @@ class TorchReference:
 
     def _named_inputs(self) -> dict[str, str]:
         """ONNX tensors the file computes as a module's input (a fused skip-norm's residual sum)."""
-        from ..onnxfile.scopemap import is_fused_llm, skip_norm_inputs
-
         graph = self.cand.proto.graph
         return skip_norm_inputs(graph) if is_fused_llm(graph) else {}
 

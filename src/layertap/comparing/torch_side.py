@@ -6,6 +6,7 @@ Used by :mod:`layertap.comparing`.
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -14,7 +15,7 @@ import numpy as np
 
 from ..errors import InputSpecError, LayertapError, one_line
 from ..files.store import ArrayStore
-from ..pytorch.callhooks import CallHooks
+from ..pytorch.callhooks import CallHooks  # noqa: TID253 -- callhooks imports no torch
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -139,8 +140,6 @@ class _TorchRecorder(CallHooks):
 
     def _track_sources(self, mc: ModuleCall, tensors: list[Any]) -> None:
         """Which earlier call returned each of these tensor objects (weak refs: nothing kept alive)."""
-        import weakref
-
         sources: list[tuple[int, int] | None] = []
         for t in tensors:
             seen = self._made_by.get(id(t))

@@ -28,8 +28,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from ..errors import LayertapError
-from ..onnxfile.weights import Allowance, format_allowance
+from ..onnxfile.weights import Allowance, file_params, format_allowance
+from ..runtimes.ort_kernels import as_float32
 from ..text import fmt_float, fmt_shape
+from .background import Background
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..onnxfile.weights import FileParam, Reading
@@ -164,8 +166,6 @@ class PendingCheck:
     """
 
     def __init__(self, check: Callable[[threading.Event], WeightCheck], allow: bool, *, start: bool = True) -> None:
-        from .background import Background
-
         self._stop = threading.Event()
         self._allow = allow
         self._job = Background(lambda: check(self._stop), name="layertap-weight-check", start=start)
@@ -321,9 +321,6 @@ def check_model_weights(model: Any, view: Any, cand: "SessionSource", stop: thre
 
 def _params(source: "SessionSource") -> "dict[str, FileParam]":
     """The parameters of the file ``source`` holds, read where it holds them (float16 widened on every core)."""
-    from ..onnxfile.weights import file_params
-    from ..runtimes.ort_kernels import as_float32
-
     return file_params(source.model, source.folder, source.held, widen=as_float32)
 
 

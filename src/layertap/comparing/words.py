@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ..metrics import FORMAT_MULTIPLE
 from ..text import field, fmt_db, fmt_float, fmt_shape
 
 #: metric -> (row field, threshold attribute of the criterion, column header)
@@ -340,8 +341,6 @@ def chart_points(report: Any, metric: str, *, with_local: bool) -> tuple[list[An
 
 
 def _format_points(report: Any, with_local: bool) -> tuple[list[Any], list[ErrorPoint], None]:
-    from ..metrics import FORMAT_MULTIPLE
-
     rtol, atol = getattr(report, "rtol", 1e-3), getattr(report, "atol", 1e-5)
     rows = [r for r in report.rows if field(r, "impl_rel") is not None or (with_local and field(r, "local_rel") is not None)]
     points = []
@@ -359,8 +358,6 @@ def _format_points(report: Any, with_local: bool) -> tuple[list[Any], list[Error
 
 def band_text(report: Any) -> str:
     """The legend of the format's band: ``what float16 explains (4 x an ideal float16 run's own error + rtol)``."""
-    from ..metrics import FORMAT_MULTIPLE
-
     precision = getattr(report, "precision", "the format")
     return f"what {precision} explains ({FORMAT_MULTIPLE:g} x an ideal {precision} run's own error + rtol)"
 
@@ -424,8 +421,6 @@ def format_rule(precision: str, criterion: Any) -> str:
         >>> format_rule("float16", Criterion())[:79]
         'judged at float16: pass when impl err <= 4 x format err + rtol 0.001 x max|ref|'
     """
-    from ..metrics import FORMAT_MULTIPLE
-
     return (f"judged at {precision}: pass when impl err <= {FORMAT_MULTIPLE:g} x format err + rtol {criterion.rtol:g} x "
             f"max|ref| + atol {criterion.atol:g} (format err: an ideal {precision} run vs the reference; impl err: the "
             f"candidate vs that run), and where {precision} carries every value")
@@ -446,8 +441,6 @@ def format_size(row: Any, precision: str, rtol: float = 1e-3, atol: float = 1e-5
         >>> format_size(r, "float16")[:85]
         'root mean square implementation error 0.001, 6.67 times what float16 explains there ('
     """
-    from ..metrics import FORMAT_MULTIPLE
-
     limit = field(row, "limit")
     rel = fmt_float(field(row, "rel_err"))
     if limit:

@@ -17,6 +17,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import LayertapError, one_line
+from ..options import Model
+from ..runtimes import open_runtime
 
 
 @dataclass
@@ -101,7 +103,7 @@ class TorchBackend:
     def __init__(self, spec: BackendSpec) -> None:
         import torch
 
-        from ..selectors import parse_taps
+        from ..selectors import parse_taps  # noqa: PLC0415 -- layertap --help loads this module; selectors load on use
 
         self.torch = torch
         self.spec = spec
@@ -165,7 +167,6 @@ def _load_torch_model(spec: BackendSpec):
         return spec.model
     if not isinstance(spec.model, str):
         raise LayertapError(f"model must be an nn.Module, a MODEL spec or an .onnx path, got a {type(spec.model).__name__}")
-    from ..options import Model
     from ..pytorch.reference import load
 
     loaded = load(Model(spec.model, weights=spec.weights, weights_key=spec.weights_key, weights_strict=spec.weights_strict,
@@ -181,8 +182,7 @@ class OnnxBackend:
     kind = "onnx"
 
     def __init__(self, path: Path, taps: Sequence[str], runtime: dict[str, Any] | None = None) -> None:
-        from ..runtimes import open_runtime
-        from ..runtimes.runner import TappedSession
+        from ..runtimes.runner import TappedSession  # noqa: PLC0415 -- layertap --help loads this module; the runner loads on use
 
         if not path.is_file():
             raise LayertapError(f"ONNX file '{path}' does not exist")

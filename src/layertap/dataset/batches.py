@@ -139,7 +139,7 @@ def keyed_layout(layout: list[dict], fmt: str) -> list[dict]:
         >>> keyed_layout([{"name": "/fc/Gemm_output_0", "dtype": "bfloat16"}], "npy")[0]["key"]
         '%2Ffc%2FGemm_output_0'
     """
-    from ..files.arrays import file_stem
+    from ..files.arrays import file_stem  # noqa: PLC0415 -- layertap --help loads this module; files.arrays loads on use
 
     out = []
     for i, t in enumerate(layout):

@@ -7,13 +7,18 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import LayertapError
+from ..onnxfile.feeds import image_input_size
 from ..options import DatasetOptions, Model, RuntimeOptions, SampleOptions
+from ..runtimes import open_runtime
 from ..samples.images import Preprocess, choose_recipe
 from ..samples.sources import Bad, IterSource, MapSource, open_source, reference
-from .backends import BackendSpec
+from ..selectors import parse_taps
+from .backends import BackendSpec, check_device
 from .features import Features, load_features
 from .job import Job, Options, check_resumed_ids, discard_empty, parse_shard_size, prepare_out
+from .local_engine import run_local
 from .pooling import DTYPES, POOLS, check_choice
+from .ray_engine import run_ray
 from .shards import FORMATS
 
 ENGINES = ("local", "ray")
@@ -124,7 +129,6 @@ def _runtime(model: Any, runs: RuntimeOptions) -> dict[str, Any]:
     if not (isinstance(model, (str, os.PathLike)) and str(model).lower().endswith(".onnx")):
         raise LayertapError("runtime=, ov_precision= and ov_device= (--runtime, --ov-precision, --ov-device) pick what "
                             "runs an .onnx file; a PyTorch model runs in PyTorch (--device)")
-    from ..runtimes import open_runtime
 
     open_runtime(**given)
     return given
@@ -154,10 +158,7 @@ def _finish(job: Job, created: bool, engine: str, ray_address: str | None, progr
 
 def _run(job: Job, engine: str, ray_address: str | None, progress: bool | None) -> int:
     if engine == "ray":
-        from .ray_engine import run_ray
-
         return run_ray(job, ray_address, progress)
-    from .local_engine import run_local
 
     return run_local(job, progress)
 
@@ -176,8 +177,6 @@ def _check_device(spec: BackendSpec, device: str) -> None:
     if spec.is_onnx or device == "cpu":
         return
     import torch
-
-    from .backends import check_device
 
     check_device(torch, device)
 
@@ -203,8 +202,6 @@ def _tap_texts(taps: Sequence[Any], model: Any) -> list[str]:
         raise LayertapError("no taps given; pass taps=[...] (--tap TAP)")
     onnx = isinstance(model, (str, os.PathLike)) and str(model).lower().endswith(".onnx")
     if not onnx:
-        from ..selectors import parse_taps
-
         parse_taps(texts)  # a typo fails before anything is built
     return texts
 
@@ -257,7 +254,5 @@ def _preprocess(spec: BackendSpec, sampling: SampleOptions) -> Preprocess | None
 def _onnx_image_size(path: Path) -> tuple[int, int] | None:
     """H, W of an ONNX file's first input when it is a static N x C x H x W."""
     import onnx
-
-    from ..onnxfile.feeds import image_input_size
 
     return image_input_size(onnx.load(str(path), load_external_data=False).graph)

@@ -6,6 +6,7 @@ model, the ORT session) are built where they run, from ``backend``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,8 +64,6 @@ def parse_shard_size(value: int | str) -> tuple[int | None, int | None]:
         >>> parse_shard_size(1024), parse_shard_size("256MB"), parse_shard_size("1GiB"), parse_shard_size("512")
         ((1024, None), (None, 256000000), (None, 1073741824), (512, None))
     """
-    import re
-
     if isinstance(value, int) and not isinstance(value, bool):
         if value >= 1:
             return value, None
@@ -88,8 +87,6 @@ def samples_per_shard(shard_bytes: int, layout: list[dict], batch_size: int) -> 
         >>> samples_per_shard(256 * 10**6, [{"shape": [256, 56, 56], "dtype": "float32"}], 64)
         64
     """
-    from .pooling import numpy_dtype
-
     per_sample = sum(int(np.prod(t["shape"], dtype=np.int64)) * numpy_dtype(t["dtype"]).itemsize for t in layout)
     n = max(1, shard_bytes // max(per_sample, 1))
     return n // batch_size * batch_size if n >= batch_size else n
@@ -211,8 +208,6 @@ def check_resumed_ids(job: Job) -> None:
 
 def discard_empty(out: Path, created: bool) -> None:
     """Remove what a run that wrote no shard left: its manifest, temporary shards, the folder if it made it."""
-    from .manifest import NAME
-
     remove_leftovers(out)
     (out / NAME).unlink(missing_ok=True)
     if created and out.is_dir() and not any(out.iterdir()):

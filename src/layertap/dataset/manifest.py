@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from .. import __version__
 from ..errors import LayertapError
 from ..files.writes import atomic_write_bytes
 
@@ -89,7 +90,6 @@ class Manifest:
             skipped.extend(r["skipped"])
             if labels is not None:
                 labels.extend(r.get("labels", []))
-        from .. import __version__
 
         return {
             "layertap": {"version": __version__, "manifest_format": FORMAT_VERSION},

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import LayertapError
+from ..errors import LayertapError, unknown_name
 
 POOLS = ("none", "mean", "max", "first")
 DTYPES = ("float32", "float16", "bfloat16")
@@ -36,8 +36,6 @@ def numpy_dtype(name: str) -> np.dtype:
 
 def check_choice(flag: str, value: str, choices: tuple[str, ...]) -> str:
     """``value`` if it is one of ``choices``, else a one-line error with the close ones."""
-    from ..errors import unknown_name
-
     if value not in choices:
         raise LayertapError(unknown_name(f"{flag} value", str(value), choices, hint=f"use one of: {', '.join(choices)}"))
     return value

@@ -17,8 +17,10 @@ reading inside the actor keeps corrupt files named and ``skip_bad`` working.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import sys
 from typing import Any
 
 from ..errors import LayertapError
@@ -49,8 +51,6 @@ def run_ray(job: Job, address: str | None, progress: bool | None) -> int:
 def _probe_layout(job: Job) -> None:
     """The taps' bytes per sample, from the first samples run here on the CPU, to size the shards
     before they are handed out (a size in bytes)."""
-    import dataclasses
-
     runner = job.runner(dataclasses.replace(job.backend, device="cpu").build())
     for a in range(0, job.count or 0, job.options.batch_size):
         runner.run(job.load_batch(a, min(a + job.options.batch_size, job.count or 0)))
@@ -127,8 +127,6 @@ def _cpus_per_actor(ray: Any, threads: int | None) -> int:
 
 
 def _tty() -> bool:
-    import sys
-
     return sys.stderr.isatty()
 
 

@@ -58,6 +58,7 @@ from ..onnxfile.metadata import TAPS_KEY
 from ..onnxfile.publish import external_locations, publish, publish_file
 from ..options import ExportOptions
 from ..pytorch.values import random_tensor, tensor_to_numpy
+from ..runtimes import open_runtime
 from ..selectors import Tap, parse_taps
 from . import _onnxedit as edit
 from . import llm
@@ -522,8 +523,6 @@ def _verify(final: Path, plan: _Plan, rows: list[ExportRow], rtol: float, atol: 
     every row with ORT's message rather than stopping the export: the file
     is written, the report says what broke, the CLI exits 1.
     """
-    from ..runtimes import open_runtime
-
     # the runtime's engines keep ORT's log lines off stderr: a failing kernel logs
     # its error besides raising it, and the report already carries the message
     try:

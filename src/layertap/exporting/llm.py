@@ -55,7 +55,7 @@ def _cache_arg(model: Any) -> str:
 
 def cache_method(model: Any) -> Callable[..., dict[str, torch.Tensor]]:
     """``fn(model, input_ids, attention_mask, *past)`` -> ``{"logits", "present.N.key", ...}``."""
-    import transformers
+    import transformers  # noqa: PLC0415 -- optional, heavy
 
     name = _cache_arg(model)
 
@@ -139,7 +139,7 @@ def verify_decode(engine: Any, model: Any, ids: torch.Tensor,
     :class:`~layertap.runtimes.protocol.Engine` on the file; ``present.*`` fed back as ``past_key_values.*``)
     and in PyTorch; per call, its first token position and the two sides' logits. Both sides take
     PyTorch's tokens."""
-    import transformers
+    import transformers  # noqa: PLC0415 -- optional, heavy
 
     layers = model.config.num_hidden_layers
     kv = len(past_names(layers))

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import urllib.parse
+import zipfile
 from pathlib import Path
 from typing import Callable
+
+import numpy as np
 
 from ..errors import LayertapError, unique_names
 from .writes import atomic_path, check_output_path
@@ -71,8 +74,6 @@ def save_arrays(path: str | os.PathLike, arrays: dict, notify: Callable[[str], N
         >>> saved.files, saved["/fc/Gemm_output_0"]
         (['layer1#0', '/fc/Gemm_output_0'], array([1.]))
     """
-    import numpy as np
-
     out = check_output_path(path, suffixes=(".npz", ".safetensors"))
     arrays = {k: np.asarray(v, order="C") for k, v in arrays.items()}  # ascontiguousarray makes 0-d 1-d
     with atomic_path(out) as tmp:
@@ -96,10 +97,6 @@ def save_arrays(path: str | os.PathLike, arrays: dict, notify: Callable[[str], N
 def _write_npz(path: Path, members: dict) -> None:
     """What ``np.savez`` writes, without passing names as keyword arguments (a tap
     named ``file`` or ``allow_pickle`` would collide with savez's own parameters)."""
-    import zipfile
-
-    import numpy as np
-
     with zipfile.ZipFile(path, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as z:
         for key, value in members.items():
             with z.open(key + ".npy", "w", force_zip64=True) as f:

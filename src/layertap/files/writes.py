@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import stat
 import tempfile
 from pathlib import Path
@@ -144,8 +145,6 @@ def copy_data(src: str | os.PathLike, dst: str | os.PathLike) -> None:
         >>> len(data), data[:4], data[-4:], data[4:8], os.path.samefile(src, dst)
         (1048580, b'head', b'tail', b'\\x00\\x00\\x00\\x00', False)
     """
-    import shutil
-
     with open(src, "rb") as fin, open(dst, "r+b") as fout:
         if _clone(fin.fileno(), fout.fileno()):
             return
@@ -162,7 +161,7 @@ def _clone(fin: int, fout: int) -> bool:
     """Whether ``fout`` became a copy-on-write clone of ``fin`` (Linux ``FICLONE``; False where unsupported)."""
     if not hasattr(os, "copy_file_range"):  # not Linux: no FICLONE either
         return False
-    import fcntl
+    import fcntl  # noqa: PLC0415 -- POSIX only
 
     try:
         fcntl.ioctl(fout, _FICLONE, fin)

@@ -14,6 +14,8 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+import numpy as np
+
 from ..errors import LayertapError, one_line
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -259,7 +261,6 @@ def _float16_attributes(node: Any) -> bool:
     """Make float16 a node whose float output type an attribute fixes, or its default: ``Cast``'s
     ``to``, ``ConstantOfShape`` without ``value`` (a float 0), ``Constant``'s ``value_float(s)``;
     whether it changed."""
-    import numpy as np
     from onnx import helper, numpy_helper
 
     attrs = {a.name: a for a in node.attribute}

@@ -5,18 +5,27 @@ toolchain's form. With an ONNX reference nothing imports torch."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
-from ..errors import LayertapError
+from ..comparing import compare
+from ..errors import LayertapError, OnnxFileError, one_line
+from ..files.reads import note_input
+from ..files.writes import atomic_path, atomic_write_bytes, check_output_path, copy_data
+from ..inputs import as_specs
+from ..onnxfile.modelfile import is_onnx_source, model_file, read_model
+from ..onnxfile.scopemap import ScopeMap
 from ..options import UNSET, SampleOptions, SearchOptions
 from ..samples.declared import Declared, as_feeds, random_feeds, read_samples
+from ..samples.drawn import spec_samples
 from ..tables import Column, Report
-from .configs import Target, check_script, write_configs
-from .convert import FORMATS, Converter
+from .configs import Target, check_config_out, check_script, write_configs
+from .convert import FORMATS, FP16_OPTIONS, Converter
 from .search import FixStep, Trials, beyond_range, constants_beyond, graph_order, out_of_range, rank, search
 from .units import Units, units_of
 
@@ -259,10 +268,6 @@ def _retyped_note(names: list[str]) -> str:
 
 def _drawn(ref: Any, args: Any, sampling: SampleOptions) -> Any:
     """``--input`` specs of an ONNX reference drawn as its first sample (a PyTorch one draws its own)."""
-    from ..inputs import as_specs
-    from ..onnxfile.modelfile import is_onnx_source
-    from ..samples.drawn import spec_samples
-
     specs = as_specs(args) if is_onnx_source(ref) else None
     return args if specs is None else spec_samples(specs, 1, sampling.seed)[0]
 
@@ -271,8 +276,6 @@ def _reference_file(ref: Any, args: Any, sampling: SampleOptions, folder: Path, 
     """The float32 ONNX file and the sample ``args`` stand for: ``ref`` itself, or a PyTorch model loaded and
     exported into ``folder`` (with ``args``, ``--input`` specs drawn, a spec's default input, else the first
     of the samples ``sampling.inputs`` holds, then not a sample of its own)."""
-    from ..onnxfile.modelfile import is_onnx_source
-
     if is_onnx_source(ref):
         path = Path(ref)
         if not path.is_file():
@@ -299,13 +302,8 @@ def _reference_file(ref: Any, args: Any, sampling: SampleOptions, folder: Path, 
 
 
 def _check_out(out: str | os.PathLike | None, ref: Path, config_out: Any) -> Path | None:
-    from ..files.reads import note_input
-    from ..files.writes import check_output_path
-
     note_input(ref)
     if config_out is not None:
-        from .configs import check_config_out
-
         check_config_out(config_out)
     return None if out is None else check_output_path(out, inputs=(str(ref),), suffixes=(".onnx",))
 
@@ -313,9 +311,6 @@ def _check_out(out: str | os.PathLike | None, ref: Path, config_out: Any) -> Pat
 def _load(path: Path) -> Any:
     """The float32 file with its weights (read once: the checks every command makes, then its external data)."""
     from onnx.external_data_helper import load_external_data_for_model
-
-    from ..errors import OnnxFileError, one_line
-    from ..onnxfile.modelfile import read_model
 
     mf = read_model(path)
     try:
@@ -351,18 +346,12 @@ def _calib(calib: Any, declared: list[Declared], feeds: list[dict[str, Any]]) ->
 
 def _rank_report(ref: Path, plain: Path, feeds: list[dict[str, Any]]) -> Any:
     """The plain conversion vs REF, module by module, with each module's own error (``local_rel``)."""
-    import warnings
-
-    from ..comparing import compare
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # float16 overflow in the parts run locally: expected here
         return compare(ref, None, plain, samples=feeds[:RANK_SAMPLES], local=True)
 
 
 def _publish(src: Path, out: Path) -> None:
-    from ..files.writes import atomic_path, copy_data
-
     with atomic_path(out) as tmp:
         copy_data(src, tmp)
 
@@ -373,8 +362,6 @@ def compare_block_list(ref: Any, samples: Any, report: Any, cand: Any, out: str 
     (its cosine or SQNR threshold, else cosine 0.999), and the lines that say what was written: the
     report's notes, the list, whether a float16 conversion with it meets the target and the converter's
     options to convert with."""
-    from .convert import FP16_OPTIONS
-
     rule = criterion
     target = {"cosine": Target("cosine", rule.min_cosine), "sqnr": Target("sqnr", rule.min_sqnr_db)}.get(
         rule.metric, Target("cosine", 0.999))
@@ -395,12 +382,6 @@ def write_block_list(ref: Any, args: Any, samples: Any, report: Any, cand: Any, 
     PyTorch model exported as CAND was: the same exporter, so the same node names), ranked by the
     comparison ``report`` of REF with CAND (a file already read); writes the node names the search
     verified as a JSON list, atomically. The report says whether the list meets ``target``."""
-    import json
-
-    from ..files.writes import atomic_write_bytes
-    from ..onnxfile.modelfile import model_file
-    from ..onnxfile.scopemap import ScopeMap
-
     if not isinstance(ref, (str, os.PathLike)) and args is None and samples is not None and not isinstance(samples, int):
         args, samples = samples[0], list(samples[1:])  # the first sample exports the model
     graph = model_file(cand).model.graph

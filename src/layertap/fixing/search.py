@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
 import numpy as np
 
 from ..errors import LayertapError, one_line
+from ..runtimes import open_runtime
 from .configs import Target
 from .convert import Converter
 from .units import Units
@@ -317,8 +318,6 @@ def graph_order(modules: Units, groups: list[list[str]]) -> list[list[str]]:
 
 def _session(path: Path) -> Any:
     """An engine on a file as ONNX Runtime runs it by default (its latency is measured)."""
-    from ..runtimes import open_runtime
-
     return open_runtime("ort").open_file(path, timing=True)
 
 

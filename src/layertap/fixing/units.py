@@ -19,6 +19,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, ClassVar, Iterable, Sequence
 
 from ..errors import LayertapError, unknown_name
+from ..onnxfile.scopemap import GraphFacts, ScopeMap
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -38,8 +39,6 @@ class Units:
     hint: ClassVar[str] = ""  # where a user finds the names (for unknown-name errors)
 
     def __init__(self, graph: "onnx.GraphProto") -> None:
-        from ..onnxfile.scopemap import GraphFacts
-
         self.order: dict[str, int] = {}
         self._nodes: dict[str, list[int]] = {}
         self._owner: dict[int, str] = {}
@@ -171,8 +170,6 @@ class ModuleNodes(Units):
     hint = "module paths of the float32 file; 'layertap layers REF' lists them"
 
     def __init__(self, model: "onnx.ModelProto", smap: "ScopeMap | None" = None) -> None:
-        from ..onnxfile.scopemap import ScopeMap
-
         super().__init__(model.graph)
         smap = smap or ScopeMap.from_model(model)
         at = _node_indices(smap.graph, model.graph)
@@ -295,8 +292,6 @@ def units_of(model: "onnx.ModelProto") -> Units:
         >>> units_of(h.make_model(g)).kind
         'node'
     """
-    from ..onnxfile.scopemap import ScopeMap
-
     smap = ScopeMap.from_model(model)
     if smap.source != "none":
         modules = ModuleNodes(model, smap)

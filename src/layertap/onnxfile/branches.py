@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Collection, Iterator
 
 from ..errors import OnnxFileError
+from .tensor_types import is_typed
 from .walk import attribute_graphs, fresh_name, inner_graphs
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -403,8 +404,6 @@ def subgraph_types(model: "onnx.ModelProto") -> dict[Path, dict[str, "onnx.Value
     """Typed value infos per subgraph of ``model``, by the subgraph's path from the main graph
     (``()`` the main graph; ``((k, "then_branch"),)`` the then branch of its k-th node)."""
     import onnx
-
-    from .tensor_types import is_typed
 
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)

@@ -25,6 +25,8 @@ import numpy as np
 from ..errors import LayertapError
 from ..numformats import FLOAT_LIMITS, PRECISIONS, Format
 from .scopemap import plain_weight_name
+from .tensor_types import inferred_types
+from .weights import initializer_array
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -127,8 +129,6 @@ class _Reader:
     """One file's graph and held weights, read for their formats."""
 
     def __init__(self, model: "onnx.ModelProto", folder: Path, held: Mapping[str, np.ndarray]) -> None:
-        from .weights import initializer_array
-
         self.model = model
         self.graph = model.graph
         self.held = held
@@ -152,8 +152,6 @@ class _Reader:
     def floats(self) -> dict[str, Format]:
         """Tensors of a reduced float type, and float32 tensors a ``Cast`` narrows to one."""
         import onnx
-
-        from .tensor_types import inferred_types
 
         low: dict[int, str] = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
         out: dict[str, Format] = {}

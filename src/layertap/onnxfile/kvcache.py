@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import InputSpecError
-from .scopemap.llm_names import attention_heads
 from .shapes import declared_dims
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -125,13 +124,56 @@ def kv_layout(graph: "onnx.GraphProto") -> KvLayout | None:
 def _attention_dims(graph: "onnx.GraphProto", dims: tuple[int | str, ...]) -> tuple[int | str, ...]:
     """The past's KV head count and head size where its declared shape leaves them symbolic (GenAI's
     builder: ``kv_cache_dim``), read from the first ``GroupQueryAttention`` node, whose past is
-    batch x kv_num_heads x length x head size (:func:`~.scopemap.llm_names.attention_heads`)."""
+    batch x kv_num_heads x length x head size (:func:`attention_heads`)."""
     attn = next((n for n in graph.node if n.op_type == "GroupQueryAttention"), None)
     found = attention_heads(graph, attn) if attn is not None else None
     if found is None:
         return dims
     _, kv_heads, head = found
     return dims[0], dims[1] if _known(dims[1]) else kv_heads, dims[2], dims[3] if _known(dims[3]) else head
+
+
+def attention_heads(graph: "onnx.GraphProto", attn: "onnx.NodeProto",
+                    producer: "onnx.NodeProto | None" = None) -> tuple[int, int, int] | None:
+    """``(num_heads, kv_num_heads, head_size)`` of a ``GroupQueryAttention`` / ``MultiHeadAttention`` node:
+    the head counts are its attributes; the head size is the width of its first input over the
+    heads it holds (a packed QKV input, key empty: ``num_heads + 2 kv_num_heads`` heads), that width
+    read from the node that makes it (``producer``, else found in ``graph``: ``MatMulNBits``' ``N``, a
+    ``MatMul``'s weight, through a bias ``Add`` or a ``Cast``). ``None`` where it cannot be read.
+
+    Example:
+        >>> import onnx.helper as h
+        >>> mm = h.make_node("MatMulNBits", ["x", "w", "s"], ["qkv"], N=128, K=64)
+        >>> gqa = h.make_node("GroupQueryAttention", ["qkv", "", "", "pk", "pv"], ["y", "k", "v"], domain="com.microsoft",
+        ...                   num_heads=4, kv_num_heads=2)
+        >>> attention_heads(h.make_graph([mm, gqa], "g", [], []), gqa)
+        (4, 2, 16)
+    """
+    attrs = {a.name: a.i for a in attn.attribute}
+    heads, kv_heads = attrs.get("num_heads", 0), attrs.get("kv_num_heads", attrs.get("num_heads", 0))
+    packed = len(attn.input) < 2 or not attn.input[1]
+    width = _width(graph, attn.input[0], producer) if attn.input else 0
+    split = heads + 2 * kv_heads if packed else heads
+    if not heads or not width or width % split:
+        return None
+    return heads, kv_heads, width // split
+
+
+def _width(graph: "onnx.GraphProto", name: str, producer: "onnx.NodeProto | None" = None, depth: int = 4) -> int:
+    """The last dimension of tensor ``name`` as the node making it says (0: unknown)."""
+    node = producer or next((n for n in graph.node if name in n.output), None)
+    if node is None or depth == 0:
+        return 0
+    if node.op_type == "MatMulNBits":
+        return next((a.i for a in node.attribute if a.name == "N"), 0)
+    inits = {i.name: i for i in graph.initializer}
+    if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in inits:
+        dims = inits[node.input[1]].dims
+        return int(dims[-1]) if dims else 0
+    if node.op_type in ("Add", "Cast"):
+        made = [i for i in node.input if i and i not in inits]
+        return _width(graph, made[0], None, depth - 1) if made else 0
+    return 0
 
 
 def _known(dim: int | str) -> bool:

@@ -12,6 +12,7 @@ size) and checks each external-data reference before anything runs:
 
 from __future__ import annotations
 
+import collections
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from ..errors import OnnxFileError
 from ..files.reads import note_input
+from ..specs import is_model_spec
 from .metadata import read_taps
 from .walk import all_tensors
 
@@ -127,8 +129,6 @@ def is_onnx_source(source: Any) -> bool:
         >>> is_onnx_source("m.onnx"), is_onnx_source(object()), is_onnx_source("torchvision:resnet18")
         (True, False, False)
     """
-    from ..specs import is_model_spec
-
     if isinstance(source, str):
         return not is_model_spec(source)
     return isinstance(source, (os.PathLike, ModelFile))
@@ -141,8 +141,6 @@ def model_file(source: "str | os.PathLike | ModelFile") -> ModelFile:
 
 def _check_unique_names(path: Path, model: "onnx.ModelProto") -> None:
     """Refuse graphs that break ONNX's single-assignment rule (ORT misbehaves on them)."""
-    import collections
-
     g = model.graph
     for kind, names in (("output", [o.name for o in g.output]), ("input", [i.name for i in g.input]),
                         ("initializer", [i.name for i in g.initializer])):

@@ -42,6 +42,7 @@ from ..selectors import Tap
 from .branches import Carrier, branch_tensors, has_subgraphs
 from .modelfile import ModelFile, read_model
 from .publish import publish
+from .scopemap import ScopeMap, expose_fused_values_in_place, is_fused_llm, stand_ins
 from .tensor_types import TensorTyper, tensor_types
 from .walk import attribute_graphs, defines
 
@@ -125,8 +126,6 @@ class OutputAdder:
     @property
     def scopes(self):
         if self._scopes is None:
-            from .scopemap import ScopeMap, expose_fused_values_in_place, is_fused_llm
-
             # the module taps of a fused decoder name tensors its graph must then compute
             if is_fused_llm(self.graph):
                 self.exposed_fused = expose_fused_values_in_place(self.graph)
@@ -166,8 +165,6 @@ class OutputAdder:
         (and what a module tap answers), so the note names that tensor.
         """
         if self._stand_ins is None:
-            from .scopemap import stand_ins
-
             self._stand_ins = stand_ins(self.graph)
         used = self._stand_ins.get(name)
         if used is not None:

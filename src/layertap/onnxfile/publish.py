@@ -14,12 +14,15 @@ and the other's data.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping
 
 from ..files.reads import is_input, refuse_inputs
 from ..files.writes import atomic_write_bytes, replace_keeping_mode
+from .walk import all_tensors
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -103,8 +106,6 @@ def external_locations(model: "onnx.ModelProto") -> set[str]:
     """Every external-data location the model's tensors name."""
     import onnx
 
-    from .walk import all_tensors
-
     return {
         kv.value
         for t in all_tensors(model)
@@ -116,8 +117,6 @@ def external_locations(model: "onnx.ModelProto") -> set[str]:
 
 def relocate(model: "onnx.ModelProto", renames: Mapping[str, str]) -> None:
     """Point external-data references at new file names (``old location -> new``)."""
-    from .walk import all_tensors
-
     for t in all_tensors(model):
         for kv in t.external_data:
             if kv.key == "location" and kv.value in renames:
@@ -146,7 +145,6 @@ def _stem(out: Path) -> str:
     name = out.name
     if len(os.fsencode(name)) + len(".12345678.data99") <= _NAME_MAX:
         return name
-    import hashlib  # here: it loads OpenSSL (3 MB), which only over-long names need
 
     return name[:150] + "." + hashlib.sha1(os.fsencode(name)).hexdigest()[:8]
 
@@ -156,8 +154,6 @@ def _fresh_data_name(out: Path, k: int) -> str:
     suffix = ".data" + (str(k) if k else "")
     name = _stem(out) + suffix
     while os.path.lexists(out.parent / name):
-        import secrets  # here, as hashlib in _stem: only a taken name needs it
-
         name = f"{_stem(out)}.{secrets.token_hex(4)}{suffix}"
     return name
 
@@ -166,7 +162,7 @@ def _fresh_data_name(out: Path, k: int) -> str:
 def _folder_lock(folder: Path) -> Iterator[None]:
     """An exclusive advisory lock on ``folder`` (waits for other layertap writers)."""
     try:
-        import fcntl
+        import fcntl  # noqa: PLC0415 -- POSIX only
     except ImportError:  # pragma: no cover - Windows: renames still keep each pair whole
         yield
         return

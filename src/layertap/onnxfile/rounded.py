@@ -26,7 +26,10 @@ from typing import TYPE_CHECKING, Callable, Mapping
 import numpy as np
 
 from ..numformats import Format
+from .held import hold_in_memory
+from .tensor_types import inferred_types
 from .walk import fresh_name
+from .weights import initializer_array
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -63,8 +66,6 @@ def rounded_model(model: "onnx.ModelProto", folder: Path, held: Mapping[str, np.
     """
     import onnx
 
-    from .tensor_types import inferred_types
-
     source = model
     model = onnx.ModelProto()
     model.CopyFrom(source)
@@ -85,9 +86,6 @@ def _rounded_weights_in_place(model: "onnx.ModelProto", folder: Path, held: Mapp
                               cast_round: Callable[[np.ndarray, str], np.ndarray]) -> dict[str, np.ndarray]:
     """``held`` with each initializer of ``model`` (the copy) in ``wanted`` replaced by its rounded values,
     held in memory too (whether the file kept it inline, in memory or in its data file)."""
-    from .held import hold_in_memory
-    from .weights import initializer_array
-
     out = dict(held)
     for t in model.graph.initializer:
         fmt = wanted.get(t.name)

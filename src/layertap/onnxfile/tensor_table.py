@@ -10,8 +10,9 @@ from ..tables import Column, Table
 from ..text import fmt_shape
 from .branches import has_subgraphs, subgraph_types
 from .modelfile import ModelFile, model_file
+from .scopemap import ScopeMap, expose_fused_values_in_place, is_fused_llm
 from .shapes import declared_dims
-from .tensor_types import TensorTyper
+from .tensor_types import TensorTyper, tensor_types
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -80,9 +81,6 @@ def onnx_layers(path: "str | os.PathLike | ModelFile", *, typer: TensorTyper | N
         >>> [(r.name, r.op, r.module) for r in onnx_layers(path, typer=None)]
         [('x', 'input', None), ('/act/Relu_output_0', 'Relu', 'act'), ('y', 'Neg', 'neg')]
     """
-    from .scopemap import ScopeMap
-    from .tensor_types import tensor_types
-
     mf = model_file(path)
     types = tensor_types(mf.model, mf.folder, typer=typer)  # the typing add_outputs uses (ORT for fused ops)
     model = _with_fused_values(mf.model)
@@ -116,8 +114,6 @@ def _with_fused_values(model: "onnx.ModelProto") -> "onnx.ModelProto":
     the tensors its module taps read (:func:`~layertap.onnxfile.scopemap.expose_fused_values_in_place`)."""
     import onnx
 
-    from .scopemap import expose_fused_values_in_place, is_fused_llm
-
     if not is_fused_llm(model.graph):
         return model
     out = onnx.ModelProto()
@@ -127,8 +123,6 @@ def _with_fused_values(model: "onnx.ModelProto") -> "onnx.ModelProto":
 
 def _branch_owners(model: "onnx.ModelProto") -> dict[str, tuple[str, int]]:
     """Module and call of each tensor of the subgraphs, read with them inlined (``ScopeMap(branches=True)``)."""
-    from .scopemap import ScopeMap
-
     smap = ScopeMap.from_model(model, branches=True)
     owners = smap.owners()
     return {t: owners[k] for k, n in enumerate(smap.graph.node) if k in owners and owners[k][0] for t in n.output if t}

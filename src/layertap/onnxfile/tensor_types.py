@@ -10,6 +10,7 @@ imports torch.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -111,8 +112,6 @@ def tensor_nbytes(t: "onnx.TensorProto") -> int:
         >>> tensor_nbytes(h.make_tensor("w", 10, [4, 8], [0.0] * 32))  # float16
         64
     """
-    import math
-
     import onnx
 
     try:

@@ -29,7 +29,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
+from ..errors import OnnxFileError
+from .modelfile import external_ref
 from .scopemap import BN_FOLD_RULES, plain_weight_name, rules
+from .tensor_types import tensor_nbytes
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -300,10 +303,6 @@ def _mapped(t: "onnx.TensorProto", folder: Path) -> np.ndarray | None:
     reaches them, nothing is copied), or ``None`` for what :func:`numpy_helper.to_array` must read
     (packed or ml_dtypes types, a big-endian machine, a file shorter than the tensor: its error is onnx's)."""
     import onnx
-
-    from ..errors import OnnxFileError
-    from .modelfile import external_ref
-    from .tensor_types import tensor_nbytes
 
     try:
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))

@@ -54,7 +54,7 @@ def cache_tensors(past: Any) -> list[torch.Tensor]:
 
 def to_dynamic_cache(model: Any, tensors: list[torch.Tensor]) -> Any:
     """A ``DynamicCache`` for ``model`` holding ``tensors`` (layer-major key, value), as a decode step feeds it."""
-    import transformers
+    import transformers  # noqa: PLC0415 -- optional, heavy
 
     cache = transformers.DynamicCache(config=getattr(model, "config", None))
     for i in range(0, len(tensors), 2):

@@ -11,10 +11,13 @@ picks it; ``--weights-nonstrict`` loads the keys both sides hold and names the o
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import pickletools
 import re
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -167,8 +170,6 @@ def _safetensors_shapes(file: Path) -> dict[str, torch.Tensor]:
     Read by hand: safetensors' own reader maps the whole file first, which
     fails (or costs address space) for a huge file before any key is compared.
     """
-    import json
-
     try:
         with open(file, "rb") as f:
             size = int.from_bytes(f.read(8), "little")
@@ -185,7 +186,7 @@ _SAFETENSORS_HEADER_MAX = 100 << 20  # the format's own limit
 
 def _read_safetensors(file: Path) -> dict:
     try:
-        from safetensors.torch import load_file
+        from safetensors.torch import load_file  # noqa: PLC0415 -- optional
     except ImportError:
         raise ModelSpecError("reading .safetensors needs the 'safetensors' package; pip install safetensors") from None
     try:
@@ -221,8 +222,6 @@ def _unsafe_globals(file: Path, error: Exception) -> list[str]:
     """What a pickle refused by ``weights_only=True`` would call, read from the file (never run):
     torch's own reader for its zip archives, the pickle opcodes for a plain pickle, else the name
     torch's message gives (its wording changes between versions: both known forms are read)."""
-    import zipfile
-
     if zipfile.is_zipfile(file):
         try:
             found = torch.serialization.get_unsafe_globals_in_checkpoint(str(file))
@@ -244,8 +243,6 @@ def _pickled_globals(file: Path) -> list[str]:
         >>> _pickled_globals(p)
         ['posixpath.join']
     """
-    import pickletools
-
     names: list[str] = []
     strings: list[str] = []
     try:

@@ -15,6 +15,7 @@ from torch import nn
 
 from ..errors import LayertapError, one_line, unknown_name
 from ..inputs import InputSpec, spec_arrays
+from ..samples.loading import load_samples
 from .models import ModelInfo
 
 
@@ -158,8 +159,6 @@ def example_from_samples(model: Any, path: str | os.PathLike) -> tuple[Any, ...]
     Raises:
         LayertapError: the file holds no sample, or the model runs on neither layout (naming both).
     """
-    from ..samples.loading import load_samples
-
     p = Path(path)
     params = inspect.signature(model.forward).parameters.values()
     names = [q.name for q in params if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD) and q.default is q.empty]

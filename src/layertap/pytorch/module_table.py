@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from rich.markup import escape
 from torch import nn
 
+from ..errors import SelectorError, unknown_name
 from ..tables import Column, Table
 from ..text import compact_structure, fmt_shape
 from .callgraph import is_plain_container
@@ -103,7 +105,6 @@ class LayersTable(Table):
         # These two cells need the whole row (depth, structure), not one field.
         whole_row = {"name": _fmt_name, "shapes": _fmt_output}
         if col.key in whole_row:
-            from rich.markup import escape
 
             return escape(whole_row[col.key](row))
         return Table._cell(row, col)
@@ -118,7 +119,6 @@ class LayersTable(Table):
         for r in self.rows:
             if r.name == name:
                 return r
-        from ..errors import SelectorError, unknown_name
 
         raise SelectorError(unknown_name("layer", name, self.names))
 

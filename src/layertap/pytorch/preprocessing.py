@@ -19,7 +19,7 @@ def zoo_recipe(model: Any) -> Preprocess | None:
     if isinstance(model, str) and model.startswith("torchvision:"):
         return from_torchvision(model.split(":", 1)[1])
     if isinstance(model, str) and model.startswith("timm:"):
-        import timm
+        import timm  # noqa: PLC0415 -- optional, heavy
 
         if timm.is_model(model.split(":", 1)[1]):
             return from_timm(timm.create_model(model.split(":", 1)[1], pretrained=False))
@@ -31,7 +31,7 @@ def zoo_recipe(model: Any) -> Preprocess | None:
 
 def from_torchvision(name: str) -> Preprocess | None:
     """The eval transform torchvision's weights enum records for ``name`` (no download)."""
-    import torchvision
+    import torchvision  # noqa: PLC0415 -- optional, heavy
 
     try:
         t = torchvision.models.get_model_weights(name).DEFAULT.transforms()
@@ -49,7 +49,7 @@ def from_torchvision(name: str) -> Preprocess | None:
 
 def from_timm(model: Any) -> Preprocess | None:
     """timm's ``resolve_data_config`` for ``model`` as the same recipe (centre-crop mode)."""
-    import timm.data
+    import timm.data  # noqa: PLC0415 -- optional, heavy
 
     cfg = timm.data.resolve_data_config({}, model=model)
     _, h, w = cfg["input_size"]

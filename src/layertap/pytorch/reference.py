@@ -15,7 +15,9 @@ from ..errors import LayertapError
 from ..inputs import as_specs
 from ..options import Model, SampleOptions, current_progress
 from ..samples.images import Preprocess
+from .example_inputs import draw_samples, make_inputs
 from .models import ModelInfo, load_model
+from .preprocessing import zoo_recipe
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,6 @@ def example_call(loaded: Loaded, args: Any, sampling: SampleOptions) -> tuple[An
     if loaded.info is None and not specs:
         raise LayertapError(f"{loaded.name} has no default inputs: give one sample (args), or --input specs "
                             "(e.g. [\"1x3x224x224\"])")
-    from .example_inputs import draw_samples, make_inputs
 
     info = loaded.info or ModelInfo(loaded.name, "module")
     method = loaded.method if isinstance(loaded.method, str) else "forward"
@@ -121,8 +122,6 @@ def recipe(loaded: Loaded | Model | nn.Module | str) -> Preprocess | None:
         >>> recipe("torchvision:resnet18").crop, recipe("pkg.mod:attr")
         ((224, 224), None)
     """
-    from .preprocessing import zoo_recipe
-
     if isinstance(loaded, Loaded):  # torchvision's recipe is in its weights enum, timm's on the module
         spec = loaded.model.spec or ""
         return zoo_recipe(spec if spec.startswith("torchvision:") else loaded.module)

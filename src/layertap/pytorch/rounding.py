@@ -20,6 +20,7 @@ and every hook goes when the forward returns.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -241,8 +242,8 @@ _PASSIVE = {"detach", "alias", "clone", "_to_copy", "copy_", "lift_fresh", "view
 
 
 def _mode_class() -> type:
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_map
+    from torch.utils._python_dispatch import TorchDispatchMode  # noqa: PLC0415 -- torch's private modules, read when the mode is made
+    from torch.utils._pytree import tree_map  # noqa: PLC0415 -- as above
 
     class RoundingMode(TorchDispatchMode):
         """Rounds the floating-point inputs and outputs of every operator run in a rounded region;
@@ -296,8 +297,6 @@ def _mode_class() -> type:
         def _mark(self, t: torch.Tensor, key: tuple[int, Any]) -> None:
             """Remember a tensor this mode rounded (a weak reference and its version): as the next operator's
             input it is not rounded again."""
-            import weakref
-
             try:
                 self.done[key] = (weakref.ref(t), t._version)
             except TypeError:  # a tensor subclass without weak references: rounded again, which changes nothing

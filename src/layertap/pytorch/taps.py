@@ -12,7 +12,7 @@ from torch import nn
 from ..errors import LayertapError, SelectorError, unique_names, unknown_name
 from ..selectors import Tap, index_text, parse_taps
 from .capture import Capture, StopForward, _input_value, eager
-from .values import Method, check_method, describe, flatten, not_a_tensor, param_names, pick
+from .values import Method, check_method, describe, flatten, not_a_tensor, param_names, pick, tensor_to_numpy
 
 
 class TapResult:
@@ -187,8 +187,7 @@ class Extraction(dict):
         self.spilled = spilled
 
     def _repr_html_(self) -> str:
-        from ..reports import tensors_html
-        from .values import tensor_to_numpy
+        from ..reports import tensors_html  # noqa: PLC0415 -- reports draw lazily (docs/ARCHITECTURE.md)
 
         return tensors_html({k: tensor_to_numpy(v) for k, v in self.items() if isinstance(v, torch.Tensor)})
 

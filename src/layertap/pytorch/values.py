@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from ..errors import LayertapError, SelectorError
+from ..errors import LayertapError, SelectorError, close_matches
 from ..inputs import DEFAULT_INT_HIGH, random_array
 from ..selectors import Index, index_text
 
@@ -267,8 +267,6 @@ def _seq_item(items: Sequence[Any], key: int, where: str, whole: Any) -> Any:
 
 def _map_item(mapping: Any, key: Index, where: str, whole: Any = None) -> Any:
     if key not in mapping:
-        from ..errors import close_matches
-
         keys = [str(k) for k in mapping.keys()]
         hint = close_matches(str(key), keys)
         msg = f"{where} is {describe(mapping if whole is None else whole)}; it has no key [{key}]"

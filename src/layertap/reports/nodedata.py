@@ -19,6 +19,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..files.writes import atomic_write_bytes, check_output_path
+from ..onnxfile.modelfile import model_file
+from ..onnxfile.scopemap import GraphFacts, ScopeMap
 from ..text import field
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,8 +47,6 @@ def sibling_paths(path: str | os.PathLike) -> dict[str, Path]:
 
 def check_node_data_path(path: str | os.PathLike, *, inputs: tuple = ()) -> dict[str, Path]:
     """Refuse unwritable or clashing node-data paths before any work."""
-    from ..files.writes import check_output_path
-
     paths = sibling_paths(path)
     for p in paths.values():
         check_output_path(p, inputs=inputs, suffixes=SUFFIXES)
@@ -121,9 +122,6 @@ def _result(value: Any, color: str | None, white_text: bool = False) -> dict:
 
 def _node_rows(report: Any, onnx_path: str | os.PathLike | ModelFile) -> dict[str, Any]:
     """ONNX node name -> the compare row that describes it (``None``: in no module call's scope)."""
-    from ..onnxfile.modelfile import model_file
-    from ..onnxfile.scopemap import GraphFacts
-
     model = model_file(onnx_path).model
     graph = model.graph
     by_tensor: dict[str, Any] = {}
@@ -153,8 +151,6 @@ def _owners(model: Any, smap: Any) -> dict[int, tuple[str, int]]:
     branches inlined, and the overlays are keyed by node name anyway."""
     names = [n.name for n in model.graph.node]
     if smap is None or not set(names) <= {n.name for n in smap.graph.node}:
-        from ..onnxfile.scopemap import ScopeMap
-
         smap = ScopeMap.from_model(model)  # a fused decoder's is read on a copy with more nodes: by name too
     by_name = {smap.graph.node[i].name: owner for i, owner in smap.owners().items()}
     return {k: by_name[name] for k, name in enumerate(names) if name in by_name}
@@ -185,8 +181,6 @@ def _enclosing_row(owner: tuple[str, int], by_call: dict, single: dict) -> Any:
 
 def write_node_data(report: Any, onnx_path: str | os.PathLike | ModelFile, path: str | os.PathLike) -> list[Path]:
     """Write the three overlays atomically (``onnx_path`` may be the file already read); returns the paths written."""
-    from ..files.writes import atomic_write_bytes
-
     paths = check_node_data_path(path, inputs=(getattr(onnx_path, "path", onnx_path),))
     data = node_data(report, onnx_path)
     for kind, p in paths.items():

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
+from ..comparing.words import tick_indices  # the --plot PNG thins its labels the same way
 from .html import esc
 
 if TYPE_CHECKING:  # pragma: no cover - the points come from the compare wing; histograms need none of it
@@ -271,8 +272,6 @@ def _marker(cx: float, cy: float, p: ErrorPoint, v: float, key: str) -> str:
 
 
 def _x_labels(points: Sequence[ErrorPoint], x: Callable[[int], float], first: int | None) -> list[str]:
-    from ..comparing.words import tick_indices  # the --plot PNG thins its labels the same way
-
     base = _H - _BOTTOM + 12
     out = []
     for i in tick_indices(len(points), first, _MAX_TICK_LABELS):

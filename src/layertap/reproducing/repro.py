@@ -20,9 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..comparing.api import compare, reference_samples
+from ..comparing.local_errors import keep_part
 from ..errors import LayertapError, printable, unknown_name
-from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, Criterion
-from ..onnxfile.modelfile import ModelFile
+from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, FORMAT_MULTIPLE, Criterion
+from ..onnxfile.modelfile import ModelFile, is_onnx_source, read_model
+from ..onnxfile.scopemap import ScopeMap
 from ..options import UNSET, Model, RuntimeOptions, SampleOptions, given, merged_criterion
 from .repro_files import MARKER, check_package, finish_package, write_package
 
@@ -129,8 +132,6 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
         >>> r.module, r.reproduced, r.files
         ('0', True, ['README.md', 'cand.onnx', 'cand.onnx.data', 'expected.npz', 'inputs.npz', 'repro.py'])
     """
-    from ..comparing.api import compare
-
     if cand is None:
         raise LayertapError("repro needs a candidate ONNX file (the third argument)")
     path, call = _parse_module(module)
@@ -179,8 +180,6 @@ def package_tolerance(report: Any, row: Any, rtol: float | None, atol: float | N
         >>> package_tolerance(CompareReport([row]), row, None, None)[:2]
         (0.001, 1e-05)
     """
-    from ..metrics import FORMAT_MULTIPLE
-
     chosen = rtol is not None or atol is not None
     rtol = DEFAULT_RTOL if rtol is None else rtol
     atol = DEFAULT_ATOL if atol is None else atol
@@ -198,8 +197,6 @@ def _loaded(ref: Any, args: Any, sampling: SampleOptions) -> tuple[Any, Any, Sam
     """A PyTorch reference loaded once for every comparison repro runs (a MODEL spec built, its example
     call made from ``--input`` specs), as a :class:`~layertap.options.Model` of the loaded module; an
     ONNX reference as it is."""
-    from ..onnxfile.modelfile import is_onnx_source
-
     if is_onnx_source(ref):
         return ref, args, sampling
     from ..pytorch.reference import example_call, load
@@ -213,8 +210,6 @@ def _samples(ref: Any, cand: Any, sampling: SampleOptions) -> tuple[Any, Any, li
     """``(ref, cand, samples)``: the samples given, or those ``sampling.inputs`` holds, read as
     ``lt.compare`` reads them; a number of random samples is refused (one sample is packaged)."""
     if sampling.inputs is not None:
-        from ..comparing.api import reference_samples
-
         ref, cand, _, read = reference_samples(ref, cand, None, sampling)
         return ref, cand, list(read)
     given = sampling.samples
@@ -241,8 +236,6 @@ def _worst_sample(compare: Any, ref: Any, cand: Any, samples: Sequence[Any], pat
 
 def _read_onnx(source: Any) -> Any:
     """An ONNX file given as a path, read once (graph only), so its module paths are known before any run."""
-    from ..onnxfile.modelfile import read_model
-
     if isinstance(source, (str, os.PathLike)) and str(source).lower().endswith(".onnx"):
         return read_model(source)
     return source
@@ -250,8 +243,6 @@ def _read_onnx(source: Any) -> Any:
 
 def _kept(compare: Any, ref: Any, args: Any, cand: Any, path: str | None, call: int, options: dict) -> tuple[Any, Any]:
     """One ``local=True`` comparison keeping the part of ``path#call`` (``None``: the first failing call)."""
-    from ..comparing.local_errors import keep_part
-
     with keep_part(path, call) as keeper:
         report = compare(ref, args, cand, local=True, **options)
     if keeper.part is None and keeper.why is not None:
@@ -315,8 +306,6 @@ def _check_known(ref: Any, cand: Any, path: str) -> str:
     if hasattr(module, "named_modules"):
         known = [name for name, _ in module.named_modules() if name]
     else:
-        from ..onnxfile.scopemap import ScopeMap
-
         maps = (ScopeMap.from_model(f.model) for f in (ref, cand) if isinstance(f, ModelFile))  # the candidate's only if needed
         known = next((m.modules() for m in maps if m.source != "none"), [])
         if not known:

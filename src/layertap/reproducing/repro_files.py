@@ -21,6 +21,11 @@ import numpy as np
 
 from ..files.arrays import npz_member, save_arrays
 from ..metrics import error_stats
+from ..onnxfile.modelfile import is_onnx_source, read_model
+from ..onnxfile.parts import PartCutter, save_part
+from ..onnxfile.scopemap import GraphFacts, ScopeMap, expose_fused_values_in_place, is_fused_llm
+from ..runtimes import open_runtime
+from ..runtimes.ort import EXACT_INT8
 
 #: the file that marks a folder as a repro package (a later repro may replace it)
 MARKER = "repro.json"
@@ -47,8 +52,6 @@ class Check:
 def write_package(folder: Path, cand: Any, ref: Any, part: Any, row: Any, *, rtol: float, atol: float) -> list[str]:
     """``cand.onnx`` (and ``ref.onnx`` for an ONNX reference), ``inputs.npz``, ``expected.npz``
     and ``repro.py`` in ``folder``; returns notes on what is missing."""
-    from ..onnxfile.modelfile import is_onnx_source
-
     notes = []
     _cand_part(folder, _path(cand), part)
     if is_onnx_source(ref):
@@ -68,8 +71,6 @@ def _path(source: Any) -> Path:
 
 def _cand_part(folder: Path, path: Path, part: Any) -> None:
     """The candidate's nodes of the call, fed the reference's values (cast inside to the file's types)."""
-    from ..onnxfile.parts import PartCutter, save_part
-
     mf = _read(path)
     cutter = PartCutter(mf.model)
     inputs = {t: (_elem(v), v.shape) for t, v in part.inputs.items()}
@@ -79,9 +80,6 @@ def _cand_part(folder: Path, path: Path, part: Any) -> None:
 
 def _ref_part(folder: Path, path: Path, part: Any) -> str | None:
     """The reference file's nodes of the same call, fed the same inputs; or why there is none."""
-    from ..onnxfile.parts import PartCutter, save_part
-    from ..onnxfile.scopemap import ScopeMap
-
     mf = _read(path)
     smap = ScopeMap.from_model(mf.model)
     rename = {part.ref_names.get(t, t): t for t in [*part.inputs, *part.expected]}
@@ -107,9 +105,6 @@ def _ref_part(folder: Path, path: Path, part: Any) -> str | None:
 def _read(path: Path) -> Any:
     """A file read for its part: a fused decoder's hidden values made tensors of this copy, as its
     compare side made them (the part's nodes are counted in that graph)."""
-    from ..onnxfile.modelfile import read_model
-    from ..onnxfile.scopemap import expose_fused_values_in_place, is_fused_llm
-
     mf = read_model(path)
     if is_fused_llm(mf.model.graph):
         expose_fused_values_in_place(mf.model.graph)
@@ -118,8 +113,6 @@ def _read(path: Path) -> Any:
 
 def _makers(graph: Any, tensors: list[str]) -> tuple[list[int], tuple[str, ...]]:
     """The nodes that make ``tensors`` and the tensors they read from outside (weights excluded)."""
-    from ..onnxfile.scopemap import GraphFacts
-
     nodes = sorted({i for i, n in enumerate(graph.node) if set(n.output) & set(tensors)})
     return nodes, (GraphFacts(graph).entering(nodes) if nodes else ())
 
@@ -151,8 +144,6 @@ def check_package(folder: Path, *, rtol: float, atol: float, timeout: float = 90
 
 def _run_ref(folder: Path, rtol: float, atol: float) -> tuple[float, bool]:
     """The reference's part on ``inputs.npz`` against ``expected.npz``: worst rel error, agreement."""
-    from ..runtimes import open_runtime
-
     engine = open_runtime("ort").open_file(folder / "ref.onnx")
     with np.load(folder / "inputs.npz") as inputs, np.load(folder / "expected.npz") as expected:
         feed = {i.name: inputs[npz_member(i.name)] for i in engine.get_inputs()}
@@ -217,7 +208,6 @@ def _repro_py(module: str, part: Any, rtol: float, atol: float) -> str:
     """The script: the candidate's part on the inputs, each output's error, exit 1 while any exceeds the tolerance."""
     inputs = {t: npz_member(t) for t in part.inputs}
     expected = {t: npz_member(t) for t in part.expected}
-    from ..runtimes.ort import EXACT_INT8
 
     return _SCRIPT.format(module=module, rtol=rtol, atol=atol, inputs=inputs, expected=expected, exact_int8=EXACT_INT8)
 

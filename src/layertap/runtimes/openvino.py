@@ -17,6 +17,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ..errors import LayertapError, OnnxFileError, one_line
+from ..files.reads import note_input
+from ..onnxfile.branches import padded_outputs
+from ..onnxfile.modelfile import ModelFile
+from ..onnxfile.tensor_types import ORT_NUMPY
+from .ort import int8_probe
 from .protocol import InputInfo, RuntimeInfo, check_exposed
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -148,8 +153,6 @@ class OpenVinoRuntime:
         """Whether this device's int8 kernels saturate: :func:`~layertap.runtimes.ort.int8_probe`
         (a QDQ Conv whose pairs of products overflow 16 bits) compiled here at this precision."""
         if self._int8_sum is None:
-            from .ort import int8_probe
-
             model, feed, exact, _ = int8_probe("Conv")
             compiled = self.core.compile_model(self.core.read_model(model.SerializeToString()), self.device, self.config)
             self._int8_sum = (float(np.asarray(compiled(feed)[compiled.output(0)]).item()), exact)
@@ -227,8 +230,6 @@ def _check_device(core: Any, device: str) -> str:
 
 def _inputs(m: Any) -> list[InputInfo]:
     """The model's inputs as ONNX Runtime names their types (``tensor(float)``)."""
-    from ..onnxfile.tensor_types import ORT_NUMPY
-
     by_dtype = {np.dtype(v): k for k, v in ORT_NUMPY.items()}
     out = []
     for p in m.inputs:
@@ -245,8 +246,6 @@ def _inputs(m: Any) -> list[InputInfo]:
 def refuse_padded(names: Sequence[str], graph: "onnx.GraphProto") -> None:
     """Refuse a tensor carried out of one branch of an If (the other branch gives an empty value):
     OpenVINO's CPU plug-in refuses an If whose branches give tensors of different ranks or sizes."""
-    from ..onnxfile.branches import padded_outputs
-
     padded = padded_outputs(graph)
     hit = next((n for n in names if n in padded), None)
     if hit is not None:
@@ -334,9 +333,6 @@ def ir_graph(runtime: "OpenVinoRuntime | Any", path: Path) -> "onnx.ModelProto":
 def ir_file(runtime: Any, path: str | os.PathLike) -> "ModelFile":
     """An OpenVINO IR as a :class:`~layertap.onnxfile.modelfile.ModelFile` of its tensor names
     (:func:`ir_graph`), its two files recorded as read (no output may replace them)."""
-    from ..files.reads import note_input
-    from ..onnxfile.modelfile import ModelFile
-
     p = Path(path)
     if not p.is_file():
         raise OnnxFileError(f"OpenVINO IR '{p}' does not exist")
@@ -362,8 +358,6 @@ def _value_info(name: str, out: Any) -> "onnx.ValueInfoProto":
 def _elem(kind: str) -> int:
     """ONNX's element type of an ORT type text (``tensor(float)`` -> 1; 0 when unknown)."""
     import onnx.helper as h
-
-    from ..onnxfile.tensor_types import ORT_NUMPY
 
     dtype = ORT_NUMPY.get(kind)
     return int(h.np_dtype_to_tensor_dtype(np.dtype(dtype))) if dtype is not None else 0

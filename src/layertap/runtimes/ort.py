@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..errors import LayertapError
 from ..onnxfile.tensor_types import ORT_ELEM
 from .protocol import InputInfo, RuntimeInfo, as_input_infos
 from .source import SessionSource, open_source
@@ -62,8 +63,6 @@ def resolve_providers(names: Sequence[str] | str | None) -> list[str]:
         (['CPUExecutionProvider'], ['CPUExecutionProvider'])
     """
     import onnxruntime as ort
-
-    from ..errors import LayertapError
 
     if names is None:
         return ["CPUExecutionProvider"]

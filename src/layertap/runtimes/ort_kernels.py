@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..numformats import Format
 from .ort import source_session
 from .source import SessionSource
 
@@ -84,8 +85,6 @@ def rounded_through(a: np.ndarray, low: str) -> np.ndarray:
         >>> rounded_through(np.full(5000, 1.0 + 2**-12, np.float32), "float16")[:2].tolist()
         [1.0, 1.0]
     """
-    from ..numformats import Format
-
     if a.dtype == np.float32 and a.size >= 4096 and low in ("float16", "bfloat16"):
         try:
             return _round_trip(low).run(None, {"x": np.ascontiguousarray(a)})[0]

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
+from ..errors import OnnxFileError
+
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
@@ -151,8 +153,6 @@ def check_exposed(names: Sequence[str], available: set[str] | None, runtime: str
         ...
         layertap.errors.OnnxFileError: OpenVINO does not hand out the tensor 'c' (its graph folded it away)
     """
-    from ..errors import OnnxFileError
-
     if available is None:
         return
     missing = [n for n in names if n not in available]

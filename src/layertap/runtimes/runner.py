@@ -18,10 +18,14 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence
 import numpy as np
 
 from ..errors import InputSpecError, LayertapError, OnnxFileError, SelectorError, one_line, unknown_name
+from ..onnxfile.branches import Carrier, branch_tensors, has_subgraphs
 from ..onnxfile.feeds import make_feeds
 from ..onnxfile.modelfile import ModelFile
 from ..onnxfile.outputs import OutputAdder, dedupe
+from ..onnxfile.scopemap import expose_fused_values_in_place, is_fused_llm
+from ..onnxfile.shapes import input_dims
 from ..selectors import Tap
+from .openvino import ir_graph
 from .ort import ort_typer
 from .protocol import Runtime, is_ir
 from .source import SessionSource, open_source
@@ -68,8 +72,6 @@ class ModelRunner:
         nor changed: :func:`~.source.open_source`), or an OpenVINO IR, whose tensors are known by name
         (:func:`~.openvino.ir_graph`) and which its runtime reads itself."""
         if not isinstance(source, ModelFile) and is_ir(source):
-            from .openvino import ir_graph
-
             path = Path(source)
             return cls(SessionSource(ir_graph(runtime, path), path.parent), runtime, file=path)
         held, mf = open_source(source)
@@ -109,16 +111,12 @@ class ModelRunner:
     def input_shapes(self) -> dict[str, tuple[int | str, ...]]:
         """Declared shape of each graph input: a fixed size as an int, a symbolic one as its
         name (``""`` when unnamed or negative: :func:`~layertap.onnxfile.shapes.declared_dims`)."""
-        from ..onnxfile.shapes import input_dims
-
         return {name: dims for name, dims in input_dims(self.proto.graph).items() if dims is not None}
 
     def expose_fused_values_in_place(self) -> bool:
         """Make the values a fused decoder's ops hide tensors of the runner's own graph, so its module
         calls (:meth:`~layertap.onnxfile.scopemap.ScopeMap.from_model`) can be exposed; whether any
         node was added (the graph is then no longer the file's)."""
-        from ..onnxfile.scopemap import expose_fused_values_in_place, is_fused_llm
-
         graph = self.proto.graph
         if self.file is not None or not is_fused_llm(graph) or not expose_fused_values_in_place(graph):
             return False
@@ -134,8 +132,6 @@ class ModelRunner:
         giving an empty one). A tensor that cannot be carried (a name several subgraphs define, an
         untyped one) stays inside.
         """
-        from ..onnxfile.branches import Carrier, branch_tensors, has_subgraphs
-
         graph = self.proto.graph
         if not self.runtime.carries_branches or self.file is not None or not has_subgraphs(graph):
             return []

@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import numpy as np
 
 from ..onnxfile.held import is_held, without_big_weights
+from ..onnxfile.modelfile import ModelFile, model_file
+from ..onnxfile.scopemap.graph_facts import is_quantizer
+from ..onnxfile.walk import model_nodes
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
-
-    from ..onnxfile.modelfile import ModelFile
 
 
 class SessionSource:
@@ -90,9 +91,6 @@ class SessionSource:
         """Whether the graph quantises (a ``QuantizeLinear``/``DequantizeLinear``): only then do a
         runtime's int8 kernels run, and a float graph never pays for a check of them."""
         if self._quantised is None:
-            from ..onnxfile.scopemap.graph_facts import is_quantizer
-            from ..onnxfile.walk import model_nodes
-
             self._quantised = any(is_quantizer(n) for n in model_nodes(self.model))
         return self._quantised
 
@@ -158,8 +156,6 @@ def open_source(source: "str | os.PathLike | ModelFile") -> tuple[SessionSource,
         >>> src.origin == mf.path, mf.model is src.model
         (True, True)
     """
-    from ..onnxfile.modelfile import ModelFile, model_file
-
     given = isinstance(source, ModelFile)
     mf = model_file(source)
     src = SessionSource.with_weights_held(mf.model, mf.folder, origin=mf.path)

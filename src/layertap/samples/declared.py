@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 import numpy as np
 
 from ..errors import InputSpecError, LayertapError
+from ..files.writes import check_output_path
+from ..onnxfile.feeds import declared_inputs, image_input_size, integer_bounds
+from ..onnxfile.modelfile import model_file
 from ..onnxfile.shapes import input_dims
+from .drawn import random_for_file
+from .images import choose_recipe, from_options
+from .loading import load_samples
+from .sources import Bad, MapSource, open_source
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -87,13 +94,10 @@ def read_samples(path: str | os.PathLike, declared: list[Declared], what: str, l
     at most ``limit``; images are resized and centre-cropped to the input's size (pixels in [0, 1])."""
     p = Path(path)
     if p.is_file() and p.suffix == ".npz":
-        from .loading import load_samples
-
         samples: list[Any] = load_samples(p, [d.name for d in declared], [len(d.dims) for d in declared])
         return as_feeds(samples[:limit], declared, what)
     if not p.exists():
         raise LayertapError(f"{what} '{p}' does not exist (give a folder of images, .npy/.npz files, a datasets folder, or one .npz)")
-    from .sources import Bad, MapSource, open_source
 
     source = cast(MapSource, open_source(p, lambda: _preprocess(declared)))  # a path always opens by index
     n = len(source) if limit is None else min(limit, len(source))
@@ -106,8 +110,6 @@ def read_samples(path: str | os.PathLike, declared: list[Declared], what: str, l
 
 def _preprocess(declared: list[Declared]) -> Any:
     """Images fit the first 4-D input's height and width (``N,C,H,W`` with fixed H and W)."""
-    from .images import from_options
-
     for d in declared:
         if len(d.dims) == 4 and all(isinstance(x, int) and x > 0 for x in d.dims[2:]):
             return from_options(f"{d.dims[2]}x{d.dims[3]}", None, None)
@@ -117,9 +119,6 @@ def _preprocess(declared: list[Declared]) -> Any:
 def random_feeds(model: "onnx.ModelProto", declared: list[Declared], n: int, seed: int) -> list[Feed]:
     """``n`` seeded random samples of the file's inputs (other symbolic sizes 1; token ids below
     the table they index), as ``compare`` draws them (:func:`.drawn.random_for_file`)."""
-    from ..onnxfile.feeds import integer_bounds
-    from .drawn import random_for_file
-
     bounds = integer_bounds(model.graph, [d.name for d in declared])
     draw = random_for_file(seed)
     return draw([(d.name, d.dtype) for d in declared], {d.name: d.dims for d in declared}, bounds, n)
@@ -131,10 +130,6 @@ def read_inputs(ref: Any, cand: Any, onnx_ref: bool, args: Any, sampling: Sample
     samples feed (an ONNX reference's, else the candidate's), each sample a dict in that file's input
     order (``limit``, ``columns``, the image recipe of ``sampling``; ``zoo()``: the model's own recipe);
     the files come back read, so nothing reads them twice. ``sampling.save_inputs`` is checked."""
-    from ..files.writes import check_output_path
-    from ..onnxfile.feeds import declared_inputs
-    from ..onnxfile.modelfile import model_file
-
     inputs, save_inputs = sampling.inputs, sampling.save_inputs
     if save_inputs is not None:
         check_output_path(save_inputs, inputs=(inputs,) if inputs is not None else (), suffixes=(".npz",))
@@ -142,7 +137,6 @@ def read_inputs(ref: Any, cand: Any, onnx_ref: bool, args: Any, sampling: Sample
         return ref, cand, args, sampling.samples
     if args is not None or sampling.samples is not None:
         raise LayertapError("give the samples one way: inputs=PATH (--inputs), or args/samples (--input/--samples)")
-    from .loading import load_samples
 
     cand = model_file(cand)
     ref = model_file(ref) if onnx_ref else ref
@@ -159,9 +153,6 @@ def _recipe(graph: Any, zoo: Callable[[], Preprocess | None], image_size: Any, m
     own: ``preprocess=``, a zoo config), else the fixed image size of the file the images feed
     (``graph``); ``--mean``/``--std`` replace the normalisation."""
     def recipe() -> Preprocess | None:
-        from ..onnxfile.feeds import image_input_size
-        from .images import choose_recipe
-
         return choose_recipe(image_size, mean, std, zoo, lambda: image_input_size(graph))
 
     return recipe

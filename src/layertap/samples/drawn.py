@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from ..errors import InputSpecError, LayertapError
+from ..inputs import SYMBOLIC_SIZE, random_samples, spec_arrays
+from ..onnxfile.kvcache import complete_feeds
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..inputs import InputSpec
@@ -51,8 +53,6 @@ def spec_samples(specs: Sequence[InputSpec], n: int, seed: int) -> list[Sample]:
         >>> [s["x"].shape for s in spec_samples(parse_inputs(["x=2x3"]), 2, seed=0)]
         [(2, 3), (2, 3)]
     """
-    from ..inputs import spec_arrays
-
     drawn: list[Sample] = []
     for i in range(n):
         arrays = spec_arrays(specs, seed + i)
@@ -75,8 +75,6 @@ def random_for_file(seed: int, decoder: KvLayout | None = None, folder: Path | N
     """
 
     def draw(inputs: list[tuple[str, str]], shapes: dict[str, tuple], bounds: dict[str, int | None], n: int) -> list[Any]:
-        from ..inputs import SYMBOLIC_SIZE, random_samples
-
         made = decoder.names if decoder is not None else set()
         names = [name for name, _ in inputs if name not in made]
         missing = [name for name in names if name not in shapes]
@@ -93,6 +91,5 @@ def with_cache(sample: dict[str, Any], decoder: KvLayout | None, folder: Path | 
     """A decoder file's sample with the cache inputs it lacks: a prefill after its token ids."""
     if decoder is None:
         return sample
-    from ..onnxfile.kvcache import complete_feeds
 
     return {**sample, **complete_feeds(decoder, sample, folder=folder)[0]}

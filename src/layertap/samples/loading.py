@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 
 from ..errors import InputSpecError, LayertapError
+from ..files.arrays import save_arrays
+from ..files.reads import note_input
+from .sources import Bad, MapSource, open_source
 
 if TYPE_CHECKING:  # pragma: no cover
     from .images import Preprocess
@@ -43,8 +46,6 @@ def load_samples(path: str | os.PathLike, input_names: Sequence[str], input_rank
         >>> [s["x"].shape for s in load_samples(os.path.join(d, "all.npz"), ["x"], [2], limit=2)]
         [(1, 4), (1, 4)]
     """
-    from ..files.reads import note_input
-
     p = Path(path)
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise LayertapError(f"limit must be a positive integer, got {limit!r}")
@@ -104,8 +105,6 @@ def _folder_samples(root: Path, input_names: Sequence[str], input_ranks: Sequenc
                     preprocess: Callable[[], Preprocess | None], columns: Sequence[str] | None,
                     limit: int | None) -> list[dict[str, np.ndarray]]:
     """Every sample of a folder, read as ``extract --data`` reads it, fitted to the inputs."""
-    from .sources import Bad, MapSource, open_source
-
     source = open_source(root, preprocess, columns=columns, same_shape=True, flag="--inputs")
     assert isinstance(source, MapSource)  # a path opens as a folder
     out = []
@@ -142,8 +141,6 @@ def save_samples(path: str | os.PathLike, feeds: Sequence[dict[str, np.ndarray]]
         >>> [s["x"].tolist() for s in load_samples(f, ["x"], [2])]
         [[[0.0, 0.0, 0.0, 0.0]], [[1.0, 1.0, 1.0, 1.0]]]
     """
-    from ..files.arrays import save_arrays
-
     stacked = {}
     for name in feeds[0]:
         values = [np.asarray(f[name]) for f in feeds]

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import LayertapError, one_line
+from ..errors import LayertapError, one_line, unknown_name
 from .images import IMAGE_SUFFIXES, Preprocess
 
 ARRAY_SUFFIXES = (".npy", ".npz")
@@ -444,8 +444,6 @@ def _pick_columns(ds: Any, where: str, wanted: list[str] | None) -> tuple[list[s
 
     feats = ds.features
     if wanted:
-        from ..errors import unknown_name
-
         for name in wanted:
             if name not in feats:
                 raise LayertapError(unknown_name("column", name, list(feats), hint=f"{where} has the columns "

@@ -8,6 +8,7 @@ import warnings
 from dataclasses import dataclass
 
 from ...errors import LayertapError, printable
+from ...runtimes import add_outputs
 from ..args import Args, OutputArgs
 from .base import Tool
 
@@ -46,8 +47,6 @@ class AddOutputsTool(Tool):
         return AddOutputsOptions(ns.src, ns.tensor, ns.module, ns.all)
 
     def run(self, args: Args) -> int:
-        from ...runtimes import add_outputs
-
         opts: AddOutputsOptions = args.own
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

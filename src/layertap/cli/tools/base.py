@@ -7,7 +7,7 @@ import contextlib
 import sys
 from typing import Any, Iterator, Sequence
 
-from ...errors import printable
+from ...errors import LayertapError, printable
 from ..args import ArgGroup, Args
 from ..console import say, status, stdout_closed, stdout_console
 
@@ -83,7 +83,6 @@ class Tool:
 def running(info: Any, method: str, args: tuple, kwargs: dict, *, spinner: bool = True) -> Iterator[None]:
     """Turn an error raised by the user's model into a one-line user error (layertap's
     own errors pass unchanged); ``spinner=False`` when the block reports its own progress."""
-    from ...errors import LayertapError
     from ...pytorch.example_inputs import run_failed
 
     with status(f"running {info.spec}.{method}") if spinner else contextlib.nullcontext():

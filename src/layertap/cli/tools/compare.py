@@ -4,13 +4,16 @@ module by module. With an ONNX reference nothing imports torch."""
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ...errors import LayertapError, OnnxFileError, printable
-from ...options import SampleOptions
+from ...files.writes import check_output_path
+from ...options import Model, SampleOptions, reporting
 from ...runtimes import is_ir
 from ..args import (
     Args,
@@ -109,7 +112,6 @@ class CompareTool(Tool):
     def run(self, args: Args) -> int:
         opts: CompareOptions = args.own
         from ...comparing import compare
-        from ...options import reporting
 
         ref, cand = reference(args), _read(opts.cand)
         sampling, used = _keeping_inputs(args.sampling, opts)
@@ -154,7 +156,6 @@ def reference(args: Args) -> Any:
         return _read(args.model.text)
     model = args.model.model
     if isinstance(args.own, CompareOptions) and "fp16" in args.own.outputs:
-        from ...options import Model
         from ...pytorch.reference import load
 
         return Model(load(model).module, method=model.method)
@@ -170,8 +171,6 @@ def _read(path: str) -> Any:
 
 
 def _check_outputs(ns: argparse.Namespace, inputs: tuple[str, ...]) -> dict[str, Path]:
-    from ...files.writes import check_output_path
-
     if ns.node_data is not None:
         from ...reports.nodedata import check_node_data_path
 
@@ -198,8 +197,6 @@ class _UsedInputs:
     ``--save-inputs`` names one) so that ``--fp16-block-list`` judges its conversions on the same values."""
 
     def __init__(self, saved: str | None) -> None:
-        import tempfile
-
         self.folder = None if saved is not None else tempfile.mkdtemp(prefix="layertap-inputs-")
         self.path = saved if saved is not None else str(Path(self.folder or ".") / "inputs.npz")
 
@@ -212,8 +209,6 @@ class _UsedInputs:
 
     def close(self) -> None:
         if self.folder is not None:
-            import shutil
-
             shutil.rmtree(self.folder, ignore_errors=True)
 
 

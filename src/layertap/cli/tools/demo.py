@@ -15,16 +15,19 @@ import contextlib
 import dataclasses
 import io
 import os
+import shlex
 import shutil
 import statistics
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from ...errors import LayertapError
 from ..args import Args
 from ..console import rule, stdout_console
+from ..main import main
 from .base import Tool
 
 MODEL = "torchvision:resnet18"
@@ -61,8 +64,6 @@ class DemoContext:
         With ``head``, only the first ``head`` and last ``tail`` lines of its
         output are shown, with a marker saying how many were left out.
         """
-        from ..main import main
-
         self.show("$ layertap " + " ".join(_quote(a) for a in argv))
         with _captured(self.console) as (out, err):
             status = main(list(argv))
@@ -95,8 +96,6 @@ def _captured(console: Any) -> Iterator[tuple[io.StringIO, io.StringIO]]:
 
 
 def _quote(arg: str) -> str:
-    import shlex
-
     return shlex.quote(arg)
 
 
@@ -190,8 +189,6 @@ def step_export(ctx: DemoContext) -> None:
 
 def _plain_onnx(ctx: DemoContext) -> Path:
     """resnet18 exported by plain ``torch.onnx.export`` (no layertap), once."""
-    import warnings
-
     import torch
 
     src = ctx.workdir / "plain.onnx"

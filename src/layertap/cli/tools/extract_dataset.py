@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from dataclasses import replace
+from pathlib import Path
 
+from ...dataset.manifest import NAME, Manifest
+from ...errors import LayertapError
 from ..args import Args, ReportArgs, need
+from ..console import stdout_console
+from ..main import Terminated
 
 
 def run_dataset(args: Args) -> int:
     """Extract over ``--data`` into OUT_DIR; print what was written (every path was checked by parse)."""
     from ...dataset.extraction import extract_dataset
-    from ..main import Terminated
 
     d = need(args.dataset, "no --data")
     m = args.model
@@ -35,12 +40,6 @@ def run_dataset(args: Args) -> int:
 
 def _kept_note(args: Args) -> str:
     """After Ctrl-C (or SIGTERM): how many complete shards OUT_DIR keeps, and the command that goes on."""
-    import shlex
-    from pathlib import Path
-
-    from ...dataset.manifest import NAME, Manifest
-    from ...errors import LayertapError
-
     out = Path(need(args.dataset, "no --data").out)
     try:
         shards = Manifest.read(out).shards if (out / NAME).is_file() else {}
@@ -57,8 +56,6 @@ def _kept_note(args: Args) -> str:
 def _print_summary(feats) -> None:
     from rich.markup import escape
     from rich.table import Table
-
-    from ..console import stdout_console
 
     table = Table(title=f"{len(feats)} samples", title_justify="left")
     for col in ("tap", "shape per sample", "dtype"):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import LayertapError, OnnxFileError, printable
+from ...options import SearchOptions
 from ..args import Args, InputArgs, JsonArgs, ModelArgs, OutputArgs, ReportArgs, SampleArgs, is_onnx_path, nonneg_int
 from .base import Tool
 
@@ -89,7 +90,6 @@ class FixTool(Tool):
     def run(self, args: Args) -> int:
         opts: FixOptions = args.own
         from ...fixing import fix
-        from ...options import SearchOptions
 
         ref = args.model.text if args.model.is_onnx else args.model.model
         report = fix(ref, args.inputs.specs or None, to=opts.to, out=str(args.output), target=opts.target,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 from ...errors import LayertapError
-from ...runtimes import is_ir
+from ...runtimes import is_ir, onnx_layers, open_runtime
 from ..args import Args, InputArgs, JsonArgs, ModelArgs, ReportArgs, is_onnx_path
-from .base import Tool
+from .base import Tool, running
 
 # ``layers`` without --input builds a model with more weights than this on the meta device.
 META_ABOVE = 1 << 30
@@ -34,7 +34,6 @@ class LayersTool(Tool):
 
         from ...pytorch.memory import ModelTooLargeError
         from ...pytorch.module_table import layers
-        from .base import running
 
         # Shapes need no weights: without --input/--weights a big model is listed from the meta device.
         shapes_only = not (args.inputs.specs or m.weights)
@@ -74,10 +73,8 @@ class LayersTool(Tool):
                 raise LayertapError(f"{flag} does not apply to an ONNX file ({m.text}); its tensors are listed without running it")
         if m.method != "forward":
             raise LayertapError(f"--method does not apply to an ONNX file ({m.text})")
-        from ...runtimes import onnx_layers
 
         if is_ir(m.text):  # an OpenVINO IR: its tensors as OpenVINO reads them
-            from ...runtimes import open_runtime
             from ...runtimes.openvino import ir_file
 
             table = onnx_layers(ir_file(open_runtime("openvino", ov_precision="f32"), m.text))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import OnnxFileError
+from ...options import reporting
 from ..args import Args, InputArgs, ModelArgs, SampleArgs, ToleranceArgs, is_onnx_path
 from ..console import StepProgress
 from .base import Tool
@@ -64,7 +65,6 @@ class ReproTool(Tool):
 
     def run(self, args: Args) -> int:
         opts: ReproOptions = args.own
-        from ...options import reporting
         from ...reproducing.repro import repro
 
         with StepProgress(enabled=sys.stderr.isatty()) as progress, reporting(progress):

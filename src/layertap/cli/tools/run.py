@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
+from ...runtimes import run, runtime_for
 from ...tables import Column, Table
 from ...text import fmt_float, fmt_shape
 from ..args import Args, InputArgs, JsonArgs, OutputArgs, RuntimeArgs, TapArgs
@@ -53,7 +54,6 @@ class RunTool(Tool):
 
     def run(self, args: Args) -> int:
         from ...files.arrays import save_arrays
-        from ...runtimes import run, runtime_for
         from ...runtimes.runner import flatten_sequences
 
         inputs = _inputs(args.inputs.specs)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from ..kvcache import attention_heads
 from .calls import Call
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -141,49 +142,6 @@ def _qkv_widths(graph: "onnx.GraphProto", qkv: "onnx.NodeProto", attn: "onnx.Nod
         return None
     heads, kv_heads, head = found
     return heads * head, kv_heads * head
-
-
-def attention_heads(graph: "onnx.GraphProto", attn: "onnx.NodeProto",
-                    producer: "onnx.NodeProto | None" = None) -> tuple[int, int, int] | None:
-    """``(num_heads, kv_num_heads, head_size)`` of a ``GroupQueryAttention`` / ``MultiHeadAttention`` node:
-    the head counts are its attributes; the head size is the width of its first input over the
-    heads it holds (a packed QKV input, key empty: ``num_heads + 2 kv_num_heads`` heads), that width
-    read from the node that makes it (``producer``, else found in ``graph``: ``MatMulNBits``' ``N``, a
-    ``MatMul``'s weight, through a bias ``Add`` or a ``Cast``). ``None`` where it cannot be read.
-
-    Example:
-        >>> import onnx.helper as h
-        >>> mm = h.make_node("MatMulNBits", ["x", "w", "s"], ["qkv"], N=128, K=64)
-        >>> gqa = h.make_node("GroupQueryAttention", ["qkv", "", "", "pk", "pv"], ["y", "k", "v"], domain="com.microsoft",
-        ...                   num_heads=4, kv_num_heads=2)
-        >>> attention_heads(h.make_graph([mm, gqa], "g", [], []), gqa)
-        (4, 2, 16)
-    """
-    attrs = {a.name: a.i for a in attn.attribute}
-    heads, kv_heads = attrs.get("num_heads", 0), attrs.get("kv_num_heads", attrs.get("num_heads", 0))
-    packed = len(attn.input) < 2 or not attn.input[1]
-    width = _width(graph, attn.input[0], producer) if attn.input else 0
-    split = heads + 2 * kv_heads if packed else heads
-    if not heads or not width or width % split:
-        return None
-    return heads, kv_heads, width // split
-
-
-def _width(graph: "onnx.GraphProto", name: str, producer: "onnx.NodeProto | None" = None, depth: int = 4) -> int:
-    """The last dimension of tensor ``name`` as the node making it says (0: unknown)."""
-    node = producer or next((n for n in graph.node if name in n.output), None)
-    if node is None or depth == 0:
-        return 0
-    if node.op_type == "MatMulNBits":
-        return next((a.i for a in node.attribute if a.name == "N"), 0)
-    inits = {i.name: i for i in graph.initializer}
-    if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in inits:
-        dims = inits[node.input[1]].dims
-        return int(dims[-1]) if dims else 0
-    if node.op_type in ("Add", "Cast"):
-        made = [i for i in node.input if i and i not in inits]
-        return _width(graph, made[0], None, depth - 1) if made else 0
-    return 0
 
 
 def _slices(qkv: "onnx.NodeProto", widths: tuple[int, int]) -> list["onnx.NodeProto"]:

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import ast
 import re
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from ...errors import LayertapWarning
 from ..metadata import NAME_SCOPES_KEY
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -207,9 +209,6 @@ def _capped(scopes: list[str], name: str) -> list[str] | None:
     """``scopes``, or None (with a warning) when they nest deeper than :data:`MAX_SCOPE_DEPTH`."""
     if len(scopes) <= MAX_SCOPE_DEPTH:
         return scopes
-    import warnings
-
-    from ...errors import LayertapWarning
 
     warnings.warn(
         f"node or tensor {name[:60]!r}... nests {len(scopes)} module levels (more than {MAX_SCOPE_DEPTH}); "

@@ -52,6 +52,8 @@ from typing import TYPE_CHECKING, Collection
 
 from ...errors import OnnxFileError, unknown_name
 from ...selectors import Tap
+from ..branches import with_branches
+from ..kvcache import kv_layout
 from ..metadata import NAME_SCOPES_KEY
 from .calls import Call, build_calls, refuse_merged_calls
 from .folds import (
@@ -129,9 +131,6 @@ class ScopeMap:
         self._graph = graph
         self._node_paths = node_paths
         self._facts = facts or GraphFacts(graph)
-        # here, not at the top: kvcache reads head sizes with llm_names, a module of this package
-        from ..kvcache import kv_layout
-
         layout = kv_layout(graph)
         self._cache = frozenset(layout.present.values()) if layout else frozenset()
         self._by_path: dict[str, list[Call]] = {}
@@ -160,8 +159,6 @@ class ScopeMap:
         graph has them already (:func:`~.llm_names.expose_fused_values_in_place`: what a caller
         that runs the tensors the map names does to its own model first).
         """
-        from ..branches import with_branches
-
         ops = None if branches is True or branches is False else branches
         graph = with_branches(model.graph, ops) if branches else model.graph
         if is_fused_llm(graph):
