@@ -137,9 +137,11 @@ def export(
         >>> report.ok, [r.name for r in report.rows]
         (True, ['output', 'layer1', 'layer2.0.relu#0', 'layer2.0.relu#1'])
     """
-    out = check_output_path(path, suffixes=(".onnx",))
-    _check_options(model, exporter)
     opts = ExportOptions.merged(export_options)
+    if str(path).lower().endswith(".pte"):
+        return _export_program(model, args, path, taps, method, kwargs, verify, rtol, atol, opts)
+    out = check_output_path(path, suffixes=(".onnx", ".pte"))
+    _check_options(model, exporter)
     input_names, kv_cache = opts.input_names, opts.kv_cache
     if kv_cache:
         args, input_names, method, kwargs = *llm.cache_example(model, _as_args(args), dict(kwargs or {})), \
@@ -162,6 +164,22 @@ def export(
         _publish(final, out)
     return ExportReport(rows, path=str(out), exporter=used, inputs=inputs, rtol=rtol,
                         atol=atol, verified=verify, notes=plan.notes)
+
+
+def _export_program(model: nn.Module, args: Any, path: str | os.PathLike, taps: Sequence[str | Tap],
+                    method: str | Callable[..., Any], kwargs: dict | None, verify: bool, rtol: float, atol: float,
+                    opts: ExportOptions) -> ExportReport:
+    """An ExecuTorch program (``.pte``): :func:`.executorch.export_program` by the options' recipe."""
+    from .executorch import Recipe, drawn_calibration, export_program
+
+    calibration: list[tuple] = []
+    if isinstance(opts.calibration, int):
+        calibration = drawn_calibration(_as_args(args), opts.calibration)
+    elif opts.calibration is not None:
+        calibration = [_as_args(s) for s in opts.calibration]
+    recipe = Recipe(opts.backend, opts.quantize, calibration)
+    return export_program(model, args, path, taps, method=method, kwargs=kwargs, recipe=recipe, verify=verify,
+                          rtol=rtol, atol=atol)
 
 
 # -- preparation -------------------------------------------------------------
