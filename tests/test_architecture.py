@@ -42,7 +42,7 @@ NEVER = {"comparing": {"reports"}}  # not even inside a function
 # is a module there). The one exception is a converter: fix's int8 conversion is ORT's quantize_static.
 RUNTIME_LIBRARIES = {"onnxruntime", "openvino", "executorch"}
 #: modules that convert models with those libraries' own tools (quantize_static; ExecuTorch's lowering)
-CONVERTERS = {"layertap.fixing.convert", "layertap.exporting.executorch"}
+CONVERTERS = {"layertap.fixing.convert", "layertap.pytorch.lowering"}
 #: a runtime whose Python bindings take and hand out torch tensors (ExecuTorch's) converts its feeds there
 TORCH_RUNTIMES = {"layertap.runtimes.executorch"}
 

@@ -11,12 +11,12 @@ import pytest
 
 pytest.importorskip("executorch", reason="ExecuTorch is not installed: pip install 'layertap[executorch]'")
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+from torch import nn
 
-import layertap as lt  # noqa: E402
-from layertap.cli.main import main  # noqa: E402
-from layertap.options import ExportOptions  # noqa: E402
+import layertap as lt
+from layertap.cli.main import main
+from layertap.options import ExportOptions
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -103,3 +103,59 @@ def test_export_options_are_checked(tmp_path, capsys):
     with pytest.raises(lt.LayertapError, match="unknown backend 'coreml'"):
         lt.export(small_net(), torch.randn(1, 3, 8, 8), tmp_path / "m.pte", export_options=ExportOptions(backend="coreml"))
     assert not (tmp_path / "m.pte").exists()
+
+
+def test_compare_faithful_program_passes_with_every_module_row(net_program):
+    model, x, path, _ = net_program
+    report = lt.compare(model, x, path, samples=2)
+    assert report.ok and report.first_divergence is None
+    assert [r.name for r in report.rows] == ["conv1", "bn1", "relu#0", "conv2", "bn2", "relu#1", "pool", "fc",
+                                               "output"]
+    assert all(r.status == "pass" for r in report.rows)
+    assert any("tapped program's outputs" in n or "tapping changed nothing" in n for n in report.notes)
+
+
+@pytest.fixture
+def faulty_lowering(monkeypatch):
+    """A lowering that breaks conv2 (its output scaled by 1.05 in the program), as a faulty toolchain would."""
+    import layertap.exporting.executorch as exporting
+    import layertap.pytorch.lowering as lowering
+
+    real = lowering.lower
+
+    def broken(module, example, recipe):
+        handle = module.model.conv2.register_forward_hook(lambda m, i, o: o * 1.05)
+        try:
+            return real(module, example, recipe)
+        finally:
+            handle.remove()
+
+    monkeypatch.setattr(lowering, "lower", broken)
+    monkeypatch.setattr(exporting, "lower", broken)
+
+
+def test_fault_in_one_module_is_found_at_that_module(tmp_path, faulty_lowering):
+    model, x = small_net(), torch.randn(1, 3, 16, 16)
+    path = tmp_path / "bad.pte"
+    assert not lt.export(model, x, path).ok  # the check sees it at the output
+    report = lt.compare(model, x, path)
+    assert not report.ok and report.first_divergence == "conv2"
+    assert [r.status for r in report.rows[:3]] == ["pass", "pass", "pass"]
+
+
+def test_program_from_elsewhere_compares_its_outputs_only(tmp_path):
+    from executorch.exir import to_edge_transform_and_lower
+
+    model, x = small_net(), torch.randn(1, 3, 16, 16)
+    path = tmp_path / "plain.pte"
+    path.write_bytes(to_edge_transform_and_lower(torch.export.export(model, (x,))).to_executorch().buffer)
+    report = lt.compare(model, x, path)
+    assert report.ok and [r.status for r in report.rows if r.status == "pass"] == ["pass"]
+    assert any("only its outputs are compared" in n for n in report.notes)
+
+
+def test_cli_compare_pte(net_program, capsys):
+    _, _, path, _ = net_program
+    code = main(["compare", f"{Path(__file__)}:small_net", str(path), "--input", "1x3x16x16", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["ok"] and len(out["rows"]) == 9

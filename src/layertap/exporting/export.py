@@ -2,7 +2,7 @@
 
 How it works:
 
-1. :class:`~layertap.exporting.wrapper.TapWrapper` runs the method with a
+1. :class:`~layertap.pytorch.wrapper.TapWrapper` runs the method with a
    :class:`~layertap.pytorch.capture.Capture` attached and returns the
    method's own result flattened (``output``, ``output[0]``,
    ``output[logits]``...) followed by every tapped tensor, in the order the
@@ -58,13 +58,13 @@ from ..onnxfile.metadata import TAPS_KEY
 from ..onnxfile.publish import external_locations, publish, publish_file
 from ..options import ExportOptions
 from ..pytorch.values import random_tensor, tensor_to_numpy
+from ..pytorch.wrapper import MODEL_ATTRIBUTES, TapWrapper
+from ..pytorch.wrapper import input_names as signature_names
 from ..selectors import Tap, parse_taps
 from . import _onnxedit as edit
 from . import llm
 from ._branches import branch_note, contrasting, traced_branches
 from .verify import Check, ExportReport, ExportRow, check_output
-from .wrapper import MODEL_ATTRIBUTES, TapWrapper
-from .wrapper import input_names as signature_names
 
 EXPORTERS = ("dynamo", "torchscript")
 #: weights above this size go to an external data file (protobuf's hard limit is 2 GiB)
@@ -170,7 +170,8 @@ def _export_program(model: nn.Module, args: Any, path: str | os.PathLike, taps: 
                     method: str | Callable[..., Any], kwargs: dict | None, verify: bool, rtol: float, atol: float,
                     opts: ExportOptions) -> ExportReport:
     """An ExecuTorch program (``.pte``): :func:`.executorch.export_program` by the options' recipe."""
-    from .executorch import Recipe, drawn_calibration, export_program
+    from ..pytorch.lowering import Recipe, drawn_calibration
+    from .executorch import export_program
 
     calibration: list[tuple] = []
     if isinstance(opts.calibration, int):

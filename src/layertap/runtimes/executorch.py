@@ -23,15 +23,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import InputSpecError, LayertapError, OnnxFileError, one_line, unknown_name
+from ..errors import InputSpecError, LayertapError, OnnxFileError, missing_executorch, one_line, unknown_name
 from .protocol import Engine, InputInfo, RuntimeInfo
 
-#: the install command a missing ExecuTorch names
-INSTALL = "pip install 'layertap[executorch]'"
 #: the sidecar's format version
 SIDECAR_VERSION = 1
-#: backends a program is lowered for
-BACKENDS = ("xnnpack", "portable")
 #: ExecuTorch's ScalarType codes (c10 numbering) -> numpy dtype names
 _SCALAR_TYPES = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16", 6: "float32",
                  7: "float64", 11: "bool"}
@@ -39,16 +35,6 @@ _SCALAR_TYPES = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "
 _TYPE_TEXT = {"float32": "tensor(float)", "float16": "tensor(float16)", "float64": "tensor(double)",
               "int64": "tensor(int64)", "int32": "tensor(int32)", "int8": "tensor(int8)", "uint8": "tensor(uint8)",
               "int16": "tensor(int16)", "bool": "tensor(bool)"}
-
-
-def missing_executorch() -> LayertapError:
-    """The one-line error for a ``.pte`` path without ExecuTorch installed.
-
-    Example:
-        >>> str(missing_executorch()).startswith("ExecuTorch programs (.pte) need ExecuTorch")
-        True
-    """
-    return LayertapError(f"ExecuTorch programs (.pte) need ExecuTorch, which is not installed: {INSTALL}")
 
 
 def is_program(source: Any) -> bool:
@@ -89,7 +75,13 @@ class Sidecar:
 
     @property
     def output_names(self) -> list[str]:
+        """Every output's name, repeats too (an output that is an earlier one, or an input)."""
         return [o["name"] for o in self.outputs]
+
+    @property
+    def program_outputs(self) -> list[str]:
+        """The names of the program's own outputs, in order (repeats are handed out from them)."""
+        return [o["name"] for o in self.outputs if "same_as" not in o and "input" not in o]
 
     @property
     def taps(self) -> list[str]:
@@ -152,9 +144,10 @@ class ProgramEngine:
         meta = self.method.metadata
         self._inputs = [_input_info(meta.input_tensor_meta(i), i, self.sidecar) for i in range(meta.num_inputs())]
         n_out = meta.num_outputs()
-        names = self.sidecar.output_names if self.sidecar is not None else []
+        names = self.sidecar.program_outputs if self.sidecar is not None else []
         if len(names) != n_out:
             names = ["output" if n_out == 1 else f"output_{i}" for i in range(n_out)]
+            self.sidecar = None  # not this program's record
         self._outputs = names
         self.runs = 0
 
@@ -162,7 +155,7 @@ class ProgramEngine:
         return list(self._inputs)
 
     def output_names(self) -> list[str]:
-        return list(self._outputs)
+        return list(self._outputs) if self.sidecar is None else self.sidecar.output_names
 
     def run(self, names: Sequence[str] | None, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One run of the program on ``feed`` (by input name); ``names``: the outputs to hand back."""
@@ -182,6 +175,13 @@ class ProgramEngine:
         self.runs += 1
         # copies: the runtime reuses its planned memory on the next run
         values = {n: np.array(t.detach().numpy(), copy=True) for n, t in zip(self._outputs, got)}
+        for record in self.sidecar.outputs if self.sidecar is not None else ():  # repeats, in order
+            if "same_as" in record:
+                values[record["name"]] = values[record["same_as"]]
+            elif "input" in record:
+                values[record["name"]] = np.array(feed[self._inputs[record["input"]].name], copy=True)
+        if self.sidecar is not None:
+            values = {n: values[n] for n in self.sidecar.output_names}
         if names is None:
             return values
         return {n: values[n] for n in names}
