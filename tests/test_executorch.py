@@ -159,3 +159,57 @@ def test_cli_compare_pte(net_program, capsys):
     code = main(["compare", f"{Path(__file__)}:small_net", str(path), "--input", "1x3x16x16", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["ok"] and len(out["rows"]) == 9
+
+
+@pytest.fixture(scope="module")
+def int8_program(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pte8") / "net-int8.pte"
+    model, x = small_net(), torch.randn(1, 3, 16, 16)
+    report = lt.export(model, x, path, export_options=ExportOptions(quantize="int8", calibration=8))
+    return model, x, path, report
+
+
+def test_int8_program_is_judged_healthy_at_int8(int8_program):
+    model, x, path, export_report = int8_program
+    assert export_report.ok and Path(str(path) + ".calib.npz").exists()
+    report = lt.compare(model, x, path, samples=2)
+    assert report.ok and report.precision == "int8" and report.first_divergence is None
+    assert all(r.format_rel is not None for r in report.rows if r.status == "pass")
+    # at float32's fixed tolerance the same rows fail: the format, not the program
+    assert not lt.compare(model, x, path, rtol=1e-3).ok
+
+
+@pytest.fixture
+def broken_backend(monkeypatch):
+    """A toolchain that writes conv2's weight scales 30% too large into the program, while the quantised model
+    in PyTorch stays right."""
+    import executorch.exir as exir
+
+    real = exir.to_edge_transform_and_lower
+
+    def broken(program, **kwargs):
+        sig = program.graph_signature
+        lifted = {**sig.inputs_to_lifted_tensor_constants, **sig.inputs_to_buffers, **sig.inputs_to_parameters}
+        for node in program.graph_module.graph.nodes:
+            stack = node.meta.get("nn_module_stack") or {}
+            weight = node.args[1] if node.target == torch.ops.aten.conv2d.default else None
+            if weight is not None and "dequantize_per_channel" in str(weight.target) and \
+                    any(p == "model.conv2" for p, _ in stack.values()):
+                name = lifted[weight.args[1].name]  # the weight's per-channel scales
+                table = program.constants if name in program.constants else program.state_dict
+                table[name] = table[name] * 1.3  # a new tensor: the quantised model keeps its own
+        return real(program, **kwargs)
+
+    monkeypatch.setattr(exir, "to_edge_transform_and_lower", broken)
+
+
+def test_int8_fault_is_named_at_its_module(tmp_path, broken_backend):
+    model, x = small_net(), torch.randn(1, 3, 16, 16)
+    path = tmp_path / "bad-int8.pte"
+    lt.export(model, x, path, verify=False, export_options=ExportOptions(quantize="int8", calibration=8))
+    report = lt.compare(model, x, path)
+    # pt2e folds conv2 into bn2: the fault is named at the module holding conv2's value, conv2 absorbed there
+    assert not report.ok and report.first_divergence == "bn2"
+    assert next(r for r in report.rows if r.name == "conv2").status == "absorbed"
+    row = next(r for r in report.rows if r.name == "bn2")
+    assert row.impl_rel > 4 * row.format_rel

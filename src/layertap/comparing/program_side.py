@@ -155,6 +155,7 @@ class ProgramReference:
         store = ArrayStore(budget)
         self._stores.append(store)
         values = self.ideal(self.runs_args[index][0])
+        absorb_folded(items, values)
         for it in items:
             if it.tensors and all(t in values for t in it.tensors):
                 store.put(it.mc.key, [values[t] for t in it.tensors])
@@ -242,10 +243,12 @@ def int8_formats(graph: Any, names: list[str]) -> Any:
     makes it (outputs made otherwise: float32)."""
     from ..numformats import Format
     from ..onnxfile.formats import TensorFormats
+    from ..pytorch.lowering import value_source
 
     out = next(n for n in graph.graph.nodes if n.op == "output")
     tensors = {}
     for name, node in zip(names, out.args[0]):
+        node = value_source(node)
         target = str(getattr(node, "target", ""))
         if "dequantize_per_tensor" in target and len(node.args) >= 5:
             scale, zero, qmin, qmax = node.args[1:5]
@@ -254,6 +257,21 @@ def int8_formats(graph: Any, names: list[str]) -> Any:
                              int(qmin), int(qmax))
                 tensors[name] = fmt
     return TensorFormats(tensors)
+
+
+def absorb_folded(items: list[Item], values: dict[str, np.ndarray]) -> None:
+    """Calls the quantizer folded into the next one (a Conv into its BatchNorm: pt2e folds them, so the Conv's
+    tap holds the BatchNorm's value) become ``absorbed`` there, as an ONNX file's folds do: their value is
+    compared at the module that holds it."""
+    from .rows import ABSORBED
+
+    for it, nxt in zip(items, items[1:]):
+        if it.status is not None or not it.tensors or not nxt.tensors or "" in (it.mc.path, nxt.mc.path):
+            continue
+        a, b = values.get(it.tensors[0]), values.get(nxt.tensors[0])
+        if a is not None and b is not None and a.shape == b.shape and np.array_equal(a, b):
+            it.status, it.tensors, it.fused_into = ABSORBED, (), nxt.mc.path
+            it.note = f"the int8 quantizer folded it into {nxt.mc.path}; compared there"
 
 
 def _check_shapes(engine: ProgramEngine, args: tuple) -> None:

@@ -128,8 +128,7 @@ def repeats(program: Any, names: list[str]) -> list[dict[str, Any] | None]:
     seen: dict[Any, str] = {}
     same: list[dict[str, Any] | None] = []
     for name, node in zip(names, out.args[0]):
-        while getattr(node, "op", None) == "call_function" and str(node.target) in _COPIES:
-            node = node.args[0]
+        node = value_source(node)
         if getattr(node, "op", None) == "placeholder" and node.name in inputs:
             same.append({"input": inputs.index(node.name)})
         elif node in seen:
@@ -187,7 +186,32 @@ def quantize_int8(graph: Any, recipe: Recipe) -> Any:
     prepared = prepare_pt2e(graph, quantizer)
     for sample in recipe.calibration:
         prepared(*sample)
-    return convert_pt2e(prepared)
+    return own_outputs(convert_pt2e(prepared))
+
+
+def value_source(node: Any) -> Any:
+    """The node whose value ``node`` hands on unchanged (through copies and :func:`own_outputs`' ``x * 1``)."""
+    while getattr(node, "op", None) == "call_function" and (
+            str(node.target) in _COPIES or (str(node.target) == "aten.mul.Tensor" and node.args[1:] == (1.0,))):
+        node = node.args[0]
+    return node
+
+
+def own_outputs(graph: Any) -> Any:
+    """A quantised graph (in place) whose outputs that are a dequantized value other nodes read too (a tap
+    inside the model) are each a node of their own (``x * 1``, exact): XNNPACK refuses a delegate output that is
+    also one of its inputs."""
+    out = next(n for n in graph.graph.nodes if n.op == "output")
+    values = list(out.args[0])
+    for i, node in enumerate(values):
+        source = value_source(node)
+        if "dequantize" not in str(getattr(source, "target", "")) or len(source.users) < 2:
+            continue
+        with graph.graph.inserting_before(out):
+            values[i] = graph.graph.call_function(torch.ops.aten.mul.Tensor, (source, 1.0))
+    out.args = (tuple(values),)
+    graph.recompile()
+    return graph
 
 
 def _not_in(paths: Sequence[str]) -> Callable[[Any], bool]:
