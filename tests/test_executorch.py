@@ -213,3 +213,30 @@ def test_int8_fault_is_named_at_its_module(tmp_path, broken_backend):
     assert next(r for r in report.rows if r.name == "conv2").status == "absorbed"
     row = next(r for r in report.rows if r.name == "bn2")
     assert row.impl_rel > 4 * row.format_rel
+
+
+def outlier_net() -> nn.Module:
+    """SmallNet with one conv2 channel 60x the others: per-tensor int8 loses the rest of that tensor."""
+    m = small_net()
+    with torch.no_grad():
+        m.conv2.weight[0] *= 60
+    return m
+
+
+@pytest.mark.slow
+def test_fix_meets_its_target_in_executorch(tmp_path, capsys):
+    out, cfg = tmp_path / "fixed.pte", tmp_path / "cfg"
+    code = main(["fix", f"{Path(__file__)}:outlier_net", "--input", "1x3x16x16", "--to", "int8", "--runtime",
+                 "executorch", "-o", str(out), "--target", "sqnr:30", "--samples", "4", "--config-out", str(cfg),
+                 "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["ok"] and report["metric"] >= 30 and 0 < len(report["kept"]) <= 3
+    assert report["rows"][0]["metric"] < 30  # the plain int8 program misses it
+    assert json.loads((cfg / "modules.json").read_text()) == report["kept"]
+    side = json.loads(Path(str(out) + ".json").read_text())
+    assert side["recipe"]["keep_float"] == report["kept"] and side["recipe"]["quantize"] == "int8"
+    # the kept set, run again in ExecuTorch: the target holds there
+    model, x = outlier_net(), torch.randn(1, 3, 16, 16)
+    got = lt.run(out, [x.numpy()])["output"]
+    want = model(x).detach().numpy()
+    assert 10 * np.log10((want ** 2).sum() / ((want - got) ** 2).sum()) >= 30

@@ -310,7 +310,8 @@ class SearchOptions:
     """How ``lt.fix`` searches, beyond its everyday keywords: ``naive`` (one unit at a time in graph
     order, no ranking: what the ranking is measured against), ``rank_report`` (a comparison of a plain
     conversion with REF to rank by; else one is made), ``exporter`` (how a PyTorch REF is exported:
-    ``dynamo`` or ``torchscript``) and ``on_step`` (called with each step as it is measured).
+    ``dynamo`` or ``torchscript``), ``on_step`` (called with each step as it is measured) and ``runtime``
+    (``"executorch"``: the conversion is an int8 ExecuTorch program).
 
     Example:
         >>> SearchOptions(naive=True).exporter
@@ -321,6 +322,9 @@ class SearchOptions:
     rank_report: Any = None
     exporter: str = "dynamo"
     on_step: Callable[[Any], None] | None = None
+    #: what runs the conversion: ``None`` (an ONNX file in ONNX Runtime) or ``"executorch"`` (an int8 ExecuTorch
+    #: program, XNNPACK; also chosen by an output path ending in ``.pte``)
+    runtime: str | None = None
 
 
 _PROGRESS: contextvars.ContextVar[Any] = contextvars.ContextVar("layertap_progress", default=None)
