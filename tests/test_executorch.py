@@ -240,3 +240,41 @@ def test_fix_meets_its_target_in_executorch(tmp_path, capsys):
     got = lt.run(out, [x.numpy()])["output"]
     want = model(x).detach().numpy()
     assert 10 * np.log10((want ** 2).sum() / ((want - got) ** 2).sum()) >= 30
+
+
+def test_trained_crepe_program_passes_and_onet_lowering_failure_names_its_module(tmp_path):
+    import _trained
+
+    crepe, frames = _trained.crepe_tiny(), torch.from_numpy(_trained.tone_frames(2))
+    path = tmp_path / "crepe.pte"
+    assert lt.export(crepe, frames, path).ok
+    report = lt.compare(crepe, frames, path)
+    assert report.ok and sum(r.ok is not None for r in report.rows) >= 10
+    onet, faces = _trained.onet(), torch.from_numpy(_trained.face_crops(1))
+    # XNNPACK cannot lower ONet's PReLU after its Linear: one line naming the module and what to try
+    with pytest.raises(lt.LayertapError, match=r"at module prelu5 \(PReLU\).*--backend portable"):
+        lt.export(onet, faces, tmp_path / "onet.pte")
+    assert not (tmp_path / "onet.pte").exists()
+    portable = tmp_path / "onet-portable.pte"
+    assert lt.export(onet, faces, portable, export_options=ExportOptions(backend="portable")).ok
+    assert lt.compare(onet, faces, portable).ok
+
+
+def test_timm_model_program_compares_every_module(tmp_path):
+    timm = pytest.importorskip("timm")
+    model, x = timm.create_model("resnet10t").eval(), torch.randn(1, 3, 32, 32)
+    path = tmp_path / "r10t.pte"
+    assert lt.export(model, x, path, taps=["layer2"]).ok
+    report = lt.compare(model, x, path)
+    assert report.ok and sum(r.ok is not None for r in report.rows) > 30
+
+
+def test_pte_without_executorch_names_the_extra(monkeypatch, tmp_path, capsys):
+    for name in ("executorch.runtime", "executorch.exir"):
+        monkeypatch.setitem(sys.modules, name, None)  # as if ExecuTorch were not installed
+    path = tmp_path / "m.pte"
+    path.write_bytes(b"\0" * 16)
+    assert main(["run", str(path)]) == 2
+    assert "pip install 'layertap[executorch]'" in capsys.readouterr().err
+    with pytest.raises(lt.LayertapError, match=r"layertap\[executorch\]"):
+        lt.export(small_net(), torch.randn(1, 3, 8, 8), tmp_path / "n.pte")

@@ -268,6 +268,8 @@ def absorb_folded(items: list[Item], values: dict[str, np.ndarray]) -> None:
     for it, nxt in zip(items, items[1:]):
         if it.status is not None or not it.tensors or not nxt.tensors or "" in (it.mc.path, nxt.mc.path):
             continue
+        if it.mc.path.startswith(nxt.mc.path + "."):  # a block returning its last child's value: no fold
+            continue
         a, b = values.get(it.tensors[0]), values.get(nxt.tensors[0])
         if a is not None and b is not None and a.shape == b.shape and np.array_equal(a, b):
             it.status, it.tensors, it.fused_into = ABSORBED, (), nxt.mc.path

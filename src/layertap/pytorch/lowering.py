@@ -166,7 +166,9 @@ def lower(module: nn.Module, example: tuple, recipe: Recipe) -> Lowered:
                             lambda: torch.export.export(quantized, example, strict=False))
         partitioner = _partitioners(recipe.backend)
         edge = _step(f"lowering to ExecuTorch ({recipe.backend})",
-                     lambda: to_edge_transform_and_lower(program, partitioner=partitioner))
+                     lambda: to_edge_transform_and_lower(program, partitioner=partitioner),
+                     "--backend portable (ExecuTorch's portable kernels) lowers without XNNPACK"
+                     if recipe.backend == "xnnpack" and not recipe.quantize else "")
         buffer = _step("serializing the program", lambda: edge.to_executorch().buffer)
     return Lowered(bytes(buffer), quantized)
 
@@ -232,29 +234,45 @@ def _partitioners(backend: str) -> list[Any]:
     return [XnnpackPartitioner()]
 
 
-def _step(what: str, fn: Callable[[], Any]) -> Any:
-    """Run one step of the lowering; a failure becomes one line naming it and the module at fault."""
+def _step(what: str, fn: Callable[[], Any], hint: str = "") -> Any:
+    """Run one step of the lowering; a failure becomes one line naming it and the module at fault (and
+    ``hint``: what to try instead)."""
     try:
         return fn()
     except LayertapError:
         raise
     except Exception as e:  # torch.export / ExecuTorch errors of every kind
         where = _module_of(e)
-        raise LayertapError(f"ExecuTorch export failed in {what}{where}: {type(e).__name__}: "
-                            f"{one_line(e, first=True, limit=300)}") from e
+        inner: BaseException = e
+        while inner.__cause__ is not None:  # a pass wrapper's message hides the real one
+            inner = inner.__cause__
+        said = inner if str(inner) else e
+        raise LayertapError(f"ExecuTorch export failed in {what}{where}: {type(said).__name__}: "
+                            f"{one_line(said, first=True, limit=300)}{'; ' + hint if hint else ''}") from e
 
 
 def _module_of(error: BaseException) -> str:
-    """`` at module PATH`` when the error's traceback passes through a module's forward."""
-    tb = error.__traceback__
+    """`` at module PATH (Class)``: the module whose graph node a failing pass or kernel check was handling (the
+    deepest frame, over the error's chain, holding a node with a module stack), else the module whose forward
+    raised; ``""`` when neither is found."""
+    import torch.fx
+
     found = ""
-    while tb is not None:
-        owner = tb.tb_frame.f_locals.get("self")
-        if isinstance(owner, nn.Module) and not isinstance(owner, TapWrapper):
-            found = type(owner).__name__
-            path = getattr(owner, "_layertap_path", None)
-            found = f"{path} ({found})" if path else found
-        tb = tb.tb_next
+    chain: BaseException | None = error
+    while chain is not None:
+        tb = chain.__traceback__
+        while tb is not None:
+            for value in tb.tb_frame.f_locals.values():
+                stack = value.meta.get("nn_module_stack") if isinstance(value, torch.fx.Node) else None
+                if stack:
+                    path, kind = list(stack.values())[-1]
+                    path = path.removeprefix(f"{MODEL_ATTRIBUTES[0]}.") if path != MODEL_ATTRIBUTES[0] else ""
+                    found = f"{path or '(root)'} ({getattr(kind, '__name__', str(kind).rsplit('.', 1)[-1])})"
+            owner = tb.tb_frame.f_locals.get("self")
+            if not found and isinstance(owner, nn.Module) and not isinstance(owner, TapWrapper):
+                found = type(owner).__name__
+            tb = tb.tb_next
+        chain = chain.__cause__ or chain.__context__
     return f" at module {found}" if found else ""
 
 
