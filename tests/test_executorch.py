@@ -159,6 +159,11 @@ def test_cli_compare_pte(net_program, capsys):
     code = main(["compare", f"{Path(__file__)}:small_net", str(path), "--input", "1x3x16x16", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["ok"] and len(out["rows"]) == 9
+    samples = path.parent / "samples.npz"
+    np.savez(samples, x=np.random.default_rng(0).standard_normal((3, 1, 3, 16, 16)).astype(np.float32))
+    code = main(["compare", f"{Path(__file__)}:small_net", str(path), "--inputs", str(samples), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["ok"] and out["samples"] == 3
 
 
 @pytest.fixture(scope="module")

@@ -256,7 +256,7 @@ def _compare_program(ref: Any, args: Any, cand: Any, runs: RuntimeOptions, sampl
     args, kwargs, sampling = example_call(loaded, args, sampling)
     samples = sampling.samples
     if sampling.inputs is not None:
-        samples = _program_samples(sampling, len(_as_args(args)))
+        samples = _program_samples(sampling, cand)
     given, n_random = given_samples(_as_args(args), samples)
     report = compare_program(loaded.module, cand, _torch_samples(given, n_random, kwargs, plan.seed), plan,
                              loaded.method)
@@ -266,14 +266,16 @@ def _compare_program(ref: Any, args: Any, cand: Any, runs: RuntimeOptions, sampl
     return report
 
 
-def _program_samples(sampling: SampleOptions, n_inputs: int) -> list[Any]:
-    """``--inputs PATH`` read as the model's positional arguments (an ExecuTorch program's inputs in order)."""
+def _program_samples(sampling: SampleOptions, cand: Any) -> list[Any]:
+    """``--inputs PATH`` read as the program's inputs (names and ranks from its engine), in order, as tensors."""
     from ..pytorch.example_inputs import sample_tensors
+    from ..runtimes.executorch import ProgramEngine
     from ..samples.loading import load_samples
 
     if sampling.inputs is None:
         raise LayertapError("inputs= names the samples to read")
-    read = load_samples(sampling.inputs, [f"input_{i}" for i in range(n_inputs)], [None] * n_inputs,
+    declared = ProgramEngine(cand).get_inputs()
+    read = load_samples(sampling.inputs, [i.name for i in declared], [len(i.shape or []) or None for i in declared],
                         preprocess=lambda: sampling.preprocess, columns=sampling.columns, limit=sampling.limit)
     return [sample_tensors(s) for s in read]
 
