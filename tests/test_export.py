@@ -516,7 +516,7 @@ def test_wrapper_hands_the_exporter_each_weight_once(resnet18, resnet_input):
     """The model is one child of the wrapper: registered twice (as ``model`` and as the
     ``forward`` it calls), every weight was a second graph input that torch.export traced
     and decomposed again (lt.export ran 1.5x a plain export)."""
-    from layertap.exporting.wrapper import TapWrapper
+    from layertap.pytorch.wrapper import TapWrapper
     from layertap.selectors import parse_taps
 
     wrapper = TapWrapper(resnet18, "forward", parse_taps(["layer1"]), (resnet_input,), {})

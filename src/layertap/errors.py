@@ -15,6 +15,20 @@ from typing import Any, Iterable
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
+#: what a missing ExecuTorch names (``.pte`` programs are an optional extra)
+EXECUTORCH_INSTALL = "pip install 'layertap[executorch]'"
+
+
+def missing_executorch() -> "LayertapError":
+    """The one-line error for an ExecuTorch program without ExecuTorch installed.
+
+    Example:
+        >>> str(missing_executorch()).startswith("ExecuTorch programs (.pte) need ExecuTorch")
+        True
+    """
+    return LayertapError(f"ExecuTorch programs (.pte) need ExecuTorch, which is not installed: {EXECUTORCH_INSTALL}")
+
+
 class LayertapError(ValueError):
     """A problem with the user's input: bad name, bad file, bad option.
 

@@ -249,11 +249,15 @@ class ExportOptions:
     """How ``lt.export`` writes the file, beyond its everyday keywords: ``opset``, ``input_names``,
     ``fallback`` (try the other exporter when the first fails), ``external_data`` (weights in a
     ``.data`` file; ``None``: when the model is over 2 GB), ``dynamic_sequence`` (a symbolic sequence
-    axis), ``kv_cache`` (a decoder's cache as inputs and outputs).
+    axis), ``kv_cache`` (a decoder's cache as inputs and outputs); for an ExecuTorch program (``.pte``):
+    ``backend`` (``xnnpack`` or ``portable``), ``quantize`` (``int8``: the XNNPACK quantizer, pt2e) and
+    ``calibration`` (its samples: a list of samples like ``args``, or ``N`` random ones; default 16 random).
 
     Example:
-        >>> ExportOptions.merged(ExportOptions(opset=17), fallback=True)
-        ExportOptions(opset=17, input_names=None, fallback=True, external_data=None, dynamic_sequence=False, kv_cache=False)
+        >>> ExportOptions.merged(ExportOptions(opset=17), fallback=True).fallback
+        True
+        >>> ExportOptions(backend="portable").quantize is None
+        True
     """
 
     opset: int | None = None
@@ -262,6 +266,9 @@ class ExportOptions:
     external_data: bool | None = None
     dynamic_sequence: bool = False
     kv_cache: bool = False
+    backend: str = "xnnpack"
+    quantize: str | None = None
+    calibration: Any = None
 
     @classmethod
     def merged(cls, base: ExportOptions | None = None, **keywords: Any) -> ExportOptions:
@@ -303,7 +310,8 @@ class SearchOptions:
     """How ``lt.fix`` searches, beyond its everyday keywords: ``naive`` (one unit at a time in graph
     order, no ranking: what the ranking is measured against), ``rank_report`` (a comparison of a plain
     conversion with REF to rank by; else one is made), ``exporter`` (how a PyTorch REF is exported:
-    ``dynamo`` or ``torchscript``) and ``on_step`` (called with each step as it is measured).
+    ``dynamo`` or ``torchscript``), ``on_step`` (called with each step as it is measured) and ``runtime``
+    (``"executorch"``: the conversion is an int8 ExecuTorch program).
 
     Example:
         >>> SearchOptions(naive=True).exporter
@@ -314,6 +322,9 @@ class SearchOptions:
     rank_report: Any = None
     exporter: str = "dynamo"
     on_step: Callable[[Any], None] | None = None
+    #: what runs the conversion: ``None`` (an ONNX file in ONNX Runtime) or ``"executorch"`` (an int8 ExecuTorch
+    #: program, XNNPACK; also chosen by an output path ending in ``.pte``)
+    runtime: str | None = None
 
 
 _PROGRESS: contextvars.ContextVar[Any] = contextvars.ContextVar("layertap_progress", default=None)

@@ -2,7 +2,7 @@
 
 How it works:
 
-1. :class:`~layertap.exporting.wrapper.TapWrapper` runs the method with a
+1. :class:`~layertap.pytorch.wrapper.TapWrapper` runs the method with a
    :class:`~layertap.pytorch.capture.Capture` attached and returns the
    method's own result flattened (``output``, ``output[0]``,
    ``output[logits]``...) followed by every tapped tensor, in the order the
@@ -57,15 +57,17 @@ from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
 from ..onnxfile.metadata import TAPS_KEY
 from ..onnxfile.publish import external_locations, publish, publish_file
 from ..options import ExportOptions
+from ..pytorch.lowering import Recipe, drawn_calibration
 from ..pytorch.values import random_tensor, tensor_to_numpy
+from ..pytorch.wrapper import MODEL_ATTRIBUTES, TapWrapper
+from ..pytorch.wrapper import input_names as signature_names
 from ..runtimes import open_runtime
 from ..selectors import Tap, parse_taps
 from . import _onnxedit as edit
 from . import llm
 from ._branches import branch_note, contrasting, traced_branches
+from .executorch import export_program
 from .verify import Check, ExportReport, ExportRow, check_output
-from .wrapper import MODEL_ATTRIBUTES, TapWrapper
-from .wrapper import input_names as signature_names
 
 EXPORTERS = ("dynamo", "torchscript")
 #: weights above this size go to an external data file (protobuf's hard limit is 2 GiB)
@@ -138,9 +140,11 @@ def export(
         >>> report.ok, [r.name for r in report.rows]
         (True, ['output', 'layer1', 'layer2.0.relu#0', 'layer2.0.relu#1'])
     """
-    out = check_output_path(path, suffixes=(".onnx",))
-    _check_options(model, exporter)
     opts = ExportOptions.merged(export_options)
+    if str(path).lower().endswith(".pte"):
+        return _export_program(model, args, path, taps, method, kwargs, verify, rtol, atol, opts)
+    out = check_output_path(path, suffixes=(".onnx", ".pte"))
+    _check_options(model, exporter)
     input_names, kv_cache = opts.input_names, opts.kv_cache
     if kv_cache:
         args, input_names, method, kwargs = *llm.cache_example(model, _as_args(args), dict(kwargs or {})), \
@@ -163,6 +167,21 @@ def export(
         _publish(final, out)
     return ExportReport(rows, path=str(out), exporter=used, inputs=inputs, rtol=rtol,
                         atol=atol, verified=verify, notes=plan.notes)
+
+
+def _export_program(model: nn.Module, args: Any, path: str | os.PathLike, taps: Sequence[str | Tap],
+                    method: str | Callable[..., Any], kwargs: dict | None, verify: bool, rtol: float, atol: float,
+                    opts: ExportOptions) -> ExportReport:
+    """An ExecuTorch program (``.pte``): :func:`.executorch.export_program` by the options' recipe."""
+
+    calibration: list[tuple] = []
+    if isinstance(opts.calibration, int):
+        calibration = drawn_calibration(_as_args(args), opts.calibration)
+    elif opts.calibration is not None:
+        calibration = [_as_args(s) for s in opts.calibration]
+    recipe = Recipe(opts.backend, opts.quantize, calibration)
+    return export_program(model, args, path, taps, method=method, kwargs=kwargs, recipe=recipe, verify=verify,
+                          rtol=rtol, atol=atol)
 
 
 # -- preparation -------------------------------------------------------------

@@ -181,7 +181,8 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
             given replaces its field.
         search_options: how the search runs (:class:`~layertap.options.SearchOptions`: ``naive``,
             ``rank_report``, ``exporter`` of a PyTorch ``ref``, ``on_step`` called with each step as it is
-            measured).
+            measured, ``runtime="executorch"``: an int8 ExecuTorch program, each set lowered and run in ExecuTorch
+            (also when ``out`` ends in ``.pte``; :mod:`.program_fix`)).
 
     Returns:
         A :class:`FixReport` (``.ok``, ``.kept``, ``.nodes``, ``.steps``).
@@ -198,8 +199,10 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
         raise LayertapError(f"unknown conversion --to {to!r}; use one of {', '.join(FORMATS)}")
     goal = Target.parse(target)
     sampling = SampleOptions.merged(sample_options, samples=samples)
-    args = _drawn(ref, args, sampling)
     search_by = search_options or SearchOptions()
+    if _wants_program(search_by, out):
+        return _fix_program(ref, args, to, out, goal, sampling, calib, keep, max_float, config_out, search_by.on_step)
+    args = _drawn(ref, args, sampling)
     given: Any = sampling.inputs if sampling.inputs is not None else sampling.samples
     if max_float is not None and (not isinstance(max_float, int) or max_float < 0):
         raise LayertapError(f"--max-float must be a number of modules (nodes, in a file without module scopes) >= 0, "
@@ -247,6 +250,28 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
                 notes.append(check_script(config_out, ref_path, trials.files[best.step], folder))
         kind = NodeFixReport if modules.kind == "node" else FixReport
         return kind(trials.steps, target=goal, to=to, nodes=nodes, float32=base, tool=trials.converter.tool, notes=notes)
+
+
+def _wants_program(search_by: SearchOptions, out: Any) -> bool:
+    """Whether the conversion is an ExecuTorch program (``runtime="executorch"``, or ``out`` ends in ``.pte``)."""
+    if search_by.runtime not in (None, "ort", "executorch"):
+        raise LayertapError(f"fix runs its conversions in ONNX Runtime (ort) or ExecuTorch (executorch), not "
+                            f"{search_by.runtime!r}")
+    return search_by.runtime == "executorch" or str(out or "").lower().endswith(".pte")
+
+
+def _fix_program(ref: Any, args: Any, to: str, out: Any, goal: Target, sampling: SampleOptions, calib: Any,
+                 keep: Sequence[str], max_float: int | None, config_out: Any, on_step: Any) -> FixReport:
+    """An int8 ExecuTorch program (:mod:`.program_fix`); float16 programs are not made."""
+    from .program_fix import fix_program  # noqa: PLC0415 -- it loads torch, for a .pte only
+
+    if to != "int8":
+        raise LayertapError("--runtime executorch makes int8 programs (XNNPACK quantizer): use --to int8")
+    if is_onnx_source(ref):
+        raise LayertapError("an ExecuTorch program is lowered from the PyTorch model: give MODEL, not an ONNX file")
+    steps, notes, tool = fix_program(ref, args, out=out, target=goal, sampling=sampling, calib=calib, keep=keep,
+                                     max_float=max_float, config_out=config_out, on_step=on_step)
+    return FixReport(steps, target=goal, to="int8", nodes=[], notes=notes, tool=tool)
 
 
 def _unit_notes(units: Units) -> list[str]:

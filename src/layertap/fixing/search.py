@@ -16,7 +16,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Protocol, Sequence
 
 import numpy as np
 
@@ -196,7 +196,7 @@ class Trials:
     def baseline(self) -> FixStep:
         """The float32 model itself, run as the steps are (size and latency to compare with)."""
         path = self.float32
-        ms = _latency(_session(path), self.feeds[0])
+        ms = run_latency(_session(path), self.feeds[0])
         return FixStep(0, "float32", [], [], 0, self.target.measure(self.refs, self.refs), True, path.stat().st_size, ms)
 
     def trial(self, kept: Sequence[str], action: str, changed: Sequence[str] = ()) -> FixStep:
@@ -218,7 +218,7 @@ class Trials:
         else:
             metric = self.target.measure(self.refs, _run_all(sess, self.feeds))
             step = FixStep(n, action, list(changed), list(kept), len(nodes), metric, self._ok(metric, kept),
-                           path.stat().st_size, _latency(sess, self.feeds[0]))
+                           path.stat().st_size, run_latency(sess, self.feeds[0]))
             self.files[n] = path
         self.steps.append(step)
         self._seen[key] = step
@@ -245,15 +245,7 @@ class Trials:
 
     def best(self) -> FixStep:
         """The set FIXED.onnx gets: the smallest one that meets the target, else the closest one."""
-        met = [s for s in self.steps if s.ok]
-        if met:
-            return min(met, key=lambda s: (s.n_kept, s.nodes, s.step))
-        ran = [s for s in self.steps if s.error is None] or self.steps
-        best = ran[0]
-        for s in ran[1:]:
-            if self.target.better(s.metric, best.metric):
-                best = s
-        return best
+        return best_step(self.steps, self.target)
 
     def _drop_files(self) -> None:
         """Keep only the best file so far (disk stays at two converted models)."""
@@ -262,7 +254,36 @@ class Trials:
             self.files.pop(n).unlink(missing_ok=True)
 
 
-def search(trials: Trials, groups: list[list[str]], forced: Sequence[str], max_float: int | None,
+def best_step(steps: Sequence[FixStep], target: Target) -> FixStep:
+    """The smallest set that meets the target (fewest units, then nodes), else the closest one measured.
+
+    Example:
+        >>> a = FixStep(0, "plain", [], [], 0, 0.98, False, None, 1.0)
+        >>> b = FixStep(1, "add", ["fc"], ["fc"], 1, 0.9995, True, None, 1.0)
+        >>> best_step([a, b], Target.parse("cosine:0.999")).step
+        1
+    """
+    met = [s for s in steps if s.ok]
+    if met:
+        return min(met, key=lambda s: (s.n_kept, s.nodes, s.step))
+    ran = [s for s in steps if s.error is None] or list(steps)
+    best = ran[0]
+    for s in ran[1:]:
+        if target.better(s.metric, best.metric):
+            best = s
+    return best
+
+
+class TrialRunner(Protocol):
+    """What :func:`search` drives: sets tried for real (:class:`Trials`: ONNX files in ONNX Runtime;
+    :class:`~layertap.fixing.program_fix.ProgramTrials`: ExecuTorch programs) and the best one so far."""
+
+    def trial(self, kept: Sequence[str], action: str, changed: Sequence[str] = ()) -> FixStep: ...
+
+    def best(self) -> FixStep: ...
+
+
+def search(trials: TrialRunner, groups: list[list[str]], forced: Sequence[str], max_float: int | None,
            naive: bool = False, start: Sequence[str] = ()) -> FixStep:
     """Grow then prune (see the module doc); ``naive``: one module at a time in graph order, no
     ranking and no pruning (what the ranking is measured against). ``forced`` are in every set;
@@ -293,7 +314,7 @@ def search(trials: Trials, groups: list[list[str]], forced: Sequence[str], max_f
     return _prune(trials, trials.best().kept, forced)
 
 
-def _prune(trials: Trials, kept: list[str], forced: Sequence[str]) -> FixStep:
+def _prune(trials: TrialRunner, kept: list[str], forced: Sequence[str]) -> FixStep:
     """Drop each kept module (least harmful first) whose removal still meets the target; then, where more
     than one is left (and at most ``ALONE_TRIES``), try each alone (with the forced ones): keeping some modules in float32 can make the
     quantisation of their neighbours worse, so a smaller set than the one pruning reaches may meet it."""
@@ -325,8 +346,8 @@ def _run_all(sess: Any, feeds: list[dict[str, Any]]) -> list[list[np.ndarray]]:
     return [[np.asarray(o) for o in sess.run(None, f).values()] for f in feeds]
 
 
-def _latency(sess: Any, feed: dict[str, Any]) -> float:
-    """Median milliseconds of one ONNX Runtime run on the first sample (after one warm-up run)."""
+def run_latency(sess: Any, feed: dict[str, Any]) -> float:
+    """Median milliseconds of one run of an engine (ONNX Runtime, ExecuTorch) on the first sample (after one warm-up run)."""
     sess.run(None, feed)
     times = []
     for _ in range(LATENCY_RUNS):

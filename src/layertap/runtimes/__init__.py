@@ -23,12 +23,13 @@ __all__ = ["RUNTIMES", "Engine", "InputInfo", "Runtime", "RuntimeInfo", "add_out
            "open_runtime", "run", "runtime_for"]
 
 #: the runtimes ``--runtime`` names
-RUNTIMES = ("ort", "openvino")
+RUNTIMES = ("ort", "openvino", "executorch")
 
 
 def open_runtime(runtime: str = "ort", *, providers: Sequence[str] | str | None = None, optimize: bool = True,
                  ov_precision: str | None = None, ov_device: str | None = None) -> Runtime:
-    """The runtime named ``runtime`` (``ort`` or ``openvino``) with its settings checked.
+    """The runtime named ``runtime`` (``ort``, ``openvino``, or ``executorch``: ExecuTorch programs) with its
+    settings checked.
 
     ``providers``/``optimize`` are ONNX Runtime's (execution providers, graph optimisations);
     ``ov_precision`` (``f32``, ``bf16``, ``f16``; default the device's) and ``ov_device`` (``CPU``,
@@ -44,7 +45,15 @@ def open_runtime(runtime: str = "ort", *, providers: Sequence[str] | str | None 
     """
     if runtime not in RUNTIMES:
         raise LayertapError(unknown_name("runtime", str(runtime), list(RUNTIMES),
-                                         hint="use ort or openvino; ONNX Runtime's execution providers are picked with --providers"))
+                                         hint="use ort, openvino or executorch; ONNX Runtime's execution providers are "
+                                              "picked with --providers"))
+    if runtime == "executorch":
+        if providers is not None or ov_precision is not None or ov_device is not None:
+            raise LayertapError("--providers, --ov-precision and --ov-device apply to ONNX Runtime and OpenVINO; an "
+                                "ExecuTorch program runs on the backend it was lowered for")
+        from .executorch import ExecuTorchRuntime
+
+        return ExecuTorchRuntime()
     if runtime == "ort":
         if ov_precision is not None or ov_device is not None:
             raise LayertapError("--ov-precision and --ov-device (ov_precision=, ov_device=) apply to the OpenVINO "
@@ -73,7 +82,8 @@ def run(
     ov_device: str | None = None,
 ) -> dict[str, Any]:
     """Run ``path`` in ONNX Runtime (CPU; ``runtime="openvino"``: OpenVINO, the default for an OpenVINO
-    IR, which nothing else runs); return the model outputs and the taps.
+    IR, which nothing else runs; an ExecuTorch program ``.pte`` in ExecuTorch, its taps the outputs it was
+    exported with: :func:`.executorch.run_program`); return the model outputs and the taps.
 
     ``inputs``: dict name -> array (or :class:`~layertap.inputs.InputSpec`), a
     list in input order, or ``None``. Inputs left out are generated as the model
@@ -99,7 +109,18 @@ def run(
     """
     from .runner import TappedSession
 
-    runtime = runtime or runtime_for(path) or "ort"
+    own = runtime_for(path)
+    if own == "executorch" or runtime == "executorch":
+        if own != "executorch":
+            raise LayertapError(f"ExecuTorch runs ExecuTorch programs (.pte); '{path}' is not one: run it with "
+                                "--runtime ort or openvino")
+        if runtime not in (None, "executorch") or providers is not None or ov_precision is not None or ov_device:
+            raise LayertapError(f"'{path}' is an ExecuTorch program: it runs in ExecuTorch only (drop --runtime, "
+                                "--providers, --ov-precision and --ov-device)")
+        from .executorch import run_program
+
+        return run_program(path, inputs, taps, seed=seed, notify=notify)
+    runtime = runtime or own or "ort"
     engine = open_runtime(runtime, providers=providers, ov_precision=ov_precision, ov_device=ov_device)
     if is_ir(path):
         from .openvino import ir_file

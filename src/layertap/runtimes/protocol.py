@@ -115,16 +115,16 @@ class Runtime(Protocol):
 
 
 #: file suffix -> the one runtime that runs such a file (a file of any other suffix is ONNX: ONNX Runtime by
-#: default, or any runtime asked for)
-OWN_RUNTIME = {".xml": "openvino"}
+#: default, or any runtime asked for); an ExecuTorch program (``.pte``) runs in ExecuTorch
+OWN_RUNTIME = {".xml": "openvino", ".pte": "executorch"}
 
 
 def runtime_for(source: Any) -> str | None:
-    """The runtime a file needs (an OpenVINO IR: ``openvino``), ``None`` for one any runtime runs.
+    """The runtime a file needs (an OpenVINO IR: ``openvino``; an ExecuTorch program: ``executorch``), ``None`` for one any runtime runs.
 
     Example:
-        >>> runtime_for("m.xml"), runtime_for("m.onnx"), runtime_for(object())
-        ('openvino', None, None)
+        >>> runtime_for("m.xml"), runtime_for("m.pte"), runtime_for("m.onnx"), runtime_for(object())
+        ('openvino', 'executorch', None, None)
     """
     if not isinstance(source, (str, os.PathLike)):
         source = getattr(source, "path", None)

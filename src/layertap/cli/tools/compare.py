@@ -164,10 +164,12 @@ def reference(args: Args) -> Any:
 
 def _read(path: str) -> Any:
     """An ONNX file read once (graph only), its weights handed over to the runtime that runs it (the
-    command reads only the graph afterwards); an OpenVINO IR stays a path, for OpenVINO to read."""
+    command reads only the graph afterwards); an OpenVINO IR or an ExecuTorch program stays a path, for its
+    own runtime to read."""
     from ...onnxfile.modelfile import read_model
+    from ...runtimes import runtime_for
 
-    return path if is_ir(path) else read_model(path).hand_over()
+    return path if is_ir(path) or runtime_for(path) == "executorch" else read_model(path).hand_over()
 
 
 def _check_outputs(ns: argparse.Namespace, inputs: tuple[str, ...]) -> dict[str, Path]:

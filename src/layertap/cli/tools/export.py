@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ...options import ExportOptions
@@ -20,6 +20,8 @@ class ExportChoice:
     exporter: str
     verify: bool
     options: ExportOptions
+    #: calibration samples of an int8 program (``--calib PATH`` / ``--inputs PATH``), read once the model is known
+    calib: str | None = None
 
 
 class ExportTool(Tool):
@@ -35,8 +37,10 @@ class ExportTool(Tool):
     examples = (
         "layertap export torchvision:resnet18 -o r18.onnx --tap layer1 --tap layer2.0.relu --tap feat=avgpool",
         "layertap export examples/mymodels.py:Net --input 8x3x32x32 --static --exporter torchscript -o net.onnx",
+        "layertap export torchvision:resnet18 --input 1x3x64x64 -o r18.pte --tap layer1  # ExecuTorch, XNNPACK",
+        "layertap export torchvision:resnet18 --input 1x3x64x64 -o r18-int8.pte --quantize int8 --samples 16",
     )
-    output = OutputArgs(required=True, suffixes=(".onnx",), help="FILE.onnx")
+    output = OutputArgs(required=True, suffixes=(".onnx", ".pte"), help="FILE.onnx, or FILE.pte (an ExecuTorch program)")
     groups = (
         ModelArgs(),
         TapArgs(),
@@ -60,11 +64,34 @@ class ExportTool(Tool):
                                  "present.N.key/value out (Optimum's names), verified over decode steps")
         g = parser.add_argument_group("advanced")
         g.add_argument("--opset", type=int, default=None, metavar="N", help="ONNX opset version (exporter default)")
+        et = parser.add_argument_group("ExecuTorch (-o FILE.pte)")
+        et.add_argument("--backend", choices=("xnnpack", "portable"), default=None,
+                        help="lower for XNNPACK (default) or ExecuTorch's portable kernels")
+        et.add_argument("--quantize", choices=("int8",), default=None,
+                        help="int8 with the XNNPACK quantizer (pt2e), calibrated on --calib/--inputs or --samples")
+        et.add_argument("--calib", "--inputs", dest="calib", default=None, metavar="PATH",
+                        help="calibration samples: one .npz or a folder of .npy/.npz/images (as compare --inputs)")
+        et.add_argument("--samples", type=int, default=None, metavar="N",
+                        help="calibrate on N random samples drawn like the example (default 16)")
 
     def parse_own(self, ns: argparse.Namespace, args: Args) -> ExportChoice:
+        from ...errors import LayertapError
+
+        program = str(ns.output or "").lower().endswith(".pte")
+        asked = [f for f, v in (("--backend", ns.backend), ("--quantize", ns.quantize), ("--calib", ns.calib),
+                                ("--samples", ns.samples)) if v is not None]
+        if asked and not program:
+            raise LayertapError(f"{asked[0]} applies to ExecuTorch programs: write -o FILE.pte")
+        if (ns.calib is not None or ns.samples is not None) and not ns.quantize:
+            raise LayertapError("--calib/--inputs and --samples calibrate an int8 program: add --quantize int8")
+        if ns.calib is not None and ns.samples is not None:
+            raise LayertapError("give --calib/--inputs PATH or --samples N, not both")
+        if ns.samples is not None and ns.samples < 1:
+            raise LayertapError(f"--samples must be a positive number, got {ns.samples}")
+        et = dict(backend=ns.backend or "xnnpack", quantize=ns.quantize, calibration=ns.samples) if program else {}
         return ExportChoice(ns.static, ns.exporter, not ns.no_verify,
                             ExportOptions(opset=ns.opset, fallback=ns.fallback, dynamic_sequence=ns.dynamic_sequence,
-                                          kv_cache=ns.kv_cache))
+                                          kv_cache=ns.kv_cache, **et), calib=ns.calib)
 
     def run(self, args: Args) -> int:
         # every option was checked by parse() before torch is imported
@@ -75,8 +102,11 @@ class ExportTool(Tool):
 
         from ...exporting.export import export
 
+        if opts.calib is not None:
+            opts = replace(opts, options=replace(opts.options, calibration=_calibration(opts.calib, sample_args)))
         if sys.stderr.isatty():  # progress only for a person watching
-            self.say(f"exporting {args.model.text} ({opts.exporter} exporter) to {out} ...")
+            how = "ExecuTorch" if out.suffix.lower() == ".pte" else f"{opts.exporter} exporter"
+            self.say(f"exporting {args.model.text} ({how}) to {out} ...")
         with running(info, method, sample_args, kwargs, spinner=False):  # export runs the model first: its errors, one line
             report = export(
                 model,
@@ -94,3 +124,13 @@ class ExportTool(Tool):
             )
         self.print_table(report, as_json=args.json)
         return 0 if report.ok else 1
+
+
+def _calibration(path: str, example: tuple) -> list[tuple]:
+    """``--calib PATH``'s samples as the model's positional arguments (named after their position)."""
+    from ...pytorch.example_inputs import sample_tensors
+    from ...samples.loading import load_samples
+
+    names = [f"input_{i}" for i in range(len(example))]
+    ranks = [getattr(a, "dim", lambda: None)() for a in example]
+    return [sample_tensors(s) for s in load_samples(path, names, ranks)]

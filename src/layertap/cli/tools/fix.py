@@ -26,6 +26,7 @@ class FixOptions:
     max_float: int | None
     keep: list[str]
     config_out: str | None
+    runtime: str | None = None
 
 
 class FixTool(Tool):
@@ -41,9 +42,11 @@ class FixTool(Tool):
         "layertap fix resnet18.onnx --to fp16 -o resnet18-fixed.onnx --samples 2 --config-out fix-cfg",
         "layertap fix torchvision:resnet50 --to int8 -o r50-int8.onnx --calib images/ --target top1:0.99",
         "layertap fix m.onnx --to fp16 -o m16.onnx --keep layer4.2 --max-float 8  # layer4.2 always kept in float32",
+        "layertap fix torchvision:mobilenet_v3_small --input 1x3x64x64 --to int8 --runtime executorch -o m.pte",
     )
     groups = (ModelArgs(onnx_ok=True), InputArgs(),
-              OutputArgs(required=True, suffixes=(".onnx",), help="FIXED.onnx: the conversion with the kept set"),
+              OutputArgs(required=True, suffixes=(".onnx", ".pte"),
+                         help="FIXED.onnx (or FIXED.pte with --runtime executorch): the conversion with the kept set"),
               JsonArgs(), ReportArgs(),
               SampleArgs(inputs_help="samples to judge on: a folder of images, .npy/.npz files or a datasets folder, "
                                      "or one .npz",
@@ -64,6 +67,9 @@ class FixTool(Tool):
         g.add_argument("--keep", action="append", default=[], metavar="PATH",
                        help="module path always kept in float32 (repeatable), e.g. layer4.2; in a file without "
                             "module scopes (paddle2onnx, tf2onnx) a node name or the tensor name it makes")
+        g.add_argument("--runtime", choices=("ort", "executorch"), default=None,
+                       help="ort (default): an ONNX file, run in ONNX Runtime; executorch: an int8 ExecuTorch program "
+                            "(XNNPACK quantizer), each set lowered and run in ExecuTorch (-o FIXED.pte)")
         g.add_argument("--config-out", metavar="DIR",
                        help="write the kept set for each toolchain: modules.json (nodes.json in a file without "
                             "module scopes), onnxconverter_common.json, "
@@ -85,7 +91,11 @@ class FixTool(Tool):
 
             check_config_out(ns.config_out)
         args.reads = tuple(p for p in (ns.model if is_onnx_path(ns.model) else None, ns.inputs, ns.calib) if p)
-        return FixOptions(ns.to, ns.calib, target, ns.max_float, ns.keep, ns.config_out)
+        program = ns.runtime == "executorch" or str(ns.output or "").lower().endswith(".pte")
+        if program and not str(ns.output or "").lower().endswith(".pte"):
+            raise LayertapError("--runtime executorch writes an ExecuTorch program: give -o FIXED.pte")
+        return FixOptions(ns.to, ns.calib, target, ns.max_float, ns.keep, ns.config_out,
+                          "executorch" if program else ns.runtime)
 
     def run(self, args: Args) -> int:
         opts: FixOptions = args.own
@@ -94,7 +104,8 @@ class FixTool(Tool):
         ref = args.model.text if args.model.is_onnx else args.model.model
         report = fix(ref, args.inputs.specs or None, to=opts.to, out=str(args.output), target=opts.target,
                      calib=opts.calib, keep=opts.keep, max_float=opts.max_float, config_out=opts.config_out,
-                     sample_options=args.sampling, search_options=SearchOptions(on_step=None if args.json else _say_step))
+                     sample_options=args.sampling, search_options=SearchOptions(on_step=None if args.json else _say_step,
+                                                   runtime=opts.runtime))
         self.print_table(report, as_json=args.json)
         if not args.json:
             self.say(f"wrote {args.output}" + ("" if report.ok else " (the best set found; the target is not met)"))

@@ -41,12 +41,14 @@ class RunTool(Tool):
     examples = (
         "layertap run r18.onnx --input 5x3x224x224 --tap layer2.0.relu#1 -o acts.npz  # any batch size",
         "layertap run resnet18.onnx --tap layer3.1 --input 1x3x224x224 -o acts.npz",
+        "layertap run r18.pte -o acts.npz  # an ExecuTorch program: its outputs and the taps it was exported with",
     )
     output = OutputArgs(required=False, suffixes=(".npz", ".safetensors"), help="FILE.npz")
     groups = (InputArgs(), TapArgs(selectors=False), output, JsonArgs(), RuntimeArgs())
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("onnx", metavar="FILE.onnx", help="the ONNX file to run (never modified)")
+        parser.add_argument("onnx", metavar="FILE.onnx", help="the ONNX file (or OpenVINO IR, or ExecuTorch program .pte) "
+                                                              "to run (never modified)")
 
     def parse_own(self, ns: argparse.Namespace, args: Args) -> str:
         args.reads = (ns.onnx,)
@@ -65,8 +67,9 @@ class RunTool(Tool):
         for note in notes:
             self.say(note)
         table = RunTable([_row(k, v) for k, v in values.items()])
-        if (args.runtime.runtime or runtime_for(args.own)) == "openvino":
-            table.__dict__["title"] = "OpenVINO outputs"
+        ran = args.runtime.runtime or runtime_for(args.own)
+        if ran in ("openvino", "executorch"):
+            table.__dict__["title"] = {"openvino": "OpenVINO outputs", "executorch": "ExecuTorch outputs"}[ran]
         self.print_table(table, as_json=args.json)
         if args.output and not args.json:
             self.say(f"wrote {args.output}")

@@ -1,4 +1,4 @@
-"""The module that ``lt.export`` hands to the exporter.
+"""The module that ``lt.export`` hands to the exporter (ONNX, and torch.export for ExecuTorch programs).
 
 :class:`TapWrapper` runs the user's method with a :class:`Capture` attached
 and returns a flat tuple: the method's own result (flattened like
@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from ..errors import LayertapError, SelectorError
-from ..pytorch.capture import Capture
-from ..pytorch.taps import bound_method, is_model_output, output_tensors, root_input, root_value, served_at_root
 from ..selectors import Tap
+from .capture import Capture
+from .taps import bound_method, is_model_output, output_tensors, root_input, root_value, served_at_root
 
 #: the wrapper attributes through which exporters reach the user's model; they
 #: prefix every module scope in the raw export (``model.layer1``, ``/model/layer1``;
@@ -113,9 +113,13 @@ class TapWrapper(nn.Module):
         """Name and source of each output, known after the first run."""
         return _OUTPUTS[self._token]
 
+    #: the outputs returned, by position (``None``: all); an ExecuTorch program returns each tensor once
+    #: (:func:`~layertap.pytorch.lowering.tapped_wrapper`)
+    keep: list[int] | None = None
+
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         values = self.run(tensors)
-        return tuple(values)
+        return tuple(values) if self.keep is None else tuple(values[i] for i in self.keep)
 
     def run(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """One call; the first one records :attr:`outputs` (names and sources)."""

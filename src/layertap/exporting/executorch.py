@@ -1,0 +1,118 @@
+"""``lt.export(..., "m.pte")``: a model to an ExecuTorch program, taps as named outputs.
+
+The one tap mechanism of the ONNX export (:class:`~layertap.pytorch.wrapper.TapWrapper`: the method's result
+flattened, then each tapped tensor) is lowered by :func:`layertap.pytorch.lowering.lower` (torch.export at
+the example's sizes, int8 by the XNNPACK quantizer, XNNPACK or portable kernels). The program is run in
+ExecuTorch's runtime on the example and every output compared with PyTorch (an int8 program with the quantised model in PyTorch, which is
+what it should compute); then it is published atomically with its sidecar (``m.pte.json``: names
+and recipe, :mod:`layertap.runtimes.executorch`) and, when quantised, its calibration samples
+(``m.pte.calib.npz``), from which ``compare`` and ``fix`` lower the model again by the same recipe.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..files.writes import atomic_path, atomic_write_bytes, check_output_path
+from ..pytorch.lowering import CALIB_SAMPLES, Recipe, as_args, calibration_path, drawn_calibration, lower, tapped_wrapper
+from ..pytorch.wrapper import input_names
+from ..runtimes.executorch import ProgramEngine, Sidecar, sidecar_path
+from ..selectors import Tap, parse_taps
+from .verify import ExportReport, ExportRow, check_output
+
+#: an int8 program is verified against the quantised model in PyTorch within this many of its
+#: output's quanta (XNNPACK's requantisation rounds where PyTorch's fake-quant arithmetic does not)
+INT8_QUANTA = 2.0
+
+def export_program(
+    model: nn.Module,
+    args: Any,
+    path: str | os.PathLike,
+    taps: Sequence[str | Tap] = (),
+    *,
+    method: str | Callable[..., Any] = "forward",
+    kwargs: dict | None = None,
+    recipe: Recipe | None = None,
+    verify: bool = True,
+    rtol: float = 1e-3,
+    atol: float = 1e-5,
+) -> ExportReport:
+    """Export ``model.<method>(*args)`` to the ExecuTorch program ``path`` with taps as named outputs.
+
+    Example:
+        >>> import torch, tempfile, os
+        >>> m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.pte")
+        >>> report = export_program(m, torch.randn(2, 4), path, taps=["0"])
+        >>> report.ok, [r.name for r in report.rows], os.path.exists(path + ".json")
+        (True, ['output', '0'], True)
+    """
+    out = check_output_path(path, suffixes=(".pte",))
+    recipe = (recipe or Recipe()).check()
+    tapped = tapped_wrapper(model, method, parse_taps(taps), args, kwargs)
+    wrapper, example, reference = tapped.wrapper, tapped.example, tapped.reference
+    if recipe.quantize and not recipe.calibration:
+        recipe.calibration = drawn_calibration(example, CALIB_SAMPLES)
+    lowered = lower(wrapper, example, recipe)
+    names_in = input_names(model, method, as_args(args), dict(kwargs or {}))
+    sidecar = Sidecar([{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
+                       for n, t in zip(names_in, example)], tapped.records(), recipe.record())
+    rows = [ExportRow(o.name, o.selector if o.path is not None and o.selector else "model output", list(v.shape),
+                      str(v.dtype).replace("torch.", "")) for o, v in zip(wrapper.outputs, reference)]
+    notes: list[str] = []
+    publish_program(out, lowered.buffer, sidecar, recipe)
+    if verify:
+        expected = reference
+        if lowered.quantized is not None:
+            with torch.no_grad():
+                kept = iter(lowered.quantized(*example))
+                expected = [next(kept) if s is None else v for s, v in zip(tapped.same, reference)]
+            notes.append("int8: checked against the quantised model in PyTorch (pt2e convert: what the program should "
+                         f"compute) within {INT8_QUANTA:g} quanta of each output; layertap compare MODEL "
+                         f"{out.name} judges it against the float model")
+        verify_program(out, example, expected, rows, rtol, atol, quantized=lowered.quantized is not None)
+    report = ExportReport(rows, path=str(out), exporter=f"ExecuTorch {recipe.backend}"
+                          + (f", {recipe.quantize}" if recipe.quantize else ""),
+                          inputs={i["name"]: i["shape"] for i in sidecar.inputs}, rtol=rtol, atol=atol,
+                          verified=verify, notes=notes)
+    report.__dict__["title"] = "Export verification (ExecuTorch vs PyTorch)"
+    return report
+
+
+def publish_program(out: Path, buffer: bytes, sidecar: Sidecar, recipe: Recipe) -> None:
+    """The program, its sidecar and (int8) its calibration samples, each written atomically; the sidecar
+    last but one, so a program is never beside another program's record for long."""
+    atomic_write_bytes(out, buffer)
+    atomic_write_bytes(sidecar_path(out), sidecar.text().encode())
+    calib = calibration_path(out)
+    if recipe.quantize:
+        with atomic_path(calib) as tmp, open(tmp, "wb") as f:
+            np.savez(f, **{f"s{i}_{j}": t.detach().cpu().numpy() for i, s in enumerate(recipe.calibration)
+                           for j, t in enumerate(s)})
+    elif calib.exists():
+        calib.unlink()
+
+
+def verify_program(path: Path, example: tuple, expected: list[torch.Tensor], rows: list[ExportRow], rtol: float,
+                   atol: float, *, quantized: bool = False) -> None:
+    """Run the program in ExecuTorch on ``example``; one check per output against ``expected``."""
+    engine = ProgramEngine(path)
+    feed = {i.name: t.detach().cpu().numpy() for i, t in zip(engine.get_inputs(), example)}
+    got = engine.run(None, feed)
+    batch = {i.name: int(t.shape[0]) if t.dim() else 1 for i, t in zip(engine.get_inputs(), example)}
+    for row, name, want in zip(rows, engine.output_names(), expected):
+        ref = want.detach().float().cpu().numpy() if want.is_floating_point() else want.cpu().numpy()
+        value = got[name]
+        r, a = rtol, atol
+        if quantized and ref.size:
+            quantum = float(np.abs(ref).max()) / 127.0
+            r, a = rtol, max(atol, INT8_QUANTA * quantum)
+        row.add(check_output(value, ref, rtol=r, atol=a, batch=batch))
+
+

@@ -1,0 +1,321 @@
+"""ExecuTorch programs (``.pte``): run in ExecuTorch's own Python runtime, outputs by name.
+
+A program runs as it was lowered: its outputs are all it can hand out (no tensor can be exposed
+after lowering), so layertap bakes taps in as named outputs when it writes the program
+(``lt.export(..., "m.pte", taps=[...])``) and records the names beside it in a *sidecar*,
+``m.pte.json`` (:func:`sidecar_path`): the inputs (names, shapes, dtypes), each output's name and
+source (the ``layertap.taps`` record an ONNX export carries), and the recipe it was lowered by
+(backend, quantisation, calibration), from which ``compare`` lowers the model again with taps at
+every module. A program from elsewhere (no sidecar) names its outputs ``output_0``, ``output_1``...
+
+ExecuTorch is imported only when a program runs; its Python runtime takes and hands out torch
+tensors, so this is the one module of :mod:`layertap.runtimes` that reaches torch (through
+ExecuTorch, never for layertap's own use).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import InputSpecError, LayertapError, OnnxFileError, missing_executorch, one_line, unknown_name
+from ..inputs import InputSpec, random_input
+from .protocol import Engine, InputInfo, RuntimeInfo
+
+#: the sidecar's format version
+SIDECAR_VERSION = 1
+#: ExecuTorch's ScalarType codes (c10 numbering) -> numpy dtype names
+_SCALAR_TYPES = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16", 6: "float32",
+                 7: "float64", 11: "bool"}
+#: numpy dtype names -> the type text engines name inputs by (as ONNX Runtime's ``NodeArg.type``)
+_TYPE_TEXT = {"float32": "tensor(float)", "float16": "tensor(float16)", "float64": "tensor(double)",
+              "int64": "tensor(int64)", "int32": "tensor(int32)", "int8": "tensor(int8)", "uint8": "tensor(uint8)",
+              "int16": "tensor(int16)", "bool": "tensor(bool)"}
+
+
+def is_program(source: Any) -> bool:
+    """Whether a path names an ExecuTorch program (``.pte``).
+
+    Example:
+        >>> is_program("m.pte"), is_program("m.onnx"), is_program(None)
+        (True, False, False)
+    """
+    return isinstance(source, (str, os.PathLike)) and str(source).lower().endswith(".pte")
+
+
+def sidecar_path(path: str | os.PathLike) -> Path:
+    """Where layertap records a program's names and recipe: ``m.pte`` -> ``m.pte.json``.
+
+    Example:
+        >>> sidecar_path("out/m.pte").name
+        'm.pte.json'
+    """
+    return Path(str(path) + ".json")
+
+
+@dataclass
+class Sidecar:
+    """What layertap wrote beside a program: its inputs, its outputs (model outputs first, then taps:
+    ``layertap.taps`` records), and the recipe it was lowered by.
+
+    Example:
+        >>> s = Sidecar([{"name": "x", "shape": [1, 4], "dtype": "float32"}],
+        ...             [{"name": "output", "path": None}, {"name": "act", "path": "act"}], {"backend": "xnnpack"})
+        >>> s.output_names, s.taps, Sidecar.from_text(s.text()).recipe
+        (['output', 'act'], ['act'], {'backend': 'xnnpack'})
+    """
+
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    recipe: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def output_names(self) -> list[str]:
+        """Every output's name, repeats too (an output that is an earlier one, or an input)."""
+        return [o["name"] for o in self.outputs]
+
+    @property
+    def program_outputs(self) -> list[str]:
+        """The names of the program's own outputs, in order (repeats are handed out from them)."""
+        return [o["name"] for o in self.outputs if "same_as" not in o and "input" not in o]
+
+    @property
+    def taps(self) -> list[str]:
+        """The names of the tapped outputs (those with a module path)."""
+        return [o["name"] for o in self.outputs if o.get("path") is not None]
+
+    def text(self) -> str:
+        """The sidecar's JSON text."""
+        return json.dumps({"layertap_program": SIDECAR_VERSION, "inputs": self.inputs, "outputs": self.outputs,
+                           "recipe": self.recipe}, indent=1) + "\n"
+
+    @classmethod
+    def from_text(cls, text: str) -> "Sidecar":
+        data = json.loads(text)
+        return cls(list(data["inputs"]), list(data["outputs"]), dict(data.get("recipe") or {}))
+
+
+def read_sidecar(path: str | os.PathLike) -> Sidecar | None:
+    """The sidecar beside ``path`` (``None``: a program from elsewhere); an unreadable one is an error."""
+    side = sidecar_path(path)
+    if not side.is_file():
+        return None
+    try:
+        return Sidecar.from_text(side.read_text())
+    except (ValueError, KeyError, TypeError) as e:
+        raise OnnxFileError(f"'{side}' is not layertap's record of '{path}' ({one_line(e)}); remove it to run the "
+                            "program with outputs named output_0, output_1, ...") from None
+
+
+def executorch_version() -> str:
+    """The installed ExecuTorch's version (``""`` when it is not installed)."""
+
+    try:
+        return version("executorch")
+    except PackageNotFoundError:
+        return ""
+
+
+class ProgramEngine:
+    """One program's ``forward`` loaded in ExecuTorch's runtime (an :class:`~.protocol.Engine`): a feed by
+    input name in, every output by name out."""
+
+    def __init__(self, path: str | os.PathLike, method: str = "forward") -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise LayertapError(f"no such ExecuTorch program: '{path}'")
+        try:
+            from executorch.runtime import Runtime as EtRuntime
+        except ImportError:
+            raise missing_executorch() from None
+        self.sidecar = read_sidecar(path)
+        try:
+            program = EtRuntime.get().load_program(str(self.path))
+            self.method = program.load_method(method)
+        except Exception as e:  # noqa: BLE001 - the runtime's own error, as one line
+            raise OnnxFileError(f"ExecuTorch cannot load '{path}': {one_line(e, first=True)}") from None
+        if self.method is None:
+            raise OnnxFileError(f"'{path}' has no method {method!r}")
+        meta = self.method.metadata
+        self._inputs = [_input_info(meta.input_tensor_meta(i), i, self.sidecar) for i in range(meta.num_inputs())]
+        n_out = meta.num_outputs()
+        names = self.sidecar.program_outputs if self.sidecar is not None else []
+        if len(names) != n_out:
+            names = ["output" if n_out == 1 else f"output_{i}" for i in range(n_out)]
+            self.sidecar = None  # not this program's record
+        self._outputs = names
+        self.runs = 0
+
+    def get_inputs(self) -> list[InputInfo]:
+        return list(self._inputs)
+
+    def output_names(self) -> list[str]:
+        return list(self._outputs) if self.sidecar is None else self.sidecar.output_names
+
+    def run(self, names: Sequence[str] | None, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One run of the program on ``feed`` (by input name); ``names``: the outputs to hand back."""
+        import torch  # ExecuTorch's Python runtime takes torch tensors
+
+        missing = [i.name for i in self._inputs if i.name not in feed]
+        if missing:
+            raise InputSpecError(f"the program needs the input {missing[0]!r}; it takes "
+                                 f"{', '.join(i.name for i in self._inputs)}")
+        tensors = [torch.from_numpy(np.ascontiguousarray(feed[i.name])) for i in self._inputs]
+        try:
+            got = self.method.execute(tensors)
+        except Exception as e:  # noqa: BLE001
+            shapes = ", ".join(f"{i.name}={list(i.shape or [])}" for i in self._inputs)
+            raise OnnxFileError(f"ExecuTorch failed to run '{self.path}': {one_line(e, first=True)} "
+                                f"(it was lowered for {shapes})") from None
+        self.runs += 1
+        # copies: the runtime reuses its planned memory on the next run
+        values = {n: np.array(t.detach().numpy(), copy=True) for n, t in zip(self._outputs, got)}
+        for record in self.sidecar.outputs if self.sidecar is not None else ():  # repeats, in order
+            if "same_as" in record:
+                values[record["name"]] = values[record["same_as"]]
+            elif "input" in record:
+                values[record["name"]] = np.array(feed[self._inputs[record["input"]].name], copy=True)
+        if self.sidecar is not None:
+            values = {n: values[n] for n in self.sidecar.output_names}
+        if names is None:
+            return values
+        return {n: values[n] for n in names}
+
+
+def _input_info(meta: Any, index: int, sidecar: Sidecar | None) -> InputInfo:
+    """An input as engines describe one: its name (the sidecar's, else ``input_i``), type text, shape."""
+    dtype = _SCALAR_TYPES.get(int(meta.dtype()), "float32")
+    name = f"input_{index}"
+    if sidecar is not None and index < len(sidecar.inputs):
+        name = sidecar.inputs[index]["name"]
+    return InputInfo(name, _TYPE_TEXT.get(dtype, "tensor(float)"), [int(d) for d in meta.sizes()])
+
+
+class ExecuTorchRuntime:
+    """ExecuTorch's runtime behind the one protocol (:class:`~.protocol.Runtime`): it runs a program as it
+    was lowered (:meth:`open_file`); ONNX graphs, part graphs and tensors exposed after lowering are
+    refused with what to do instead.
+
+    Example:
+        >>> ExecuTorchRuntime().describe().runtime
+        'ExecuTorch'
+    """
+
+    name = "executorch"
+    optimize = True  # its backend's own graph: no switch to turn off
+    carries_branches = False
+
+    def __init__(self, precision: str = "float32", backend: str | None = None) -> None:
+        self.precision, self.backend = precision, backend
+
+    def open(self, model: Any, outputs: Sequence[Any] = (), *, only: bool = False) -> Engine:
+        raise LayertapError("ExecuTorch runs ExecuTorch programs (.pte), not ONNX files; run ONNX files in ort or "
+                            "openvino, or export the model to a .pte (layertap export MODEL -o m.pte)")
+
+    def open_tapped(self, source: Any, tensors: Sequence[str]) -> Engine:
+        return self.open(source)
+
+    def open_part(self, source: Any, part: Any) -> Engine:
+        raise LayertapError("--local (local=True) runs parts of an ONNX graph; an ExecuTorch program cannot be cut "
+                            "into parts: compare it without --local")
+
+    def open_file(self, path: Path, *, timing: bool = False) -> Engine:
+        engine = ProgramEngine(path)
+        recipe = engine.sidecar.recipe if engine.sidecar is not None else {}
+        self.backend = self.backend or recipe.get("backend")
+        if recipe.get("quantize"):
+            self.precision = str(recipe["quantize"])
+        return engine
+
+    def settings(self) -> str:
+        return f"{self.backend} backend" if self.backend else ""
+
+    def rounding_note(self) -> str:
+        return ""
+
+    def exposable(self, model: Any) -> set[str] | None:
+        return set()
+
+    def describe(self) -> RuntimeInfo:
+        return RuntimeInfo("ExecuTorch", executorch_version() or "(not installed)", "CPU", self.precision)
+
+
+def run_program(
+    path: str | os.PathLike,
+    inputs: Mapping[str, Any] | Sequence[Any] | None = None,
+    taps: Sequence[str] = (),
+    *,
+    seed: int = 0,
+    notify: Callable[[str], None] | None = None,
+) -> dict[str, np.ndarray]:
+    """Run a program once: the model's outputs, then the taps asked for (every tap baked in when
+    ``taps`` is empty). Inputs left out are drawn as the program declares them.
+
+    Example:
+        >>> run_program("missing.pte")
+        Traceback (most recent call last):
+        ...
+        layertap.errors.LayertapError: no such ExecuTorch program: 'missing.pte'
+    """
+    engine = ProgramEngine(path)
+    feed = program_feed(engine, inputs, seed, notify)
+    values = engine.run(None, feed)
+    taps_in = set(engine.sidecar.taps) if engine.sidecar is not None else set()
+    own = [n for n in values if n not in taps_in]
+    wanted = [str(t) for t in taps]
+    for t in wanted:
+        if t not in values:
+            raise LayertapError(unknown_name("tap", t, sorted(taps_in),
+                                             hint="a program hands out the taps it was exported with; export again "
+                                                  "with --tap (lt.export(..., taps=[...]))" if taps_in else
+                                                  "this program has no taps layertap recorded; export the model with "
+                                                  "layertap export MODEL -o m.pte --tap ..."))
+    keep = own + ([t for t in values if t in taps_in] if not wanted else list(dict.fromkeys(wanted)))
+    return {k: values[k] for k in keep}
+
+
+def program_feed(engine: ProgramEngine, inputs: Mapping[str, Any] | Sequence[Any] | None, seed: int,
+                 notify: Callable[[str], None] | None = None) -> dict[str, np.ndarray]:
+    """The feed of one run: inputs given (arrays or ``InputSpec`` s, by name or in order), the rest drawn
+    at the sizes the program was lowered for (``notify`` says which)."""
+
+    declared = engine.get_inputs()
+    given: dict[str, Any] = {}
+    if isinstance(inputs, Mapping):
+        unknown = [k for k in inputs if k not in {i.name for i in declared}]
+        if unknown:
+            raise InputSpecError(unknown_name("input", unknown[0], [i.name for i in declared]))
+        given = dict(inputs)
+    elif inputs is not None:
+        if len(inputs) > len(declared):
+            raise InputSpecError(f"{len(inputs)} inputs given; the program takes {len(declared)}")
+        given = {i.name: v for i, v in zip(declared, inputs)}
+    rng = np.random.default_rng(seed)
+    feed, drawn = {}, []
+    for info in declared:
+        dtype = _dtype_of(info.type)
+        value = given.get(info.name)
+        if isinstance(value, InputSpec):
+            value = value.array(rng)
+        if value is None:
+            value, how = random_input(info.name, info.shape or [], dtype, rng)
+            drawn.append(how)
+        arr = np.asarray(value.detach().numpy() if hasattr(value, "detach") else value)
+        if list(arr.shape) != list(info.shape or []):
+            raise InputSpecError(f"input {info.name!r} has shape {list(arr.shape)}; the program was lowered for "
+                                 f"{list(info.shape or [])} (ExecuTorch programs have static shapes: export again "
+                                 "with that --input)")
+        feed[info.name] = arr.astype(dtype, copy=False)
+    if drawn and notify is not None:
+        notify("generated inputs: " + ", ".join(drawn))
+    return feed
+
+
+def _dtype_of(type_text: str) -> str:
+    return next((k for k, v in _TYPE_TEXT.items() if v == type_text), "float32")
