@@ -185,7 +185,8 @@ def peak_rss_child(folder: Path, n: int) -> float:
         "import json, resource, sys, tempfile, torch, torchvision, layertap as lt\n"
         "torch.manual_seed(0); m = torchvision.models.resnet18(weights=None).eval()\n"
         f"lt.extract_dataset(m, {str(folder)!r}, taps=['layer4'], out=tempfile.mkdtemp() + '/o', batch_size={BATCH}, "
-        f"pool='mean', limit={n}, shard_size=64, progress=False)\n"
+        f"pool='mean', sample_options=lt.SampleOptions(limit={n}), "
+        "dataset_options=lt.DatasetOptions(shard_size=64, progress=False))\n"
         "print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

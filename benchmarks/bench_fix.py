@@ -48,6 +48,8 @@ def _images(n: int, seed: int, size: int = 224) -> list[dict]:
 def _run(label: str, path: Path, out: Path, **kw) -> dict:
     import layertap as lt
 
+    if kw.pop("naive", False):  # the naive search is a SearchOptions field
+        kw["search_options"] = lt.SearchOptions(naive=True)
     t = time.perf_counter()
     r = lt.fix(path, out=out, **kw)
     wall = time.perf_counter() - t

