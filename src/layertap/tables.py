@@ -56,8 +56,8 @@ class Table:
         {'rows': [{'name': 'a', 'n': 1}]}
     """
 
-    columns: ClassVar[Sequence[Column]] = ()
-    title: ClassVar[str | None] = None
+    columns: Sequence[Column] = ()  # an instance may name a column its own way
+    title: str | None = None
     report_kind: ClassVar[str] = "table"  # which layertap.reports fragment draws it as HTML
 
     def __init__(self, rows: Sequence[Any] = (), notes: Sequence[str] = ()) -> None:

@@ -10,7 +10,7 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, Sequence
 
 from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, FORMAT_MULTIPLE, Criterion, ErrorStats
 from ..tables import Column, ToleranceReport
@@ -123,7 +123,7 @@ class CompareReport(ToleranceReport):
 
     title = "PyTorch vs ONNX Runtime, module by module"
     report_kind = "compare"
-    columns: ClassVar[Sequence[Column]] = (
+    columns: Sequence[Column] = (
         Column("name", "Module", name=True),
         Column("type", "Type", drop=2),
         Column("shape", "Shape", fmt_shape, no_wrap=True, drop=3),

@@ -80,8 +80,7 @@ def export_program(
     report = ExportReport(rows, path=str(out), exporter=f"ExecuTorch {recipe.backend}"
                           + (f", {recipe.quantize}" if recipe.quantize else ""),
                           inputs={i["name"]: i["shape"] for i in sidecar.inputs}, rtol=rtol, atol=atol,
-                          verified=verify, notes=notes)
-    report.__dict__["title"] = "Export verification (ExecuTorch vs PyTorch)"
+                          verified=verify, notes=notes, runtime="ExecuTorch")
     return report
 
 

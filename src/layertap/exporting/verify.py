@@ -117,6 +117,7 @@ class ExportReport(ToleranceReport):
         inputs: graph input names with their declared shapes.
         rtol, atol: the tolerances used.
         verified: False when ``verify=False`` (rows then have ``ok=None``).
+        runtime: the runtime the file was checked in (its name heads the table).
 
     Example:
         >>> import layertap as lt
@@ -131,7 +132,7 @@ class ExportReport(ToleranceReport):
     columns = (
         Column("name", "Output", name=True),
         Column("origin", "From", name=True, drop=2),
-        Column("shape", "ONNX shape", fmt_shape, no_wrap=True),
+        Column("shape", "Shape", fmt_shape, no_wrap=True),
         Column("batches", "Batches", justify="right", drop=4),
         Column("max_abs", "Max abs", fmt_float, "right", drop=1),
         Column("rel_err", "Rel err", fmt_float, "right", drop=3),
@@ -139,8 +140,9 @@ class ExportReport(ToleranceReport):
     )
 
     def __init__(self, rows, *, path: str, exporter: str, inputs: dict, rtol: float, atol: float,
-                 verified: bool, notes=()) -> None:
+                 verified: bool, notes=(), runtime: str = "ONNX Runtime") -> None:
         super().__init__(rows, notes, rtol=rtol, atol=atol)
+        self.title = f"Export verification ({runtime} vs PyTorch)"  # the runtime the file was checked in
         self.path = path
         self.exporter = exporter
         self.inputs = inputs

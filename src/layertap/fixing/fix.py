@@ -10,6 +10,7 @@ import math
 import os
 import tempfile
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
@@ -79,8 +80,12 @@ class FixReport(Report):
     ]
 
     def __init__(self, steps: Sequence[FixStep], *, target: Any, to: str, nodes: Sequence[str] = (),
-                 float32: FixStep | None = None, notes: Sequence[str] = (), tool: str = "") -> None:
+                 float32: FixStep | None = None, notes: Sequence[str] = (), tool: str = "", runtime: str = "ORT",
+                 out_name: str = "FIXED.onnx") -> None:
         super().__init__(steps, notes)
+        self.out_name = out_name  # the file the footer speaks of
+        if runtime != "ORT":  # the trials' latency is measured in the runtime they ran in
+            self.columns = [replace(c, header=f"{runtime} ms") if c.key == "latency_ms" else c for c in self.columns]
         self.target, self.to, self.tool, self.float32 = Target.parse(target), to, tool, float32
         self.best = next((s for s in steps if s.chosen), steps[0] if steps else None)
         self.nodes = list(nodes)
@@ -125,7 +130,7 @@ class FixReport(Report):
             lines += [f"target {self.target} met ({tried})", f"kept in float32: {what}"]
         else:
             lines += [f"no set within the limit meets target {self.target} ({tried})",
-                      f"FIXED.onnx holds the best set found, kept in float32: {what}"]
+                      f"{self.out_name} holds the best set found, kept in float32: {what}"]
         return lines
 
     def _counted(self, step: FixStep) -> str:
@@ -271,7 +276,8 @@ def _fix_program(ref: Any, args: Any, to: str, out: Any, goal: Target, sampling:
         raise LayertapError("an ExecuTorch program is lowered from the PyTorch model: give MODEL, not an ONNX file")
     steps, notes, tool = fix_program(ref, args, out=out, target=goal, sampling=sampling, calib=calib, keep=keep,
                                      max_float=max_float, config_out=config_out, on_step=on_step)
-    return FixReport(steps, target=goal, to="int8", nodes=[], notes=notes, tool=tool)
+    return FixReport(steps, target=goal, to="int8", nodes=[], notes=notes, tool=tool, runtime="ExecuTorch",
+                     out_name="FIXED.pte")
 
 
 def _unit_notes(units: Units) -> list[str]:

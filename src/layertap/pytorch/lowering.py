@@ -24,6 +24,7 @@ from torch import nn
 from torch.export.graph_signature import InputKind
 
 from ..errors import LayertapError, missing_executorch, one_line, unknown_name
+from ..noise import quiet_registrations
 from ..selectors import Tap
 from .callhooks import CallHooks
 from .taps import bound_method
@@ -156,7 +157,8 @@ def lower(module: nn.Module, example: tuple, recipe: Recipe) -> Lowered:
             module the failing operator came from where the error says, and the error).
     """
     try:
-        from executorch.exir import to_edge_transform_and_lower  # noqa: PLC0415 -- optional: ExecuTorch's extra
+        with quiet_registrations():  # ExecuTorch imports torchao
+            from executorch.exir import to_edge_transform_and_lower  # noqa: PLC0415 -- optional: ExecuTorch's extra
     except ImportError:
         raise missing_executorch() from None
     with torch.no_grad():

@@ -7,10 +7,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
-import logging
 import os
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -18,6 +17,7 @@ from torch import nn
 from ..errors import ModelSpecError, unknown_name
 from ..files.reads import note_input
 from ..inputs import DEFAULT_INT_HIGH, InputSpec
+from ..noise import quiet_registrations
 from .memory import check_fits
 
 #: what a zoo builds: the module, its default example inputs, the upper bound for random integer inputs
@@ -30,24 +30,6 @@ def _zoo_import(name: str, spec: str):
         return importlib.import_module(name)
     except ImportError as e:
         raise ModelSpecError(f"MODEL {spec!r} needs the '{name}' package ({e}); pip install {name}") from None
-
-
-@contextlib.contextmanager
-def quiet_registrations() -> Iterator[None]:
-    """Importing torchao (transformers does, where it is installed, e.g. beside ExecuTorch) makes torch
-    log a deprecation line per Enum it registers with pytree: noise on stderr above the user's answer,
-    about a package they did not ask for. torch's pytree logger is raised for the import only.
-
-    >>> with quiet_registrations():
-    ...     pass
-    """
-    logger = logging.getLogger("torch.utils._pytree")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def torchvision_model(name: str, spec: str) -> Built:

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import InputSpecError, LayertapError, OnnxFileError, missing_executorch, one_line, unknown_name
 from ..inputs import InputSpec, random_input
+from ..noise import quiet_native_stderr, quiet_registrations
 from .protocol import Engine, InputInfo, RuntimeInfo
 
 #: the sidecar's format version
@@ -131,13 +132,15 @@ class ProgramEngine:
         if not self.path.is_file():
             raise LayertapError(f"no such ExecuTorch program: '{path}'")
         try:
-            from executorch.runtime import Runtime as EtRuntime
+            with quiet_registrations():  # ExecuTorch imports torchao
+                from executorch.runtime import Runtime as EtRuntime
         except ImportError:
             raise missing_executorch() from None
         self.sidecar = read_sidecar(path)
         try:
-            program = EtRuntime.get().load_program(str(self.path))
-            self.method = program.load_method(method)
+            with quiet_native_stderr():  # XNNPACK's CPU probe writes C++ log lines to stderr as it loads
+                program = EtRuntime.get().load_program(str(self.path))
+                self.method = program.load_method(method)
         except Exception as e:  # noqa: BLE001 - the runtime's own error, as one line
             raise OnnxFileError(f"ExecuTorch cannot load '{path}': {one_line(e, first=True)}") from None
         if self.method is None:
