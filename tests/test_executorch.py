@@ -283,3 +283,11 @@ def test_pte_without_executorch_names_the_extra(monkeypatch, tmp_path, capsys):
     assert "pip install 'layertap[executorch]'" in capsys.readouterr().err
     with pytest.raises(lt.LayertapError, match=r"layertap\[executorch\]"):
         lt.export(small_net(), torch.randn(1, 3, 8, 8), tmp_path / "n.pte")
+
+
+def test_compare_without_inputs_draws_at_the_programs_shapes(net_program):
+    """No args, no --input: the samples are drawn at the shapes the program was lowered for (a program's
+    shapes are static), not refused or drawn at a zoo's default size."""
+    model, _, path, _ = net_program
+    report = lt.compare(model, None, path, samples=2)
+    assert report.ok and report.samples == 2 and len(report.rows) == 9, report

@@ -55,7 +55,7 @@ from ..onnxfile.kvcache import kv_layout
 from ..onnxfile.modelfile import ModelFile, is_onnx_source
 from ..options import DEFAULT_MEMORY_BUDGET, UNSET, RuntimeOptions, SampleOptions, current_progress, merged_criterion
 from ..runtimes import open_runtime, runtime_for
-from ..runtimes.executorch import ProgramEngine
+from ..runtimes.executorch import ProgramEngine, program_input_specs
 from ..runtimes.ort import FUSION_NOTE
 from ..samples.declared import read_inputs
 from ..samples.drawn import given_samples, random_for_file, spec_samples, with_cache
@@ -257,6 +257,8 @@ def _compare_program(ref: Any, args: Any, cand: Any, runs: RuntimeOptions, sampl
         raise LayertapError(f"{other[0]} does not apply to an ExecuTorch program: it runs in ExecuTorch, on the "
                             "backend it was lowered for")
     loaded = load(ref)
+    if args is None and sampling.inputs is None and (sampling.samples is None or isinstance(sampling.samples, int)):
+        args = program_input_specs(cand)  # drawn at the shapes the program was lowered for, not the zoo's
     args, kwargs, sampling = example_call(loaded, args, sampling)
     samples = sampling.samples
     if sampling.inputs is not None:

@@ -102,6 +102,26 @@ class Sidecar:
         return cls(list(data["inputs"]), list(data["outputs"]), dict(data.get("recipe") or {}))
 
 
+def program_input_specs(path: str | os.PathLike) -> list[InputSpec]:
+    """The inputs a program was lowered for, as positional ``--input`` specs (ExecuTorch programs have
+    static shapes): from layertap's record beside it, else from the program itself.
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> _ = (folder / "m.pte.json").write_text(Sidecar([{"name": "x", "shape": [1, 3, 8, 8], "dtype": "float32"}],
+        ...                                              []).text())
+        >>> program_input_specs(folder / "m.pte")
+        [InputSpec(name=None, shape=(1, 3, 8, 8), dtype='float32', path=None)]
+    """
+    sidecar = read_sidecar(path)
+    if sidecar is not None:
+        return [InputSpec(None, tuple(int(d) for d in i["shape"]), str(i.get("dtype", "float32")))
+                for i in sidecar.inputs]
+    return [InputSpec(None, tuple(d if isinstance(d, int) else 1 for d in i.shape or ()), _dtype_of(i.type))
+            for i in ProgramEngine(path).get_inputs()]
+
+
 def read_sidecar(path: str | os.PathLike) -> Sidecar | None:
     """The sidecar beside ``path`` (``None``: a program from elsewhere); an unreadable one is an error."""
     side = sidecar_path(path)
