@@ -119,7 +119,7 @@ def _label_axes(ax: "Any", report: "CompareReport", metric: str) -> None:
     elif getattr(report, "judged_at_format", False):
         ax.set_ylabel(f"max|cand - ideal {report.precision} run| / max|ref|")
     else:
-        ax.set_ylabel("max|cand - ref| / max|ref|" if report.reference else "max|onnx - torch| / max|torch|")
+        ax.set_ylabel("max|cand - ref| / max|ref|" if report.reference else "max|cand - torch| / max|torch|")
     ax.set_xlabel(f"module call, {'reference' if report.reference else 'PyTorch'} execution order")
 
     vs = (f"{Path(report.reference).name} vs {Path(report.onnx_path or '?').name}" if report.reference

@@ -22,7 +22,7 @@ from .words import ideal_line
 PASS, FAIL, NO_COUNTERPART, ABSORBED = "pass", "FAIL", "no counterpart", "absorbed"
 # the note of a row whose tensor the candidate computes by name inside an If branch its runtime does not hand out
 IN_BRANCH = "the candidate computes it inside an If branch, and its runtime (OpenVINO) does not hand that out"
-STATISTIC = "rel_err = max|onnx - torch| / max|torch|; pass when max_abs <= atol + rtol * max|torch|"
+STATISTIC = "rel_err = max|cand - torch| / max|torch|; pass when max_abs <= atol + rtol * max|torch|"
 #: the same rule when the reference is an ONNX file
 STATISTIC_ONNX = "rel_err = max|cand - ref| / max|ref|; pass when max_abs <= atol + rtol * max|ref|"
 
