@@ -25,10 +25,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import LayertapError
-from ..metrics import Criterion, error_stats
+from ..metrics import Criterion
 from ..numformats import Format
 from ..onnxfile.formats import TensorFormats
-from ..runtimes.executorch import ExecuTorchRuntime, ProgramEngine, Sidecar, sidecar_path
+from ..runtimes.executorch import ExecuTorchRuntime, ProgramEngine, Sidecar, check_static_shape, sidecar_path
 from .align import Item, RowBuilder, call_counts
 from .driver import Sample, Silent, compare_sides, module_filter, plan_batches
 from .ideal import judging as precision_rule
@@ -48,10 +48,8 @@ class ProgramSide:
 
     def __init__(self, path: str | Path, engine: ProgramEngine, tapped: ProgramEngine | None, own: list[str]) -> None:
         self.path, self.engine, self.tapped, self.own = Path(path), engine, tapped, own
-        self.runtime = ExecuTorchRuntime()
         recipe = engine.sidecar.recipe if engine.sidecar is not None else {}
-        self.runtime.backend = recipe.get("backend")
-        self.runtime.precision = recipe.get("quantize") or "float32"
+        self.runtime = ExecuTorchRuntime(recipe.get("quantize") or "float32", recipe.get("backend"))
         #: per sample run: (max abs, max |value|) between the tapped program's outputs and the program's
         self.tap_effect: list[tuple[float, float]] = []
 
@@ -206,7 +204,9 @@ def program_sides(model: Any, method: Any, path: str | Path, runs: list[tuple[tu
     own = [n for n in engine.output_names() if sidecar is None or n not in set(sidecar.taps)]
     if sidecar is None:
         return ProgramSide(path, engine, None, own), {}, None, None
-    _check_shapes(engine, runs[0][0])
+    for info, a in zip(engine.get_inputs(), runs[0][0]):
+        shape = list(getattr(a, "shape", []))
+        check_static_shape(info, shape, engine.path.name, f"give --input {'x'.join(str(d) for d in info.shape or [])}")
     recipe = sidecar.recipe
     wanted, _ = module_filter(modules)
     taps = module_taps(model, method, runs[0][0], runs[0][1], wanted)
@@ -276,24 +276,13 @@ def absorb_folded(items: list[Item], values: dict[str, np.ndarray]) -> None:
             it.note = f"the int8 quantizer folded it into {nxt.mc.path}; compared there"
 
 
-def _check_shapes(engine: ProgramEngine, args: tuple) -> None:
-    """A program has static shapes: samples must have the sizes it was lowered for."""
-    for info, a in zip(engine.get_inputs(), args):
-        shape = list(getattr(a, "shape", []))
-        if info.shape is not None and shape != list(info.shape):
-            raise LayertapError(f"the sample's {info.name} has shape {shape}; {engine.path.name} was lowered for "
-                                f"{list(info.shape)} (ExecuTorch programs have static shapes): give --input "
-                                f"{'x'.join(str(d) for d in info.shape)}")
-
-
 def compare_program(model: Any, path: str | Path, runs: list[tuple[tuple, dict]], plan: Any, method: Any) -> Any:
     """The report of a PyTorch model against the program at ``path``, by the one driver."""
 
     with tempfile.TemporaryDirectory(prefix="layertap-pte-") as work:
         side, names, formats, ideal = program_sides(model, method, path, runs, Path(work), plan.modules)
-        judged = precision_rule(formats, plan.criterion, plan.chosen) if formats is not None else None
-        if plan.criterion.precision == "fp32":
-            judged, ideal = None, None
+        at_fp32 = formats is None or plan.criterion.precision == "fp32"
+        judged = None if at_fp32 else precision_rule(formats, plan.criterion, plan.chosen)
         reference = ProgramReference(model, runs, side, names, method=method, progress=plan.progress,
                                      judging=judged, ideal=ideal if judged is not None else None,
                                      criterion=plan.criterion, modules=plan.modules, batch_outputs=plan.batch_outputs,
@@ -302,8 +291,3 @@ def compare_program(model: Any, path: str | Path, runs: list[tuple[tuple, dict]]
         return compare_sides(reference, side, onnx_path=str(path), ort_optimizations=True,
                              runtimes={"candidate": info}, judging=judged, criterion=plan.criterion,
                              local=False, memory_budget=plan.memory_budget, progress=plan.progress)
-
-
-def outputs_error(a: np.ndarray, b: np.ndarray) -> float:
-    """The relative error of ``b`` against ``a`` (max abs over max |a|), as the notes give it."""
-    return error_stats(a, b).rel_err

@@ -20,15 +20,13 @@ import torch
 from torch import nn
 
 from ..files.writes import atomic_path, atomic_write_bytes, check_output_path
-from ..pytorch.lowering import CALIB_SAMPLES, Recipe, as_args, calibration_path, drawn_calibration, lower, tapped_wrapper
+from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
+from ..pytorch.lowering import CALIB_SAMPLES, INT8_QUANTA, Recipe, as_args, calibration_path, drawn_calibration, lower, tapped_wrapper
 from ..pytorch.wrapper import input_names
 from ..runtimes.executorch import ProgramEngine, Sidecar, sidecar_path
 from ..selectors import Tap, parse_taps
 from .verify import ExportReport, ExportRow, check_output
 
-#: an int8 program is verified against the quantised model in PyTorch within this many of its
-#: output's quanta (XNNPACK's requantisation rounds where PyTorch's fake-quant arithmetic does not)
-INT8_QUANTA = 2.0
 
 def export_program(
     model: nn.Module,
@@ -40,8 +38,8 @@ def export_program(
     kwargs: dict | None = None,
     recipe: Recipe | None = None,
     verify: bool = True,
-    rtol: float = 1e-3,
-    atol: float = 1e-5,
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
 ) -> ExportReport:
     """Export ``model.<method>(*args)`` to the ExecuTorch program ``path`` with taps as named outputs.
 
@@ -61,8 +59,7 @@ def export_program(
         recipe.calibration = drawn_calibration(example, CALIB_SAMPLES)
     lowered = lower(wrapper, example, recipe)
     names_in = input_names(model, method, as_args(args), dict(kwargs or {}))
-    sidecar = Sidecar([{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
-                       for n, t in zip(names_in, example)], tapped.records(), recipe.record())
+    sidecar = Sidecar(Sidecar.input_records(names_in, example), tapped.records(), recipe.record())
     rows = [ExportRow(o.name, o.selector if o.path is not None and o.selector else "model output", list(v.shape),
                       str(v.dtype).replace("torch.", "")) for o, v in zip(wrapper.outputs, reference)]
     notes: list[str] = []

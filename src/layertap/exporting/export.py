@@ -57,7 +57,7 @@ from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
 from ..onnxfile.metadata import TAPS_KEY
 from ..onnxfile.publish import external_locations, publish, publish_file
 from ..options import ExportOptions
-from ..pytorch.lowering import Recipe, drawn_calibration
+from ..pytorch.lowering import Recipe, as_args, drawn_calibration
 from ..pytorch.values import random_tensor, tensor_to_numpy
 from ..pytorch.wrapper import MODEL_ATTRIBUTES, TapWrapper
 from ..pytorch.wrapper import input_names as signature_names
@@ -147,7 +147,7 @@ def export(
     _check_options(model, exporter)
     input_names, kv_cache = opts.input_names, opts.kv_cache
     if kv_cache:
-        args, input_names, method, kwargs = *llm.cache_example(model, _as_args(args), dict(kwargs or {})), \
+        args, input_names, method, kwargs = *llm.cache_example(model, as_args(args), dict(kwargs or {})), \
             llm.cache_method(model), None
     plan = _plan(model, args, kwargs, taps, method, input_names, dynamic_batch, opts.external_data)
     if opts.dynamic_sequence or kv_cache:
@@ -176,9 +176,9 @@ def _export_program(model: nn.Module, args: Any, path: str | os.PathLike, taps: 
 
     calibration: list[tuple] = []
     if isinstance(opts.calibration, int):
-        calibration = drawn_calibration(_as_args(args), opts.calibration)
+        calibration = drawn_calibration(as_args(args), opts.calibration)
     elif opts.calibration is not None:
-        calibration = [_as_args(s) for s in opts.calibration]
+        calibration = [as_args(s) for s in opts.calibration]
     recipe = Recipe(opts.backend, opts.quantize, calibration)
     return export_program(model, args, path, taps, method=method, kwargs=kwargs, recipe=recipe, verify=verify,
                           rtol=rtol, atol=atol)
@@ -233,7 +233,7 @@ def _plan(model, args, kwargs, taps, method, input_names, dynamic: bool, externa
     message instead of tracer symbols (``Tensor[s95,9,32]``), and its values
     are the reference for the first verification run.
     """
-    args = _as_args(args)
+    args = as_args(args)
     kwargs = dict(kwargs or {})
     wrapper = TapWrapper(model, method, parse_taps(taps), args, kwargs)
     example = wrapper.example_tensors
@@ -253,16 +253,6 @@ def _plan(model, args, kwargs, taps, method, input_names, dynamic: bool, externa
         notes.append("example batch of 1 was repeated to 2 for export, so the batch dimension stays symbolic")
     external = external_data if external_data is not None else _weight_bytes(model) > EXTERNAL_DATA_BYTES
     return _Plan(wrapper, names_in, example, traced, reference, dynamic, external, notes)
-
-
-def _as_args(args: Any) -> tuple:
-    if isinstance(args, torch.Tensor):
-        return (args,)
-    if isinstance(args, list):
-        return tuple(args)
-    if isinstance(args, tuple):
-        return args
-    raise InputSpecError(f"args must be a tensor or a tuple of arguments, got {type(args).__name__}")
 
 
 def _input_names(given, model, method, args, kwargs, n: int) -> list[str]:

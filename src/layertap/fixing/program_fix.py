@@ -26,13 +26,12 @@ from ..errors import LayertapError, unknown_name
 from ..exporting.executorch import export_program, publish_program
 from ..files.writes import atomic_write_bytes
 from ..options import Model, SampleOptions
-from ..pytorch.example_inputs import sample_tensors
+from ..pytorch.example_inputs import positional_samples
 from ..pytorch.lowering import Recipe, as_args, lower, tapped_wrapper
 from ..pytorch.reference import example_call, load
 from ..pytorch.values import random_like
 from ..runtimes.executorch import ProgramEngine, Sidecar
 from ..samples.drawn import given_samples
-from ..samples.loading import load_samples
 from .configs import Target
 from .search import FixStep, best_step, run_latency, search
 
@@ -84,9 +83,8 @@ class ProgramTrials:
 
     def sidecar(self, recipe: Recipe) -> Sidecar:
         """The record written beside each program tried."""
-        inputs = [{"name": f"input_{i}", "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
-                  for i, t in enumerate(self.tapped.example)]
-        return Sidecar(inputs, self.tapped.records(), recipe.record())
+        names = [f"input_{i}" for i in range(len(self.tapped.example))]
+        return Sidecar(Sidecar.input_records(names, self.tapped.example), self.tapped.records(), recipe.record())
 
     def best(self) -> FixStep:
         """The smallest set that meets the target, else the closest one."""
@@ -134,9 +132,7 @@ def fix_program(ref: Any, args: Any, *, out: str | os.PathLike | None, target: T
         raise LayertapError("ExecuTorch programs take positional tensors; give the inputs without names")
     if sampling.inputs is not None:
         n_in = len(as_args(args)) if args is not None else 1
-        listed: Any = [sample_tensors(s) for s in load_samples(sampling.inputs, [f"input_{i}" for i in range(n_in)],
-                                                               [None] * n_in, limit=sampling.limit)]
-        given, n_random = listed, 0
+        given, n_random = positional_samples(sampling.inputs, [None] * n_in, limit=sampling.limit), 0
     elif args is None:  # the samples were drawn (or given) as a list
         drawn = sampling.samples
         given, n_random = (list(drawn) if drawn is not None and not isinstance(drawn, int) else []), 0
@@ -149,7 +145,6 @@ def fix_program(ref: Any, args: Any, *, out: str | os.PathLike | None, target: T
     known = {p for p, _ in model.named_modules() if p}
     unknown = [k for k in keep if k not in known]
     if unknown:
-
         raise LayertapError(unknown_name("module", unknown[0], sorted(known)))
     with tempfile.TemporaryDirectory(prefix="layertap-fix-") as tmp:
         trials = ProgramTrials(model, method, samples, calibration, target, Path(tmp), on_step)
@@ -176,8 +171,7 @@ def _calibration(calib: Any, samples: list[tuple]) -> list[tuple]:
     if calib is None:
         return samples
     if isinstance(calib, (str, os.PathLike)):
-        n = len(samples[0])
-        return [sample_tensors(s) for s in load_samples(calib, [f"input_{i}" for i in range(n)], [None] * n)]
+        return positional_samples(calib, [None] * len(samples[0]))
     return [as_args(s) for s in calib]
 
 

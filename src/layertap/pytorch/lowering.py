@@ -23,7 +23,7 @@ import torch.fx
 from torch import nn
 from torch.export.graph_signature import InputKind
 
-from ..errors import LayertapError, missing_executorch, one_line, unknown_name
+from ..errors import InputSpecError, LayertapError, missing_executorch, one_line, unknown_name
 from ..noise import quiet_registrations
 from ..selectors import Tap
 from .callhooks import CallHooks
@@ -302,7 +302,7 @@ def as_args(args: Any) -> tuple:
         return (args,)
     if isinstance(args, (list, tuple)):
         return tuple(args)
-    raise LayertapError(f"args must be a tensor or a tuple of arguments, got {type(args).__name__}")
+    raise InputSpecError(f"args must be a tensor or a tuple of arguments, got {type(args).__name__}")
 
 
 def module_taps(model: nn.Module, method: str | Callable[..., Any], args: Any, kwargs: dict | None,

@@ -91,6 +91,17 @@ class Sidecar:
         """The names of the tapped outputs (those with a module path)."""
         return [o["name"] for o in self.outputs if o.get("path") is not None]
 
+    @staticmethod
+    def input_records(names: Sequence[str], example: Sequence[Any]) -> list[dict[str, Any]]:
+        """The record of each input: its name and the shape and dtype of its example tensor.
+
+        Example:
+            >>> Sidecar.input_records(["x"], [np.zeros((1, 4), np.float32)])
+            [{'name': 'x', 'shape': [1, 4], 'dtype': 'float32'}]
+        """
+        return [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
+                for n, t in zip(names, example)]
+
     def text(self) -> str:
         """The sidecar's JSON text."""
         return json.dumps({"layertap_program": SIDECAR_VERSION, "inputs": self.inputs, "outputs": self.outputs,
@@ -330,14 +341,26 @@ def program_feed(engine: ProgramEngine, inputs: Mapping[str, Any] | Sequence[Any
             value, how = random_input(info.name, info.shape or [], dtype, rng)
             drawn.append(how)
         arr = np.asarray(value.detach().numpy() if hasattr(value, "detach") else value)
-        if list(arr.shape) != list(info.shape or []):
-            raise InputSpecError(f"input {info.name!r} has shape {list(arr.shape)}; the program was lowered for "
-                                 f"{list(info.shape or [])} (ExecuTorch programs have static shapes: export again "
-                                 "with that --input)")
+        check_static_shape(info, list(arr.shape), engine.path.name, "export again with that --input")
         feed[info.name] = arr.astype(dtype, copy=False)
     if drawn and notify is not None:
         notify("generated inputs: " + ", ".join(drawn))
     return feed
+
+
+def check_static_shape(info: InputInfo, shape: Sequence[int], program: str, remedy: str) -> None:
+    """A program has static shapes: a value for input ``info`` must have the size it was lowered for
+    (``remedy``: what the user does instead).
+
+    Example:
+        >>> check_static_shape(InputInfo("x", "tensor(float)", [1, 4]), [2, 4], "m.pte", "give --input 1x4")
+        Traceback (most recent call last):
+        ...
+        layertap.errors.InputSpecError: input 'x' has shape [2, 4]; m.pte was lowered for [1, 4] (ExecuTorch ...
+    """
+    if info.shape is not None and list(shape) != list(info.shape):
+        raise InputSpecError(f"input {info.name!r} has shape {list(shape)}; {program} was lowered for "
+                             f"{list(info.shape)} (ExecuTorch programs have static shapes): {remedy}")
 
 
 def _dtype_of(type_text: str) -> str:

@@ -103,7 +103,10 @@ class ExportTool(Tool):
         from ...exporting.export import export
 
         if opts.calib is not None:
-            opts = replace(opts, options=replace(opts.options, calibration=_calibration(opts.calib, sample_args)))
+            from ...pytorch.example_inputs import positional_samples
+
+            ranks = [getattr(a, "dim", lambda: None)() for a in sample_args]
+            opts = replace(opts, options=replace(opts.options, calibration=positional_samples(opts.calib, ranks)))
         if sys.stderr.isatty():  # progress only for a person watching
             how = "ExecuTorch" if out.suffix.lower() == ".pte" else f"{opts.exporter} exporter"
             self.say(f"exporting {args.model.text} ({how}) to {out} ...")
@@ -124,13 +127,3 @@ class ExportTool(Tool):
             )
         self.print_table(report, as_json=args.json)
         return 0 if report.ok else 1
-
-
-def _calibration(path: str, example: tuple) -> list[tuple]:
-    """``--calib PATH``'s samples as the model's positional arguments (named after their position)."""
-    from ...pytorch.example_inputs import sample_tensors
-    from ...samples.loading import load_samples
-
-    names = [f"input_{i}" for i in range(len(example))]
-    ranks = [getattr(a, "dim", lambda: None)() for a in example]
-    return [sample_tensors(s) for s in load_samples(path, names, ranks)]
