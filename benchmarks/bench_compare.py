@@ -57,6 +57,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 
 def _model(seed: int = 0):
@@ -300,12 +301,58 @@ def child_polygraphy(path: str, batch: int, size: int, repeat: int) -> dict:
     return {"polygraphy_s": min(times), "rc": rc, "peak_rss_mb": peak}
 
 
+def _exposed_floor(path: str, names: list[str], feed: dict) -> Callable[[], object]:
+    """What ONNX Runtime alone costs to hand out ``names`` of ``path`` once, without layertap: a
+    session exposing them built (the weights handed over in memory, made once before, as
+    lt.compare holds them) and run on ``feed``."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    model = onnx.load(path)
+    held: dict[str, object] = {}
+    for init in model.graph.initializer:
+        if init.ByteSize() < 1024 and init.data_location != onnx.TensorProto.EXTERNAL:
+            continue  # small constants (axes, shapes) stay inline: shape inference reads them
+        held[init.name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(numpy_helper.to_array(init)))
+        for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data"):
+            init.ClearField(field)
+        del init.external_data[:]
+        init.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", "*/in-memory/*"), ("offset", "0"), ("length", "0")):
+            init.external_data.add(key=key, value=value)
+    made = {t for node in model.graph.node for t in node.output} | {o.name for o in model.graph.output}
+    names = [n for n in names if n in made]
+    del model.graph.output[:]
+    model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in names)
+    graph = model.SerializeToString()
+
+    def floor() -> object:
+        so = ort.SessionOptions()
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_external_initializers(list(held), list(held.values()))
+        return ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"]).run(names, feed)
+
+    return floor
+
+
+def _exposed(report: Any) -> list[str]:
+    """The candidate tensors a compare report read (its rows'); a float16 conversion keeps the float32
+    file's names, so they name the reference's tensors too (:func:`_exposed_floor` keeps a file's own)."""
+    return list(dict.fromkeys(n for row in report.rows for n in (row.onnx or [])))
+
+
 def child_interleaved(path: str, batch: int, size: int, rounds: int, fp16: bool) -> dict:
-    """The plain runs and ``lt.compare`` in this one process, round by round (medians of ``rounds``).
+    """The plain runs, ONNX Runtime's floor and ``lt.compare`` in this one process, round by round
+    (medians of ``rounds``).
 
     Without ``fp16``: one PyTorch forward plus one ORT run of ``path`` (session built before, ORT's
     defaults) beside ``lt.compare(model, x, path)``; with it, one ORT run of each file beside
-    ``lt.compare(path, {"x": x}, fp16 file, metric="cosine")``. Each compare builds its own sessions."""
+    ``lt.compare(path, {"x": x}, fp16 file, metric="cosine")``. Each compare builds its own sessions.
+    The floor is what the same comparison costs without layertap's own work: the plain forward (without
+    ``fp16``) and, per file, a session exposing the tensors the compare read, built and run once
+    (:func:`_exposed_floor`); no hooks, statistics, weight check or ideal run."""
     import statistics
 
     import layertap as lt
@@ -320,6 +367,13 @@ def child_interleaved(path: str, batch: int, size: int, rounds: int, fp16: bool)
 
         def compared() -> object:
             return lt.compare(path, {"x": x}, _fp16_path(path), metric="cosine")
+
+        names = _exposed(compared())
+        floors = [_exposed_floor(name, names, {"x": x}) for name in (path, _fp16_path(path))]
+
+        def floor() -> None:
+            for f in floors:
+                f()
     else:
         import torch
 
@@ -335,26 +389,40 @@ def child_interleaved(path: str, batch: int, size: int, rounds: int, fp16: bool)
         def compared() -> object:
             return lt.compare(model, xt, path)
 
-    plain()
-    report = compared()  # warm: first-run allocations, imports
-    wall: dict[str, list[float]] = {"plain": [], "compare": []}
-    cpu: dict[str, list[float]] = {"plain": [], "compare": []}
+        exposed = _exposed_floor(path, _exposed(compared()), feed)
+
+        def floor() -> None:
+            with torch.no_grad():
+                model(xt)
+            exposed()
+
+    variants = {"plain": plain, "floor": floor, "compare": compared}
+    for fn in variants.values():
+        fn()  # warm: first-run allocations, imports
+    report = compared()
+    wall: dict[str, list[float]] = {k: [] for k in variants}
+    cpu: dict[str, list[float]] = {k: [] for k in variants}
+    order = list(variants)
     for r in range(rounds):
-        for name, fn in ((("plain", plain), ("compare", compared)) if r % 2 == 0 else
-                         (("compare", compared), ("plain", plain))):
+        for name in order[r % 3:] + order[:r % 3]:
             t0, c0 = time.perf_counter(), time.process_time()
-            fn()
+            variants[name]()
             wall[name].append(time.perf_counter() - t0)
             cpu[name].append(time.process_time() - c0)
     med = statistics.median
     return {"plain_s": med(wall["plain"]), "compare_s": med(wall["compare"]), "plain_cpu_s": med(cpu["plain"]),
-            "compare_cpu_s": med(cpu["compare"]), "rounds": rounds, "ok": getattr(report, "ok", None)}
+            "compare_cpu_s": med(cpu["compare"]), "floor_s": med(wall["floor"]), "floor_cpu_s": med(cpu["floor"]),
+            "rounds": rounds, "ok": getattr(report, "ok", None)}
 
 
 def _print_interleaved(title: str, r: dict, goal: float) -> None:
     print(f"  {title}, interleaved in one process (medians of {r['rounds']} rounds): lt.compare "
           f"{r['compare_s'] * 1e3:.1f} ms against {r['plain_s'] * 1e3:.1f} ms -> {r['compare_s'] / r['plain_s']:.2f}x "
           f"(goal <= {goal:g}x); by this process's CPU time {r['compare_cpu_s'] / r['plain_cpu_s']:.2f}x")
+    print(f"  ONNX Runtime's floor in the same rounds (the tensors the compare read exposed, each session built and "
+          f"run once{', beside the plain forward' if 'PyTorch' in title else ''}): {r['floor_s'] * 1e3:.1f} ms = "
+          f"{r['floor_s'] / r['plain_s']:.2f}x the plain runs; lt.compare {r['compare_s'] / r['floor_s']:.2f}x the floor "
+          f"(CPU time {r['compare_cpu_s'] / r['floor_cpu_s']:.2f}x)")
 
 
 def _fp16_path(path: str) -> str:
@@ -447,7 +515,7 @@ def main() -> None:
     print(f"  peak RSS: baseline {base['peak_rss_mb']:.0f} MB (model+inputs loaded {base['rss_loaded_mb']:.0f} MB), "
           f"compare {cmp_['peak_rss_mb']:.0f} MB (model+inputs loaded {cmp_['rss_loaded_mb']:.0f} MB)")
     if mixed is not None:
-        _print_interleaved("one PyTorch forward + one ORT run", mixed, 2.5)
+        _print_interleaved("one PyTorch forward + one ORT run", mixed, 2)
 
     if ns.fp16:
         _print_fp16(fp16)

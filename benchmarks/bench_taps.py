@@ -12,6 +12,9 @@ Goals:
   stop_early at layer2 / plain forward          <= 0.55x
   stop_early at layer2 / create_feature_extractor pruned to layer2  <= 1.15x
 
+Beside them, the floor of any early stop: the modules up to layer2 called by hand, one after
+the other (the stem, layer1, layer2), against the plain forward and against stop_early.
+
 Rivals (the ``bench`` extra; each skipped with a line when not installed):
   torchlens 2.x   ``trace(model, x, save=tl.module(a) | tl.module(b) | ...)`` with the
                   same module taps, saving everything (its default), and its
@@ -149,8 +152,16 @@ def resnet50_rows(ns: argparse.Namespace, rivals: bool) -> list[Row]:
         with torch.no_grad():
             model(x)
 
+    def by_hand():  # the floor of any early stop: the modules up to layer2 called one after the other
+        with torch.no_grad():
+            y = model.maxpool(model.relu(model.bn1(model.conv1(x))))
+            return model.layer2(model.layer1(y))
+
+    with torch.no_grad():
+        same(by_hand(), ref_l2, "layer2 by hand")
     variants: Variants = {
         "plain forward": plain,
+        "layer2 by hand": by_hand,
         "10 taps": lambda: lt.extract(model, x, taps=TEN_TAPS),  # runs under no_grad itself
         "9 module taps": lambda: lt.extract(model, x, taps=MODULE_TAPS),
         "stop_early layer2": lambda: lt.extract(model, x, taps=["layer2"], stop_early=True),
@@ -166,6 +177,8 @@ def resnet50_rows(ns: argparse.Namespace, rivals: bool) -> list[Row]:
         ratio("10 taps / plain forward", wall, cpu, "10 taps", "plain forward", 1.05),
         ratio("stop_early layer2 / plain forward", wall, cpu, "stop_early layer2", "plain forward", 0.55),
         ratio("stop_early layer2 / create_feature_extractor", wall, cpu, "stop_early layer2", "create_feature_extractor layer2", 1.15),
+        ratio("layer2 by hand / plain forward (the floor)", wall, cpu, "layer2 by hand", "plain forward"),
+        ratio("stop_early layer2 / layer2 by hand", wall, cpu, "stop_early layer2", "layer2 by hand"),
     ]
     if "torchlens module taps" in wall:
         rows += [

@@ -1,6 +1,7 @@
 """GPU check: resnet50 (random weights, seed 0) exported once, then the same file compared layer by
 layer on ONNX Runtime's CPU provider vs CUDA, vs TensorRT (float32) and vs TensorRT with float16
-kernels (``trt_fp16_enable``), and a small feature extraction on the CUDA device.
+kernels (``trt_fp16_enable``); the PyTorch side on the CUDA device (taps, and a compare of the model
+there against the file in ORT on the CPU); and a small feature extraction on the CUDA device.
 
 Needs a machine with an NVIDIA GPU, ``onnxruntime-gpu`` (its CUDA/TensorRT providers) and a CUDA
 build of torch. Whatever is missing is skipped with a ``skipped: ...`` line, and the script still
@@ -92,15 +93,46 @@ def extract_on(device: str, n: int, size: int) -> None:
     model = torchvision.models.resnet50(weights=None).eval()
     data = [np.random.default_rng(i).standard_normal((3, size, size)).astype(np.float32) for i in range(n)]
     with tempfile.TemporaryDirectory(prefix="gpu-check-feats-") as d:
-        opts = dict(taps=["layer2", "layer4"], batch_size=16, pool="mean", progress=False)
+        opts = dict(taps=["layer2", "layer4"], batch_size=16, pool="mean", dataset_options=lt.DatasetOptions(progress=False))
         t0 = time.perf_counter()
         gpu = lt.extract_dataset(model, data, out=Path(d) / device, device=device, **opts)
         took = time.perf_counter() - t0
         cpu = lt.extract_dataset(model, data[:16], out=Path(d) / "cpu-16", device="cpu", **opts)
-        diff = {t: float(np.abs(gpu[t][:16] - cpu[t][:]).max() / np.abs(cpu[t][:]).max()) for t in opts["taps"]}
+        diff = {t: float(np.abs(gpu[t][:16] - cpu[t][:]).max() / np.abs(cpu[t][:]).max()) for t in ("layer2", "layer4")}
         print(f"extract_dataset        {took:7.1f} s for {len(gpu)} samples ({len(gpu) / took:.1f}/s), device "
               f"{gpu.manifest.data['options']['device']} ({torch.cuda.get_device_name(0) if device != 'cpu' else 'CPU'}); first 16 vs CPU, "
               f"rel: {', '.join(f'{t} {v:.1e}' for t, v in diff.items())}")
+
+
+def torch_side_on(device: str, path: Path, x) -> None:
+    """The PyTorch side on ``device``: taps and a compare of the model there against its file in ORT on
+    the CPU (the module outputs come back to the host as copies), each against the same on the CPU."""
+    import numpy as np
+    import torch
+    import torchvision
+
+    import layertap as lt
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None).eval()
+    xt = torch.from_numpy(x)
+    taps = ["layer1", "layer3.2", "fc"]
+    on_cpu = lt.extract(model, xt, taps=taps)
+    t0 = time.perf_counter()
+    there = lt.extract(model.to(device), xt.to(device), taps=taps)
+    took = time.perf_counter() - t0
+    rel = {t: float((there[t].cpu() - on_cpu[t]).abs().max() / on_cpu[t].abs().max()) for t in taps}
+    print(f"extract on {device:11s} {took:7.1f} s, {', '.join(f'{t} rel {v:.1e}' for t, v in rel.items())}; "
+          f"values on {there[taps[0]].device}")
+    t0 = time.perf_counter()
+    report = lt.compare(model, xt.to(device), path)
+    took = time.perf_counter() - t0
+    out = report.rows[-1]
+    print(f"compare on {device:11s} {took:7.1f} s, ok={report.ok}, {report.counts()}, output rel {out.rel_err:.2e}, "
+          f"first divergence {report.first_divergence or 'none'}")
+    if not report.ok or not np.isfinite(out.rel_err):
+        raise SystemExit(f"compare of the model on {device} against its file failed")
+    model.to("cpu")
 
 
 def main() -> int:
@@ -121,7 +153,7 @@ def main() -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("skipped: extract_dataset on cuda (torch.cuda.is_available() is False)")
+        print("skipped: extract_dataset, extract and compare on cuda (torch.cuda.is_available() is False)")
     if not wanted and not torch.cuda.is_available():
         return 0
     log = SessionLog()
@@ -142,6 +174,8 @@ def main() -> int:
             log.take()
             for fp16 in (False, True) if cand == TRT else (False,):
                 compare_on(path, x, cand, fp16, log)
+        if torch.cuda.is_available():
+            torch_side_on("cuda", path, x)
     if torch.cuda.is_available():
         extract_on("cuda", ns.images, ns.size)
     return 0

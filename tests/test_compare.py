@@ -508,3 +508,26 @@ def test_output_of_another_shape_fails(torch_mod, tmp_path):
     assert not report.ok and report.first_divergence == "output"
     assert _row(report, "head").status == "no counterpart"
     assert "shapes differ" in _row(report, "output").note
+
+
+def test_a_gpu_reference_forward_runs_in_full_float32_and_the_switches_come_back(monkeypatch):
+    """PyTorch computes CUDA convolutions in TF32 by default (about 1e-3 from float32): a compare's
+    reference forward turns that off for its forward and sets every switch back after, as it was."""
+    import torch
+
+    from layertap.pytorch.values import exact_float32
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    conv = torch.backends.cudnn.conv
+    before = conv.fp32_precision
+    conv.fp32_precision = "tf32"  # a user's choice, or the default on a GPU
+    try:
+        with exact_float32():
+            inside = (conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision)
+        assert inside == ("ieee", "ieee")
+        assert conv.fp32_precision == "tf32" and torch.backends.cuda.matmul.fp32_precision != "ieee"
+        with pytest.raises(RuntimeError), exact_float32():
+            raise RuntimeError("a forward that fails")
+        assert conv.fp32_precision == "tf32"
+    finally:
+        conv.fp32_precision = before

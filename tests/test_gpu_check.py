@@ -28,3 +28,15 @@ def test_gpu_check_help_names_what_it_needs():
     done = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
     assert "onnxruntime-gpu" in done.stdout and "--images" in done.stdout
+
+
+def test_gpu_checks_run_on_the_cpu_as_written(capsys):
+    """The checks a GPU machine runs call the library as it is today (run here on the CPU)."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    gpu_check.extract_on("cpu", 4, 32)
+    out = capsys.readouterr().out
+    assert "extract_dataset" in out and "for 4 samples" in out and "layer2 0.0e+00, layer4 0.0e+00" in out

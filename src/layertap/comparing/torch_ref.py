@@ -132,6 +132,10 @@ class TorchReference:
         notes = candidate.notes(None, rounding)
         if getattr(self.model, "training", False):
             notes.append("the model is in training mode (dropout, batch statistics): call model.eval() before comparing")
+        device = next((p.device for p in self.model.parameters()), None)
+        if device is not None and device.type == "cuda":
+            notes.append(f"the PyTorch forward ran on {device} in full float32 (PyTorch's default there, TF32 "
+                         "convolutions, is about 1e-3 from float32 on its own)")
         if self.view.source == "none":
             notes.append(
                 "the ONNX file carries no module scopes (not from torch.onnx.export), so only the model output is compared"

@@ -169,12 +169,13 @@ def run_torch(
     import torch
 
     from ..pytorch.taps import bound_method
-    from ..pytorch.values import flatten, method_name
+    from ..pytorch.values import exact_float32, flatten, method_name
 
     fn = bound_method(model, method)
     what = f"{type(model).__name__}.{method}" if isinstance(method, str) else method_name(method)
     recorder = _TorchRecorder(model, store, wanted, inputs)
-    with recorder.hooks(), torch.no_grad():
+    # a reference in full float32 on a GPU too (PyTorch's default TF32 would be a divergence of its own)
+    with recorder.hooks(), torch.no_grad(), exact_float32():
         try:
             out = fn(*args, **kwargs)
         except (TypeError, ValueError, RuntimeError, IndexError) as e:
