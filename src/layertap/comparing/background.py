@@ -13,12 +13,10 @@ one job per sample.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import os
 import queue
 import threading
-from typing import Any, Callable, Generic, TypeVar
+from typing import Callable, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -108,10 +106,6 @@ class Background(Generic[T]):
             self._work = None  # type: ignore[assignment]  # what it held goes with it
             self._done.set()
 
-    def done(self) -> bool:
-        """Whether the work ended."""
-        return self._done.is_set()
-
     def wait(self) -> None:
         """Wait for the work to end (started if it was not); its outcome stays for :meth:`result`."""
         self.start()
@@ -126,41 +120,3 @@ class Background(Generic[T]):
             raise outcome
         assert outcome is not _PENDING, "the background job ended without an outcome"
         return outcome  # type: ignore[return-value]
-
-
-_retiring: list[Background[Any]] = []
-_retiring_lock = threading.Lock()
-
-
-def retire(*closers: Callable[[], None]) -> None:
-    """Run ``closers`` on a worker thread of their own, one after the other: what frees a compare's
-    sessions (ONNX Runtime gives a session's memory back in milliseconds: 14 ms for the three of a
-    float16 file compare) goes on while the caller makes its report. A closer that fails says
-    nothing (the compare is done); the interpreter waits for them before it exits.
-
-    Example:
-        >>> closed = []
-        >>> retire(lambda: closed.append("session"))
-        >>> drain_retired(); closed
-        ['session']
-    """
-    def close_all() -> None:
-        for close in closers:
-            with contextlib.suppress(Exception):
-                close()
-
-    job = Background(close_all, name="layertap-close")
-    with _retiring_lock:
-        _retiring[:] = [j for j in _retiring if not j.done()]
-        _retiring.append(job)
-
-
-def drain_retired() -> None:
-    """Wait for every :func:`retire` job (at exit: no session is freed while the interpreter shuts down)."""
-    with _retiring_lock:
-        jobs = list(_retiring)
-    for job in jobs:
-        job.wait()
-
-
-atexit.register(drain_retired)

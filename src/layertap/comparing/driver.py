@@ -33,7 +33,7 @@ from ..errors import LayertapError, unknown_name
 from ..metrics import Criterion
 from ..runtimes.ort_kernels import nchwc_block_size
 from .align import Item, RowBuilder, blame_rewritten, pack_batches
-from .background import Background, retire
+from .background import Background
 from .ideal import fail_differing_weights, weigh_limits
 from .local_errors import PairsOf, RefLookup, local_errors
 from .merging import merge_samples
@@ -364,7 +364,7 @@ class Driver:
                 store.close()
             self.stores.clear()
             self.ref.close()
-            retire(self.cand.close)  # its sessions are freed while the report is made
+            self.cand.close()
 
 
 @dataclass

@@ -40,7 +40,7 @@ from ..onnxfile.tensor_types import inferred_types
 from ..runtimes.ort_kernels import nchwc_block_size
 from ..samples.drawn import Sample as Given
 from .align import Item, RowBuilder, pack_batches
-from .background import Background, retire
+from .background import Background
 from .driver import Sample, module_filter, plan_batches
 from .ideal import Judging, OnnxIdeal
 from .local_errors import PairsOf, RefLookup, onnx_ref_inputs, ref_needs
@@ -491,8 +491,9 @@ class OnnxReference:
         builder = getattr(self, "builder", None)  # None: the plan failed
         if builder is not None and builder.ideal is not None:
             builder.ideal.close()
-        # the sessions are freed while the report is made
-        retire(*([self.ideal.close] if self.ideal is not None else []), self.side.close)
+        if self.ideal is not None:
+            self.ideal.close()
+        self.side.close()
 
 
 def _weights(ref: OrtSide, cand: OrtSide, stop: threading.Event | None = None) -> WeightCheck:

@@ -6,6 +6,7 @@ Used by :mod:`layertap.comparing`.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -169,13 +170,14 @@ def run_torch(
     import torch
 
     from ..pytorch.taps import bound_method
-    from ..pytorch.values import exact_float32, flatten, method_name
+    from ..pytorch.values import exact_float32, flatten, method_name, on_gpu
 
     fn = bound_method(model, method)
     what = f"{type(model).__name__}.{method}" if isinstance(method, str) else method_name(method)
     recorder = _TorchRecorder(model, store, wanted, inputs)
     # a reference in full float32 on a GPU too (PyTorch's default TF32 would be a divergence of its own)
-    with recorder.hooks(), torch.no_grad(), exact_float32():
+    precise = exact_float32() if on_gpu(model, args, kwargs) else contextlib.nullcontext()
+    with recorder.hooks(), torch.no_grad(), precise:
         try:
             out = fn(*args, **kwargs)
         except (TypeError, ValueError, RuntimeError, IndexError) as e:

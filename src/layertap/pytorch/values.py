@@ -129,6 +129,19 @@ def exact_float32() -> Iterator[None]:
             setattr(owner, name, value)
 
 
+def on_gpu(model: Any, args: tuple = (), kwargs: dict | None = None) -> bool:
+    """Whether ``model`` (its first parameter or buffer) or a tensor among its arguments is on a CUDA device.
+
+    Example:
+        >>> on_gpu(torch.nn.Linear(2, 2), (torch.zeros(1, 2),))
+        False
+    """
+    first = next((t for t in (*model.parameters(), *model.buffers())), None) if isinstance(model, torch.nn.Module) else None
+    values = [*args, *(kwargs or {}).values()]
+    tensors = [t for v in values for t in (v if isinstance(v, (tuple, list)) else (v,)) if isinstance(t, torch.Tensor)]
+    return any(t.is_cuda for t in ([first] if first is not None else []) + tensors)
+
+
 def random_tensor(shape: Sequence[int], dtype: torch.dtype, rng: np.random.Generator,
                   int_high: int = DEFAULT_INT_HIGH) -> torch.Tensor:
     """Seeded random data (:func:`layertap.inputs.random_array`) as a CPU tensor of ``dtype``.
