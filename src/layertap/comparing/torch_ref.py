@@ -132,8 +132,10 @@ class TorchReference:
         notes = candidate.notes(None, rounding)
         if getattr(self.model, "training", False):
             notes.append("the model is in training mode (dropout, batch statistics): call model.eval() before comparing")
-        device = next((p.device for p in self.model.parameters()), None)
-        if device is not None and device.type == "cuda":
+        from ..pytorch.values import gpu_device
+
+        device = gpu_device(self.model, *self.runs_args[0]) if self.runs_args else None
+        if device is not None:  # the rule run_torch applies
             notes.append(f"the PyTorch forward ran on {device} in full float32 (PyTorch's default there, TF32 "
                          "convolutions, is about 1e-3 from float32 on its own)")
         if self.view.source == "none":

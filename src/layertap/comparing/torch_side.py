@@ -170,13 +170,13 @@ def run_torch(
     import torch
 
     from ..pytorch.taps import bound_method
-    from ..pytorch.values import exact_float32, flatten, method_name, on_gpu
+    from ..pytorch.values import exact_float32, flatten, gpu_device, method_name
 
     fn = bound_method(model, method)
     what = f"{type(model).__name__}.{method}" if isinstance(method, str) else method_name(method)
     recorder = _TorchRecorder(model, store, wanted, inputs)
     # a reference in full float32 on a GPU too (PyTorch's default TF32 would be a divergence of its own)
-    precise = exact_float32() if on_gpu(model, args, kwargs) else contextlib.nullcontext()
+    precise = exact_float32() if gpu_device(model, args, kwargs) is not None else contextlib.nullcontext()
     with recorder.hooks(), torch.no_grad(), precise:
         try:
             out = fn(*args, **kwargs)

@@ -129,17 +129,16 @@ def exact_float32() -> Iterator[None]:
             setattr(owner, name, value)
 
 
-def on_gpu(model: Any, args: tuple = (), kwargs: dict | None = None) -> bool:
-    """Whether ``model`` (its first parameter or buffer) or a tensor among its arguments is on a CUDA device.
+def gpu_device(model: Any, args: tuple = (), kwargs: dict | None = None) -> torch.device | None:
+    """The CUDA device ``model`` (its first parameter or buffer) or a tensor among its arguments is on, else ``None``.
 
     Example:
-        >>> on_gpu(torch.nn.Linear(2, 2), (torch.zeros(1, 2),))
-        False
+        >>> gpu_device(torch.nn.Linear(2, 2), (torch.zeros(1, 2),)) is None
+        True
     """
-    first = next((t for t in (*model.parameters(), *model.buffers())), None) if isinstance(model, torch.nn.Module) else None
-    values = [*args, *(kwargs or {}).values()]
-    tensors = [t for v in values for t in (v if isinstance(v, (tuple, list)) else (v,)) if isinstance(t, torch.Tensor)]
-    return any(t.is_cuda for t in ([first] if first is not None else []) + tensors)
+    first = next(iter((*model.parameters(), *model.buffers())), None) if isinstance(model, torch.nn.Module) else None
+    tensors = ([first] if first is not None else []) + [t for _, t in flatten((args, kwargs or {}))]
+    return next((t.device for t in tensors if t.is_cuda), None)
 
 
 def random_tensor(shape: Sequence[int], dtype: torch.dtype, rng: np.random.Generator,
