@@ -33,62 +33,39 @@ from ..pytorch.values import random_like
 from ..runtimes.executorch import ProgramEngine, Sidecar
 from ..samples.drawn import given_samples
 from .configs import Target
-from .search import FixStep, best_step, run_latency, search
+from .search import FixStep, StepLog, run_latency, search
 
 
-class ProgramTrials:
-    """Lowers and runs sets of modules kept float32 (the interface :func:`.search.search` drives: ``trial``,
-    ``best``, ``steps``); each program runs every sample in ExecuTorch, against the model's float outputs."""
+class ProgramTrials(StepLog):
+    """Lowers and runs sets of modules kept float32 (what :func:`.search.search` drives); each program runs
+    every sample in ExecuTorch, against the model's float outputs."""
 
     def __init__(self, model: Any, method: Any, samples: list[tuple], calibration: list[tuple], target: Target,
                  folder: Path, on_step: Callable[[FixStep], None] | None = None) -> None:
+        super().__init__(target, on_step)
         self.tapped = tapped_wrapper(model, method, [], samples[0], None)
-        self.samples, self.calibration, self.target, self.folder, self.on_step = samples, calibration, target, folder, on_step
+        self.samples, self.calibration, self.folder = samples, calibration, folder
         with torch.no_grad():
             self.refs = [[v.detach().numpy().copy() for v in self.tapped.wrapper(*s)] for s in samples]
-        self.steps: list[FixStep] = []
-        self._seen: dict[frozenset, FixStep] = {}
-        self.files: dict[int, Path] = {}
 
-    def trial(self, kept: Sequence[str], action: str, changed: Sequence[str] = ()) -> FixStep:
-        """Lower with ``kept`` float32, run every sample, measure; a set tried before is not redone."""
-        key = frozenset(kept)
-        if key in self._seen:
-            return self._seen[key]
-        n = len(self.steps)
+    def _measure(self, n: int, kept: Sequence[str], action: str, changed: Sequence[str]) -> FixStep:
         path = self.folder / f"step{n}.pte"
         recipe = Recipe("xnnpack", "int8", self.calibration, list(kept))
-        try:
-            # with its record and calibration beside it, as lt.export writes it: compare lowers it again
-            publish_program(path, lower(self.tapped.wrapper, self.tapped.example, recipe).buffer, self.sidecar(recipe),
-                            recipe)
-            engine = ProgramEngine(path)
-            names = [i.name for i in engine.get_inputs()]
-            feeds = [{nm: t.numpy() for nm, t in zip(names, s)} for s in self.samples]
-            outs = [list(engine.run(None, f).values()) for f in feeds]
-        except LayertapError as e:
-            if not self.steps:
-                raise
-            step = FixStep(n, action, list(changed), list(kept), len(kept), math.nan, False, None, math.nan, error=str(e))
-        else:
-            metric = self.target.measure(self.refs, outs)
-            step = FixStep(n, action, list(changed), list(kept), len(kept), metric, self.target.met(metric),
-                           path.stat().st_size, run_latency(engine, feeds[0]))
-            self.files[n] = path
-        self.steps.append(step)
-        self._seen[key] = step
-        if self.on_step is not None:
-            self.on_step(step)
-        return step
+        # with its record and calibration beside it, as lt.export writes it: compare lowers it again
+        publish_program(path, lower(self.tapped.wrapper, self.tapped.example, recipe).buffer, self.sidecar(recipe), recipe)
+        engine = ProgramEngine(path)
+        names = [i.name for i in engine.get_inputs()]
+        feeds = [{nm: t.numpy() for nm, t in zip(names, s)} for s in self.samples]
+        outs = [list(engine.run(None, f).values()) for f in feeds]
+        metric = self.target.measure(self.refs, outs)
+        self.files[n] = path
+        return FixStep(n, action, list(changed), list(kept), len(kept), metric, self.target.met(metric),
+                       path.stat().st_size, run_latency(engine, feeds[0]))
 
     def sidecar(self, recipe: Recipe) -> Sidecar:
         """The record written beside each program tried."""
         names = [f"input_{i}" for i in range(len(self.tapped.example))]
         return Sidecar(Sidecar.input_records(names, self.tapped.example), self.tapped.records(), recipe.record())
-
-    def best(self) -> FixStep:
-        """The smallest set that meets the target, else the closest one."""
-        return best_step(self.steps, self.target)
 
 
 def rank_program(report: Any, modules: set[str]) -> list[list[str]]:

@@ -16,7 +16,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Collection, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
 
 import numpy as np
 
@@ -170,7 +170,53 @@ def rank(report: Any, to: str, modules: Units, constants: Collection[str] = ()) 
     return [list(dict.fromkeys([p] + (modules.readers(p) if score.get(p, (False,))[0] else []))) for p in leaves]
 
 
-class Trials:
+class StepLog:
+    """The sets tried so far, each made and measured once, and who hears of each step: what every trial
+    runner shares (:class:`Trials`: ONNX files in ONNX Runtime; ExecuTorch programs,
+    :class:`~layertap.fixing.program_fix.ProgramTrials`). A runner says how a set is made and measured
+    (:meth:`_measure`) and how many units it counts (:meth:`_units`)."""
+
+    def __init__(self, target: Target, on_step: Callable[[FixStep], None] | None = None) -> None:
+        self.target, self.on_step = target, on_step
+        self.steps: list[FixStep] = []
+        self.files: dict[int, Path] = {}
+        self._seen: dict[frozenset, FixStep] = {}
+
+    def trial(self, kept: Sequence[str], action: str, changed: Sequence[str] = ()) -> FixStep:
+        """Make the set with ``kept`` in float32, run every sample, measure; a set tried before is not redone.
+        A set the toolchain cannot make is a failed step, except the first: then it cannot take the model at all."""
+        key = frozenset(kept)
+        if key in self._seen:
+            return self._seen[key]
+        n = len(self.steps)
+        try:
+            step = self._measure(n, kept, action, changed)
+        except LayertapError as e:
+            if not self.steps:
+                raise
+            step = FixStep(n, action, list(changed), list(kept), self._units(kept), math.nan, False, None, math.nan,
+                           error=str(e))
+        self.steps.append(step)
+        self._seen[key] = step
+        if self.on_step is not None:
+            self.on_step(step)
+        return step
+
+    def best(self) -> FixStep:
+        """The set the output gets: the smallest one that meets the target, else the closest one."""
+        return best_step(self.steps, self.target)
+
+    def _measure(self, n: int, kept: Sequence[str], action: str, changed: Sequence[str]) -> FixStep:
+        """Step ``n``: the set made and measured (its file in :attr:`files`); raises :class:`LayertapError`
+        when the toolchain cannot make or run it."""
+        raise NotImplementedError
+
+    def _units(self, kept: Sequence[str]) -> int:
+        """What a set of ``kept`` modules counts (:attr:`FixStep.nodes`)."""
+        return len(kept)
+
+
+class Trials(StepLog):
     """Converts and runs sets of kept modules; remembers each step and the best file.
 
     ``feeds``: one dict per sample (input name -> array); the float32 model's outputs on them
@@ -179,12 +225,10 @@ class Trials:
 
     def __init__(self, model: "onnx.ModelProto", converter: Converter, modules: Units, feeds: list[dict[str, Any]],
                  target: Target, folder: Path, on_step: Callable[[FixStep], None] | None = None) -> None:
+        super().__init__(target, on_step)
         self.model, self.converter, self.modules, self.feeds = model, converter, modules, feeds
-        self.target, self.folder, self.on_step = target, Path(folder), on_step
-        self.steps: list[FixStep] = []
+        self.folder = Path(folder)
         self.required: set[str] = set()  # modules every acceptable set keeps (values beyond float16's range)
-        self.files: dict[int, Path] = {}
-        self._seen: dict[frozenset, FixStep] = {}
         # saved once under a name of its own: the caller's files share the folder (an exported REF is
         # its reference.onnx)
         import onnx
@@ -200,32 +244,27 @@ class Trials:
         return FixStep(0, "float32", [], [], 0, self.target.measure(self.refs, self.refs), True, path.stat().st_size, ms)
 
     def trial(self, kept: Sequence[str], action: str, changed: Sequence[str] = ()) -> FixStep:
-        """Convert with ``kept`` in float32, run every sample, measure; a set tried before is not redone."""
-        key = frozenset(kept)
-        if key in self._seen:
-            return self._seen[key]
+        """:meth:`StepLog.trial`, then only the best file so far and the newest stay on disk."""
+        step = super().trial(kept, action, changed)
+        self._drop_files()
+        return step
+
+    def _measure(self, n: int, kept: Sequence[str], action: str, changed: Sequence[str]) -> FixStep:
         nodes = self.modules.names(kept)
-        n = len(self.steps)
         path = self.folder / f"step{n}.onnx"
         try:
             self.converter.convert(self.model, nodes, path)
             sess = self._load(path)
-        except LayertapError as e:
-            if not self.steps:  # the plain conversion: the converter cannot take this model at all
-                raise
-            step = FixStep(n, action, list(changed), list(kept), len(nodes), math.nan, False, None, math.nan, error=str(e))
+        except LayertapError:
             path.unlink(missing_ok=True)
-        else:
-            metric = self.target.measure(self.refs, _run_all(sess, self.feeds))
-            step = FixStep(n, action, list(changed), list(kept), len(nodes), metric, self._ok(metric, kept),
-                           path.stat().st_size, run_latency(sess, self.feeds[0]))
-            self.files[n] = path
-        self.steps.append(step)
-        self._seen[key] = step
-        self._drop_files()
-        if self.on_step is not None:
-            self.on_step(step)
-        return step
+            raise
+        metric = self.target.measure(self.refs, _run_all(sess, self.feeds))
+        self.files[n] = path
+        return FixStep(n, action, list(changed), list(kept), len(nodes), metric, self._ok(metric, kept),
+                       path.stat().st_size, run_latency(sess, self.feeds[0]))
+
+    def _units(self, kept: Sequence[str]) -> int:
+        return len(self.modules.names(kept))
 
     def _load(self, path: Path) -> Any:
         """A session on a converted file; one ONNX Runtime refuses is the converter's failure (one line)."""
@@ -242,10 +281,6 @@ class Trials:
 
     def _ok(self, metric: float, kept: Sequence[str]) -> bool:
         return self.target.met(metric) and self.required <= set(kept)
-
-    def best(self) -> FixStep:
-        """The set FIXED.onnx gets: the smallest one that meets the target, else the closest one."""
-        return best_step(self.steps, self.target)
 
     def _drop_files(self) -> None:
         """Keep only the best file so far (disk stays at two converted models)."""
@@ -274,16 +309,7 @@ def best_step(steps: Sequence[FixStep], target: Target) -> FixStep:
     return best
 
 
-class TrialRunner(Protocol):
-    """What :func:`search` drives: sets tried for real (:class:`Trials`: ONNX files in ONNX Runtime;
-    :class:`~layertap.fixing.program_fix.ProgramTrials`: ExecuTorch programs) and the best one so far."""
-
-    def trial(self, kept: Sequence[str], action: str, changed: Sequence[str] = ()) -> FixStep: ...
-
-    def best(self) -> FixStep: ...
-
-
-def search(trials: TrialRunner, groups: list[list[str]], forced: Sequence[str], max_float: int | None,
+def search(trials: StepLog, groups: list[list[str]], forced: Sequence[str], max_float: int | None,
            naive: bool = False, start: Sequence[str] = ()) -> FixStep:
     """Grow then prune (see the module doc); ``naive``: one module at a time in graph order, no
     ranking and no pruning (what the ranking is measured against). ``forced`` are in every set;
@@ -314,7 +340,7 @@ def search(trials: TrialRunner, groups: list[list[str]], forced: Sequence[str], 
     return _prune(trials, trials.best().kept, forced)
 
 
-def _prune(trials: TrialRunner, kept: list[str], forced: Sequence[str]) -> FixStep:
+def _prune(trials: StepLog, kept: list[str], forced: Sequence[str]) -> FixStep:
     """Drop each kept module (least harmful first) whose removal still meets the target; then, where more
     than one is left (and at most ``ALONE_TRIES``), try each alone (with the forced ones): keeping some modules in float32 can make the
     quantisation of their neighbours worse, so a smaller set than the one pruning reaches may meet it."""
