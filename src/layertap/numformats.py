@@ -33,6 +33,9 @@ UNDERFLOW_SHARE = 0.5
 #: a scale 10x too small leaves out most values, by up to 10x
 CLIP_SHARE = 0.05
 CLIP_MARGIN = 0.1
+#: onnxconverter-common's float16 conversion caps every weight's magnitude at ``max_finite_val``, by default
+#: 1e4 (``convert_float_to_float16``): a file whose largest float16 weight is exactly this was capped so
+CONVERTER_MAX = 1e4
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,6 +49,9 @@ class Format:
             per channel along ``axis``).
         axis: the channel axis of per-channel scales.
         qmin, qmax: the integer range.
+        clamp: a float format's weights capped at this magnitude by the converter that wrote them
+            (onnxconverter-common's ``max_finite_val``, :data:`CONVERTER_MAX`), else ``None``; values the
+            format can carry are held at the cap, those beyond its largest value are not (:func:`capped`).
 
     Example:
         >>> Format("float16").rounded(np.array([1.0 + 2**-12], np.float32)).tolist()
@@ -61,6 +67,7 @@ class Format:
     axis: int | None = None
     qmin: int = 0
     qmax: int = 0
+    clamp: float | None = None
 
     @classmethod
     def quantised(cls, qtype: str, scale: Any, zero_point: Any, axis: int | None = None) -> "Format":
@@ -90,7 +97,7 @@ class Format:
     def text(self) -> str:
         """``float16``; ``int8 (scale 0.0123, zero point 3)``; ``int8 (per channel, 64 scales)``."""
         if not self.is_quantised:
-            return self.name
+            return self.name if self.clamp is None else f"{self.name} (weights capped at {self.clamp:g})"
         s, z = np.asarray(self.scale), np.asarray(self.zero_point)
         if s.ndim:
             return f"{self.name} (per channel, {s.size} scales)"
@@ -115,6 +122,8 @@ class Format:
     def rounded(self, a: np.ndarray) -> np.ndarray:
         """``a`` (float32) as the format holds it, read back as float32 (round half to even)."""
         a = np.asarray(a, np.float32)
+        if self.clamp is not None:
+            a = capped(a, self.clamp, FLOAT_LIMITS.get(self.name, (np.inf,))[0])
         if self.name == "float16":
             with np.errstate(over="ignore"):
                 return a.astype(np.float16).astype(np.float32)
@@ -170,6 +179,19 @@ class Format:
         per = " per channel" if np.ndim(np.asarray(self.scale)) else ""
         return (f"{self.name} clipping: {share:.0%} of its values lie well outside the quantised range{per} "
                 f"[{lo_t:.3g}, {hi_t:.3g}] (scale {mean_step:.3g}); |x| up to {top:.3g}")
+
+
+def capped(a: np.ndarray, cap: float, top: float) -> np.ndarray:
+    """``a`` with every magnitude between ``cap`` and ``top`` (the format's largest value) held at ``cap``, as
+    a converter that caps weights at ``cap`` stores them; a value beyond ``top`` the format cannot carry
+    whatever the converter does: left to overflow, so that the ideal run shows what the format costs there.
+
+    Example:
+        >>> capped(np.array([5.0, -2e4, 9.8e7], np.float32), 1e4, 65504.0).tolist()
+        [5.0, -10000.0, 98000000.0]
+    """
+    mag = np.abs(a)
+    return np.where((mag > cap) & (mag <= top), np.copysign(np.float32(cap), a), a).astype(np.float32)
 
 
 def _overflow(a: np.ndarray, name: str, scale: float, top: float) -> str | None:

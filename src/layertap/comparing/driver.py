@@ -405,6 +405,8 @@ def compare_sides(ref: Reference, cand: Candidate, *, criterion: Criterion,
     if judging is not None and judging.decides:
         fail_differing_weights(rows, judging.precision)
     notes = run_notes(ref, cand, driver.spilled, rounding=judging is None and could_be_rounding(first, criterion))
+    lost = judging.lost_note() if judging is not None else None
+    notes += [lost] if lost else []
     return CompareReport(
         rows, weights.notes() + notes, criterion=criterion, ort_runs=sum(side.runs for side in (cand, *ref.own_runs)),
         judging=judging,

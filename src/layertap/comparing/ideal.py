@@ -26,11 +26,12 @@ error (plus the float32 tolerance), and fails where the format itself cannot car
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+from ..errors import one_line
 from ..metrics import FORMAT_MULTIPLE, Criterion, ErrorStats, ideal_stats
 from ..numformats import FLOAT_LIMITS, Format, round_on_grid
 from ..onnxfile.formats import TensorFormats, file_formats
@@ -72,11 +73,26 @@ class Judging:
     formats: TensorFormats
     decides: bool
     fallback: Criterion
+    #: why the ideal run could not be built or run, once it could not (it is an aid, never a gate: the rows
+    #: it has no value for are judged by :attr:`fallback`)
+    lost: list[str] = field(default_factory=list, compare=False)
 
     @property
     def precision(self) -> str:
         """The format the comparison is judged at."""
         return self.formats.precision
+
+    def give_up(self, error: BaseException) -> None:
+        """Record that the ideal run failed (``error``); the comparison goes on by :attr:`fallback`."""
+        if not self.lost:
+            self.lost.append(one_line(error, limit=300))
+
+    def lost_note(self) -> str | None:
+        """The note that says the ideal run was lost, why, and which rule judged instead."""
+        if not self.lost:
+            return None
+        return (f"no ideal {self.precision} run ({self.lost[0]}): rows judged by the fixed rule at {self.precision}'s "
+                f"rounding, rtol {self.fallback.rtol:g}, atol {self.fallback.atol:g}")
 
     def row_format(self, tensors: Sequence[str]) -> Format | None:
         """The lowest format among a row's candidate tensors (``None``: float32)."""
@@ -130,7 +146,7 @@ def judging(formats: TensorFormats, criterion: Criterion, chosen: bool) -> Judgi
 # ---------------------------------------------------------------------------
 def reference_formats(ref: "onnx.ModelProto", formats: TensorFormats) -> dict[str, Format]:
     """Each tensor of the reference file -> the format the candidate holds it in: by name (converters and
-    quantisers keep names; a weight under its parameter name), else the candidate's runtime precision,
+    quantisers keep names; a weight under its parameter name, with the converter's cap), else the candidate's runtime precision,
     else, where the candidate holds most of the float values it shares with the reference in one reduced
     float type, that type (an optimiser renamed the rest)."""
     names = [t for n in ref.graph.node for t in n.output if t] + [i.name for i in ref.graph.input] + \
@@ -143,7 +159,7 @@ def reference_formats(ref: "onnx.ModelProto", formats: TensorFormats) -> dict[st
         kinds = {f.name for f in floats}
         dominant = Format(kinds.pop()) if len(kinds) == 1 else None
     for t in names:
-        fmt = formats.tensors.get(t) or formats.weights.get(t) or formats.default or dominant
+        fmt = formats.weights.get(t) or formats.tensors.get(t) or formats.default or dominant
         if fmt is not None:
             out[t] = fmt
     return out
@@ -235,7 +251,7 @@ def rounding_plan(view: "ScopeView", smap: Any, formats: TensorFormats, counterp
     covered = {t for tensors in counterparts.values() for t in tensors} | set(cand_inputs)
     covered |= {t for cp in view.counterparts() for t in _entering(view, smap, cp)}
     dynamic = bool(formats.dequantized) and 2 * len(formats.dequantized & covered) < len(formats.dequantized)
-    return RoundingPlan(regions, outputs, inputs, weights, model_inputs, dynamic)
+    return RoundingPlan(regions, outputs, inputs, weights, model_inputs, dynamic, clamp=formats.weight_clamp)
 
 
 def _entering(view: "ScopeView", smap: Any, cp: Any) -> tuple[str, ...]:

@@ -434,7 +434,20 @@ class OnnxReference:
             if built is not None:
                 built.wait()  # a failed reference build leaves no build behind
         if built is not None:
-            built.result()
+            self._ideal_failed(built)
+
+    def _ideal_failed(self, job: Background[Any]) -> Any:
+        """``job``'s result, or ``None`` when the ideal run failed: an aid, never a gate, so the comparison
+        goes on without it, by the fixed rule (:attr:`Judging.fallback`, said in the report's notes)."""
+        try:
+            return job.result()
+        except Exception as e:  # noqa: BLE001 - whatever the ideal copy meets, the compare itself stands
+            assert self.judging is not None
+            self.judging.give_up(e)
+            if self.ideal is not None:
+                self.ideal.close()  # the job that failed has ended: nothing runs in it
+            self.ideal = None
+            return None
 
     def values(self, sample: Sample, batch: list[Item], parts: Any) -> dict[str, np.ndarray]:
         """The reference's tensors of a batch (and those feeding its calls' parts, for local errors); the
@@ -448,7 +461,7 @@ class OnnxReference:
     def ideal_values(self, sample: Sample, batch: list[Item]) -> dict[str, np.ndarray]:
         """The ideal run's tensors of a batch, by the reference's names (the run :meth:`values` started)."""
         pending, self._ideal_run = self._ideal_run, None
-        return pending.result() if pending is not None else {}
+        return (self._ideal_failed(pending) or {}) if pending is not None else {}
 
     def _names(self, batch: list[Item], parts: Any) -> list[str]:
         """The tensors a batch's run exposes: once per batch (:attr:`batches` are this plan's, for every sample)."""

@@ -157,7 +157,9 @@ class CompareReport(ToleranceReport):
         #: the format the candidate was judged at (``float32``, ``float16``, ``bfloat16``, ``int8``)
         self.precision: str = judging.precision if judging is not None else "float32"
         #: the precision rule decided the rows (not the user's tolerances or metric)
-        self.judged_at_format: bool = bool(judging is not None and judging.decides)
+        self.judged_at_format: bool = bool(judging is not None and judging.decides and not judging.lost)
+        if judging is not None and judging.decides and judging.lost:
+            self.criterion = judging.fallback  # no ideal run: the fixed rule at the format's rounding judged
         super().__init__(rows, notes, rtol=self.criterion.rtol, atol=self.criterion.atol)
         self.onnx_path = onnx_path
         self.ort_optimizations = ort_optimizations

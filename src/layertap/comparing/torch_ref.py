@@ -96,13 +96,19 @@ class TorchReference:
 
     def _ideal_values(self, args: tuple, kwargs: dict, calls: list[Any], budget: int) -> ArrayStore | None:
         """The ideal forward of one sample in a store keyed as the reference's (``None`` when its module
-        calls differ: a data-dependent branch took another way)."""
-        assert self.ideal is not None
+        calls differ: a data-dependent branch took another way; or when it failed, which the report says)."""
+        assert self.ideal is not None and self.judging is not None
         store = ArrayStore(budget)
         self._stores.append(store)
         prog = self.prog if self.prog is not None else Silent()
         prog.step(f"PyTorch forward at {self.judging.precision if self.judging else 'the format'}")
-        ideal_calls, _ = self.ideal.run(self.model, args, kwargs, self.method, store, self.wanted)
+        try:
+            ideal_calls, _ = self.ideal.run(self.model, args, kwargs, self.method, store, self.wanted)
+        except Exception as e:  # noqa: BLE001 - an aid, never a gate: the comparison goes on by the fixed rule
+            store.close()
+            self.judging.give_up(e)
+            self.ideal = None
+            return None
         prog.advance()
         if [(c.path, c.call) for c in ideal_calls] != [(c.path, c.call) for c in calls]:
             store.close()

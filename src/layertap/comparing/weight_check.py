@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from ..errors import LayertapError
+from ..numformats import FLOAT_LIMITS, capped
 from ..onnxfile.weights import Allowance, file_params, format_allowance
 from ..runtimes.ort_kernels import as_float32
 from ..text import fmt_float, fmt_shape
@@ -41,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
 #: a reference value recomputed here (a folded BatchNorm's scale) may land an ulp or two away
 _RECOMPUTED = 1e-5
 _SKIP = "skip"
+_SAME = "same"
 #: mismatches spelled out in a note
 _NAMED = 5
 
@@ -73,6 +75,26 @@ class Mismatch:
         return f"{self.name} differs (rel {fmt_float(self.rel)})"
 
 
+@dataclass(frozen=True)
+class Capped:
+    """A parameter some of whose values the float16 converter held at its cap (``max_finite_val``).
+
+    Attributes:
+        name, module: the parameter and the module that owns it.
+        top: its largest magnitude in the reference.
+        cap: the converter's cap.
+    """
+
+    name: str
+    module: str
+    top: float
+    cap: float
+
+    def words(self) -> str:
+        """``conv2_BN.running_var capped at 1e+04 by the converter (up to 1.22e+04)``."""
+        return f"{self.name} capped at {self.cap:g} by the float16 converter (up to {self.top:.3g})"
+
+
 @dataclass
 class WeightCheck:
     """What the parameters matched by name say: how many matched, which differ.
@@ -82,6 +104,8 @@ class WeightCheck:
         differing: those that differ, in the reference's order.
         ref, cand: how messages name the two sides (``model`` / ``file``, ``reference`` / ``candidate``).
         compared_anyway: most differ and the caller allowed it.
+        capped: parameters the float16 converter capped (values float16 carries, held at its cap): part of
+            the format, named in a note and on their modules' rows, never a difference.
     """
 
     matched: int = 0
@@ -89,6 +113,7 @@ class WeightCheck:
     ref: str = "model"
     cand: str = "file"
     compared_anyway: bool = False
+    capped: list[Capped] = field(default_factory=list)
 
     @property
     def most_differ(self) -> bool:
@@ -119,16 +144,23 @@ class WeightCheck:
         return self
 
     def notes(self) -> list[str]:
-        """The report's notes: compared anyway, or which parameters differ."""
+        """The report's notes: compared anyway, or which parameters differ; and which the converter capped."""
         if self.compared_anyway:
             return [f"compared anyway (allow_different_weights): {self.verdict()}"]
+        notes = []
+        if self.capped:
+            named = ", ".join(f"{c.name} (up to {c.top:.3g})" for c in self.capped[:_NAMED])
+            more = f" and {len(self.capped) - _NAMED} more" if len(self.capped) > _NAMED else ""
+            notes.append(f"the float16 converter capped {len(self.capped)} parameter(s) at {self.capped[0].cap:g} "
+                         f"(onnxconverter-common's default max_finite_val): {named}{more}; judged as part of float16 "
+                         "here (the ideal run caps them too); convert with max_finite_val=65504 to keep them")
         if not self.differing:
-            return []
+            return notes
         named = ", ".join(f"{m.name} ({'shape' if m.shapes else 'rel ' + fmt_float(m.rel)})"
                           for m in self.differing[:_NAMED])
         more = f" and {len(self.differing) - _NAMED} more" if len(self.differing) > _NAMED else ""
-        return [f"{len(self.differing)} of {self.matched} matched parameters differ from the {self.ref}'s: "
-                f"{named}{more} (named on their modules' rows)"]
+        return notes + [f"{len(self.differing)} of {self.matched} matched parameters differ from the {self.ref}'s: "
+                        f"{named}{more} (named on their modules' rows)"]
 
     def annotate(self, rows: Sequence[CompareRow]) -> None:
         """Name each differing parameter on the first row of the module that owns it (``row.weights``)."""
@@ -142,6 +174,10 @@ class WeightCheck:
             if owner is not None:
                 text = m.words(self.ref, self.cand)
                 owner.weights = f"{owner.weights}; {text}" if owner.weights else text
+        for c in self.capped:
+            owner = first.get(c.module)
+            if owner is not None:
+                owner.note = f"{c.words()}; {owner.note}" if owner.note else c.words()
 
     def to_dict(self) -> dict[str, Any]:
         """For the report's JSON summary."""
@@ -202,12 +238,13 @@ class PendingCheck:
 
 
 def judge(pairs: Iterable[tuple[str, Any, "FileParam"]], ref: str, cand: str,
-          unknowable: Callable[[str, Reading, Reading], bool] | None = None,
+          unknowable: Callable[[str, Reading, Reading], str | None] | None = None,
           stop: threading.Event | None = None) -> WeightCheck:
     """Compare ``(name, read reference, candidate parameter)`` pairs, one parameter in memory at a time.
 
     ``read reference`` returns the reference's ``(value, allowance)``, or ``None`` to skip the name;
-    ``unknowable(name, ref, cand)`` may skip a parameter that differs for a reason the file no longer shows;
+    ``unknowable(name, ref, cand)`` explains a parameter that differs for a reason the file no longer shows:
+    ``"skip"`` (no telling: not counted), ``"same"`` (checked another way: it agrees), else ``None``;
     ``stop``, once set, ends the check early (its result is then unused).
     """
     check = WeightCheck(ref=ref, cand=cand)
@@ -219,13 +256,26 @@ def judge(pairs: Iterable[tuple[str, Any, "FileParam"]], ref: str, cand: str,
             continue
         value = param.read()
         verdict = _differs(name, got, value)
-        if verdict is _SKIP or (isinstance(verdict, Mismatch) and unknowable is not None
-                                and unknowable(name, got, value)):
+        explained = unknowable(name, got, value) if isinstance(verdict, Mismatch) and unknowable is not None else None
+        if verdict is _SKIP or explained == _SKIP:
             continue
+        if explained == _SAME:
+            verdict = None
         check.matched += 1
         if isinstance(verdict, Mismatch):
             check.differing.append(verdict)
+        elif (top := _capped_top(got[0], value[1])) is not None:
+            check.capped.append(Capped(name, name.rsplit(".", 1)[0] if "." in name else "", top, value[1].clamp or 0.0))
     return check
+
+
+def _capped_top(r: np.ndarray, c_allow: Allowance) -> float | None:
+    """The largest magnitude of ``r`` the candidate's converter held at its cap (one float16 carries), else ``None``."""
+    if c_allow.clamp is None or r.size == 0:
+        return None
+    mag = np.abs(r)
+    held = mag[(mag > c_allow.clamp) & (mag <= FLOAT_LIMITS["float16"][0])]
+    return float(held.max()) if held.size else None
 
 
 def _differs(name: str, ref: Reading, cand: Reading) -> Mismatch | str | None:
@@ -238,6 +288,8 @@ def _differs(name: str, ref: Reading, cand: Reading) -> Mismatch | str | None:
         if [d for d in r.shape if d != 1] != [d for d in c.shape if d != 1]:
             return _SKIP  # the same number of values in another layout: a converter's, not compared
         c, c_allow = c.reshape(r.shape), c_allow.reshaped(c.shape, r.shape)
+    if c_allow.clamp is not None:  # the converter held values beyond its cap at the cap (float16 carries them)
+        r = capped(r, c_allow.clamp, FLOAT_LIMITS["float16"][0])
     if r.size == 0 or within(r, c, r_allow, c_allow):
         return None
     scale = float(np.max(np.abs(r)))
@@ -349,41 +401,70 @@ def check_model(model: Any, cand: dict[str, "FileParam"], prefix: str, absorbed:
     return judge(pairs, "model", "file", unmarked, stop)
 
 
-def _conv_paths(model: Any) -> set[str]:
+def _conv_paths(model: Any) -> dict[str, Any]:
+    """Each Conv module's path -> the BatchNorm registered right after it in the same parent (torchvision's
+    ``Conv2dNormActivation``, ResNet's ``conv1``/``bn1``), where its channels match, else ``None``."""
     from torch.nn.modules.conv import _ConvNd
 
-    return {path for path, m in model.named_modules() if isinstance(m, _ConvNd)}
+    out: dict[str, Any] = {}
+    for path, parent in model.named_modules():
+        children = list(parent.named_children())
+        for (name, m), after in zip(children, [*children[1:], (None, None)]):
+            if isinstance(m, _ConvNd):
+                bn = after[1] if not m.transposed else None
+                var = getattr(bn, "running_var", None)
+                fits = var is not None and hasattr(bn, "eps") and var.shape[0] == m.out_channels
+                out[f"{path}.{name}" if path else name] = bn if fits else None
+    return out
 
 
 class _UnmarkedFolds:
     """A Conv weight the file does not mark as folded, yet equal to the model's scaled per output channel.
 
     That is what folding a BatchNorm into a Conv makes; files that lost the exporter's record of
-    it (ONNX Runtime's optimised copies keep the names, drop the metadata) hold such weights, and
-    the Conv's bias then carries the BatchNorm's shift. Neither can be told there from a hand edit
-    that scales channels, so both are skipped: never a refusal, never a finding.
+    it (ONNX Runtime's optimised copies keep the names, drop the metadata; a quantiser's
+    pre-processing) hold such weights, and the Conv's bias then carries the BatchNorm's shift. Where
+    the model registers a BatchNorm right after the Conv, the weight is checked against that fold,
+    through the candidate's format (a quantised weight within half its step); else against the best
+    scale per channel. Neither can be told there from a hand edit that scales channels, so both are
+    skipped: never a refusal, never a finding.
     """
 
-    def __init__(self, convs: set[str]) -> None:
+    def __init__(self, convs: dict[str, Any]) -> None:
         self.convs = convs
         self.scaled: set[str] = set()
 
-    def __call__(self, name: str, ref: Reading, cand: Reading) -> bool:
+    def __call__(self, name: str, ref: Reading, cand: Reading) -> str | None:
         module, _, leaf = name.rpartition(".")
         if leaf == "bias":
-            return module in self.scaled
+            return _SKIP if module in self.scaled else None
         (r, _), (c, c_allow) = ref, cand
         if leaf != "weight" or module not in self.convs or r.ndim < 2 or r.shape != c.shape:
-            return False
+            return None
         rows, got = r.reshape(r.shape[0], -1), c.reshape(c.shape[0], -1)
+        bn = self.convs[module]
+        if bn is not None and _folds_into(rows, got, c_allow.of(c).reshape(got.shape), bn):
+            self.scaled.add(module)
+            return _SAME
         norms = np.einsum("ij,ij->i", rows, rows)
         scale = np.divide(np.einsum("ij,ij->i", rows, got), norms, out=np.zeros_like(norms), where=norms > 0)
         residual = np.abs(got - rows * scale[:, None])
         allowed = np.reshape(c_allow.of(c), got.shape) + np.abs(got) * np.float32(_RECOMPUTED)
         if bool(np.all(residual <= allowed)):
             self.scaled.add(module)
-            return True
-        return False
+            return _SKIP
+        return None
+
+
+def _folds_into(rows: np.ndarray, got: np.ndarray, allowed: np.ndarray, bn: Any) -> bool:
+    """Whether ``got`` (a Conv weight, one row per output channel) is ``rows`` with BatchNorm ``bn`` folded in,
+    within ``allowed`` (the candidate's rounding) and the fold's own float32 arithmetic."""
+    var = bn.running_var.detach().cpu().double().numpy()
+    scale = 1.0 / np.sqrt(var + bn.eps)
+    if bn.weight is not None:
+        scale = scale * bn.weight.detach().cpu().double().numpy()
+    folded = (rows * scale[:, None]).astype(np.float32)
+    return bool(np.all(np.abs(got - folded) <= allowed + np.abs(folded) * np.float32(_RECOMPUTED)))
 
 
 def _torch_reader(model: Any, name: str, tensor: Any, param: FileParam, absorbed: dict[str, str]) -> Any:

@@ -56,6 +56,7 @@ from ..files.writes import check_output_path
 from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
 from ..onnxfile.metadata import TAPS_KEY
 from ..onnxfile.publish import external_locations, publish, publish_file
+from ..onnxfile.shape_inputs import SHAPE_INPUTS
 from ..options import ExportOptions
 from ..pytorch.lowering import Recipe, as_args, drawn_calibration
 from ..pytorch.values import random_tensor, tensor_to_numpy
@@ -484,8 +485,20 @@ def _save(model: ir.Model, final: Path, external: bool) -> None:
     """
     on_disk = any(isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values())
     data = _data_name(final) if external or on_disk else None
-    # Asked for external data: every weight goes there (as before); streamed only: small ones stay inline.
-    ir.save(model, str(final), external_data=data, size_threshold_bytes=0 if external else 1024)
+    # Asked for external data: every weight goes there but those whose data shape inference reads (a few
+    # bytes each: ONNX Runtime cannot load a Reshape whose shape is on disk); streamed only: small ones stay inline.
+    ir.save(model, str(final), external_data=data, size_threshold_bytes=_shape_bytes(model) if external else 1024)
+
+
+def _shape_bytes(model: ir.Model) -> int:
+    """The size of the largest initializer some node reads as a shape (:mod:`layertap.onnxfile.shape_inputs`)."""
+    sizes = [0]
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for k in SHAPE_INPUTS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ():
+            value = node.inputs[k] if k < len(node.inputs) else None
+            if value is not None and value.const_value is not None and value.is_initializer():
+                sizes.append(value.const_value.nbytes)
+    return max(sizes)
 
 
 def _data_name(onnx_path: Path) -> str:

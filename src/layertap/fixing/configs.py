@@ -1,5 +1,5 @@
 """What ``layertap fix`` aims for and what it writes: the target (``cosine:0.999``, ``rel:1e-2``,
-``sqnr:30``, ``top1:0.99``) measured on a model's outputs over every sample, and the kept set in
+``sqnr:30``, ``top1:0.99``, ``max_abs:1e-3``) measured on a model's outputs over every sample, and the kept set in
 each toolchain's form (``--config-out DIR``), with ``convert.py`` for float16: the converter's
 options alone do not restore what :func:`.convert.restore_float32` restores nor make the types
 :func:`.convert.retype_float16` repairs. Numpy only."""
@@ -23,7 +23,10 @@ from ..files.writes import atomic_write_bytes
 from ..metrics import error_stats, similarity
 from .convert import FP16_OPTIONS, SCRIPT_HELPERS
 
-TARGETS = ("cosine", "rel", "sqnr", "top1")
+TARGETS = ("cosine", "rel", "sqnr", "top1", "max_abs")
+# the metrics a smaller value of meets (the others: a larger one)
+_AT_MOST = ("rel", "max_abs")
+_NEAR_ZERO = 2.0**-10  # float16's step at 1: outputs no larger than this on every sample are all but zero
 # file name -> what it holds (written by :func:`write_configs`)
 CONFIG_FILES = ("modules.json", "onnxconverter_common.json", "ort_quantization.json", "polygraphy.txt", "modelopt.json")
 # a file without module scopes keeps ONNX nodes: nodes.json takes modules.json's place
@@ -32,12 +35,12 @@ CONFIG_FILES = ("modules.json", "onnxconverter_common.json", "ort_quantization.j
 @dataclass(frozen=True)
 class Target:
     """A target on the model's outputs: ``metric`` over every sample must reach ``value``
-    (``rel`` at most ``value``, the others at least).
+    (``rel`` and ``max_abs``, the largest absolute difference: at most ``value``; the others at least).
 
     Example:
         >>> t = Target.parse("cosine:0.999")
-        >>> t.met(0.9995), t.met(0.99), Target.parse("rel:1e-2").met(0.005)
-        (True, False, True)
+        >>> t.met(0.9995), t.met(0.99), Target.parse("rel:1e-2").met(0.005), Target.parse("max_abs:1e-3").met(2e-3)
+        (True, False, True, False)
     """
 
     metric: str
@@ -56,20 +59,20 @@ class Target:
             number = math.nan
         if metric not in TARGETS or not math.isfinite(number):
             raise LayertapError(f"bad target {text!r}; use METRIC:VALUE with METRIC one of {', '.join(TARGETS)} "
-                                "(cosine:0.999, rel:1e-2, sqnr:30, top1:0.99)")
+                                "(cosine:0.999, rel:1e-2, sqnr:30, top1:0.99, max_abs:1e-3)")
         return cls(metric, number)
 
     def met(self, value: float) -> bool:
         """Whether a measured ``value`` reaches the target."""
         if math.isnan(value):
             return False
-        return value <= self.value if self.metric == "rel" else value >= self.value
+        return value <= self.value if self.metric in _AT_MOST else value >= self.value
 
     def better(self, a: float, b: float) -> bool:
         """Whether ``a`` is strictly closer to the reference than ``b``."""
         if math.isnan(b):
             return not math.isnan(a)
-        return a < b if self.metric == "rel" else a > b
+        return a < b if self.metric in _AT_MOST else a > b
 
     def measure(self, refs: Sequence[Sequence[np.ndarray]], gots: Sequence[Sequence[np.ndarray]]) -> float:
         """The metric over every sample (the worst sample's value; ``top1``: the share of
@@ -80,14 +83,39 @@ class Target:
         values = [self._one(r, g) for rs, gs in zip(refs, gots) for r, g in zip(rs, gs)]
         if not values:
             return math.nan
-        return max(values) if self.metric == "rel" else min(values)
+        return max(values) if self.metric in _AT_MOST else min(values)
 
     def _one(self, ref: np.ndarray, got: np.ndarray) -> float:
         got = np.asarray(got, dtype=np.float32) if got.dtype != ref.dtype else got
         if self.metric == "rel":
             return error_stats(ref, got).rel_err
+        if self.metric == "max_abs":
+            return error_stats(ref, got).max_abs
         cosine, sqnr, _ = similarity(ref, got)
         return cosine if self.metric == "cosine" else sqnr
+
+    def noise(self, refs: Sequence[Sequence[np.ndarray]], to: str) -> str | None:
+        """Why this target cannot judge a float16 conversion on these reference outputs, else ``None``: outputs
+        near zero on every sample (at most float16's step at 1, 2^-10: a probability map of background, the
+        sigmoids of very negative logits) make a cosine, SQNR or relative error a measure of float16's relative
+        error in values that are all but zero (a logit off by 0.01 moves such a probability by 1%), not of what
+        the conversion changes; the largest difference still judges it.
+
+        Example:
+            >>> tiny = [[np.full((1, 4), 1e-4, np.float32)]]
+            >>> Target.parse("cosine:0.999").noise(tiny, "fp16")[:46], Target.parse("max_abs:1e-3").noise(tiny, "fp16")
+            ('the reference outputs are near zero on every ', None)
+        """
+        floats = [np.asarray(r) for rs in refs for r in rs if np.issubdtype(np.asarray(r).dtype, np.floating)]
+        if to != "fp16" or self.metric not in ("cosine", "sqnr", "rel") or not floats:
+            return None
+        top = max(float(np.max(np.abs(a), initial=0.0)) for a in floats)
+        if top == 0.0 or top > _NEAR_ZERO:
+            return None
+        return (f"the reference outputs are near zero on every sample (|x| <= {top:.2g}): a {self.metric} there measures "
+                "float16's relative error in values that are all but zero, not what the conversion changes; judge the "
+                "largest difference you accept instead, --target max_abs:VALUE (e.g. max_abs:1e-3), or give samples on "
+                "which the outputs are not zero (--inputs)")
 
     def __str__(self) -> str:
         return f"{self.metric}:{self.value:.10g}"

@@ -161,14 +161,36 @@ def restore_float32(model: "onnx.ModelProto", converted: "onnx.ModelProto", node
     for n in converted.graph.node:
         for name in n.input:
             users.setdefault(name, []).append(n)
+
+    def kept_only(name: str) -> bool:  # read only through casts that feed kept nodes
+        casts = users.get(name, [])
+        return bool(casts) and all(c.op_type == "Cast" and all(u.name in kept for o in c.output for u in users.get(o, ()))
+                                   for c in casts)
+
     restored = []
     for t in converted.graph.initializer:
-        casts = users.get(t.name, [])
-        if t.name in original and t.data_type != 1 and casts and all(
-                c.op_type == "Cast" and all(u.name in kept for o in c.output for u in users.get(o, ())) for c in casts):
+        if t.name in original and t.data_type != 1 and kept_only(t.name):
             t.CopyFrom(original[t.name])
             restored.append(t.name)
+    restored += _float_constants(model, converted, kept_only)
     restored += _float_outputs(model, converted)
+    return restored
+
+
+def _float_constants(model: "onnx.ModelProto", converted: "onnx.ModelProto", kept_only: Any) -> list[str]:
+    """``Constant`` nodes (paddle2onnx writes every weight so, with no node name a block list could give) that
+    only kept nodes read, made float16 by the converter all the same: their float32 values put back, by the
+    name of the tensor each makes."""
+    def value(node: Any) -> Any:
+        return next((a for a in node.attribute if a.name == "value"), None) if node.op_type == "Constant" and node.output else None
+
+    original = {n.output[0]: v.t for n in model.graph.node if (v := value(n)) is not None and v.t.data_type == 1}
+    restored = []
+    for n in converted.graph.node:
+        v = value(n)
+        if v is not None and v.t.data_type != 1 and n.output[0] in original and kept_only(n.output[0]):
+            v.t.CopyFrom(original[n.output[0]])
+            restored.append(n.output[0])
     return restored
 
 
@@ -254,7 +276,23 @@ def retype_float16(converted: "onnx.ModelProto", nodes: Sequence[str], op_block_
         fixed.append(out.name)
     made_half = [n for n in graph.node if n.output and declared.get(n.output[0]) == 10 and n.name not in kept
                  and n.op_type not in blocked]
-    return fixed + [n.name for n in made_half if _float16_attributes(n)]
+    return fixed + [n.name for n in made_half if _float16_attributes(n)] + _cast_types(graph)
+
+
+def _cast_types(graph: Any) -> list[str]:
+    """Declare each ``Cast``'s output in the type its ``to`` makes, where ``value_info`` says another (the
+    converter's cast after a node it keeps in float32, a ``Resize``, takes over the node's output name and
+    leaves its float declaration, which another tool wrote: onnxslim declares every tensor); returns the
+    casts whose outputs were retyped."""
+    declared = {v.name: v for v in graph.value_info}
+    fixed = []
+    for n in graph.node:
+        info = declared.get(n.output[0]) if n.op_type == "Cast" and n.output else None
+        to = next((a.i for a in n.attribute if a.name == "to"), None)
+        if info is not None and to is not None and info.type.tensor_type.elem_type not in (0, to):
+            info.type.tensor_type.elem_type = to
+            fixed.append(n.name)
+    return fixed
 
 
 def _float16_attributes(node: Any) -> bool:
@@ -308,8 +346,8 @@ def _copy(model: "onnx.ModelProto") -> "onnx.ModelProto":
 
 
 # the steps around the converter, copied into --config-out's convert.py (configs.convert_script)
-SCRIPT_HELPERS = (outputs_declared_once, unshare_weights, restore_float32, _float_outputs, retype_float16, _float16_copy,
-                  _float16_attributes)
+SCRIPT_HELPERS = (outputs_declared_once, unshare_weights, restore_float32, _float_constants, _float_outputs, retype_float16,
+                  _float16_copy, _float16_attributes, _cast_types)
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from ..errors import LayertapError
 from ..numformats import FLOAT_LIMITS, PRECISIONS, Format
 from .scopemap import plain_weight_name
 from .tensor_types import inferred_types
-from .weights import initializer_array
+from .weights import converter_clamp, initializer_array
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -46,6 +46,9 @@ class TensorFormats:
         forced: the user named the precision (``precision="fp16"``): the file's own types are not read.
         dequantized: the ``DequantizeLinear`` outputs among :attr:`tensors` (values held quantised as
             such; a quantised tensor's own name holds its float value, which its readers see quantised).
+        weight_clamp: the magnitude the float16 converter capped every weight at
+            (:func:`~layertap.onnxfile.weights.converter_clamp`), else ``None``; the formats in
+            :attr:`weights` carry it too.
 
     Example:
         >>> f = TensorFormats({"y": Format("float16")})
@@ -59,6 +62,7 @@ class TensorFormats:
     weight_levels: dict[str, np.ndarray] = field(default_factory=dict)
     forced: bool = False
     dequantized: frozenset[str] = frozenset()
+    weight_clamp: float | None = None
 
     def of(self, name: str) -> Format | None:
         """The format tensor ``name`` is held in; ``None``: float32."""
@@ -120,9 +124,11 @@ def file_formats(model: "onnx.ModelProto", folder: Path, held: Mapping[str, np.n
                                 "QuantizeLinear -> DequantizeLinear pair; give --precision fp16/bf16, or auto")
         return TensorFormats(quantised, weights, None, levels, forced=True, dequantized=dequantized)
     tensors = {**reader.floats(), **quantised}
-    weights = {**reader.float_weights(), **weights}
+    floats = reader.float_weights()
+    clamp = converter_clamp(model, folder, held) if floats else None
+    weights = {**{n: Format(f.name, clamp=clamp) for n, f in floats.items()}, **weights}
     default = Format(runtime_precision) if runtime_precision in FLOAT_LIMITS else None
-    return TensorFormats(tensors, weights, default, levels, dequantized=dequantized)
+    return TensorFormats(tensors, weights, default, levels, dequantized=dequantized, weight_clamp=clamp)
 
 
 class _Reader:
@@ -168,11 +174,16 @@ class _Reader:
         return out
 
     def float_weights(self) -> dict[str, Format]:
-        """Initializers stored in a reduced float type, by parameter name."""
+        """Initializers and ``Constant`` outputs stored in a reduced float type, by name."""
         import onnx
 
         low: dict[int, str] = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
-        return {t.name: Format(low[t.data_type]) for t in self.graph.initializer if t.data_type in low}
+        out = {t.name: Format(low[t.data_type]) for t in self.graph.initializer if t.data_type in low}
+        for name, node in self.consts.items():
+            attr = next((a for a in node.attribute if a.name == "value"), None)
+            if attr is not None and attr.t.data_type in low:
+                out.setdefault(name, Format(low[attr.t.data_type]))
+        return out
 
     def quantised(self) -> tuple[dict[str, Format], dict[str, Format], dict[str, np.ndarray], frozenset[str]]:
         """Activations a ``QuantizeLinear -> DequantizeLinear`` pair reads (by their name and the

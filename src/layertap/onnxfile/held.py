@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .shape_inputs import shape_read_tensors
 from .tensor_types import tensor_nbytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,7 +68,8 @@ def without_big_weights(model: "onnx.ModelProto", threshold: int = 1024) -> tupl
 
     The weights' values are copied once, into the arrays; the new proto holds only the graph (drop
     ``model`` to free the memory of its weights). Weights a runtime cannot take as arrays (strings,
-    bfloat16, float8) stay inline.
+    bfloat16, float8) stay inline, and so do those whose data shape inference reads
+    (:mod:`.shape_inputs`): ONNX Runtime refuses to load a model whose ``Reshape`` shape it cannot see.
 
     Example:
         >>> import onnx.helper as h, onnx.numpy_helper as nh
@@ -85,8 +87,9 @@ def without_big_weights(model: "onnx.ModelProto", threshold: int = 1024) -> tupl
     out = onnx.ModelProto()
     _copy_fields(model, out, skip={"graph"})
     _copy_fields(model.graph, out.graph, skip={"initializer"})
+    shaping = shape_read_tensors(model)
     for t in model.graph.initializer:
-        arr = _movable(t, threshold)
+        arr = None if t.name in shaping else _movable(t, threshold)
         if arr is None:
             out.graph.initializer.append(t)
             continue

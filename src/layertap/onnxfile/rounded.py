@@ -13,7 +13,9 @@ with rounding after each such tensor:
 * a weight (initializer): its values rounded once, here, in numpy.
 
 Each rounded tensor keeps its name (the producer's output is renamed), so the ideal run is read
-by the reference's tensor names, and every reader (subgraphs too) reads the rounded value. The
+by the reference's tensor names, and every reader (subgraphs too) reads the rounded value. A
+tensor that decides a shape (:mod:`.shape_inputs`: a ``Resize``'s scales, a ``Range``'s bounds) is
+left as it is and where it is, so the copy loads wherever the file loads. The
 input model is never changed: :func:`rounded_model` returns a new graph and its held weights.
 Never imports torch.
 """
@@ -27,6 +29,7 @@ import numpy as np
 
 from ..numformats import Format
 from .held import hold_in_memory
+from .shape_inputs import shape_read_tensors
 from .tensor_types import inferred_types
 from .walk import fresh_name
 from .weights import initializer_array
@@ -75,7 +78,9 @@ def rounded_model(model: "onnx.ModelProto", folder: Path, held: Mapping[str, np.
         vi = types.get(name)
         return vi is not None and vi.type.WhichOneof("value") == "tensor_type" and vi.type.tensor_type.elem_type == _FLOAT
 
-    wanted = {t: f for t, f in formats.items() if f.low and is_float32(t)}
+    # a value that decides a shape (Resize scales, Range bounds) is no computed value: left as it is, inline
+    shaping = shape_read_tensors(model)
+    wanted = {t: f for t, f in formats.items() if f.low and is_float32(t) and t not in shaping}
     rounded = _rounded_weights_in_place(model, folder, held, wanted, weight_round, cast_round or _cast_round)
     _RoundingNodes(model.graph, wanted, types).insert()
     return model, rounded
@@ -94,7 +99,8 @@ def _rounded_weights_in_place(model: "onnx.ModelProto", folder: Path, held: Mapp
         value = np.asarray(initializer_array(t, out, folder), np.float32)
         rounded = weight_round(t.name, value) if weight_round is not None else None
         if rounded is None:
-            rounded = fmt.rounded(value) if fmt.is_quantised else cast_round(value, fmt.name)
+            # the converter's cap on stored weights: numpy's rounding holds it; the runtime's faster cast does not
+            rounded = fmt.rounded(value) if fmt.is_quantised or fmt.clamp is not None else cast_round(value, fmt.name)
         out[t.name] = np.require(rounded, np.float32, "C").reshape(value.shape)  # a scalar stays a scalar
         hold_in_memory(t, out[t.name])
     return out
@@ -133,6 +139,9 @@ class _RoundingNodes:
                 if t in renamed:
                     node.input[k] = renamed[t]
             after = []
+            if node.op_type == "Constant" and node.output and self._held_capped(node, self.wanted.get(node.output[0])):
+                nodes.append(node)
+                continue
             for k, t in enumerate(node.output):
                 if t in self.wanted and t not in inputs:
                     exact = self.fresh(f"{t}::exact")
@@ -145,6 +154,18 @@ class _RoundingNodes:
         del self.graph.node[:]
         self.graph.node.extend(nodes)
         self.graph.initializer.extend(self.extra)
+
+    @staticmethod
+    def _held_capped(node: "onnx.NodeProto", fmt: Format | None) -> bool:
+        """A ``Constant`` (a weight, as paddle2onnx writes them) the candidate holds capped: its value in the copy
+        replaced by the rounded one, in place (no ``Cast`` pair can write a converter's cap); whether it was."""
+        from onnx import numpy_helper
+
+        attr = next((a for a in node.attribute if a.name == "value"), None)
+        if fmt is None or fmt.clamp is None or fmt.is_quantised or attr is None or attr.t.data_type != _FLOAT:
+            return False
+        attr.t.CopyFrom(numpy_helper.from_array(fmt.rounded(numpy_helper.to_array(attr.t)), attr.t.name))
+        return True
 
     def rounding(self, src: str, dst: str, fmt: Format) -> list["onnx.NodeProto"]:
         """Nodes computing ``dst`` = ``src`` rounded to ``fmt`` (none when it cannot be written here)."""

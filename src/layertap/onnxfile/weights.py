@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 
 from ..errors import OnnxFileError
+from ..numformats import CONVERTER_MAX
 from .modelfile import external_ref
 from .scopemap import BN_FOLD_RULES, plain_weight_name, rules
 from .tensor_types import tensor_nbytes
@@ -59,6 +60,8 @@ class Allowance:
         rel: the part relative to each element's magnitude (half a float format's relative step).
         floor: the part that does not scale with it: one number, or an array that broadcasts to the
             value's shape (a quantiser's half step per channel, a recomputed bias's rounding).
+        clamp: the magnitude the converter capped the stored values at (:func:`converter_clamp`): a value
+            beyond it is held as that cap, which is no difference.
 
     Example:
         >>> a = Allowance(rel=0.5, floor=0.25) + Allowance(floor=0.25)
@@ -68,11 +71,13 @@ class Allowance:
 
     rel: float = 0.0
     floor: "np.ndarray | float" = 0.0
+    clamp: float | None = None
 
     def __add__(self, other: "Allowance") -> "Allowance":
         """The allowance of two roundings of one value, one after the other."""
         floor = self.floor + other.floor if np.ndim(self.floor) or np.ndim(other.floor) else float(self.floor) + float(other.floor)
-        return Allowance(self.rel + other.rel, floor)
+        clamps = [c for c in (self.clamp, other.clamp) if c is not None]
+        return Allowance(self.rel + other.rel, floor, min(clamps) if clamps else None)
 
     def of(self, value: np.ndarray) -> np.ndarray:
         """The allowance of every element of ``value``, as one float32 array: ``|value| * rel + floor``."""
@@ -95,7 +100,7 @@ class Allowance:
         """The allowance of a value of ``shape`` reshaped to ``to`` (an array floor follows its elements)."""
         if not np.ndim(self.floor):
             return self
-        return Allowance(self.rel, np.reshape(np.broadcast_to(self.floor, shape), to))
+        return Allowance(self.rel, np.reshape(np.broadcast_to(self.floor, shape), to), self.clamp)
 
 
 Reading = tuple[np.ndarray, Allowance]
@@ -164,6 +169,10 @@ def file_params(model: "onnx.ModelProto", folder: Path, held: Mapping[str, np.nd
     def array(name: str) -> np.ndarray:
         return initializer_array(inits[name], held, folder)
 
+    @functools.cache
+    def clamp() -> float | None:  # read once, on the first float16 parameter read
+        return converter_clamp(model, folder, held)
+
     out: dict[str, FileParam] = {}
     quant_args = {t for n in graph.node if n.op_type in _QDQ_OPS for t in n.input[1:3]}
     for t in graph.initializer:
@@ -171,7 +180,7 @@ def file_params(model: "onnx.ModelProto", folder: Path, held: Mapping[str, np.nd
         if dtype is None or t.name in quant_args or _ANONYMOUS.match(t.name):
             continue
         out[t.name] = FileParam(t.name, tuple(t.dims), np.dtype(dtype).name, folded.get(t.name),
-                                functools.partial(_read_float, array, t.name, widen or _widen))
+                                functools.partial(_read_float, array, t.name, widen or _widen, clamp))
     for node in graph.node:
         param = _dequantized(node, inits, array, folded) or _cast(node, out, folded)
         if param is not None and not _ANONYMOUS.match(param.name):
@@ -209,11 +218,51 @@ def _np_type(elem: int) -> Any:
     return onnx.helper.tensor_dtype_to_np_dtype(elem)
 
 
-def _read_float(array: Callable[[str], np.ndarray], name: str, widen: Callable[[np.ndarray], np.ndarray]) -> Reading:
-    """A float initializer as float32, with its format's rounding."""
+def _read_float(array: Callable[[str], np.ndarray], name: str, widen: Callable[[np.ndarray], np.ndarray],
+                clamp: Callable[[], float | None]) -> Reading:
+    """A float initializer as float32, with its format's rounding (float16: and the converter's cap)."""
     a = array(name)
     value = a if a.dtype == np.float32 else widen(a) if a.dtype == np.float16 else a.astype(np.float32)
-    return value, format_allowance(a.dtype.name)
+    allowance = format_allowance(a.dtype.name)
+    if a.dtype == np.float16:
+        allowance = Allowance(allowance.rel, allowance.floor, clamp())
+    return value, allowance
+
+
+def converter_clamp(model: "onnx.ModelProto", folder: Path, held: Mapping[str, np.ndarray] | None = None) -> float | None:
+    """The cap a float16 converter put on the magnitude of every weight of ``model``: onnxconverter-common's
+    default ``max_finite_val`` (:data:`~layertap.numformats.CONVERTER_MAX`) when the largest float16 weight
+    (initializer or ``Constant``) is exactly that, else ``None`` (no cap, or one no weight reached).
+
+    Example:
+        >>> import onnx.helper as h, onnx.numpy_helper as nh
+        >>> w = nh.from_array(np.array([1e4, -3.0], np.float16), "bn.running_var")
+        >>> g = h.make_graph([], "g", [], [], [w])
+        >>> converter_clamp(h.make_model(g), Path(".")), converter_clamp(h.make_model(h.make_graph([], "g", [], [])), Path("."))
+        (10000.0, None)
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    top = 0.0
+    for t in model.graph.initializer:
+        if t.data_type == onnx.TensorProto.FLOAT16:
+            top = max(top, _largest(initializer_array(t, held or {}, folder)))
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            attr = next((a for a in node.attribute if a.name == "value"), None)
+            if attr is not None and attr.t.data_type == onnx.TensorProto.FLOAT16:
+                top = max(top, _largest(numpy_helper.to_array(attr.t)))
+    return CONVERTER_MAX if top == CONVERTER_MAX else None
+
+
+def _largest(a: np.ndarray) -> float:
+    """The largest finite magnitude in ``a`` (0 when none)."""
+    if a.size == 0:
+        return 0.0
+    mag = np.abs(a)
+    with np.errstate(invalid="ignore"):
+        return float(np.max(mag, where=np.isfinite(mag), initial=0.0))
 
 
 def _widen(a: np.ndarray) -> np.ndarray:

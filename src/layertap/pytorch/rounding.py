@@ -49,6 +49,8 @@ class RoundingPlan:
             them), ``True`` rounds every operator's floating-point output to 8 bits over its own range (per
             tensor, affine): the candidate quantises nearly every activation, on calibrated ranges at least as
             wide, so this ideal is as fine as the file's or finer.
+        clamp: the magnitude the converter capped the candidate's float16 weights at (onnxconverter-common's
+            ``max_finite_val``), else ``None``: parameters rounded in a float16 region are capped there first.
 
     Example:
         >>> RoundingPlan(regions={"": "float16", "head": None}).region("head.fc"), RoundingPlan().quantises
@@ -61,6 +63,7 @@ class RoundingPlan:
     weights: dict[str, tuple[Format, np.ndarray]] = field(default_factory=dict)
     model_inputs: list[Format | None] = field(default_factory=list)
     dynamic: bool = False
+    clamp: float | None = None
 
     def region(self, path: str) -> str | None:
         """The float format of the operators module ``path`` runs itself."""
@@ -118,6 +121,15 @@ def round_dynamic(t: torch.Tensor, bits: int = 8) -> torch.Tensor:
         return t
     zero = torch.round(-lo / step)
     return ((torch.clamp(torch.round(t / step) + zero, 0, 2**bits - 1) - zero) * step).to(t.dtype)
+
+
+def _capped(t: torch.Tensor, cap: float | None, low: torch.dtype) -> torch.Tensor:
+    """A weight as a converter that caps stored weights at ``cap`` holds it (:func:`layertap.numformats.capped`:
+    values beyond ``low``'s range left to overflow)."""
+    if cap is None:
+        return t
+    mag = t.abs()
+    return torch.where((mag > cap) & (mag <= torch.finfo(low).max), torch.full_like(t, cap).copysign(t), t)
 
 
 def _maybe_round(t: torch.Tensor, fmt: Format | None) -> torch.Tensor:
@@ -279,7 +291,7 @@ def _mode_class() -> type:
                 key = (id(t), low)
                 if id(t) in self.params:
                     if key not in self.memo:
-                        self.memo[key] = t.to(low).to(t.dtype)
+                        self.memo[key] = _capped(t, plan.clamp, low).to(low).to(t.dtype)
                     return self.memo[key]
                 seen = self.done.get(key)
                 if seen is not None and seen[0]() is t and seen[1] == t._version:

@@ -61,7 +61,7 @@ class FixTool(Tool):
         g.add_argument("--calib", metavar="PATH", help="int8 calibration samples (as --inputs; default the samples judged on)")
         g.add_argument("--target", default="cosine:0.999", metavar="METRIC:VALUE",
                        help="what the model's outputs must reach on every sample: cosine:0.999 (default), "
-                            "rel:1e-2, sqnr:30, top1:0.99 (arg-max agreement)")
+                            "rel:1e-2, sqnr:30, top1:0.99 (arg-max agreement), max_abs:1e-3 (largest difference)")
         g.add_argument("--max-float", type=nonneg_int, default=None, metavar="N",
                        help="keep at most N modules (ONNX nodes, in a file without module scopes) in float32")
         g.add_argument("--keep", action="append", default=[], metavar="PATH",

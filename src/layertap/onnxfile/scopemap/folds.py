@@ -41,7 +41,9 @@ FX_NODE_KEY = "pkg.torch.onnx.fx_node"
 _FX_NAME_RE = re.compile(r"%([A-Za-z_]\w*)")
 BN_FOLD_RULES = {"FuseBatchNormIntoConv", "FuseBatchNormIntoConvTranspose", "FuseBatchNormIntoGemm"}
 _FOLD_OPS = {"Conv", "ConvTranspose", "Gemm"}
-_CONV_OPS = frozenset({"Conv", "ConvInteger", "QLinearConv"})
+_CONV_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv"})
+# ONNX Runtime's ConvBnFusion (run by quantisation's pre-processing) names the bias it makes after the BatchNorm's
+_ORT_BN_BIAS = re.compile(r"^ConvBnFusion_BN_B_(.+)\.bias(?:_.*)?$")
 # onnxscript rules that rewrite one node into one node computing the same value
 # from the same inputs (or into Identity): module boundaries are untouched.
 LOCAL_RULES = frozenset({
@@ -89,17 +91,18 @@ def fold_torchscript(graph: "onnx.GraphProto", calls: list[Call], facts: GraphFa
         node = _folded_conv(graph, owner, calls, facts, ns, inits)
         if node is None:
             continue
-        bn = guess_batchnorm(owner.path)
+        named = _fused_batchnorm(node)
+        bn, by = (named, "ONNX Runtime's ConvBnFusion") if named else (guess_batchnorm(owner.path), "the exporter")
         if bn is not None and bn in owning:
             continue  # the BatchNorm has nodes of its own: nothing was folded into this Conv
         if bn is None:
             owner.note = (
-                f"a BatchNorm was folded into node {node.name} by the exporter, so that node's output is the "
+                f"a BatchNorm was folded into node {node.name} by {by}, so that node's output is the "
                 "BatchNorm's value, not this Conv's"
             )
             continue
         owner.note = (
-            f"folded into node {node.name} with {bn} (BatchNorm fused into the Conv by the exporter); "
+            f"folded into node {node.name} with {bn} (BatchNorm fused into the Conv by {by}); "
             f"that node's output is {bn}'s value, not this Conv's"
         )
         owner.absorbed_by = bn
@@ -355,6 +358,12 @@ def param_module(name: str) -> str | None:
     if name.endswith(".weight") and not name.startswith(("onnx::", "val_")):
         return name[: -len(".weight")]
     return None
+
+
+def _fused_batchnorm(node: "onnx.NodeProto") -> str | None:
+    """The BatchNorm ONNX Runtime's ``ConvBnFusion`` folded into ``node``, by the name of the bias it wrote."""
+    found = _ORT_BN_BIAS.match(node.input[2]) if len(node.input) > 2 else None
+    return found.group(1) if found else None
 
 
 def guess_batchnorm(conv_path: str) -> str | None:
