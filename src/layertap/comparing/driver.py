@@ -68,7 +68,8 @@ class Silent:
 @dataclass
 class Sample:
     """One sample's plan: items, their row builder (reference values in ``builder.store``),
-    batches, the candidate's feed, and the rows made so far (one list per batch)."""
+    batches, the candidate's feed, the rows made so far (one list per batch), and each call run alone at the
+    candidate's format (``local_ideal``)."""
 
     items: list[Item]
     builder: RowBuilder
@@ -76,6 +77,7 @@ class Sample:
     feed: dict[str, np.ndarray]
     ref_feed: dict[str, np.ndarray] | None = None
     rows: list[list[CompareRow]] = field(default_factory=list)
+    local_ideal: ArrayStore | None = None  # each call run alone at the candidate's format (local=True, a PyTorch reference)
 
 
 class Candidate(Protocol):
@@ -246,8 +248,7 @@ class Driver:
             sample = self.ref.sample(index, max(0, memory_budget - sum(st.held for st in self.stores)))
             self._shown = None  # planning a sample may show steps of its own (a PyTorch forward)
             self.stores.append(sample.builder.store)
-            if sample.builder.ideal is not None:
-                self.stores.append(sample.builder.ideal)
+            self.stores += [st for st in (sample.builder.ideal, sample.local_ideal) if st is not None]
             self.samples.append(sample)
             if not (self.ref.holds_values and len(sample.batches) <= 1):
                 pending.append(sample)
@@ -315,7 +316,8 @@ class Driver:
         rows = self._rows(sample, batch, fetched)
         if self.local:
             pairs_of, ref_of, tensors_of = self.ref.local_inputs(sample, batch, ref_values, values)
-            local_errors(self._parts, batch, rows, pairs_of, ref_of, tensors_of, sample.builder.criterion)
+            local_errors(self._parts, batch, rows, pairs_of, ref_of, tensors_of, sample.builder.criterion,
+                         sample.builder.judging)
         sample.rows.append(rows)
         if job.release:
             self._release(sample)
@@ -345,7 +347,7 @@ class Driver:
         return rows
 
     def _release(self, sample: Sample) -> None:
-        for store in (sample.builder.store, sample.builder.ideal):
+        for store in (sample.builder.store, sample.builder.ideal, sample.local_ideal):
             if store is None:
                 continue
             self.spilled = max(self.spilled, store.spilled)

@@ -25,7 +25,9 @@ error (plus the float32 tolerance), and fails where the format itself cannot car
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -35,12 +37,15 @@ from ..errors import one_line
 from ..metrics import FORMAT_MULTIPLE, Criterion, ErrorStats, ideal_stats
 from ..numformats import FLOAT_LIMITS, Format, round_on_grid
 from ..onnxfile.formats import TensorFormats, file_formats
+from ..onnxfile.parts import PartCutter
 from ..onnxfile.rounded import rounded_model
+from ..onnxfile.scopemap import GraphFacts, ScopeMap
+from ..onnxfile.tensor_types import element_type
 from ..runtimes import open_runtime
 from ..runtimes.ort_kernels import rounded_through
 from ..runtimes.runner import ModelRunner
 from ..runtimes.source import SessionSource
-from .rows import FAIL
+from .rows import ABSORBED, FAIL
 from .torch_side import run_torch
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -110,7 +115,8 @@ class Judging:
             return dataclasses.replace(base, ok=bool(ok), limit=limit)
         st = ideal_stats(ref, got, ideal)
         stats = dataclasses.replace(base, format_abs=st.format_abs, impl_abs=st.impl_abs, format_cosine=st.format_cosine,
-                                    limit=limit, format_rms=st.format_rms, impl_rms=st.impl_rms, ref_rms=st.ref_rms)
+                                    limit=limit, format_rms=st.format_rms, impl_rms=st.impl_rms, ref_rms=st.ref_rms,
+                                    impl_gain=st.impl_gain, ideal_rms=st.ideal_rms)
         if not self.decides:
             return stats
         # the implementation error decides here; a limit fails the row only where it matters (weigh_limits)
@@ -194,6 +200,90 @@ class OnnxIdeal:
     def close(self) -> None:
         if self._runner is not None:
             self._runner.close()
+
+
+class OnnxIdealParts:
+    """The local split's ideal part of an ONNX reference (``local=True``): for each compared call the reference's
+    own nodes (with those of the calls the candidate folded into it), cut out of its graph
+    (:class:`~layertap.onnxfile.parts.PartCutter`), rounded as the candidate holds every value they read and make,
+    their inputs included (:func:`~layertap.onnxfile.rounded.rounded_model`), and run in ONNX Runtime with its
+    optimisations off on the reference's own values: what the format costs that call alone."""
+
+    def __init__(self, ref: "OrtSide", formats: TensorFormats, items: Sequence[Any]) -> None:
+        self.ref, self.formats = ref, formats
+        source = ref.runner.source
+        self.cutter = PartCutter(source.model)
+        self.facts = GraphFacts(source.model.graph)
+        self.smap = ScopeMap.from_model(source.model)
+        self.wanted = reference_formats(source.model, formats)
+        self.folded: dict[tuple[str, int], list[tuple[str, int]]] = {}
+        for it in items:
+            if it.status == ABSORBED and it.fused_into:
+                self.folded.setdefault((it.fused_into, it.mc.call), []).append((it.mc.path, it.mc.call))
+        self.runtime = open_runtime("ort", optimize=False)
+        self._last: tuple[bytes, Any] | None = None
+
+    def nodes(self, item: Any) -> list[int]:
+        """The reference's nodes of a compared row (none where it has no call or the call holds subgraphs)."""
+        if self.smap.source == "none":
+            found = {self.cutter.producer[t] for t in item.ref_tensors if t in self.cutter.producer}
+        else:
+            found = set()
+            for path, call in [(item.mc.path, item.mc.call), *self.folded.get((item.mc.path, item.mc.call), [])]:
+                found.update(self.smap.call_nodes(path, call)[0])
+        graph = self.cutter.graph
+        if not found or any(a.HasField("g") or len(a.graphs) for i in found for a in graph.node[i].attribute):
+            return []
+        return sorted(found)
+
+    def needs(self, batch: Sequence[Any]) -> list[str]:
+        """The reference tensors the parts of ``batch`` read."""
+        out: list[str] = []
+        for it in batch:
+            if it.status is None and it.mc.path:
+                out += [t for t in self.facts.entering(self.nodes(it)) if t not in out]
+        return out
+
+    def run(self, batch: Sequence[Any], values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every compared row's ideal part of ``batch`` on the reference's ``values``: reference tensor -> value."""
+        pieces, feed, outputs = [], {}, {}
+        for k, it in enumerate(batch):
+            nodes = self.nodes(it) if it.status is None and it.mc.path else []
+            entering = self.facts.entering(nodes)
+            if not nodes or any(t not in values for t in entering):
+                continue
+            prefix = f"lt_ideal{k}/"
+            piece = self.cutter.piece(nodes, {t: (element_type(values[t]), values[t].shape) for t in entering}, it.ref_tensors,
+                                      prefix=prefix)
+            pieces.append(piece)
+            feed.update({prefix + t: values[t] for t in entering})
+            outputs.update({prefix + t: t for t in it.ref_tensors if t in piece.names and t not in entering})
+        if not outputs:
+            return {}
+        part = self.cutter.model(pieces, "layertap_ideal_part")
+        made = {t for p in pieces for n in p.nodes for t in n.output} | set(feed)
+        wanted = {t: self.wanted[t.split("/", 1)[1]] for t in made if "/" in t and t.split("/", 1)[1] in self.wanted}
+        wanted.update({t.name: self.wanted[t.name] for t in part.graph.initializer if t.name in self.wanted})
+        source = self.ref.runner.source
+        model, held = rounded_model(part, source.folder, source.held, wanted, _grid(self.formats), cast_round=rounded_through)
+        got = self._engine(model, SessionSource(model, source.folder, held=held)).run(list(outputs), feed)
+        return {outputs[name]: value for name, value in got.items()}
+
+    def _engine(self, model: Any, source: SessionSource) -> Any:
+        """An engine on the part graph, reused while the graph is the same (the next sample of a batch)."""
+        key = model.SerializeToString()
+        if self._last is None or self._last[0] != key:
+            self._last = None
+            self._last = (key, self.runtime.open_part(source, model))
+        return self._last[1]
+
+    def close(self) -> None:
+        self._last = None
+
+
+def _handed(value: Any, handed: Sequence[int], i: int, t: Any) -> Any:
+    """Argument tensor ``i`` of a call run again: the result handed on where the call read it, else a copy."""
+    return value if i in handed else t.clone()
 
 
 def _grid(formats: TensorFormats) -> Any:
@@ -323,6 +413,49 @@ class TorchIdeal:
         fn = bound_method(model, method)
         with rounded(model, self.plan) as (round_inputs, round_result):
             return run_torch(model, round_inputs(args), kwargs, lambda m, *a, **k: round_result(fn(*a, **k)), store, wanted)
+
+    def local(self, model: Any, kept: Mapping[int, Any], items: Sequence[Any], store: Any) -> None:
+        """Each compared call run alone at the candidate's format on the reference's own arguments (``kept``:
+        :class:`~.torch_side.KeptCall` by call key), into ``store`` keyed as the reference's values: the local
+        split's ideal part. The calls folded into it in the candidate (a Conv into its BatchNorm) run first, each
+        handing its result on, as the candidate's part computes them; a call that cannot be run so has none."""
+        import torch
+
+        from ..pytorch.values import exact_float32, flatten, gpu_device, tensor_to_numpy
+
+        folded: dict[tuple[str, int], list[int]] = {}
+        for it in items:
+            if it.status == ABSORBED and it.fused_into:
+                folded.setdefault((it.fused_into, it.mc.call), []).append(it.mc.key)
+        on_gpu = gpu_device(model, (), {}) is not None
+        for it in items:
+            if it.status is not None or not it.mc.path or it.mc.key not in kept:
+                continue
+            chain = [k for k in folded.get((it.mc.path, it.mc.call), []) if k in kept] + [it.mc.key]
+            with torch.no_grad(), (exact_float32() if on_gpu else contextlib.nullcontext()):
+                out = self._chain(model, kept, chain)
+            if out is not None:
+                store.put(it.mc.key, [tensor_to_numpy(t, copy=True) for _, t in flatten(out)])
+
+    def _chain(self, model: Any, kept: Mapping[int, Any], chain: Sequence[int]) -> Any:
+        """The calls of ``chain`` run one after the other, each on its own arguments with the output of the one
+        before in place of the tensor it returned then; ``None`` when they do not connect so, or one fails."""
+        from ..pytorch.rounding import map_tensors, rounded
+
+        value, before = None, None
+        for key in chain:
+            call = kept[key]
+            handed: list[int] = [i for i, src in call.producers.items() if src == (before, 0)] if before is not None else []
+            if before is not None and (not handed or not hasattr(value, "shape")):
+                return None
+            args, kwargs = map_tensors((call.args, call.kwargs), functools.partial(_handed, value, handed))
+            try:
+                with rounded(model, self.plan, counts=call.counts):
+                    value = call.module(*args, **kwargs)
+            except Exception:  # noqa: BLE001 - a module that cannot run again alone has no local split
+                return None
+            before = key
+        return value
 
 
 def weigh_limits(rows: Sequence[Any], rtol: float) -> list[Any]:

@@ -15,6 +15,7 @@ Never imports torch (the PyTorch reference's values come as numpy from the value
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -22,14 +23,16 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from ..metrics import Criterion, ErrorStats, ideal_stats
 from ..onnxfile.parts import PartCutter
 from ..onnxfile.scopemap import GraphFacts, ScopeMap
 from ..onnxfile.shapes import declared_dims
-from ..onnxfile.tensor_types import inferred_types
+from ..onnxfile.tensor_types import element_type, inferred_types
 from ..runtimes.ort_kernels import nchwc_block_size
+from ..text import fmt_float
 from .align import Item
 from .nchwc import block, blocked_tensors, unblock
-from .rows import CompareRow, pair_tensors, same_shape
+from .rows import FAIL, PASS, CompareRow, merge_stats, pair_tensors, same_shape
 from .torch_side import input_key
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,6 +44,10 @@ if TYPE_CHECKING:  # pragma: no cover
 _SEE_THROUGH = {"Cast", "QuantizeLinear", "DequantizeLinear", "Identity"}
 
 RefLookup = Callable[[str], "np.ndarray | None"]  # candidate tensor -> the reference's value, or None
+#: a row's (reference value, candidate tensor, the ideal part's value or None)
+Pair = tuple[np.ndarray, str, "np.ndarray | None"]
+#: the precision rule of a local split when the comparison's criterion does not reach it
+_RULE = Criterion()
 
 
 class LocalGraph:
@@ -115,7 +122,7 @@ class LocalGraph:
             fed, nodes = feeding
             fed = {s: self._typed(s, v) for s, v in fed.items()}
             fed = {s: block(v, self.block) if s in self.blocked else v for s, v in fed.items()}
-            piece = self.cutter.piece(nodes, {t: (_elem(v), v.shape) for t, v in fed.items()}, outs, prefix=f"lt_local{job}/")
+            piece = self.cutter.piece(nodes, {t: (element_type(v), v.shape) for t, v in fed.items()}, outs, prefix=f"lt_local{job}/")
             feed.update({piece.names[t]: v for t, v in fed.items()})
             pieces.append(piece)
             wanted[job] = {t: piece.names[t] for t in outs if t in piece.names and t not in fed}
@@ -252,18 +259,14 @@ def _has_subgraph(node: Any) -> bool:
     return any(a.HasField("g") or len(a.graphs) for a in node.attribute)
 
 
-def _elem(value: np.ndarray) -> int:
-    import onnx
-
-    return int(onnx.helper.np_dtype_to_tensor_dtype(value.dtype))
-
-
-def local_rel(outputs: dict[str, np.ndarray], pairs: Sequence[tuple[np.ndarray, str]], criterion: Any,
-              graph: "LocalGraph | None" = None) -> float | None:
-    """The worst rel error of the locally computed outputs against the reference's values
-    (read in the reference's layout through ``graph``)."""
-    worst = None
-    for ref, name in pairs:
+def local_stats(outputs: dict[str, np.ndarray], pairs: Sequence[Pair], criterion: Any,
+                graph: "LocalGraph | None" = None) -> ErrorStats | None:
+    """The worst statistics of the locally computed outputs against the reference's values (read in the
+    reference's layout through ``graph``); with the ideal part's values (a pair's third member), also the
+    local split: ``format_abs`` (the ideal part against the reference: what the format costs this call
+    alone) and ``impl_abs`` (the candidate's part against the ideal part: what the file adds here)."""
+    stats = []
+    for ref, name, ideal in pairs:
         got = outputs.get(name)
         if got is None:
             continue
@@ -275,16 +278,52 @@ def local_rel(outputs: dict[str, np.ndarray], pairs: Sequence[tuple[np.ndarray, 
             continue
         if np.issubdtype(got.dtype, np.floating) and got.dtype != ref.dtype:
             got = got.astype(ref.dtype)
-        rel = criterion.judge(ref, got).rel_err
-        worst = rel if worst is None else max(worst, rel)
-    return worst
+        st = criterion.judge(ref, got)
+        if ideal is not None and np.shape(ideal) == ref.shape:
+            split = ideal_stats(ref, got, np.asarray(ideal))
+            st = dataclasses.replace(st, format_abs=split.format_abs, impl_abs=split.impl_abs, format_rms=split.format_rms,
+                                     impl_rms=split.impl_rms, ref_rms=split.ref_rms, impl_gain=split.impl_gain,
+                                     ideal_rms=split.ideal_rms)
+        stats.append(st)
+    if not stats:
+        return None
+    merged = merge_stats(stats)
+    whole = all(st.format_abs is not None for st in stats)  # every tensor of the call has its ideal value
+    return merged if whole else dataclasses.replace(merged, format_abs=None, impl_abs=None)
 
 
-def annotate(row: CompareRow, value: float | None, why: str | None) -> None:
-    """Set ``local_rel`` on a row, or say why it has none."""
-    row.local_rel = value
+def annotate(row: CompareRow, stats: ErrorStats | None, why: str | None, judging: Any = None) -> None:
+    """Set ``local_rel`` (and the local split) on a row, or say why it has none; judged at the candidate's
+    precision, the local split decides the row (see :func:`judge_locally`)."""
+    row.local_rel = stats.rel_err if stats is not None else None
     if why:
         row.note = f"{row.note}; local: {why}" if row.note else f"local: {why}"
+    if stats is None or stats.format_abs is None or stats.impl_abs is None:
+        return
+    scale = stats.scale
+    row.local_format_rel = stats.format_abs / scale if scale > 0 else (0.0 if stats.format_abs == 0 else math.inf)
+    row.local_impl_rel = stats.impl_abs / scale if scale > 0 else (0.0 if stats.impl_abs == 0 else math.inf)
+    row.local_impl_gain = stats.impl_gain
+    if judging is not None and judging.decides and row.ok is not None:
+        judge_locally(row, stats, judging.fallback if judging.lost else None)
+
+
+def judge_locally(row: CompareRow, stats: ErrorStats, criterion: Any = None) -> None:
+    """A row judged by its own part (the local split), in place: it passes while the candidate's part adds no
+    more than :data:`~layertap.metrics.FORMAT_MULTIPLE` times what the format costs that part alone (plus the
+    tolerance), in the largest difference and in the root mean square one. A fault whose effect on the
+    whole run stays within the format's accumulated noise here still stands out against the part's own
+    rounding; a row that fails as a whole but not on its own inherited its error from before it (said in
+    its note). A value the format cannot carry (``limit``) is weighed later, as for the whole run."""
+    if row.limit:
+        return
+    rule = criterion if criterion is not None else _RULE
+    ok = stats.within_format(rule.rtol, rule.atol) and (row.finite is not False or not rule.check_finite)
+    if row.ok is False and ok:
+        row.note = (f"{row.note}; " if row.note else "") + ("its own part is within what the format explains (local "
+                                                          f"impl {fmt_float(row.local_impl_rel)}, format "
+                                                          f"{fmt_float(row.local_format_rel)}): the error comes from before it")
+    row.ok, row.status = ok, (PASS if ok else FAIL)
 
 
 # ---------------------------------------------------------------------------
@@ -315,14 +354,16 @@ def ref_needs(graph: LocalGraph, batch: list[Item], ref_names: set[str]) -> list
     return extra
 
 
-PairsOf = Callable[[Item, CompareRow], "list[tuple[np.ndarray, str]]"]  # a row's (reference value, candidate tensor)
+PairsOf = Callable[[Item, CompareRow], "list[Pair]"]
 
 
 def local_errors(graph: LocalGraph, batch: list[Item], rows: list[CompareRow], pairs_of: PairsOf, ref_of: RefLookup,
-                 tensors_of: Callable[[Item, CompareRow], Sequence[str]], criterion: Any) -> None:
+                 tensors_of: Callable[[Item, CompareRow], Sequence[str]], criterion: Any, judging: Any = None) -> None:
     """Set ``local_rel`` on the compared rows of a batch: each call's part of the candidate
     (its nodes, found through ``tensors_of``) fed the reference's values (``ref_of``), its
-    outputs judged against the reference values ``pairs_of`` pairs them with."""
+    outputs judged against the reference values ``pairs_of`` pairs them with; where a pair carries the
+    ideal part's value (judged at the candidate's precision), the local split too, which then decides the
+    row (``judging``: the precision rule, :class:`~.ideal.Judging`)."""
     jobs, pairs = [], {}
     for k, (it, row) in enumerate(zip(batch, rows)):
         if row.ok is None or not it.mc.path:
@@ -333,7 +374,7 @@ def local_errors(graph: LocalGraph, batch: list[Item], rows: list[CompareRow], p
         if isinstance(ref_of, TorchLookup):
             ref_of.pair(graph, it, entering)
         pairs[k] = pairs_of(it, row)
-        jobs.append((k, nodes, entering, [name for _, name in pairs[k]]))
+        jobs.append((k, nodes, entering, [name for _, name, _ in pairs[k]]))
         keeper = _KEEPER.get()
         if keeper is not None and keeper.wants(it, row):
             keeper.keep(graph, it, nodes, entering, pairs[k], ref_of)
@@ -343,21 +384,25 @@ def local_errors(graph: LocalGraph, batch: list[Item], rows: list[CompareRow], p
         if isinstance(got, str):
             annotate(rows[k], None, got)
         else:
-            annotate(rows[k], local_rel(got, pairs.get(k, []), criterion, graph), None)
+            annotate(rows[k], local_stats(got, pairs.get(k, []), criterion, graph), None, judging)
 
 
 def onnx_ref_inputs(batch: list[Item], ref_values: dict[str, np.ndarray], cand_values: dict[str, np.ndarray],
-                    ref_feed: dict[str, np.ndarray], cand_feed: dict[str, np.ndarray]) -> tuple[PairsOf, RefLookup]:
+                    ref_feed: dict[str, np.ndarray], cand_feed: dict[str, np.ndarray],
+                    ideal: dict[str, np.ndarray] | None = None) -> tuple[PairsOf, RefLookup]:
     """An ONNX reference's values for :func:`local_errors`: a row's (reference value, candidate
-    tensor) pairs, and a candidate tensor's reference value (the reference tensor paired with
-    it, or the reference's input at the same position)."""
+    tensor, ideal part's value) triples, and a candidate tensor's reference value (the reference tensor
+    paired with it, or the reference's input at the same position). ``ideal``: reference tensor -> its
+    value from the reference's own part at the candidate's format (:class:`IdealParts`)."""
     cand_shapes = {k: tuple(v.shape) for k, v in cand_values.items()}
     by_cand: dict[str, str] = {}
     for it in batch:
         if it.status is None:
             by_cand.update({c: r for r, c in ref_pairs(it, ref_values, cand_shapes)})
-    def pairs_of(it: Item, row: CompareRow) -> list[tuple[np.ndarray, str]]:
-        return [(ref_values[r], c) for r, c in ref_pairs(it, ref_values, cand_shapes) if r in ref_values]
+    found = ideal or {}
+
+    def pairs_of(it: Item, row: CompareRow) -> list[Pair]:
+        return [(ref_values[r], c, found.get(r)) for r, c in ref_pairs(it, ref_values, cand_shapes) if r in ref_values]
 
     return pairs_of, FileLookup(by_cand, ref_values, ref_feed, cand_feed)
 
@@ -383,13 +428,16 @@ class FileLookup:
 
 
 def torch_ref_inputs(builder: Any, feed: dict[str, np.ndarray], items: Sequence[Item] = (),
-                     named: dict[str, str] | None = None) -> tuple[PairsOf, RefLookup]:
+                     named: dict[str, str] | None = None, ideal: Any = None) -> tuple[PairsOf, RefLookup]:
     """A PyTorch reference's values for :func:`local_errors`, from the value store: a row's
-    (PyTorch value, ONNX tensor it was compared with), and an ONNX tensor's PyTorch value
-    (see :class:`TorchLookup`)."""
-    def pairs_of(it: Item, row: CompareRow) -> list[tuple[np.ndarray, str]]:
+    (PyTorch value, ONNX tensor it was compared with, the call run alone at the candidate's format), and an
+    ONNX tensor's PyTorch value (see :class:`TorchLookup`). ``ideal``: the store of the calls run alone at
+    the format (:class:`~layertap.comparing.ideal.TorchIdeal`), keyed as the values."""
+    def pairs_of(it: Item, row: CompareRow) -> list[Pair]:
         ref = builder.store.get(it.mc.key)
-        return [(np.asarray(ref[i]), name) for (key, i), name in builder.onnx_of.items() if key == it.mc.key and i < len(ref)]
+        own = ideal.get(it.mc.key) if ideal is not None and ideal.has(it.mc.key) else None
+        return [(np.asarray(ref[i]), name, np.asarray(own[i]) if own is not None and i < len(own) else None)
+                for (key, i), name in builder.onnx_of.items() if key == it.mc.key and i < len(ref)]
 
     return pairs_of, TorchLookup(builder, feed, items, named or {})
 
@@ -475,7 +523,7 @@ class PartKeeper:
         return it.mc.path == self.path and it.mc.call == self.call
 
     def keep(self, graph: LocalGraph, it: Item, nodes: list[int], entering: Sequence[str],
-             pairs: Sequence[tuple[np.ndarray, str]], ref_of: RefLookup) -> None:
+             pairs: Sequence[Pair], ref_of: RefLookup) -> None:
         """Keep the part of ``it`` with the reference's values for its inputs and outputs (or say why not)."""
         import onnx
 
@@ -485,7 +533,7 @@ class PartKeeper:
             self.why = feeding
             return
         fed, nodes = feeding
-        if graph.blocked & {*fed, *(name for _, name in pairs)}:
+        if graph.blocked & {*fed, *(name for _, name, _ in pairs)}:
             self.why = "its tensors are in ONNX Runtime's NCHWc layout (a file saved at ORT_ENABLE_ALL)"
             return
         inputs, casts = {}, {}
@@ -494,7 +542,7 @@ class PartKeeper:
             inputs[t] = np.array(a, order="C")
             if dtype is not None and dtype != a.dtype:
                 casts[t] = int(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
-        expected = {name: np.array(ref, order="C") for ref, name in pairs}
+        expected = {name: np.array(ref, order="C") for ref, name, _ in pairs}
         name_of = getattr(ref_of, "ref_name", None)
         ref_names = {t: name_of(t) for t in [*inputs, *expected]} if name_of is not None else {}
         self.part = KeptPart(it.mc.path, it.mc.call, nodes, inputs, casts, expected, ref_names)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import InputSpecError, LayertapError, OnnxFileError
+from ..errors import InputSpecError, LayertapError, OnnxFileError, one_line
 from ..metrics import Criterion
 from ..onnxfile.branches import with_branches
 from ..onnxfile.feeds import integer_bounds
@@ -42,7 +42,7 @@ from ..samples.drawn import Sample as Given
 from .align import Item, RowBuilder, pack_batches
 from .background import Background
 from .driver import Sample, module_filter, plan_batches
-from .ideal import Judging, OnnxIdeal
+from .ideal import Judging, OnnxIdeal, OnnxIdealParts
 from .local_errors import PairsOf, RefLookup, onnx_ref_inputs, ref_needs
 from .nchwc import blocked_stand_ins
 from .onnx_side import IF_BRANCHES, OrtSide, absorb_unexposable, check_feed_shapes
@@ -379,6 +379,8 @@ class OnnxReference:
         # judged at the candidate's precision: the reference's graph rounded as the candidate holds its values
         self.ideal = OnnxIdeal(ref, judging.formats) if judging is not None and ref.runner.file is None else None
         self._ideal_run: Background[dict[str, np.ndarray]] | None = None  # started by values(), read by ideal_values()
+        self._parts: OnnxIdealParts | None = None  # the local split's ideal parts (local=True), made on first use
+        self._parts_lost: str | None = None  # why they could not be run
         # the weight check runs beside the planning and the sessions' builds; the driver waits for it
         # before the candidate runs, and a file the rows cannot be planned for is first checked for
         # other weights
@@ -471,12 +473,28 @@ class OnnxReference:
             names = list(dict.fromkeys(t for it in batch if it.status is None for t in it.ref_tensors))
             if parts is not None:
                 names += [t for t in ref_needs(parts, batch, self.known) if t not in names]
+                alone = self._alone()
+                names += [t for t in (alone.needs(batch) if alone is not None else ()) if t in self.known and t not in names]
             self._batch_names[key] = names
         return names
 
+    def _alone(self) -> OnnxIdealParts | None:
+        """The reference's own parts at the candidate's format (``local=True`` judged at it), made on first use."""
+        if self.ideal is None or self.judging is None or self._parts_lost:
+            return None
+        if self._parts is None:
+            self._parts = OnnxIdealParts(self.side, self.judging.formats, self.items)
+        return self._parts
+
     def local_inputs(self, sample: Sample, batch: list[Item], ref_values: dict[str, np.ndarray],
                      cand_values: dict[str, np.ndarray]) -> tuple[PairsOf, RefLookup, Callable[[Item, CompareRow], Sequence[str]]]:
-        pairs_of, ref_of = onnx_ref_inputs(batch, ref_values, cand_values, sample.ref_feed or {}, sample.feed)
+        alone, ideal = self._alone(), None
+        if alone is not None:
+            try:
+                ideal = alone.run(batch, {**(sample.ref_feed or {}), **ref_values})
+            except Exception as e:  # noqa: BLE001 - an aid, never a gate: the rows keep the whole run's verdict
+                self._parts_lost = one_line(e, limit=300)
+        pairs_of, ref_of = onnx_ref_inputs(batch, ref_values, cand_values, sample.ref_feed or {}, sample.feed, ideal)
         return pairs_of, ref_of, lambda it, row: it.tensors
 
     def notes(self, candidate: Any, rounding: bool) -> list[str]:
@@ -486,6 +504,8 @@ class OnnxReference:
         elif self.mode == "names":
             notes.append("the reference carries no module scopes: rows are its tensors, matched by name")
         notes += [it.note for it in self.items if not it.mc.path and it.status is None and it.note]
+        if self._parts_lost:
+            notes.append(f"no local split at the candidate's precision ({self._parts_lost}): rows keep the whole run's verdict")
         return notes + self.side.notes("reference", rounding) + candidate.notes("candidate", rounding)
 
     def start_weight_check(self) -> None:
@@ -506,6 +526,8 @@ class OnnxReference:
             builder.ideal.close()
         if self.ideal is not None:
             self.ideal.close()
+        if self._parts is not None:
+            self._parts.close()
         self.side.close()
 
 

@@ -48,6 +48,14 @@ class CompareRow:
             (the worst one by the deciding metric).
         local_rel: with ``local=True``, the rel error the candidate's part for this call makes
             when fed the reference's own inputs (``None`` when its boundary cannot be matched).
+        local_format_rel, local_impl_rel: with ``local=True``, judged at the candidate's precision: the
+            reference's own part for this call run alone at the candidate's format on the same inputs,
+            against the reference (what the format costs this call alone), and the candidate's part against
+            it (what the file adds here); they decide the row (``None`` where there is no such part).
+        impl_gain, local_impl_gain: the part of the implementation error (of the whole run; of the call's own
+            part) that scales the value: ``<cand - ideal, ideal> / <ideal, ideal>`` (0.02: 2% larger). A
+            changed weight scales what its module makes, rounding does not; a gain beyond the format's own
+            noise there fails the row.
         finite: every candidate value was finite (``None`` when not compared).
         ref_max: ``max|ref|`` over the finite reference values compared.
         fused_into: for an ``absorbed`` call, the name of the row whose value holds it (the
@@ -99,6 +107,10 @@ class CompareRow:
     format_rms: float | None = None
     impl_rms: float | None = None
     ref_rms: float | None = None
+    local_format_rel: float | None = None
+    local_impl_rel: float | None = None
+    impl_gain: float | None = None
+    local_impl_gain: float | None = None
 
     @property
     def remarks(self) -> str | None:
@@ -186,6 +198,8 @@ class CompareReport(ToleranceReport):
 
                 extra[0] = dataclasses.replace(extra[0], drop=0)
                 base = [dataclasses.replace(c, drop=1) if c.key == "rel_err" else c for c in base]
+        if judging is not None and local:  # the local split decides: the plain local error gives way first
+            extra = [dataclasses.replace(c, drop=7) if c.key == "local_rel" else c for c in extra] + list(_LOCAL_SPLIT_COLUMNS)
         if samples > 1:
             extra.append(Column("worst_sample", "Worst sample", justify="right", no_wrap=True))
         # per report: the local and worst-sample columns only when they hold something
@@ -363,6 +377,12 @@ _FORMAT_COLUMNS = (
     Column("impl_rel", "Impl rel", fmt_float, "right", no_wrap=True),
 )
 
+# with local=True, judged at the candidate's precision: each call's own part split the same way
+_LOCAL_SPLIT_COLUMNS = (
+    Column("local_format_rel", "Local fmt", fmt_float, "right", no_wrap=True, drop=6),
+    Column("local_impl_rel", "Local impl", fmt_float, "right", no_wrap=True),
+)
+
 # the statistics that do not decide pass/fail give way first on a narrow terminal
 _EXTRA_COLUMNS = (
     Column("cosine", "Cosine", lambda v: "-" if v is None else f"{v:.6f}", "right", no_wrap=True, drop=4),
@@ -401,6 +421,8 @@ def merge_stats(stats: Sequence[ErrorStats]) -> ErrorStats:
         worst("format_rms"),
         worst("impl_rms"),
         worst("ref_rms"),
+        max((s.impl_gain for s in stats if s.impl_gain is not None), key=abs, default=None),
+        worst("ideal_rms"),
     )
 
 
@@ -414,7 +436,7 @@ def stat_fields(stats: ErrorStats) -> dict[str, Any]:
     return dict(max_abs=stats.max_abs, rel_err=stats.rel_err, cosine=stats.cosine, sqnr_db=stats.sqnr_db,
                 finite=stats.finite, ref_max=stats.scale, format_rel=rel(stats.format_abs), impl_rel=rel(stats.impl_abs),
                 format_cosine=stats.format_cosine, limit=stats.limit, format_rms=stats.format_rms, impl_rms=stats.impl_rms,
-                ref_rms=stats.ref_rms)
+                ref_rms=stats.ref_rms, impl_gain=stats.impl_gain)
 
 
 def pair_tensors(torch_shapes: Sequence[tuple], onnx_shapes: Sequence[tuple]) -> list[tuple[int, int]]:

@@ -71,7 +71,9 @@ class TorchReference:
         prog = self.prog if self.prog is not None else Silent()
         prog.step("PyTorch forward")
         a, k = self.runs_args[index]
-        calls, root = run_torch(self.model, a, k, self.method, store, self.wanted, inputs=self.local)
+        # judged at the format with local errors: every call's arguments kept, to run it again alone at the format
+        kept: dict[int, Any] | None = {} if self.local and self.ideal is not None else None
+        calls, root = run_torch(self.model, a, k, self.method, store, self.wanted, inputs=self.local, kept=kept)
         prog.advance()
         ideal = self._ideal_values(a, k, calls, budget) if self.ideal is not None else None
         items = [self._refuse_blocked(it) for it in plan_items(calls, root, self.view, self.outputs, self.include_root)
@@ -84,7 +86,22 @@ class TorchReference:
             n = len(item.tensors)
             return n, store.nbytes(item.mc.key) if n else 0
 
-        return Sample(items, builder, plan_batches(items, cost, self.batch_outputs, self.budget), self.feeds[index])
+        sample = Sample(items, builder, plan_batches(items, cost, self.batch_outputs, self.budget), self.feeds[index])
+        if kept and self.ideal is not None:
+            sample.local_ideal = self._alone(kept, items, budget)
+        return sample
+
+    def _alone(self, kept: dict[int, Any], items: list[Item], budget: int) -> ArrayStore:
+        """Every compared call run alone at the candidate's format on its own arguments (the local split's ideal part)."""
+        assert self.ideal is not None and self.judging is not None
+        store = ArrayStore(budget)
+        self._stores.append(store)
+        prog = self.prog if self.prog is not None else Silent()
+        prog.step(f"each module alone at {self.judging.precision}")
+        self.ideal.local(self.model, kept, items, store)
+        kept.clear()  # the arguments' copies go now
+        prog.advance()
+        return store
 
     def _ideal(self) -> TorchIdeal:
         """The rounded forward's plan, from the candidate's scopes and formats."""
@@ -126,7 +143,7 @@ class TorchReference:
 
     def local_inputs(self, sample: Sample, batch: list[Item], ref_values: dict[str, np.ndarray],
                      cand_values: dict[str, np.ndarray]) -> tuple[PairsOf, RefLookup, Callable[[Item, CompareRow], Sequence[str]]]:
-        pairs_of, ref_of = torch_ref_inputs(sample.builder, sample.feed, sample.items, self._named_inputs())
+        pairs_of, ref_of = torch_ref_inputs(sample.builder, sample.feed, sample.items, self._named_inputs(), sample.local_ideal)
         return pairs_of, ref_of, lambda it, row: row.onnx
 
     def _named_inputs(self) -> dict[str, str]:

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import InputSpecError, LayertapError, one_line
 from ..files.store import ArrayStore
-from ..pytorch.callhooks import CallHooks  # noqa: TID253 -- callhooks imports no torch
+from ..pytorch.callhooks import CallHooks, module_key  # noqa: TID253 -- callhooks imports no torch
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -34,6 +34,26 @@ class ModuleCall:
     # per output tensor: (key, index) of the latest earlier call that returned that very
     # tensor object (the child that produced it), or None; tells tuple elements apart
     sources: list[tuple[int, int] | None] | None = None
+
+
+@dataclass
+class KeptCall:
+    """A module call's arguments, copied as it started, to run it again alone (``local=True`` judged at the
+    candidate's precision: the call at the candidate's format on the reference's own inputs).
+
+    Attributes:
+        module: the module called.
+        args, kwargs: copies of its arguments (each tensor copied once per forward).
+        counts: how many calls of each module (by :func:`~layertap.pytorch.callhooks.module_key`) had started
+            before it: numbers its own call and those inside it again as the forward numbered them.
+        producers: position among its flattened arguments -> the (call key, output index) that returned it.
+    """
+
+    module: Any
+    args: tuple
+    kwargs: dict
+    counts: dict[int, int]
+    producers: dict[int, tuple[int, int]]
 
 
 def to_numpy(t: "torch.Tensor") -> np.ndarray:
@@ -73,12 +93,17 @@ class _TorchRecorder(CallHooks):
         [('0', 0), ('1', 0)]
     """
 
-    def __init__(self, model: Any, store: ArrayStore, wanted: Callable[[str], bool], inputs: bool = False) -> None:
+    def __init__(self, model: Any, store: ArrayStore, wanted: Callable[[str], bool], inputs: bool = False,
+                 kept: dict[int, KeptCall] | None = None) -> None:
         super().__init__(model)
         self.store = store
         self.wanted = wanted
-        self.wants_inputs = inputs
+        self.wants_inputs = inputs or kept is not None
+        self.fresh_inputs = inputs
+        self.kept = kept
         self._pending: dict[tuple[str, int], list[np.ndarray]] = {}  # a running call's fresh inputs
+        self._calling: dict[tuple[str, int], KeptCall] = {}  # a running call's arguments, when kept
+        self._clones: dict[int, tuple[Any, int, Any]] = {}  # id(tensor) -> (weakref, version, clone): one copy each
         self.calls: list[ModuleCall] = []
         self._last: tuple[list[Any], list[np.ndarray], list[int]] = ([], [], [])  # tensors, arrays, versions
         self._made_by: dict[int, tuple[Any, tuple[int, int]]] = {}  # id(tensor) -> (weakref, (key, index))
@@ -92,13 +117,23 @@ class _TorchRecorder(CallHooks):
         finally:
             self._last = ([], [], [])
             self._made_by = {}
+            self._clones = {}
 
     def on_inputs(self, mod: Any, path: str, call: int, args: tuple, kwargs: dict) -> None:
         """Keep the floating inputs no earlier call returned (a value between modules: ``act(gate) * up``,
-        an attention's context, a residual sum); the local error of a call reads them."""
+        an attention's context, a residual sum); the local error of a call reads them. With ``kept``, keep
+        the call's whole arguments too (copies), to run it again alone (:class:`KeptCall`)."""
         if not self.wanted(path):
             return
         import torch
+
+        if self.kept is not None:
+            counts = dict(self.counter.started)
+            counts[module_key(mod)] -= 1  # as they stood before this call started
+            self._calling[(path, call)] = KeptCall(mod, self._copy(args), self._copy(kwargs), counts,
+                                                  self._producers(args, kwargs))
+        if not self.fresh_inputs:
+            return
 
         fresh = []
         for t in _shallow_tensors([*args, *kwargs.values()]):
@@ -118,6 +153,46 @@ class _TorchRecorder(CallHooks):
         fresh = self._pending.pop((path, call), None)
         if fresh:
             self.store.put(input_key(mc.key), fresh)
+        kept = self._calling.pop((path, call), None)
+        if kept is not None and self.kept is not None:
+            self.kept[mc.key] = kept
+
+    def _copy(self, value: Any) -> Any:
+        """``value`` with every tensor in it copied once (a later in-place op cannot change the copy; a tensor
+        handed to several calls is copied once), tuples, lists and dicts rebuilt, anything else as it is."""
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            seen = self._clones.get(id(value))
+            if seen is not None and seen[0]() is value and seen[1] == value._version:
+                return seen[2]
+            copy = value.detach().clone()
+            with contextlib.suppress(TypeError):  # a tensor subclass without weak references: copied each time
+                self._clones[id(value)] = (weakref.ref(value), value._version, copy)
+            return copy
+        if isinstance(value, tuple) and not hasattr(value, "_fields"):
+            return tuple(self._copy(v) for v in value)
+        if isinstance(value, list):
+            return [self._copy(v) for v in value]
+        if type(value) is dict:
+            return {k: self._copy(v) for k, v in value.items()}
+        return value
+
+    def _producers(self, args: tuple, kwargs: dict) -> dict[int, tuple[int, int]]:
+        """Position among the arguments' tensors (:func:`~layertap.pytorch.rounding.map_tensors`'s order) -> the
+        (call key, output index) of the call that returned that tensor."""
+        from ..pytorch.rounding import map_tensors
+
+        out = {}
+
+        def note(i: int, t: Any) -> Any:
+            seen = self._made_by.get(id(t))
+            if seen is not None and seen[0]() is t:
+                out[i] = seen[1]
+            return t
+
+        map_tensors((args, kwargs), note)
+        return out
 
     def _record(self, mc: ModuleCall, output: Any) -> None:
         from ..pytorch.values import flatten
@@ -161,9 +236,11 @@ def run_torch(
     store: ArrayStore,
     wanted: Callable[[str], bool],
     inputs: bool = False,
+    kept: dict[int, KeptCall] | None = None,
 ) -> tuple[list[ModuleCall], ModuleCall]:
     """Run the model once; record every module call in return order (``inputs``: also the
-    inputs no module returned, under :func:`input_key`).
+    inputs no module returned, under :func:`input_key`; ``kept``: filled with every wanted call's
+    arguments, by call key, to run it again alone).
 
     Returns the calls and the root call (the model's result, stored last).
     """
@@ -174,7 +251,7 @@ def run_torch(
 
     fn = bound_method(model, method)
     what = f"{type(model).__name__}.{method}" if isinstance(method, str) else method_name(method)
-    recorder = _TorchRecorder(model, store, wanted, inputs)
+    recorder = _TorchRecorder(model, store, wanted, inputs, kept)
     # a reference in full float32 on a GPU too (PyTorch's default TF32 would be a divergence of its own)
     precise = exact_float32() if gpu_device(model, args, kwargs) is not None else contextlib.nullcontext()
     with recorder.hooks(), torch.no_grad(), precise:

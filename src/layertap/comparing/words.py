@@ -445,6 +445,15 @@ def format_size(row: Any, precision: str, rtol: float = 1e-3, atol: float = 1e-5
     rel = fmt_float(field(row, "rel_err"))
     if limit:
         return f"{limit} (rel err {rel})"
+    local_impl, local_fmt = field(row, "local_impl_rel"), field(row, "local_format_rel")
+    if local_impl is not None and local_fmt is not None:  # judged by its own part (local=True)
+        allowed = (atol / (field(row, "ref_max") or 0.0) if field(row, "ref_max") else 0.0) + rtol + FORMAT_MULTIPLE * local_fmt
+        if local_impl <= allowed:  # within the largest difference: its values are scaled, or its error is everywhere
+            return _gain_words(field(row, "local_impl_gain"), precision, f"its own part, local format error "
+                               f"{fmt_float(local_fmt)}; the whole run there: rel err {rel}")
+        times = f", {local_impl / allowed:.3g} times what {precision} explains for it alone" if allowed else ""
+        return (f"its own part's implementation error {fmt_float(local_impl)}{times} (local format error "
+                f"{fmt_float(local_fmt)}; the whole run there: rel err {rel})")
     impl, fmt_rel = field(row, "impl_rel"), field(row, "format_rel")
     if impl is None or fmt_rel is None:
         return f"rel err {rel}"
@@ -458,5 +467,16 @@ def format_size(row: Any, precision: str, rtol: float = 1e-3, atol: float = 1e-5
         if rms_over > max(over, 1.0):
             return (f"root mean square implementation error {i_rms:.3g}, {rms_over:.3g} times what {precision} explains "
                     f"there (its format error {f_rms:.3g} of a root mean square value {r_rms:.3g}; rel err {rel})")
+    gain = field(row, "impl_gain")
+    if over <= 1.0 and gain is not None and gain:
+        return _gain_words(gain, precision, f"format error {fmt_float(fmt_rel)}, rel err {rel}")
     times = f", {over:.3g} times what {precision} explains there" if allowed else ""
     return f"implementation error {fmt_float(impl)}{times} (format error {fmt_float(fmt_rel)}, rel err {rel})"
+
+
+def _gain_words(gain: float | None, precision: str, detail: str) -> str:
+    """A value the candidate scales against the ideal run (a changed weight), in words."""
+    if gain is None:
+        return f"an implementation error beyond what {precision} explains, everywhere in the value ({detail})"
+    return (f"the candidate's values are {abs(gain):.2%} {'larger' if gain > 0 else 'smaller'} than an ideal "
+            f"{precision} run's, more than {precision}'s own rounding there scatters them ({detail})")

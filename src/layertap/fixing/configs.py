@@ -104,7 +104,7 @@ class Target:
         Example:
             >>> tiny = [[np.full((1, 4), 1e-4, np.float32)]]
             >>> Target.parse("cosine:0.999").noise(tiny, "fp16")[:46], Target.parse("max_abs:1e-3").noise(tiny, "fp16")
-            ('the reference outputs are near zero on every ', None)
+            ('the reference outputs are near zero on every s', None)
         """
         floats = [np.asarray(r) for rs in refs for r in rs if np.issubdtype(np.asarray(r).dtype, np.floating)]
         if to != "fp16" or self.metric not in ("cosine", "sqnr", "rel") or not floats:

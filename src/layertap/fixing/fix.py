@@ -240,16 +240,9 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
             naive = search_by.naive
             search(trials, graph_order(modules, groups) if naive else groups, forced, max_float, naive=naive,
                    start=out_of_range(report, to, modules, constants))
-        if trials.converter.retyped:
-            notes.append(_retyped_note(list(trials.converter.retyped)))
-        if trials.converter.unshared:
-            shared = list(trials.converter.unshared)
-            notes.append(f"weights the kept {modules.kind}s share with others, copied for them (each side keeps its own "
-                         f"type): {', '.join(shared[:3])}{f' (+{len(shared) - 3})' if len(shared) > 3 else ''}")
         best = trials.best()
         best.chosen = True
-        noise = None if best.ok else goal.noise(trials.refs, to)
-        notes += [noise] if noise else []
+        notes += _search_notes(trials, modules, best, to)
         nodes = modules.names(best.kept)
         if out_path is not None:
             _publish(trials.files[best.step], out_path)
@@ -293,6 +286,20 @@ def _unit_notes(units: Units) -> list[str]:
     if unnamed:
         notes.append(f"{unnamed} node(s) have no name: no converter can keep them in float32, so none is tried")
     return notes
+
+
+def _search_notes(trials: Trials, modules: Units, best: FixStep, to: str) -> list[str]:
+    """What the search changed in the converter's files, and why a target it did not meet cannot judge these
+    outputs (:meth:`~.configs.Target.noise`)."""
+    notes = []
+    if trials.converter.retyped:
+        notes.append(_retyped_note(list(trials.converter.retyped)))
+    if trials.converter.unshared:
+        shared = list(trials.converter.unshared)
+        notes.append(f"weights the kept {modules.kind}s share with others, copied for them (each side keeps its own "
+                     f"type): {', '.join(shared[:3])}{f' (+{len(shared) - 3})' if len(shared) > 3 else ''}")
+    noise = None if best.ok else trials.target.noise(trials.refs, to)
+    return notes + ([noise] if noise else [])
 
 
 def _retyped_note(names: list[str]) -> str:

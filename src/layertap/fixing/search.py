@@ -116,11 +116,20 @@ def _scores(report: Any, to: str, modules: Units, constants: Collection[str] = (
             continue
         out = (to == "fp16" and (r.finite is False or (r.ref_max or 0.0) > FP16_MAX or unit in constants)) \
             or bool(getattr(r, "limit", None))
-        err = r.local_rel if r.local_rel is not None else (r.rel_err or 0.0)
+        err = _own_error(r)
         err = math.inf if err is None or math.isnan(err) else err
         old = score.get(unit, (False, 0.0, 0.0))
         score[unit] = (old[0] or out, max(old[1], gain), max(old[2], err))
     return {p: score[p] for p in modules.innermost(score)}
+
+
+def _own_error(row: Any) -> float:
+    """The error a unit makes by itself: its local split (what the format costs it alone and what the file adds
+    there, together), else ``local_rel``, else the row's ``rel_err``."""
+    fmt, impl = getattr(row, "local_format_rel", None), getattr(row, "local_impl_rel", None)
+    if fmt is not None and impl is not None:
+        return fmt + impl
+    return row.local_rel if row.local_rel is not None else (row.rel_err or 0.0)
 
 
 def out_of_range(report: Any, to: str, modules: Units, constants: Collection[str] = ()) -> list[str]:

@@ -119,3 +119,15 @@ def tensor_nbytes(t: "onnx.TensorProto") -> int:
     except (KeyError, TypeError, ValueError):
         size = 1
     return math.prod(t.dims) * size
+
+
+def element_type(value: np.ndarray) -> int:
+    """The ONNX element type of a numpy array (``TensorProto.FLOAT`` for float32).
+
+    Example:
+        >>> element_type(np.zeros(2, np.float32)), element_type(np.zeros(2, np.int64))
+        (1, 7)
+    """
+    import onnx
+
+    return int(onnx.helper.np_dtype_to_tensor_dtype(np.asarray(value).dtype))

@@ -137,7 +137,7 @@ def format_allowance(fmt: str) -> Allowance:
         >>> round(float(format_allowance("float16").of(np.array([2048.0], np.float32))[0]), 6)  # half of float16's step 2 there
         1.0
         >>> format_allowance("int64")
-        Allowance(rel=0.0, floor=0.0)
+        Allowance(rel=0.0, floor=0.0, clamp=None)
     """
     unit = _UNIT.get(fmt, 0.0)
     if not unit:

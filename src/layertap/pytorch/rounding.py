@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -318,10 +318,12 @@ def _mode_class() -> type:
 
 
 @contextlib.contextmanager
-def rounded(model: Any, plan: RoundingPlan) -> Iterator[Any]:
-    """Run ``model`` (any of its methods) inside: its operators and calls are rounded as ``plan`` says.
-    Yields two functions: one rounds the forward's own tensor arguments (``plan.model_inputs``), the other
-    its result (``plan.outputs[("", 0)]``).
+def rounded(model: Any, plan: RoundingPlan, counts: Mapping[int, int] | None = None) -> Iterator[Any]:
+    """Run ``model`` (any of its methods, or one of its modules alone) inside: its operators and calls are
+    rounded as ``plan`` says. Yields two functions: one rounds the forward's own tensor arguments
+    (``plan.model_inputs``), the other its result (``plan.outputs[("", 0)]``). ``counts``: how many calls of
+    each module (by :func:`~layertap.pytorch.callhooks.module_key`) started before, so that a module run
+    again alone numbers its calls as the whole forward did (the plan's formats are per call).
 
     Enter it before other hooks that should see the rounded values (forward hooks run in the order
     they were added).
@@ -336,6 +338,7 @@ def rounded(model: Any, plan: RoundingPlan) -> Iterator[Any]:
         (1.0, torch.float32)
     """
     regions = _Regions(model, plan)
+    regions.counter.started.update(counts or {})
     weights = _rounded_weights(model, plan)
     params = {id(p) for p in model.parameters()} | {id(b) for b in model.buffers()}
     mode = _mode_class()(regions, weights, params) if (any(plan.regions.values()) or weights or plan.dynamic) else None

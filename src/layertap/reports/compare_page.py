@@ -186,15 +186,15 @@ def _cells(row: Any, local: bool, metric: str = "rel", fmt: bool = False) -> lis
     if fmt:
         cells += [esc(fmt_float(field(row, key))) for key in ("format_rel", "impl_rel")]
     if local:
-        value = field(row, "local_rel")
-        cells.append(esc(fmt_float(value)) if value is not None else "")
+        keys = ("local_rel", "local_format_rel", "local_impl_rel") if fmt else ("local_rel",)
+        cells += [esc(fmt_float(field(row, key))) if field(row, key) is not None else "" for key in keys]
     return cells + [esc(field(row, "status", ""))]
 
 
 def _headers(local: bool, metric: str = "rel", fmt: bool = False) -> list[str]:
     deciding = [METRICS[metric][2]] if metric in ("cosine", "sqnr") else []
-    return (["type", "shape", *deciding, "rel err"] + (["format rel", "impl rel"] if fmt else [])
-            + (["local err"] if local else []) + ["status"])
+    locals_ = (["local err", "local format", "local impl"] if fmt else ["local err"]) if local else []
+    return ["type", "shape", *deciding, "rel err"] + (["format rel", "impl rel"] if fmt else []) + locals_ + ["status"]
 
 
 def _tree(rows: Sequence[Any], first: Any, metric: str = "rel") -> str:
@@ -204,7 +204,7 @@ def _tree(rows: Sequence[Any], first: Any, metric: str = "rel") -> str:
                   _status_class(r, first)) for r in shown]
     cut = f"first {MAX_TREE_ROWS} of {len(rows)} rows shown" if len(rows) > MAX_TREE_ROWS else ""
     widths = ((11, 8) + ((6.5,) if metric in ("cosine", "sqnr") else ()) + (5.5,) + ((5.5, 5.5) if fmt else ())
-              + ((5.5,) if local else ()) + (6.5,))
+              + (((5.5, 5.5, 5.5) if fmt else (5.5,)) if local else ()) + (6.5,))
     return render_tree(["module", *_headers(local, metric, fmt)], nest(nodes), widths=widths, keep=len(widths) - 1,
                        note=cut)
 
@@ -216,6 +216,7 @@ def _flat(rows: Sequence[Any], first: Any, metric: str = "rel") -> str:
     classes = [_status_class(r, first) for r in rows]
     headers = ["module", *_headers(local, metric, fmt), "max abs", "note"]
     numeric = [i for i, h in enumerate(headers)
-               if h in ("cosine", "SQNR dB", "rel err", "format rel", "impl rel", "local err", "max abs")]
+               if h in ("cosine", "SQNR dB", "rel err", "format rel", "impl rel", "local err", "local format", "local impl",
+                        "max abs")]
     table = grid_table(headers, body, numeric=numeric, row_classes=classes)
     return f"<details><summary>show all {len(rows)} rows</summary>{table}</details>"

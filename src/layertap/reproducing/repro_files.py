@@ -24,6 +24,7 @@ from ..metrics import error_stats
 from ..onnxfile.modelfile import is_onnx_source, read_model
 from ..onnxfile.parts import PartCutter, save_part
 from ..onnxfile.scopemap import GraphFacts, ScopeMap, expose_fused_values_in_place, is_fused_llm
+from ..onnxfile.tensor_types import element_type
 from ..runtimes import open_runtime
 from ..runtimes.ort import EXACT_INT8
 
@@ -73,7 +74,7 @@ def _cand_part(folder: Path, path: Path, part: Any) -> None:
     """The candidate's nodes of the call, fed the reference's values (cast inside to the file's types)."""
     mf = _read(path)
     cutter = PartCutter(mf.model)
-    inputs = {t: (_elem(v), v.shape) for t, v in part.inputs.items()}
+    inputs = {t: (element_type(v), v.shape) for t, v in part.inputs.items()}
     piece = cutter.piece(part.nodes, inputs, list(part.expected), cast=part.casts)
     save_part(cutter.model([piece], "candidate_part"), folder / "cand.onnx", mf.folder)
 
@@ -92,7 +93,7 @@ def _ref_part(folder: Path, path: Path, part: Any) -> str | None:
     missing = [t for t in entering if t not in rename or rename[t] not in part.inputs]
     if missing:
         return f"the reference's part reads {missing[0]}, which the candidate's part is not fed"
-    inputs = {r: (_elem(part.inputs[rename[r]]), part.inputs[rename[r]].shape) for r in entering}
+    inputs = {r: (element_type(part.inputs[rename[r]]), part.inputs[rename[r]].shape) for r in entering}
     outputs = [part.ref_names.get(c, c) for c in part.expected]
     cutter = PartCutter(mf.model)
     piece = cutter.piece(nodes, inputs, outputs, rename=rename)
@@ -115,12 +116,6 @@ def _makers(graph: Any, tensors: list[str]) -> tuple[list[int], tuple[str, ...]]
     """The nodes that make ``tensors`` and the tensors they read from outside (weights excluded)."""
     nodes = sorted({i for i, n in enumerate(graph.node) if set(n.output) & set(tensors)})
     return nodes, (GraphFacts(graph).entering(nodes) if nodes else ())
-
-
-def _elem(value: np.ndarray) -> int:
-    import onnx
-
-    return int(onnx.helper.np_dtype_to_tensor_dtype(value.dtype))
 
 
 def check_package(folder: Path, *, rtol: float, atol: float, timeout: float = 900) -> Check:
