@@ -185,6 +185,81 @@ def test_int8_faults_are_named_at_their_module(onet):
         assert first is not None and first.path == "prelu2", "\n".join(report.footer())
 
 
+# -- the local split: each module's own part judged at the format ------------------------------------------
+@pytest.fixture(scope="module")
+def resnet8(tmp_path_factory):
+    """torchvision resnet18 (TorchScript, BatchNorms folded into the Convs) at 64x64, its int8 QDQ file, and the
+    same file with layer3.0.conv1's weight scale x1.02: a change int8's accumulated noise hides in the whole run."""
+    import torch
+    import torchvision
+
+    d = tmp_path_factory.mktemp("precision-resnet")
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(8, 3, 64, 64))
+    model.eval()
+    rng = np.random.default_rng(1)
+    frames = [rng.standard_normal((1, 3, 64, 64)).astype(np.float32) for _ in range(2)]
+    fp32 = _export(model, frames[0], d / "r18.onnx")
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    quant_pre_process(str(fp32), str(d / "r18-pre.onnx"))
+    int8 = _int8(d / "r18-pre.onnx", d / "r18-int8.onnx", [rng.standard_normal((1, 3, 64, 64)).astype(np.float32) for _ in range(16)])
+    conv = next(n.output[0] for n in __import__("onnx").load(str(int8)).graph.node if n.name == "/layer3/layer3.0/conv1/Conv")
+    scale_weight(int8, d / "r18-int8-w2.onnx", conv, 1.02)
+    return {"model": model, "frames": frames, "fp32": fp32, "int8": int8, "fault": d / "r18-int8-w2.onnx", "dir": d}
+
+
+def test_the_local_split_names_a_fault_the_whole_run_hides(resnet8):
+    """A weight 2% off in an int8 file: the whole run's format error (0.04 there, accumulated over 20 modules)
+    hides it; the module's own part, run alone at int8 on the reference's inputs, costs 0.005-0.01, and the
+    file's part scales its values by 2% against it: named at its own module, by both references, with the
+    split in the words."""
+    import layertap as lt
+
+    criterion = lt.Criterion(allow_different_weights=True)
+    whole = _both(resnet8, resnet8["fault"], criterion=criterion)
+    assert all(r.ok for r in whole), [r.first_divergence for r in whole]
+    for report in _both(resnet8, resnet8["fault"], criterion=criterion, local=True):
+        first = report.first_divergence_row
+        assert first is not None and first.path == "layer3.0.bn1", "\n".join(report.footer())  # conv1 is folded into it
+        assert first.local_format_rel < first.format_rel / 3 and abs(first.local_impl_gain - 0.02) < 0.005
+        assert "% larger than an ideal int8 run's" in report.footer()[-1], report.footer()[-1]
+        assert "Local impl" in [c.header for c in report.columns]
+
+
+def test_healthy_files_pass_their_local_split(resnet8, crepe):
+    """Every compared module of a healthy int8 and float16 file passes on its own part, both references; the
+    split is there for nearly every row, and it is smaller than the whole run's format error past the start."""
+    for files, cand in ((resnet8, resnet8["int8"]), (crepe, crepe["fp16"]), (crepe, crepe["int8"])):
+        for report in _both(files, cand, local=True):
+            assert report.ok, "\n".join(report.footer())
+            split = [r for r in report.rows if r.local_format_rel is not None]
+            compared = [r for r in report.rows if r.ok is not None and r.path]
+            assert len(split) >= 0.8 * len(compared), [r.name for r in compared if r.local_format_rel is None]
+            assert sum(r.local_format_rel <= r.format_rel * 1.01 for r in split) >= 0.9 * len(split)
+
+
+def test_a_row_that_fails_as_a_whole_but_not_on_its_own_says_where_its_error_comes_from(resnet8):
+    """30% on the same weight: the whole run fails there and at every module after it; judged by its own part,
+    each later module passes and says that its error comes from before it."""
+    import layertap as lt
+
+    scale_weight(resnet8["int8"], resnet8["dir"] / "w30.onnx",
+                 next(n.output[0] for n in __import__("onnx").load(str(resnet8["int8"])).graph.node
+                      if n.name == "/layer3/layer3.0/conv1/Conv"), 1.3)
+    criterion = lt.Criterion(allow_different_weights=True)
+    report = lt.compare(resnet8["fp32"], None, resnet8["dir"] / "w30.onnx", samples=[{"x": f} for f in resnet8["frames"]],
+                        criterion=criterion, local=True)
+    assert report.first_divergence == "layer3.0.bn1", "\n".join(report.footer())
+    inherited = [r for r in report.rows if r.ok and "the error comes from before it" in (r.note or "")]
+    first = report.rows.index(report.first_divergence_row)
+    assert len(inherited) >= 10 and all(report.rows.index(r) > first for r in inherited)
+    assert {"layer4.0.bn1", "avgpool", "fc"} <= {r.name for r in inherited}
+
+
 def test_a_float16_overflow_is_named_with_its_size(torch_mod, tmp_path):
     """A module whose values leave float16's range fails there with the size it reached, even where the
     runtime computes in float32 and the output looks right."""

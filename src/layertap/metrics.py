@@ -90,9 +90,11 @@ class ErrorStats:
     def within_format(self, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL) -> bool:
         """The precision rule: ``impl_abs <= atol + rtol * scale + FORMAT_MULTIPLE * format_abs``, the same of
         the root mean squares (``impl_rms``, ``ref_rms``, ``format_rms``) where known, no gain beyond the
-        format's own noise (:attr:`gain_excess`: rounding scatters values around the ideal run's, a changed
-        weight scales them all; healthy files stay under 0.1 of it, a weight changed by 2% in an int8 file
-        reached 1.9 at its module), and no limit reached (``False`` without an ideal run's numbers).
+        format's own noise where the gain is known (a module's own part run alone, ``local=True``: rounding
+        scatters values around the ideal part's, a changed weight scales them all; healthy parts stayed under
+        0.1 of it, a weight changed by 2% in an int8 file reached 1.9 at its module. Over a whole run the
+        format's errors of the modules before accumulate into gains of their own, so it is not judged there),
+        and no limit reached (``False`` without an ideal run's numbers).
 
         Example:
             >>> ErrorStats(2e-3, 1.0, 2e-3, False, format_abs=1e-3, impl_abs=2e-3).within_format()

@@ -23,7 +23,7 @@ PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": 
 FLOAT_LIMITS = {"float16": (65504.0, 2.0**-24), "bfloat16": (3.3895313892515355e38, 2.0**-133)}
 #: float32 values this large stand for infinity (masks: ``torch.finfo(float32).min``); a format that
 #: turns them into its own infinity or largest value keeps their meaning
-_SENTINEL = 1e30
+SENTINEL = 1e30
 #: a tensor is zeroed by underflow when at least this share of its energy (sum of squares) lies in
 #: values the format rounds to zero
 UNDERFLOW_SHARE = 0.5
@@ -126,11 +126,11 @@ class Format:
             a = capped(a, self.clamp, FLOAT_LIMITS.get(self.name, (np.inf,))[0])
         if self.name == "float16":
             with np.errstate(over="ignore"):
-                return a.astype(np.float16).astype(np.float32)
+                return _sentinels_kept(a, a.astype(np.float16).astype(np.float32))
         if self.name == "bfloat16":
             import ml_dtypes
 
-            return a.astype(ml_dtypes.bfloat16).astype(np.float32)
+            return _sentinels_kept(a, a.astype(ml_dtypes.bfloat16).astype(np.float32))
         if not self.is_quantised:
             return a
         s, z = self._along(a, np.asarray(self.scale)), self._along(a, np.asarray(self.zero_point))
@@ -163,6 +163,11 @@ class Format:
         return _overflow(a, self.name, scale, limits[0]) or _underflow(a, self.name, scale, limits[1])
 
     def _clipping(self, a: np.ndarray) -> str | None:
+        scale = np.asarray(self.scale, np.float64).ravel()
+        bad = scale[~np.isfinite(scale) | (scale <= 0)]
+        if bad.size:
+            return (f"{self.name} quantiser with scale {float(bad[0]):g}: no value it quantises comes back (a range "
+                    "calibrated on values that were not finite)")
         lo, hi = self.range(a)
         step = self._along(a, np.abs(np.asarray(self.scale, np.float32)))
         margin = np.maximum(CLIP_MARGIN * (hi - lo), step / 2)
@@ -179,6 +184,14 @@ class Format:
         per = " per channel" if np.ndim(np.asarray(self.scale)) else ""
         return (f"{self.name} clipping: {share:.0%} of its values lie well outside the quantised range{per} "
                 f"[{lo_t:.3g}, {hi_t:.3g}] (scale {mean_step:.3g}); |x| up to {top:.3g}")
+
+
+def _sentinels_kept(a: np.ndarray, rounded: np.ndarray) -> np.ndarray:
+    """``rounded`` with float32's stand-ins for infinity (``|x| >= 1e30``: ``torch.finfo(float32).min`` in an
+    attention mask) kept as they were: the format's own infinity would turn ``0 * min`` into NaN, which a mask
+    never means."""
+    big = np.abs(a) >= SENTINEL
+    return np.where(big, a, rounded) if big.any() else rounded
 
 
 def capped(a: np.ndarray, cap: float, top: float) -> np.ndarray:
@@ -200,7 +213,7 @@ def _overflow(a: np.ndarray, name: str, scale: float, top: float) -> str | None:
     if scale <= top:
         return None
     mag = np.abs(a[np.isfinite(a)])
-    over = mag[(mag > top) & (mag < _SENTINEL)]
+    over = mag[(mag > top) & (mag < SENTINEL)]
     if over.size == 0 or (over.size > 1 and float(over.min()) == float(over.max())):
         return None
     return f"{name} overflow: |x| up to {float(over.max()):.3g} > {top:g}"

@@ -44,6 +44,12 @@ class Item:
     unverified: str | None = None
     ref_tensors: tuple[str, ...] = ()  # an ONNX reference's own tensors for this row
     fused_into: str | None = None  # an absorbed call: the module path whose value holds it
+    onnx_call: int | None = None  # the candidate's own number of the call (its graph's order), where it differs
+
+    @property
+    def graph_call(self) -> int:
+        """The call's number among the candidate's calls of its module (its scope map's ``call``)."""
+        return self.mc.call if self.onnx_call is None else self.onnx_call
 
 
 def _is_absorption(note: str) -> bool:
@@ -59,14 +65,19 @@ def call_counts(calls: Sequence[ModuleCall]) -> dict[str, int]:
     return counts
 
 
-def plan_items(calls: list[ModuleCall], root: ModuleCall, smap: Any, outputs: list[str], include_root: bool) -> list[Item]:
+def plan_items(calls: list[ModuleCall], root: ModuleCall, smap: Any, outputs: list[str], include_root: bool,
+               shapes: tuple[Callable[[ModuleCall], Any], Callable[[str], Any]] | None = None) -> list[Item]:
     """Pair each PyTorch module call with its ONNX tensors, or say why it has none.
 
-    ``smap`` answers ``counterparts()`` and ``calls(path)`` (a :class:`ScopeView`).
+    ``smap`` answers ``counterparts()`` and ``calls(path)`` (a :class:`ScopeView`). ``shapes``: a PyTorch
+    call's first output shape and an ONNX tensor's static shape (``None`` when unknown), which put the calls
+    of a module run several times in PyTorch's order where the graph lists them otherwise (:func:`in_call_order`).
     """
     torch_calls = call_counts(calls)
     found = _with_real_absorbers(smap.counterparts(), calls, torch_calls)
     counterparts = {(c.path, c.call): c for c in found}
+    if shapes is not None:
+        counterparts = in_call_order(counterparts, calls, *shapes)
     n_calls: dict[str, int] = {}
     for c in found:
         n_calls[c.path] = n_calls.get(c.path, 0) + 1
@@ -93,12 +104,66 @@ def plan_items(calls: list[ModuleCall], root: ModuleCall, smap: Any, outputs: li
             item.fused_into = cp.absorbed_by if item.status == ABSORBED else None
         else:
             item.tensors = tuple(cp.tensors)
+        if cp is not None and getattr(cp, "call", mc.call) != mc.call:
+            item.onnx_call = cp.call
         if mc.note and not item.status:
             item.status, item.note, item.tensors, item.unverified = NO_COUNTERPART, mc.note, (), None
         items.append(item)
     if include_root:
         items.append(Item(root, tuple(outputs)))
     return items
+
+
+def in_call_order(counterparts: dict[tuple[str, int], Any], calls: list[ModuleCall], torch_shape: Callable[[ModuleCall], Any],
+                  onnx_shape: Callable[[str], Any]) -> dict[tuple[str, int], Any]:
+    """``counterparts`` with the calls of a module PyTorch ran several times put in PyTorch's order, where the
+    graph lists them in another: its calls are told apart by their place in the graph, and calls on independent
+    inputs (a detection head shared by the levels of a feature pyramid) may come in any order there. Where the
+    graph's order pairs a call with a tensor of another shape and exactly one order pairs every call with its
+    own shape, that order holds for the module and for the modules inside it (their calls follow its calls).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> mc = lambda k, path, call: ModuleCall(k, path, call, "Conv2d")
+        >>> calls = [mc(0, "head", 0), mc(1, "head", 1)]
+        >>> cps = {("head", 0): NS(tensors=["a"]), ("head", 1): NS(tensors=["b"])}
+        >>> out = in_call_order(cps, calls, lambda m: [(1, 8), (1, 4)][m.call], {"a": (1, 4), "b": (1, 8)}.get)
+        >>> out[("head", 0)].tensors, out[("head", 1)].tensors
+        (['b'], ['a'])
+    """
+    by_path: dict[str, list[ModuleCall]] = {}
+    for mc in calls:
+        by_path.setdefault(mc.path, []).append(mc)
+    out = dict(counterparts)
+    done: set[str] = set()
+    for path in sorted(by_path, key=lambda p: p.count(".")):  # outer modules first: their order holds inside
+        runs = sorted(by_path[path], key=lambda m: m.call)
+        if len(runs) < 2 or any(path.startswith(d + ".") for d in done):
+            continue
+        order = _shape_order(runs, [out.get((path, m.call)) for m in runs], torch_shape, onnx_shape)
+        if order is None:
+            continue
+        done.add(path)
+        for inner in [p for p in by_path if p == path or p.startswith(path + ".")]:
+            if len(by_path[inner]) == len(runs):
+                moved = {k: out.get((inner, order[k])) for k in range(len(runs))}
+                out.update({(inner, k): cp for k, cp in moved.items() if cp is not None})
+    return out
+
+
+def _shape_order(runs: list[ModuleCall], cps: list[Any], torch_shape: Callable[[ModuleCall], Any],
+                 onnx_shape: Callable[[str], Any]) -> list[int] | None:
+    """PyTorch call k -> the graph's call holding its shape, where the graph's own order mismatches a shape and
+    the shapes, all known and distinct, pair every call one way only; else ``None``."""
+    if any(cp is None or not getattr(cp, "tensors", None) for cp in cps):
+        return None
+    mine = [torch_shape(m) for m in runs]
+    theirs = [onnx_shape(cp.tensors[0]) for cp in cps]
+    if any(s is None for s in mine + theirs) or len(set(mine)) < len(mine) or set(mine) != set(theirs):
+        return None
+    if all(tuple(a) == tuple(b) for a, b in zip(mine, theirs)):
+        return None
+    return [theirs.index(s) for s in mine]
 
 
 def _with_real_absorbers(counterparts: list[Any], calls: list[ModuleCall], torch_calls: dict[str, int]) -> list[Any]:

@@ -35,7 +35,7 @@ from ..runtimes.ort_kernels import nchwc_block_size
 from .align import Item, RowBuilder, blame_rewritten, pack_batches
 from .background import Background
 from .ideal import fail_differing_weights, weigh_limits
-from .local_errors import PairsOf, RefLookup, local_errors
+from .local_errors import LocalInputs, local_errors
 from .merging import merge_samples
 from .nchwc import unblock
 from .rows import CompareReport, CompareRow
@@ -140,9 +140,10 @@ class Reference(Protocol):
         precision; none without one, or when they wait in the sample's ideal store)."""
 
     def local_inputs(self, sample: Sample, batch: list[Item], ref_values: dict[str, np.ndarray],
-                     cand_values: dict[str, np.ndarray]) -> tuple[PairsOf, RefLookup, Callable[[Item, CompareRow], Sequence[str]]]:
-        """For ``local=True``: a row's (reference value, candidate tensor) pairs, a candidate
-        tensor's reference value, and the candidate tensors whose nodes make a row's call."""
+                     cand_values: dict[str, np.ndarray]) -> LocalInputs:
+        """For ``local=True``: a row's (reference value, candidate tensor, ideal part's value) triples, a candidate
+        tensor's reference value, the candidate tensors whose nodes make a row's call, and the reference's own
+        parts at the candidate's format where it runs them per batch (:data:`~.local_errors.Alone`, else ``None``)."""
 
     def start_weight_check(self) -> None:
         """Start the weight check of the two sides on its worker thread (once; it may have started already)."""
@@ -315,9 +316,9 @@ class Driver:
         self._show(job)
         rows = self._rows(sample, batch, fetched)
         if self.local:
-            pairs_of, ref_of, tensors_of = self.ref.local_inputs(sample, batch, ref_values, values)
+            pairs_of, ref_of, tensors_of, alone = self.ref.local_inputs(sample, batch, ref_values, values)
             local_errors(self._parts, batch, rows, pairs_of, ref_of, tensors_of, sample.builder.criterion,
-                         sample.builder.judging)
+                         sample.builder.judging, alone)
         sample.rows.append(rows)
         if job.release:
             self._release(sample)

@@ -29,7 +29,7 @@ import contextlib
 import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -115,8 +115,7 @@ class Judging:
             return dataclasses.replace(base, ok=bool(ok), limit=limit)
         st = ideal_stats(ref, got, ideal)
         stats = dataclasses.replace(base, format_abs=st.format_abs, impl_abs=st.impl_abs, format_cosine=st.format_cosine,
-                                    limit=limit, format_rms=st.format_rms, impl_rms=st.impl_rms, ref_rms=st.ref_rms,
-                                    impl_gain=st.impl_gain, ideal_rms=st.ideal_rms)
+                                    limit=limit, format_rms=st.format_rms, impl_rms=st.impl_rms, ref_rms=st.ref_rms)
         if not self.decides:
             return stats
         # the implementation error decides here; a limit fails the row only where it matters (weigh_limits)
@@ -204,51 +203,58 @@ class OnnxIdeal:
 
 class OnnxIdealParts:
     """The local split's ideal part of an ONNX reference (``local=True``): for each compared call the reference's
-    own nodes (with those of the calls the candidate folded into it), cut out of its graph
+    own computation of the row's values from the very values the candidate's part for it is fed (the nodes
+    between them: the call's own, and those of calls the candidate folded into it), cut out of its graph
     (:class:`~layertap.onnxfile.parts.PartCutter`), rounded as the candidate holds every value they read and make,
     their inputs included (:func:`~layertap.onnxfile.rounded.rounded_model`), and run in ONNX Runtime with its
     optimisations off on the reference's own values: what the format costs that call alone."""
 
-    def __init__(self, ref: "OrtSide", formats: TensorFormats, items: Sequence[Any]) -> None:
+    def __init__(self, ref: "OrtSide", formats: TensorFormats) -> None:
         self.ref, self.formats = ref, formats
         source = ref.runner.source
         self.cutter = PartCutter(source.model)
         self.facts = GraphFacts(source.model.graph)
         self.smap = ScopeMap.from_model(source.model)
         self.wanted = reference_formats(source.model, formats)
-        self.folded: dict[tuple[str, int], list[tuple[str, int]]] = {}
-        for it in items:
-            if it.status == ABSORBED and it.fused_into:
-                self.folded.setdefault((it.fused_into, it.mc.call), []).append((it.mc.path, it.mc.call))
+        self.inputs = {i.name for i in source.model.graph.input}
         self.runtime = open_runtime("ort", optimize=False)
         self._last: tuple[bytes, Any] | None = None
 
-    def nodes(self, item: Any) -> list[int]:
-        """The reference's nodes of a compared row (none where it has no call or the call holds subgraphs)."""
-        if self.smap.source == "none":
-            found = {self.cutter.producer[t] for t in item.ref_tensors if t in self.cutter.producer}
-        else:
-            found = set()
-            for path, call in [(item.mc.path, item.mc.call), *self.folded.get((item.mc.path, item.mc.call), [])]:
-                found.update(self.smap.call_nodes(path, call)[0])
-        graph = self.cutter.graph
+    def nodes(self, item: Any, entering: Collection[str]) -> list[int]:
+        """The reference's nodes computing a row's tensors from ``entering`` (reference tensors: what the
+        candidate's part is fed), back to them, the graph's inputs or its weights; none where that reaches
+        beyond the row's call (the two parts do not start at the same values) or holds subgraphs."""
+        graph, producer = self.cutter.graph, self.cutter.producer
+        own = self._own(item)
+        found: set[int] = set()
+        todo = list(item.ref_tensors)
+        while todo:
+            t = todo.pop()
+            i = producer.get(t)
+            if t in entering or t in self.facts.weights or i is None or i in found:
+                continue
+            found.add(i)
+            todo.extend(x for x in graph.node[i].input if x)
+            if len(found) > 4 * max(len(own), 8):
+                return []
         if not found or any(a.HasField("g") or len(a.graphs) for i in found for a in graph.node[i].attribute):
             return []
         return sorted(found)
 
-    def needs(self, batch: Sequence[Any]) -> list[str]:
-        """The reference tensors the parts of ``batch`` read."""
-        out: list[str] = []
-        for it in batch:
-            if it.status is None and it.mc.path:
-                out += [t for t in self.facts.entering(self.nodes(it)) if t not in out]
-        return out
+    def _own(self, item: Any) -> list[int]:
+        """The reference's nodes of the row's own call (its scope), else those making its tensors."""
+        if self.smap.source != "none":
+            nodes = self.smap.call_nodes(item.mc.path, item.mc.call)[0]
+            if nodes:
+                return list(nodes)
+        return [self.cutter.producer[t] for t in item.ref_tensors if t in self.cutter.producer]
 
-    def run(self, batch: Sequence[Any], values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Every compared row's ideal part of ``batch`` on the reference's ``values``: reference tensor -> value."""
+    def run(self, wants: Sequence[tuple[Any, Collection[str]]], values: Mapping[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
+        """``wants``: (row item, the reference tensors its candidate part is fed); per item key, the ideal part's
+        values of the row's reference tensors, run on the reference's ``values``."""
         pieces, feed, outputs = [], {}, {}
-        for k, it in enumerate(batch):
-            nodes = self.nodes(it) if it.status is None and it.mc.path else []
+        for k, (it, fed) in enumerate(wants):
+            nodes = self.nodes(it, set(fed))
             entering = self.facts.entering(nodes)
             if not nodes or any(t not in values for t in entering):
                 continue
@@ -257,7 +263,7 @@ class OnnxIdealParts:
                                       prefix=prefix)
             pieces.append(piece)
             feed.update({prefix + t: values[t] for t in entering})
-            outputs.update({prefix + t: t for t in it.ref_tensors if t in piece.names and t not in entering})
+            outputs.update({prefix + t: (it.mc.key, t) for t in it.ref_tensors if t in piece.names and t not in entering})
         if not outputs:
             return {}
         part = self.cutter.model(pieces, "layertap_ideal_part")
@@ -267,7 +273,20 @@ class OnnxIdealParts:
         source = self.ref.runner.source
         model, held = rounded_model(part, source.folder, source.held, wanted, _grid(self.formats), cast_round=rounded_through)
         got = self._engine(model, SessionSource(model, source.folder, held=held)).run(list(outputs), feed)
-        return {outputs[name]: value for name, value in got.items()}
+        out: dict[int, dict[str, np.ndarray]] = {}
+        for name, value in got.items():
+            key, tensor = outputs[name]
+            out.setdefault(key, {})[tensor] = value
+        return out
+
+    def needs(self, batch: Sequence[Any]) -> list[str]:
+        """Reference tensors a batch's ideal parts may read beyond those the candidate's parts ask for: the
+        entering tensors of each row's own call (a part may start there)."""
+        out: list[str] = []
+        for it in batch:
+            if it.status is None and it.mc.path:
+                out += [t for t in self.facts.entering(self._own(it)) if t not in out]
+        return out
 
     def _engine(self, model: Any, source: SessionSource) -> Any:
         """An engine on the part graph, reused while the graph is the same (the next sample of a batch)."""
@@ -342,6 +361,26 @@ def rounding_plan(view: "ScopeView", smap: Any, formats: TensorFormats, counterp
     covered |= {t for cp in view.counterparts() for t in _entering(view, smap, cp)}
     dynamic = bool(formats.dequantized) and 2 * len(formats.dequantized & covered) < len(formats.dequantized)
     return RoundingPlan(regions, outputs, inputs, weights, model_inputs, dynamic, clamp=formats.weight_clamp)
+
+
+def in_torch_order(plan: "RoundingPlan", moved: Mapping[tuple[str, int], int]) -> "RoundingPlan":
+    """``plan`` (made from the graph's calls) with its calls renumbered where PyTorch's order of a module's calls
+    differs from the graph's (``moved``: (path, the graph's call) -> PyTorch's call; :func:`~.align.in_call_order`);
+    ``plan`` itself when nothing moved.
+
+    Example:
+        >>> from layertap.pytorch.rounding import RoundingPlan
+        >>> plan = RoundingPlan(outputs={("head", 0): [None], ("head", 2): [Format("float16")]})
+        >>> sorted(in_torch_order(plan, {("head", 0): 2, ("head", 2): 0}).outputs.items(), key=str)[0]
+        (('head', 0), [Format('float16')])
+    """
+    if all(moved.get(key) == key[1] for key in moved):
+        return plan
+
+    def renumbered(table: Mapping[tuple[str, int], Any]) -> dict[tuple[str, int], Any]:
+        return {(path, moved.get((path, call), call)): value for (path, call), value in table.items()}
+
+    return dataclasses.replace(plan, outputs=renumbered(plan.outputs), inputs=renumbered(plan.inputs))
 
 
 def _entering(view: "ScopeView", smap: Any, cp: Any) -> tuple[str, ...]:

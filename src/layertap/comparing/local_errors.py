@@ -345,7 +345,7 @@ def ref_needs(graph: LocalGraph, batch: list[Item], ref_names: set[str]) -> list
     for it in batch:
         if it.status is not None or not it.mc.path:
             continue
-        _, entering = graph.part(it.mc.path, it.mc.call, it.tensors)
+        _, entering = graph.part(it.mc.path, it.graph_call, it.tensors)
         for t in entering:
             for s in graph.source(t):
                 if s in ref_names and s not in extra:
@@ -355,10 +355,17 @@ def ref_needs(graph: LocalGraph, batch: list[Item], ref_names: set[str]) -> list
 
 
 PairsOf = Callable[[Item, CompareRow], "list[Pair]"]
+#: (row item, the reference tensors its candidate part is fed) pairs -> per item key, the reference's own part's
+#: values at the candidate's format by reference tensor (an ONNX reference's ideal parts, cut to start where the
+#: candidate's do)
+Alone = Callable[[Sequence[tuple[Item, Sequence[str]]]], "dict[int, dict[str, np.ndarray]]"]
+#: what a reference hands :func:`local_errors`: pairs, a reference lookup, a row's candidate tensors, and ``Alone``
+LocalInputs = tuple[PairsOf, RefLookup, Callable[[Item, CompareRow], Sequence[str]], "Alone | None"]
 
 
 def local_errors(graph: LocalGraph, batch: list[Item], rows: list[CompareRow], pairs_of: PairsOf, ref_of: RefLookup,
-                 tensors_of: Callable[[Item, CompareRow], Sequence[str]], criterion: Any, judging: Any = None) -> None:
+                 tensors_of: Callable[[Item, CompareRow], Sequence[str]], criterion: Any, judging: Any = None,
+                 alone: Alone | None = None) -> None:
     """Set ``local_rel`` on the compared rows of a batch: each call's part of the candidate
     (its nodes, found through ``tensors_of``) fed the reference's values (``ref_of``), its
     outputs judged against the reference values ``pairs_of`` pairs them with; where a pair carries the
@@ -368,7 +375,7 @@ def local_errors(graph: LocalGraph, batch: list[Item], rows: list[CompareRow], p
     for k, (it, row) in enumerate(zip(batch, rows)):
         if row.ok is None or not it.mc.path:
             continue
-        nodes, entering = graph.part(it.mc.path, it.mc.call, tensors_of(it, row))
+        nodes, entering = graph.part(it.mc.path, it.graph_call, tensors_of(it, row))
         if not nodes:
             continue
         if isinstance(ref_of, TorchLookup):
@@ -380,6 +387,8 @@ def local_errors(graph: LocalGraph, batch: list[Item], rows: list[CompareRow], p
             keeper.keep(graph, it, nodes, entering, pairs[k], ref_of)
     if not jobs:
         return
+    if alone is not None:
+        _with_ideal_parts(graph, batch, jobs, pairs, ref_of, alone)
     for k, got in graph.run(jobs, ref_of).items():
         if isinstance(got, str):
             annotate(rows[k], None, got)
@@ -387,22 +396,37 @@ def local_errors(graph: LocalGraph, batch: list[Item], rows: list[CompareRow], p
             annotate(rows[k], local_stats(got, pairs.get(k, []), criterion, graph), None, judging)
 
 
+def _with_ideal_parts(graph: LocalGraph, batch: list[Item], jobs: Sequence[tuple[int, list[int], tuple[str, ...], Any]],
+                      pairs: dict[int, list[Pair]], ref_of: RefLookup, alone: Alone) -> None:
+    """Each job's pairs, in place, with the reference's own part's values (``alone``), started at the values the
+    candidate's part is fed (found through its conversions, named as the reference names them)."""
+    name_of = getattr(ref_of, "ref_name", lambda t: t)
+    wants = []
+    for k, nodes, entering, _ in jobs:
+        feeding = graph.feeding(entering, nodes, ref_of)
+        if not isinstance(feeding, str):
+            wants.append((batch[k], [name_of(t) for t in feeding[0]]))
+    found = alone(wants)
+    for k, _, _, _ in jobs:
+        ideal = found.get(batch[k].mc.key)
+        if ideal:
+            pairs[k] = [(ref, name, ideal.get(name_of(name))) for ref, name, _ in pairs[k]]
+
+
 def onnx_ref_inputs(batch: list[Item], ref_values: dict[str, np.ndarray], cand_values: dict[str, np.ndarray],
-                    ref_feed: dict[str, np.ndarray], cand_feed: dict[str, np.ndarray],
-                    ideal: dict[str, np.ndarray] | None = None) -> tuple[PairsOf, RefLookup]:
+                    ref_feed: dict[str, np.ndarray], cand_feed: dict[str, np.ndarray]) -> tuple[PairsOf, RefLookup]:
     """An ONNX reference's values for :func:`local_errors`: a row's (reference value, candidate
-    tensor, ideal part's value) triples, and a candidate tensor's reference value (the reference tensor
-    paired with it, or the reference's input at the same position). ``ideal``: reference tensor -> its
-    value from the reference's own part at the candidate's format (:class:`IdealParts`)."""
+    tensor) pairs (their ideal parts come from the reference's ``alone``, :data:`LocalInputs`), and a
+    candidate tensor's reference value (the reference tensor paired with it, or the reference's input at
+    the same position)."""
     cand_shapes = {k: tuple(v.shape) for k, v in cand_values.items()}
     by_cand: dict[str, str] = {}
     for it in batch:
         if it.status is None:
             by_cand.update({c: r for r, c in ref_pairs(it, ref_values, cand_shapes)})
-    found = ideal or {}
 
     def pairs_of(it: Item, row: CompareRow) -> list[Pair]:
-        return [(ref_values[r], c, found.get(r)) for r, c in ref_pairs(it, ref_values, cand_shapes) if r in ref_values]
+        return [(ref_values[r], c, None) for r, c in ref_pairs(it, ref_values, cand_shapes) if r in ref_values]
 
     return pairs_of, FileLookup(by_cand, ref_values, ref_feed, cand_feed)
 

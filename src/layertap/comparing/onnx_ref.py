@@ -43,10 +43,10 @@ from .align import Item, RowBuilder, pack_batches
 from .background import Background
 from .driver import Sample, module_filter, plan_batches
 from .ideal import Judging, OnnxIdeal, OnnxIdealParts
-from .local_errors import PairsOf, RefLookup, onnx_ref_inputs, ref_needs
+from .local_errors import LocalInputs, onnx_ref_inputs, ref_needs
 from .nchwc import blocked_stand_ins
 from .onnx_side import IF_BRANCHES, OrtSide, absorb_unexposable, check_feed_shapes
-from .rows import ABSORBED, IN_BRANCH, NO_COUNTERPART, CompareRow, same_shape
+from .rows import ABSORBED, IN_BRANCH, NO_COUNTERPART, same_shape
 from .structure import pair_unnamed
 from .torch_side import ArrayStore, ModuleCall
 from .weight_check import PendingCheck, WeightCheck, check_file_weights
@@ -483,19 +483,25 @@ class OnnxReference:
         if self.ideal is None or self.judging is None or self._parts_lost:
             return None
         if self._parts is None:
-            self._parts = OnnxIdealParts(self.side, self.judging.formats, self.items)
+            self._parts = OnnxIdealParts(self.side, self.judging.formats)
         return self._parts
 
     def local_inputs(self, sample: Sample, batch: list[Item], ref_values: dict[str, np.ndarray],
-                     cand_values: dict[str, np.ndarray]) -> tuple[PairsOf, RefLookup, Callable[[Item, CompareRow], Sequence[str]]]:
-        alone, ideal = self._alone(), None
-        if alone is not None:
+                     cand_values: dict[str, np.ndarray]) -> LocalInputs:
+        pairs_of, ref_of = onnx_ref_inputs(batch, ref_values, cand_values, sample.ref_feed or {}, sample.feed)
+        parts = self._alone()
+        values = {**(sample.ref_feed or {}), **ref_values}
+
+        def alone(wants: Sequence[tuple[Item, Sequence[str]]]) -> dict[int, dict[str, np.ndarray]]:
+            if parts is None or self._parts_lost:
+                return {}
             try:
-                ideal = alone.run(batch, {**(sample.ref_feed or {}), **ref_values})
+                return parts.run(wants, values)
             except Exception as e:  # noqa: BLE001 - an aid, never a gate: the rows keep the whole run's verdict
                 self._parts_lost = one_line(e, limit=300)
-        pairs_of, ref_of = onnx_ref_inputs(batch, ref_values, cand_values, sample.ref_feed or {}, sample.feed, ideal)
-        return pairs_of, ref_of, lambda it, row: it.tensors
+                return {}
+
+        return pairs_of, ref_of, lambda it, row: it.tensors, alone if parts is not None else None
 
     def notes(self, candidate: Any, rounding: bool) -> list[str]:
         notes = []

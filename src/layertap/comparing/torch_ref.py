@@ -15,12 +15,14 @@ from ..metrics import Criterion
 from ..onnxfile.kvcache import check_config, kv_layout
 from ..onnxfile.metadata import own_outputs
 from ..onnxfile.scopemap import ScopeMap, is_fused_llm, skip_norm_inputs
+from ..onnxfile.shapes import declared_dims
+from ..onnxfile.tensor_types import inferred_types
 from .align import Item, RowBuilder, call_counts, plan_items
 from .driver import Sample, Silent, module_filter, plan_batches
-from .ideal import Judging, TorchIdeal, rounding_plan
-from .local_errors import PairsOf, RefLookup, torch_ref_inputs
+from .ideal import Judging, TorchIdeal, in_torch_order, rounding_plan
+from .local_errors import LocalInputs, torch_ref_inputs
 from .onnx_side import IF_BRANCHES, OrtSide, ScopeView, absorb_unexposable, check_feed_shapes, check_same_model, feed_from_args
-from .rows import NO_COUNTERPART, CompareRow
+from .rows import NO_COUNTERPART
 from .torch_side import ArrayStore, run_torch
 from .weight_check import PendingCheck, WeightCheck, check_model_weights
 
@@ -52,8 +54,10 @@ class TorchReference:
         self.wanted, self.include_root = module_filter(modules, [p for p, _ in model.named_modules()])
         self.outputs = own_outputs(cand.proto)
         self._stores: list[ArrayStore] = []  # every sample's store (the driver releases each as its rows are made)
+        self._shapes: dict[str, Any] | None = None  # the candidate's static shapes, read when a module ran several times
         # judged at the candidate's precision: the forward run again, rounded as the candidate holds its values
         self.ideal = self._ideal() if judging is not None and ideal else None
+        self._plan = self.ideal.plan if self.ideal is not None else None  # as the graph numbers calls
         # the weight check starts after the forward, beside the candidate's session build (see PendingCheck)
         self._weights = PendingCheck(lambda stop: check_model_weights(model, self.view, cand.runner.source, stop),
                                      allow_different_weights, start=False)
@@ -75,10 +79,14 @@ class TorchReference:
         kept: dict[int, Any] | None = {} if self.local and self.ideal is not None else None
         calls, root = run_torch(self.model, a, k, self.method, store, self.wanted, inputs=self.local, kept=kept)
         prog.advance()
-        ideal = self._ideal_values(a, k, calls, budget) if self.ideal is not None else None
-        items = [self._refuse_blocked(it) for it in plan_items(calls, root, self.view, self.outputs, self.include_root)
+        shapes = (lambda mc: self._torch_shape(store, mc), self._onnx_shape)
+        items = [self._refuse_blocked(it) for it in plan_items(calls, root, self.view, self.outputs, self.include_root, shapes)
                  if self.wanted(it.mc.path) or it.mc is root]
         absorb_unexposable(items, self.cand)
+        if self.ideal is not None and self._plan is not None:  # the plan names calls as the graph does: in PyTorch's order
+            self.ideal.plan = in_torch_order(self._plan, {(it.mc.path, it.onnx_call): it.mc.call for it in items
+                                                          if it.onnx_call is not None})
+        ideal = self._ideal_values(a, k, calls, budget) if self.ideal is not None else None
         builder = RowBuilder(items, store, self.criterion, call_counts(calls), branches=self.cand.carried,
                              judging=self.judging, ideal=ideal)
 
@@ -90,6 +98,21 @@ class TorchReference:
         if kept and self.ideal is not None:
             sample.local_ideal = self._alone(kept, items, budget)
         return sample
+
+    @staticmethod
+    def _torch_shape(store: ArrayStore, mc: Any) -> tuple[int, ...] | None:
+        """A call's first output shape as the forward recorded it (``None``: not recorded)."""
+        if not store.has(mc.key):
+            return None
+        arrays = store.get(mc.key)
+        return tuple(np.shape(arrays[0])) if arrays else None
+
+    def _onnx_shape(self, name: str) -> tuple[int, ...] | None:
+        """A candidate tensor's static shape (``None``: unknown or symbolic)."""
+        if self._shapes is None:
+            self._shapes = {n: declared_dims(vi) for n, vi in inferred_types(self.cand.proto).items()}
+        dims = self._shapes.get(name)
+        return tuple(dims) if dims is not None and all(isinstance(d, int) for d in dims) else None
 
     def _alone(self, kept: dict[int, Any], items: list[Item], budget: int) -> ArrayStore:
         """Every compared call run alone at the candidate's format on its own arguments (the local split's ideal part)."""
@@ -142,9 +165,9 @@ class TorchReference:
         return {}  # the ideal forward's values are in the sample's ideal store
 
     def local_inputs(self, sample: Sample, batch: list[Item], ref_values: dict[str, np.ndarray],
-                     cand_values: dict[str, np.ndarray]) -> tuple[PairsOf, RefLookup, Callable[[Item, CompareRow], Sequence[str]]]:
+                     cand_values: dict[str, np.ndarray]) -> LocalInputs:
         pairs_of, ref_of = torch_ref_inputs(sample.builder, sample.feed, sample.items, self._named_inputs(), sample.local_ideal)
-        return pairs_of, ref_of, lambda it, row: row.onnx
+        return pairs_of, ref_of, lambda it, row: row.onnx, None  # the calls ran alone after the forward
 
     def _named_inputs(self) -> dict[str, str]:
         """ONNX tensors the file computes as a module's input (a fused skip-norm's residual sum)."""

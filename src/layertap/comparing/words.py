@@ -467,9 +467,6 @@ def format_size(row: Any, precision: str, rtol: float = 1e-3, atol: float = 1e-5
         if rms_over > max(over, 1.0):
             return (f"root mean square implementation error {i_rms:.3g}, {rms_over:.3g} times what {precision} explains "
                     f"there (its format error {f_rms:.3g} of a root mean square value {r_rms:.3g}; rel err {rel})")
-    gain = field(row, "impl_gain")
-    if over <= 1.0 and gain is not None and gain:
-        return _gain_words(gain, precision, f"format error {fmt_float(fmt_rel)}, rel err {rel}")
     times = f", {over:.3g} times what {precision} explains there" if allowed else ""
     return f"implementation error {fmt_float(impl)}{times} (format error {fmt_float(fmt_rel)}, rel err {rel})"
 

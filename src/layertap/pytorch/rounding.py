@@ -27,7 +27,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 import torch
 
-from ..numformats import Format
+from ..numformats import SENTINEL, Format
 from .callhooks import CallHooks
 
 _TORCH_TYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -97,7 +97,7 @@ def round_tensor(t: torch.Tensor, fmt: Format) -> torch.Tensor:
         return t
     low = _TORCH_TYPES.get(fmt.name)
     if low is not None:
-        return t.to(low).to(t.dtype)
+        return _round_to(t, low)
     if not fmt.is_quantised:
         return t
     s = _along(t, np.asarray(fmt.scale), fmt.axis)
@@ -121,6 +121,17 @@ def round_dynamic(t: torch.Tensor, bits: int = 8) -> torch.Tensor:
         return t
     zero = torch.round(-lo / step)
     return ((torch.clamp(torch.round(t / step) + zero, 0, 2**bits - 1) - zero) * step).to(t.dtype)
+
+
+def _round_to(t: torch.Tensor, low: torch.dtype) -> torch.Tensor:
+    """``t`` rounded to ``low`` and back, float32's stand-ins for infinity (``|x| >= 1e30``, a mask's
+    ``finfo.min``) kept as they were, as :meth:`layertap.numformats.Format.rounded` keeps them."""
+    out = t.to(low).to(t.dtype)
+    if torch.isinf(out).any():
+        big = t.abs() >= SENTINEL
+        if big.any():
+            out = torch.where(big, t, out)
+    return out
 
 
 def _capped(t: torch.Tensor, cap: float | None, low: torch.dtype) -> torch.Tensor:
@@ -291,12 +302,12 @@ def _mode_class() -> type:
                 key = (id(t), low)
                 if id(t) in self.params:
                     if key not in self.memo:
-                        self.memo[key] = _capped(t, plan.clamp, low).to(low).to(t.dtype)
+                        self.memo[key] = _round_to(_capped(t, plan.clamp, low), low)
                     return self.memo[key]
                 seen = self.done.get(key)
                 if seen is not None and seen[0]() is t and seen[1] == t._version:
                     return t  # rounded when an operator made it, and unchanged since
-                out = t.to(low).to(t.dtype)
+                out = _round_to(t, low)
                 self._mark(out, key=(id(out), low))
                 return out
 

@@ -183,13 +183,23 @@ def package_tolerance(report: Any, row: Any, rtol: float | None, atol: float | N
     chosen = rtol is not None or atol is not None
     rtol = DEFAULT_RTOL if rtol is None else rtol
     atol = DEFAULT_ATOL if atol is None else atol
-    fmt = getattr(row, "format_rel", None)
+    own = getattr(row, "local_format_rel", None)  # the part alone at the format: what repro.py runs
+    fmt = own if own is not None else getattr(row, "format_rel", None)
     # a value the format cannot carry (an overflow, a range that clips) is the fault itself: no allowance for it
     if chosen or not getattr(report, "judged_at_format", False) or fmt is None or not math.isfinite(fmt) or row.limit:
         return rtol, atol, []
+    what = "its own part's format error" if own is not None else "its format error"
     wider = rtol + FORMAT_MULTIPLE * fmt
+    seen = getattr(row, "local_rel", None)
+    if own is not None and seen is not None and math.isfinite(seen) and seen <= wider:
+        # judged by the root mean square or the gain, its largest difference is within that: hold the part halfway
+        # between the format's own error and the candidate's, which the fault passes and a sound part does not
+        half = (own + seen) / 2
+        return half, atol, [f"judged at {report.precision}: its values differ everywhere, not by much at any one "
+                            f"(rel err {seen:.3g} against {what} {own:.3g}): repro.py holds the part halfway, rtol "
+                            f"{half:.3g}; pass --rtol to hold it to another tolerance"]
     return wider, atol, [f"judged at {report.precision}: repro.py allows what {report.precision} explains at this call, "
-                         f"rtol {rtol:g} + {FORMAT_MULTIPLE:g} x its format error {fmt:.3g} (an ideal {report.precision} run "
+                         f"rtol {rtol:g} + {FORMAT_MULTIPLE:g} x {what} {fmt:.3g} (an ideal {report.precision} run "
                          f"against the reference) = {wider:.3g}; pass --rtol to hold it to another tolerance"]
 
 

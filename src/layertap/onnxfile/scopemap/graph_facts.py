@@ -101,10 +101,14 @@ def weight_derived(graph: "onnx.GraphProto") -> set[str]:
 # ONNX Runtime's fused ops whose own name is the first fused node's and whose inputs are that node's
 FIRST_NODE_FUSIONS = frozenset({"FusedConv", "FusedGemm", "NhwcFusedConv"})
 _QUANT_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
+# weights ONNX Runtime's optimiser wrote folding the Mul or Add after a Conv into it (run by quantisation's
+# pre-processing): the Conv then computes the value of a node of another module, or of its parent's own code
+_ORT_FOLDS = ("ConvMulFusion_", "ConvAddFusion_")
 
 
 def is_fusion(node: "onnx.NodeProto") -> bool:
-    """Whether a node's op stands for several fused ops (ORT's ``Fused*``, ``com.microsoft`` ops, ``activation``).
+    """Whether a node's op stands for several fused ops (ORT's ``Fused*``, ``com.microsoft`` ops, ``activation``;
+    a Conv whose weights ONNX Runtime's ``ConvMulFusion``/``ConvAddFusion`` rewrote).
 
     Example:
         >>> from onnx import helper
@@ -116,7 +120,8 @@ def is_fusion(node: "onnx.NodeProto") -> bool:
     if node.op_type in _QUANT_OPS:
         return False
     return (node.op_type.startswith("Fused") or node.domain.startswith("com.microsoft")
-            or any(a.name == "activation" for a in node.attribute))
+            or any(a.name == "activation" for a in node.attribute)
+            or any(t.startswith(_ORT_FOLDS) for t in node.input[1:]))
 
 
 def is_quantizer(node: "onnx.NodeProto") -> bool:
