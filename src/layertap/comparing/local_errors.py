@@ -149,6 +149,10 @@ class LocalGraph:
         if isinstance(feeding, str):
             return feeding
         fed, converting = feeding
+        # a value found before a quantiser the part reads from its own nodes (the call's scope left that
+        # QuantizeLinear out): the part computes it, and runs the quantiser after it
+        made = {t for i in nodes for t in self.cand.graph.node[i].output}
+        fed = {t: v for t, v in fed.items() if t not in made}
         nodes = sorted({*nodes, *converting})
         if any(_has_subgraph(self.cand.graph.node[i]) for i in nodes):
             return "the call holds control flow (subgraphs); its part cannot be run alone"

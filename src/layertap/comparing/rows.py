@@ -201,7 +201,7 @@ class CompareReport(ToleranceReport):
         if judging is not None and local:  # the local split decides: the plain local error gives way first
             extra = [dataclasses.replace(c, drop=7) if c.key == "local_rel" else c for c in extra] + list(_LOCAL_SPLIT_COLUMNS)
         if samples > 1:
-            extra.append(Column("worst_sample", "Worst sample", justify="right", no_wrap=True))
+            extra.append(Column("worst_sample", "Worst sample", justify="right", no_wrap=True, drop=8))
         # per report: the local and worst-sample columns only when they hold something
         self.__dict__["columns"] = (*base[:5], *extra, *base[5:])
 
@@ -265,7 +265,7 @@ class CompareReport(ToleranceReport):
             "ort_runs": self.ort_runs,
             "counts": self.counts(),
             "metric": self.criterion.metric,
-            "rule": words.format_rule(self.precision, self.criterion) if self.judged_at_format else self.criterion.describe(),
+            "rule": words.format_rule(self.precision, self.criterion, self.local) if self.judged_at_format else self.criterion.describe(),
             "reference": self.reference,
             "samples": self.samples,
             "first_divergence_counts": self.first_divergence_counts,
@@ -339,7 +339,7 @@ class CompareReport(ToleranceReport):
 
     def _rule(self) -> str:
         if self.judged_at_format:
-            return words.format_rule(self.precision, self.criterion)
+            return words.format_rule(self.precision, self.criterion, self.local)
         if self.criterion.metric == "rel":
             return f"rtol {self.rtol:g}, atol {self.atol:g}; {self._statistic()}"
         return self.criterion.describe()

@@ -20,6 +20,7 @@ is a PyTorch model.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import threading
 from dataclasses import dataclass, field
@@ -360,8 +361,11 @@ def _same_finite(r: np.ndarray, c: np.ndarray) -> bool:
 # the two kinds of reference
 # ---------------------------------------------------------------------------
 def check_file_weights(ref: "SessionSource", cand: "SessionSource", stop: threading.Event | None = None) -> WeightCheck:
-    """Two files' parameters (from the sessions' sources, which hold their weights), matched by name."""
-    return check_files(_params(ref), _params(cand), stop)
+    """Two files' parameters (from the sessions' sources, which hold their weights), matched by name; a
+    BatchNormalization's running variance through its ``epsilon`` (see :func:`through_eps`)."""
+    eps = {n.input[4]: next((a.f for a in n.attribute if a.name == "epsilon"), 1e-5)
+           for n in ref.model.graph.node if n.op_type == "BatchNormalization" and len(n.input) > 4}
+    return check_files(_params(ref), _params(cand), stop, eps)
 
 
 def check_model_weights(model: Any, view: Any, cand: "SessionSource", stop: threading.Event | None = None) -> WeightCheck:
@@ -376,11 +380,44 @@ def _params(source: "SessionSource") -> "dict[str, FileParam]":
     return file_params(source.model, source.folder, source.held, widen=as_float32)
 
 
-def check_files(ref: dict[str, "FileParam"], cand: dict[str, "FileParam"], stop: threading.Event | None = None) -> WeightCheck:
-    """Two files' parameters, matched by name; a weight folded on one side only is skipped."""
-    pairs = [(name, p.read, cand[name]) for name, p in ref.items()
+def check_files(ref: dict[str, "FileParam"], cand: dict[str, "FileParam"], stop: threading.Event | None = None,
+                eps: dict[str, float] | None = None) -> WeightCheck:
+    """Two files' parameters, matched by name; a weight folded on one side only is skipped. ``eps``: a
+    normalisation's running variance by name -> the epsilon added to it (:func:`through_eps`)."""
+    pairs = [through_eps(name, p.read, cand[name], (eps or {}).get(name)) for name, p in ref.items()
              if name in cand and (p.folded is None) == (cand[name].folded is None)]
     return judge(pairs, "reference", "candidate", stop=stop)
+
+
+def through_eps(name: str, read: Callable[[], Reading | None], param: "FileParam", eps: float | None,
+                ) -> tuple[str, Callable[[], Reading | None], "FileParam"]:
+    """A pair whose both sides are read as ``value + eps`` where ``eps`` is given (a BatchNorm's running variance
+    acts only through ``var + eps``: a converter that raised a variance of 1e-8 to float16's 1e-7 changes nothing
+    a BatchNorm with eps 1e-3 computes); the pair unchanged otherwise.
+
+    Example:
+        >>> from layertap.onnxfile.weights import Allowance, FileParam
+        >>> param = FileParam("bn.running_var", (2,), "float16", None, lambda: (np.array([1e-7, 4.0], np.float32), Allowance()))
+        >>> ref = lambda: (np.array([1e-8, 4.0], np.float32), Allowance(rel=2.0**-11))
+        >>> _differs("bn.running_var", ref(), param.read()) is None
+        False
+        >>> name, r, p = through_eps("bn.running_var", ref, param, 1e-3)
+        >>> _differs(name, r(), p.read()) is None
+        True
+    """
+    if not eps:
+        return name, read, param
+    shift = np.float32(eps)
+
+    def ref_read() -> Reading | None:
+        got = read()
+        return None if got is None else (got[0] + shift, got[1])
+
+    def cand_read() -> Reading:
+        value, allowance = param.read()
+        return value + shift, allowance
+
+    return name, ref_read, dataclasses.replace(param, _read=cand_read)
 
 
 def check_model(model: Any, cand: dict[str, "FileParam"], prefix: str, absorbed: dict[str, str],
@@ -390,12 +427,17 @@ def check_model(model: Any, cand: dict[str, "FileParam"], prefix: str, absorbed:
     ``prefix``: the module scope prefix the file adds (an export wrapper's attribute);
     ``absorbed``: Conv module path -> the BatchNorm folded into it, from the file's scopes.
     """
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    eps = {f"{path}.running_var" if path else "running_var": float(m.eps) for path, m in model.named_modules()
+           if isinstance(m, _BatchNorm)}
     pairs = []
     for name, tensor in model.state_dict().items():
         param = cand.get(f"{prefix}.{name}" if prefix else name) or cand.get(name)
         if param is None or not tensor.is_floating_point():
             continue
-        pairs.append((name, _torch_reader(model, name, tensor, param, absorbed), param))
+        pairs.append(through_eps(name, _torch_reader(model, name, tensor, param, absorbed), param,
+                                 eps.get(name) if param.folded is None else None))
     # a file that records any fold records them all: only a file without such records may hide one
     unmarked = None if any(p.folded for p in cand.values()) else _UnmarkedFolds(_conv_paths(model))
     return judge(pairs, "model", "file", unmarked, stop)

@@ -413,14 +413,21 @@ def fmt_cosine(c: float) -> str:
     return f"{c:.{min(digits, 12)}f}"
 
 
-def format_rule(precision: str, criterion: Any) -> str:
-    """The precision rule in words, for the footer and ``--json``.
+def format_rule(precision: str, criterion: Any, local: bool = False) -> str:
+    """The precision rule in words, for the footer and ``--json`` (``local``: rows judged by their own parts).
 
     Example:
         >>> from layertap.metrics import Criterion
         >>> format_rule("float16", Criterion())[:79]
         'judged at float16: pass when impl err <= 4 x format err + rtol 0.001 x max|ref|'
     """
+    if local:
+        return (f"judged at {precision}, each module by its own part (--local): pass when its impl err <= "
+                f"{FORMAT_MULTIPLE:g} x its format err + rtol {criterion.rtol:g} x max|ref| + atol {criterion.atol:g}, "
+                f"and it scales its values no more than {precision}'s own noise there (format err: the reference's part "
+                f"run alone at {precision} on the reference's inputs; impl err: the candidate's part against it; a row "
+                "without a part: the whole run's), and where "
+                f"{precision} carries every value")
     return (f"judged at {precision}: pass when impl err <= {FORMAT_MULTIPLE:g} x format err + rtol {criterion.rtol:g} x "
             f"max|ref| + atol {criterion.atol:g} (format err: an ideal {precision} run vs the reference; impl err: the "
             f"candidate vs that run), and where {precision} carries every value")
