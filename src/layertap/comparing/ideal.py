@@ -216,9 +216,8 @@ class OnnxIdealParts:
         self.facts = GraphFacts(source.model.graph)
         self.smap = ScopeMap.from_model(source.model)
         self.wanted = reference_formats(source.model, formats)
-        self.inputs = {i.name for i in source.model.graph.input}
         self.runtime = open_runtime("ort", optimize=False)
-        self._last: tuple[bytes, Any] | None = None
+        self._made: tuple[Any, Any, Any] | None = None  # the last batch's parts: (rows and their feeds, shapes, plan)
 
     def nodes(self, item: Any, entering: Collection[str]) -> list[int]:
         """The reference's nodes computing a row's tensors from ``entering`` (reference tensors: what the
@@ -251,8 +250,27 @@ class OnnxIdealParts:
 
     def run(self, wants: Sequence[tuple[Any, Collection[str]]], values: Mapping[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
         """``wants``: (row item, the reference tensors its candidate part is fed); per item key, the ideal part's
-        values of the row's reference tensors, run on the reference's ``values``."""
-        pieces, feed, outputs = [], {}, {}
+        values of the row's reference tensors, run on the reference's ``values``. The parts of a batch are made
+        once for every sample (the same rows fed the same tensors)."""
+        plan = self._plan(wants, values)
+        if plan is None:
+            return {}
+        engine, entering, outputs = plan
+        got = engine.run(list(outputs), {name: values[t] for name, t in entering.items()})
+        out: dict[int, dict[str, np.ndarray]] = {}
+        for name, value in got.items():
+            key, tensor = outputs[name]
+            out.setdefault(key, {})[tensor] = value
+        return out
+
+    def _plan(self, wants: Sequence[tuple[Any, Collection[str]]], values: Mapping[str, np.ndarray]) -> Any:
+        """``(engine, part input -> reference tensor, part output -> (item key, reference tensor))`` for ``wants``,
+        made on first use (``None``: no row has an ideal part)."""
+        shapes = {t: (v.dtype.str, v.shape) for t, v in values.items()}
+        key = tuple((it.mc.key, tuple(fed)) for it, fed in wants)
+        if self._made is not None and self._made[0] == key and self._made[1] == shapes:
+            return self._made[2]
+        pieces, entering_of, outputs = [], {}, {}
         for k, (it, fed) in enumerate(wants):
             nodes = self.nodes(it, set(fed))
             entering = self.facts.entering(nodes)
@@ -262,22 +280,20 @@ class OnnxIdealParts:
             piece = self.cutter.piece(nodes, {t: (element_type(values[t]), values[t].shape) for t in entering}, it.ref_tensors,
                                       prefix=prefix)
             pieces.append(piece)
-            feed.update({prefix + t: values[t] for t in entering})
+            entering_of.update({prefix + t: t for t in entering})
             outputs.update({prefix + t: (it.mc.key, t) for t in it.ref_tensors if t in piece.names and t not in entering})
-        if not outputs:
-            return {}
-        part = self.cutter.model(pieces, "layertap_ideal_part")
-        made = {t for p in pieces for n in p.nodes for t in n.output} | set(feed)
-        wanted = {t: self.wanted[t.split("/", 1)[1]] for t in made if "/" in t and t.split("/", 1)[1] in self.wanted}
-        wanted.update({t.name: self.wanted[t.name] for t in part.graph.initializer if t.name in self.wanted})
-        source = self.ref.runner.source
-        model, held = rounded_model(part, source.folder, source.held, wanted, _grid(self.formats), cast_round=rounded_through)
-        got = self._engine(model, SessionSource(model, source.folder, held=held)).run(list(outputs), feed)
-        out: dict[int, dict[str, np.ndarray]] = {}
-        for name, value in got.items():
-            key, tensor = outputs[name]
-            out.setdefault(key, {})[tensor] = value
-        return out
+        plan = None
+        if outputs:
+            part = self.cutter.model(pieces, "layertap_ideal_part")
+            made = {t for p in pieces for n in p.nodes for t in n.output} | set(entering_of)
+            wanted = {t: self.wanted[t.split("/", 1)[1]] for t in made if "/" in t and t.split("/", 1)[1] in self.wanted}
+            wanted.update({t.name: self.wanted[t.name] for t in part.graph.initializer if t.name in self.wanted})
+            source = self.ref.runner.source
+            model, held = rounded_model(part, source.folder, source.held, wanted, _grid(self.formats), cast_round=rounded_through)
+            plan = (self.runtime.open_part(SessionSource(model, source.folder, held=held), model), entering_of, outputs)
+        self._made = None  # the engine before goes first
+        self._made = (key, shapes, plan)
+        return plan
 
     def needs(self, batch: Sequence[Any]) -> list[str]:
         """Reference tensors a batch's ideal parts may read beyond those the candidate's parts ask for: the
@@ -288,16 +304,8 @@ class OnnxIdealParts:
                 out += [t for t in self.facts.entering(self._own(it)) if t not in out]
         return out
 
-    def _engine(self, model: Any, source: SessionSource) -> Any:
-        """An engine on the part graph, reused while the graph is the same (the next sample of a batch)."""
-        key = model.SerializeToString()
-        if self._last is None or self._last[0] != key:
-            self._last = None
-            self._last = (key, self.runtime.open_part(source, model))
-        return self._last[1]
-
     def close(self) -> None:
-        self._last = None
+        self._made = None
 
 
 def _handed(value: Any, handed: Sequence[int], i: int, t: Any) -> Any:
@@ -457,7 +465,8 @@ class TorchIdeal:
         """Each compared call run alone at the candidate's format on the reference's own arguments (``kept``:
         :class:`~.torch_side.KeptCall` by call key), into ``store`` keyed as the reference's values: the local
         split's ideal part. The calls folded into it in the candidate (a Conv into its BatchNorm) run first, each
-        handing its result on, as the candidate's part computes them; a call that cannot be run so has none."""
+        handing its result on, as the candidate's part computes them; a call that cannot be run so has none, nor
+        has one holding more than :data:`ALONE_CALLS` calls of its own."""
         import torch
 
         from ..pytorch.values import exact_float32, flatten, gpu_device, tensor_to_numpy
@@ -466,35 +475,45 @@ class TorchIdeal:
         for it in items:
             if it.status == ABSORBED and it.fused_into:
                 folded.setdefault((it.fused_into, it.mc.call), []).append(it.mc.key)
+        from ..pytorch.rounding import rounded_calls
+
         on_gpu = gpu_device(model, (), {}) is not None
-        for it in items:
-            if it.status is not None or not it.mc.path or it.mc.key not in kept:
-                continue
-            chain = [k for k in folded.get((it.mc.path, it.mc.call), []) if k in kept] + [it.mc.key]
-            with torch.no_grad(), (exact_float32() if on_gpu else contextlib.nullcontext()):
-                out = self._chain(model, kept, chain)
-            if out is not None:
-                store.put(it.mc.key, [tensor_to_numpy(t, copy=True) for _, t in flatten(out)])
+        with torch.no_grad(), (exact_float32() if on_gpu else contextlib.nullcontext()), rounded_calls(model, self.plan) as run:
+            for it in items:
+                if it.status is not None or not it.mc.path or it.mc.key not in kept:
+                    continue
+                if it.mc.key - kept[it.mc.key].first > ALONE_CALLS:
+                    continue  # a large parent: its own part is most of the model, judged by the whole run
+                chain = [k for k in folded.get((it.mc.path, it.mc.call), []) if k in kept] + [it.mc.key]
+                out = _chain(run, kept, chain)
+                if out is not None:
+                    store.put(it.mc.key, [tensor_to_numpy(t, copy=True) for _, t in flatten(out)])
 
-    def _chain(self, model: Any, kept: Mapping[int, Any], chain: Sequence[int]) -> Any:
-        """The calls of ``chain`` run one after the other, each on its own arguments with the output of the one
-        before in place of the tensor it returned then; ``None`` when they do not connect so, or one fails."""
-        from ..pytorch.rounding import map_tensors, rounded
 
-        value, before = None, None
-        for key in chain:
-            call = kept[key]
-            handed: list[int] = [i for i, src in call.producers.items() if src == (before, 0)] if before is not None else []
-            if before is not None and (not handed or not hasattr(value, "shape")):
-                return None
-            args, kwargs = map_tensors((call.args, call.kwargs), functools.partial(_handed, value, handed))
-            try:
-                with rounded(model, self.plan, counts=call.counts):
-                    value = call.module(*args, **kwargs)
-            except Exception:  # noqa: BLE001 - a module that cannot run again alone has no local split
-                return None
-            before = key
-        return value
+#: a module run alone at the format holds at most this many calls of its own (a ResNet block holds 7, a DenseNet
+#: block up to 150: running every parent again would cost the depth of the model times its forward)
+ALONE_CALLS = 24
+
+
+def _chain(run: Any, kept: Mapping[int, Any], chain: Sequence[int]) -> Any:
+    """The calls of ``chain`` run one after the other (``run``: :func:`~layertap.pytorch.rounding.rounded_calls`'s),
+    each on its own arguments with the output of the one before in place of the tensor it returned then;
+    ``None`` when they do not connect so, or one fails."""
+    from ..pytorch.rounding import map_tensors
+
+    value, before = None, None
+    for key in chain:
+        call = kept[key]
+        handed: list[int] = [i for i, src in call.producers.items() if src == (before, 0)] if before is not None else []
+        if before is not None and (not handed or not hasattr(value, "shape")):
+            return None
+        args, kwargs = map_tensors((call.args, call.kwargs), functools.partial(_handed, value, handed))
+        try:
+            value = run(call.module, args, kwargs, call.counts)
+        except Exception:  # noqa: BLE001 - a module that cannot run again alone has no local split
+            return None
+        before = key
+    return value
 
 
 def weigh_limits(rows: Sequence[Any], rtol: float) -> list[Any]:

@@ -47,6 +47,7 @@ class KeptCall:
         counts: how many calls of each module (by :func:`~layertap.pytorch.callhooks.module_key`) had started
             before it: numbers its own call and those inside it again as the forward numbered them.
         producers: position among its flattened arguments -> the (call key, output index) that returned it.
+        first: the key the first call made inside it gets (the calls it holds: its own key minus this).
     """
 
     module: Any
@@ -54,6 +55,7 @@ class KeptCall:
     kwargs: dict
     counts: dict[int, int]
     producers: dict[int, tuple[int, int]]
+    first: int = 0
 
 
 def to_numpy(t: "torch.Tensor") -> np.ndarray:
@@ -131,7 +133,7 @@ class _TorchRecorder(CallHooks):
             counts = dict(self.counter.started)
             counts[module_key(mod)] -= 1  # as they stood before this call started
             self._calling[(path, call)] = KeptCall(mod, self._copy(args), self._copy(kwargs), counts,
-                                                  self._producers(args, kwargs))
+                                                  self._producers(args, kwargs), len(self.calls))
         if not self.fresh_inputs:
             return
 

@@ -22,13 +22,13 @@ from __future__ import annotations
 import contextlib
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import torch
 
 from ..numformats import SENTINEL, Format
-from .callhooks import CallHooks
+from .callhooks import CallCounter, CallHooks
 
 _TORCH_TYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -329,12 +329,10 @@ def _mode_class() -> type:
 
 
 @contextlib.contextmanager
-def rounded(model: Any, plan: RoundingPlan, counts: Mapping[int, int] | None = None) -> Iterator[Any]:
-    """Run ``model`` (any of its methods, or one of its modules alone) inside: its operators and calls are
-    rounded as ``plan`` says. Yields two functions: one rounds the forward's own tensor arguments
-    (``plan.model_inputs``), the other its result (``plan.outputs[("", 0)]``). ``counts``: how many calls of
-    each module (by :func:`~layertap.pytorch.callhooks.module_key`) started before, so that a module run
-    again alone numbers its calls as the whole forward did (the plan's formats are per call).
+def rounded(model: Any, plan: RoundingPlan) -> Iterator[Any]:
+    """Run ``model`` (any of its methods) inside: its operators and calls are rounded as ``plan`` says.
+    Yields two functions: one rounds the forward's own tensor arguments (``plan.model_inputs``), the other
+    its result (``plan.outputs[("", 0)]``).
 
     Enter it before other hooks that should see the rounded values (forward hooks run in the order
     they were added).
@@ -348,8 +346,37 @@ def rounded(model: Any, plan: RoundingPlan, counts: Mapping[int, int] | None = N
         >>> y.item(), m.weight.dtype
         (1.0, torch.float32)
     """
+    with _rounding(model, plan) as (_, inputs, result):
+        yield inputs, result
+
+
+@contextlib.contextmanager
+def rounded_calls(model: Any, plan: RoundingPlan) -> Iterator[Callable[[Any, tuple, dict, Mapping[int, int]], Any]]:
+    """Inside, the yielded ``call(module, args, kwargs, counts)`` runs one of ``model``'s modules alone, rounded as
+    ``plan`` says (its hooks and rounded weights made once for every call): ``counts``, how many calls of each
+    module (by :func:`~layertap.pytorch.callhooks.module_key`) had started before it in the whole forward,
+    numbers its calls as the forward did (the plan's formats are per call).
+
+    Example:
+        >>> m = torch.nn.Sequential(torch.nn.Identity()).eval()
+        >>> with rounded_calls(m, RoundingPlan(regions={"": "float16"})) as call:
+        ...     call(m[0], (torch.tensor([1.0 + 2**-12]),), {}, {}).item()
+        1.0
+    """
+    with _rounding(model, plan) as (regions, _, _):
+        def call(module: Any, args: tuple, kwargs: dict, counts: Mapping[int, int]) -> Any:
+            regions.counter = CallCounter()
+            regions.counter.started.update(counts)
+            regions.stack = [""]
+            return module(*args, **kwargs)
+
+        yield call
+
+
+@contextlib.contextmanager
+def _rounding(model: Any, plan: RoundingPlan) -> Iterator[tuple[Any, Any, Any]]:
+    """:func:`rounded`'s hooks and dispatch mode; yields ``(the hooks' state, round inputs, round result)``."""
     regions = _Regions(model, plan)
-    regions.counter.started.update(counts or {})
     weights = _rounded_weights(model, plan)
     params = {id(p) for p in model.parameters()} | {id(b) for b in model.buffers()}
     mode = _mode_class()(regions, weights, params) if (any(plan.regions.values()) or weights or plan.dynamic) else None
@@ -368,10 +395,10 @@ def rounded(model: Any, plan: RoundingPlan, counts: Mapping[int, int] | None = N
 
     with regions.hooks():
         if mode is None:
-            yield inputs, result
+            yield regions, inputs, result
             return
         with mode:
-            yield inputs, result
+            yield regions, inputs, result
 
 
 def _rounded_weights(model: Any, plan: RoundingPlan) -> dict[int, torch.Tensor]:
