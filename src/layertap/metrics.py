@@ -43,6 +43,9 @@ METRICS = ("rel", "cosine", "sqnr")
 ROUNDING_RTOL = {"bfloat16": 2.0**-6, "float16": 2.0**-9}
 
 
+#: a value of fewer elements has no gain worth the name: two logits a quantiser rounds a step apart look "scaled"
+GAIN_ELEMENTS = 16
+
 #: judged at the candidate's precision: a value passes while the candidate's distance from an ideal
 #: run at its format stays within this multiple of that run's own distance from the reference (what
 #: the format costs there), plus the float32 tolerance, both in the largest difference and in the root
@@ -181,12 +184,14 @@ def ideal_stats(ref: np.ndarray, got: np.ndarray, ideal: np.ndarray) -> IdealSta
 
 
 def _gain(ideal: np.ndarray, got: np.ndarray) -> tuple[float, float]:
-    """``(<got - ideal, ideal> / <ideal, ideal>, rms(ideal))`` over the elements finite on both sides."""
+    """``(<got - ideal, ideal> / <ideal, ideal>, rms(ideal))`` over the elements finite on both sides (a gain of 0
+    for fewer than :data:`GAIN_ELEMENTS`)."""
     x, y = np.asarray(ideal, np.float64).ravel(), np.asarray(got, np.float64).ravel()
     both = np.isfinite(x) & np.isfinite(y)
     x, y = x[both], y[both]
     xx = float(np.dot(x, x))
-    return (float(np.dot(y - x, x)) / xx if xx > 0 else 0.0), (math.sqrt(xx / x.size) if x.size else 0.0)
+    gain = float(np.dot(y - x, x)) / xx if xx > 0 and x.size >= GAIN_ELEMENTS else 0.0
+    return gain, (math.sqrt(xx / x.size) if x.size else 0.0)
 
 
 def _rms(a: np.ndarray, b: np.ndarray) -> float:
@@ -222,8 +227,9 @@ def _ideal_f32(r: np.ndarray, g: np.ndarray, i: np.ndarray) -> IdealStats | None
             ii += float(dot(ib, ib))
             ri += float(dot(rb, ib))
     similar = _ratios(rr, ii, ri, 0.0)
+    gain = pi / ii if ii > 0 and r.size >= GAIN_ELEMENTS else 0.0
     return IdealStats(fmt, impl, similar[0] if similar is not None else math.nan, math.sqrt(ff / r.size),
-                      math.sqrt(pp / r.size), math.sqrt(rr / r.size), pi / ii if ii > 0 else 0.0, math.sqrt(ii / r.size))
+                      math.sqrt(pp / r.size), math.sqrt(rr / r.size), gain, math.sqrt(ii / r.size))
 
 
 def error_stats(ref: np.ndarray, got: np.ndarray, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL) -> ErrorStats:

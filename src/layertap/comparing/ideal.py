@@ -593,6 +593,11 @@ def fail_differing_weights(rows: Sequence[Any], precision: str) -> None:
         >>> fail_differing_weights(rows, "float16")
         >>> rows[1].status, rows[1].note
         ('FAIL', 'conv1.weight differs (rel 0.05): more than float16 rounding explains')
+        >>> row = CompareRow("fc", "fc", 0, "Linear", [1], 1e-3, 1e-3, "pass", True, format_rel=1e-3, impl_rel=1e-4,
+        ...                  weights="fc.weight differs (rel 0.002)")
+        >>> fail_differing_weights([row], "int8")
+        >>> row.status, row.note.endswith("(its effect on fc's values is below int8's rounding here)")
+        ('FAIL', True)
     """
     for i, row in enumerate(rows):
         if not row.weights:
@@ -602,6 +607,8 @@ def fail_differing_weights(rows: Sequence[Any], precision: str) -> None:
         if target is None:
             continue
         why = f"{row.weights}: more than {precision} rounding explains"
-        if target is not row:
+        if target.ok and target.impl_rel is not None:  # a change whose effect its row's numbers do not show: said
+            why += f" (its effect on {target.name}'s values is below {precision}'s rounding here)"
+        if target is not row or target.ok:
             target.note = f"{why}; {target.note}" if target.note else why
         target.ok, target.status = False, FAIL

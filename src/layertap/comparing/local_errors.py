@@ -46,8 +46,6 @@ _SEE_THROUGH = {"Cast", "QuantizeLinear", "DequantizeLinear", "Identity"}
 RefLookup = Callable[[str], "np.ndarray | None"]  # candidate tensor -> the reference's value, or None
 #: a row's (reference value, candidate tensor, the ideal part's value or None)
 Pair = tuple[np.ndarray, str, "np.ndarray | None"]
-#: the precision rule of a local split when the comparison's criterion does not reach it
-_RULE = Criterion()
 
 
 class LocalGraph:
@@ -296,7 +294,7 @@ def local_stats(outputs: dict[str, np.ndarray], pairs: Sequence[Pair], criterion
     return merged if whole else dataclasses.replace(merged, format_abs=None, impl_abs=None)
 
 
-def annotate(row: CompareRow, stats: ErrorStats | None, why: str | None, judging: Any = None) -> None:
+def annotate(row: CompareRow, stats: ErrorStats | None, why: str | None, judging: Any = None, criterion: Any = None) -> None:
     """Set ``local_rel`` (and the local split) on a row, or say why it has none; judged at the candidate's
     precision, the local split decides the row (see :func:`judge_locally`)."""
     row.local_rel = stats.rel_err if stats is not None else None
@@ -308,8 +306,8 @@ def annotate(row: CompareRow, stats: ErrorStats | None, why: str | None, judging
     row.local_format_rel = stats.format_abs / scale if scale > 0 else (0.0 if stats.format_abs == 0 else math.inf)
     row.local_impl_rel = stats.impl_abs / scale if scale > 0 else (0.0 if stats.impl_abs == 0 else math.inf)
     row.local_impl_gain = stats.impl_gain
-    if judging is not None and judging.decides and row.ok is not None:
-        judge_locally(row, stats, judging.fallback if judging.lost else None)
+    if judging is not None and judging.decides and not judging.lost and row.ok is not None:
+        judge_locally(row, stats, criterion)
 
 
 def judge_locally(row: CompareRow, stats: ErrorStats, criterion: Any = None) -> None:
@@ -321,7 +319,7 @@ def judge_locally(row: CompareRow, stats: ErrorStats, criterion: Any = None) -> 
     its note). A value the format cannot carry (``limit``) is weighed later, as for the whole run."""
     if row.limit:
         return
-    rule = criterion if criterion is not None else _RULE
+    rule = criterion if criterion is not None else Criterion()
     ok = stats.within_format(rule.rtol, rule.atol) and (row.finite is not False or not rule.check_finite)
     if row.ok is False and ok:
         row.note = (f"{row.note}; " if row.note else "") + ("its own part is within what the format explains (local "
@@ -397,7 +395,7 @@ def local_errors(graph: LocalGraph, batch: list[Item], rows: list[CompareRow], p
         if isinstance(got, str):
             annotate(rows[k], None, got)
         else:
-            annotate(rows[k], local_stats(got, pairs.get(k, []), criterion, graph), None, judging)
+            annotate(rows[k], local_stats(got, pairs.get(k, []), criterion, graph), None, judging, criterion)
 
 
 def _with_ideal_parts(graph: LocalGraph, batch: list[Item], jobs: Sequence[tuple[int, list[int], tuple[str, ...], Any]],
