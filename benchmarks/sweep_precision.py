@@ -1024,21 +1024,13 @@ def main() -> int:
         for name in a.models:
             _sweep_model(sweep, name, folder)
     _table(sweep)
-    print(f"\nhealthy runs flagged ({len(sweep.flagged)}):")
-    for line in sweep.flagged:
-        print(f"  {line}")
-    print(f"\ncould not run ({len(sweep.cannot)} rows):")
-    for line in sweep.cannot:
-        print(f"  {line}")
-    print(f"\nhealthy runs passed comparing under half their rows ({len(sweep.thin)}):")
-    for line in sweep.thin:
-        print(f"  {line}")
-    print(f"\nhealthy candidates whose two ideal runs cost 3x apart at some module ({len(sweep.apart)}):")
-    for line in sweep.apart:
-        print(f"  {line}")
-    print(f"\nfaults that change a value, missed or named elsewhere ({len(sweep.wrong)}):")
-    for line in sweep.wrong:
-        print(f"  {line}")
+    for title, lines in (("healthy runs flagged", sweep.flagged), ("could not run", sweep.cannot),
+                         ("healthy runs passed comparing under half their rows", sweep.thin),
+                         ("healthy candidates whose two ideal runs cost 3x apart at some module", sweep.apart),
+                         ("faults that change a value, missed or named elsewhere", sweep.wrong)):
+        print(f"\n{title} ({len(lines)}):")
+        for line in lines:
+            print(f"  {line}")
     print(f"\nrepeat a case: .venv/bin/python benchmarks/sweep_precision.py <its options>; took {time.monotonic() - start:.0f} s")
     return 0
 
