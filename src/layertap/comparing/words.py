@@ -346,9 +346,14 @@ def _format_points(report: Any, with_local: bool) -> tuple[list[Any], list[Error
     points = []
     for r in rows:
         impl, fmt_rel, scale = field(r, "impl_rel"), field(r, "format_rel"), field(r, "ref_max") or 0.0
+        own = field(r, "local_impl_rel") is not None and field(r, "local_format_rel") is not None
+        if own:  # judged by its own part (local=True): that split, and its band
+            impl, fmt_rel = field(r, "local_impl_rel"), field(r, "local_format_rel")
         band = None if fmt_rel is None else FORMAT_MULTIPLE * fmt_rel + rtol + (atol / scale if scale else 0.0)
-        text = (f"implementation error {fmt_float(impl)}; the format explains up to {fmt_float(band)} "
-                f"(an ideal run's own error {fmt_float(fmt_rel)})" if impl is not None and band is not None else None)
+        what = "its own part's implementation error" if own else "implementation error"
+        text = (f"{what} {fmt_float(impl)}; the format explains up to {fmt_float(band)} "
+                f"(an ideal {'part' if own else 'run'}'s own error {fmt_float(fmt_rel)})"
+                if impl is not None and band is not None else None)
         if field(r, "limit"):
             text = f"{field(r, 'limit')}; {text}" if text else field(r, "limit")
         points.append(ErrorPoint(field(r, "name", "?"), impl, field(r, "local_rel") if with_local else None,
@@ -357,8 +362,12 @@ def _format_points(report: Any, with_local: bool) -> tuple[list[Any], list[Error
 
 
 def band_text(report: Any) -> str:
-    """The legend of the format's band: ``what float16 explains (4 x an ideal float16 run's own error + rtol)``."""
+    """The legend of the format's band: ``what float16 explains (4 x an ideal float16 run's own error + rtol)``
+    (with ``local=True``, for each module's own part where it has one)."""
     precision = getattr(report, "precision", "the format")
+    if getattr(report, "local", False) and any(field(r, "local_format_rel") is not None for r in getattr(report, "rows", ())):
+        return (f"what {precision} explains ({FORMAT_MULTIPLE:g} x an ideal {precision} run's own error + rtol; for a "
+                "module with its own part, that part's)")
     return f"what {precision} explains ({FORMAT_MULTIPLE:g} x an ideal {precision} run's own error + rtol)"
 
 
