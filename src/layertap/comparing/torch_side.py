@@ -161,24 +161,19 @@ class _TorchRecorder(CallHooks):
 
     def _copy(self, value: Any) -> Any:
         """``value`` with every tensor in it copied once (a later in-place op cannot change the copy; a tensor
-        handed to several calls is copied once), tuples, lists and dicts rebuilt, anything else as it is."""
-        import torch
+        handed to several calls is copied once), rebuilt as :func:`~layertap.pytorch.rounding.map_tensors` rebuilds."""
+        from ..pytorch.rounding import map_tensors
 
-        if isinstance(value, torch.Tensor):
-            seen = self._clones.get(id(value))
-            if seen is not None and seen[0]() is value and seen[1] == value._version:
-                return seen[2]
-            copy = value.detach().clone()
-            with contextlib.suppress(TypeError):  # a tensor subclass without weak references: copied each time
-                self._clones[id(value)] = (weakref.ref(value), value._version, copy)
-            return copy
-        if isinstance(value, tuple) and not hasattr(value, "_fields"):
-            return tuple(self._copy(v) for v in value)
-        if isinstance(value, list):
-            return [self._copy(v) for v in value]
-        if type(value) is dict:
-            return {k: self._copy(v) for k, v in value.items()}
-        return value
+        return map_tensors(value, lambda i, t: self._clone(t))
+
+    def _clone(self, t: Any) -> Any:
+        seen = self._clones.get(id(t))
+        if seen is not None and seen[0]() is t and seen[1] == t._version:
+            return seen[2]
+        copy = t.detach().clone()
+        with contextlib.suppress(TypeError):  # a tensor subclass without weak references: copied each time
+            self._clones[id(t)] = (weakref.ref(t), t._version, copy)
+        return copy
 
     def _producers(self, args: tuple, kwargs: dict) -> dict[int, tuple[int, int]]:
         """Position among the arguments' tensors (:func:`~layertap.pytorch.rounding.map_tensors`'s order) -> the
