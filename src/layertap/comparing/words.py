@@ -349,7 +349,7 @@ def _format_points(report: Any, with_local: bool) -> tuple[list[Any], list[Error
         own = field(r, "local_impl_rel") is not None and field(r, "local_format_rel") is not None
         if own:  # judged by its own part (local=True): that split, and its band
             impl, fmt_rel = field(r, "local_impl_rel"), field(r, "local_format_rel")
-        band = None if fmt_rel is None else FORMAT_MULTIPLE * fmt_rel + rtol + (atol / scale if scale else 0.0)
+        band = None if fmt_rel is None else format_band(fmt_rel, scale, rtol, atol)
         what = "its own part's implementation error" if own else "implementation error"
         text = (f"{what} {fmt_float(impl)}; the format explains up to {fmt_float(band)} "
                 f"(an ideal {'part' if own else 'run'}'s own error {fmt_float(fmt_rel)})"
@@ -359,6 +359,17 @@ def _format_points(report: Any, with_local: bool) -> tuple[list[Any], list[Error
         points.append(ErrorPoint(field(r, "name", "?"), impl, field(r, "local_rel") if with_local else None,
                                  field(r, "ok"), text, band))
     return rows, points, None
+
+
+def format_band(format_rel: float, scale: float, rtol: float, atol: float) -> float:
+    """What a format explains at a value, relative to ``scale`` (its ``max|ref|``): ``FORMAT_MULTIPLE`` times
+    the ideal run's error there plus the tolerance (the precision rule, :meth:`~layertap.metrics.ErrorStats.within_format`).
+
+    Example:
+        >>> format_band(1e-3, 2.0, 1e-3, 1e-5)
+        0.005005
+    """
+    return FORMAT_MULTIPLE * format_rel + rtol + (atol / scale if scale else 0.0)
 
 
 def band_text(report: Any) -> str:
@@ -463,7 +474,7 @@ def format_size(row: Any, precision: str, rtol: float = 1e-3, atol: float = 1e-5
         return f"{limit} (rel err {rel})"
     local_impl, local_fmt = field(row, "local_impl_rel"), field(row, "local_format_rel")
     if local_impl is not None and local_fmt is not None:  # judged by its own part (local=True)
-        allowed = (atol / (field(row, "ref_max") or 0.0) if field(row, "ref_max") else 0.0) + rtol + FORMAT_MULTIPLE * local_fmt
+        allowed = format_band(local_fmt, field(row, "ref_max") or 0.0, rtol, atol)
         if local_impl <= allowed:  # within the largest difference: its values are scaled, or its error is everywhere
             return _gain_words(field(row, "local_impl_gain"), precision, f"its own part, local format error "
                                f"{fmt_float(local_fmt)}; the whole run there: rel err {rel}")
@@ -474,7 +485,7 @@ def format_size(row: Any, precision: str, rtol: float = 1e-3, atol: float = 1e-5
     if impl is None or fmt_rel is None:
         return f"rel err {rel}"
     scale = field(row, "ref_max") or 0.0
-    allowed = (atol / scale if scale else 0.0) + rtol + FORMAT_MULTIPLE * fmt_rel
+    allowed = format_band(fmt_rel, scale, rtol, atol)
     over = impl / allowed if allowed else math.inf
     i_rms, f_rms, r_rms = field(row, "impl_rms"), field(row, "format_rms"), field(row, "ref_rms")
     if i_rms is not None and f_rms is not None and r_rms is not None:
