@@ -271,6 +271,7 @@ class OnnxIdealParts:
         if self._made is not None and self._made[0] == key and self._made[1] == shapes:
             return self._made[2]
         pieces, entering_of, outputs = [], {}, {}
+        ref_name: dict[str, str] = {}  # a tensor of the part -> the reference's name of it
         for k, (it, fed) in enumerate(wants):
             nodes = self.nodes(it, set(fed))
             entering = self.facts.entering(nodes)
@@ -281,13 +282,16 @@ class OnnxIdealParts:
                                       prefix=prefix)
             pieces.append(piece)
             entering_of.update({prefix + t: t for t in entering})
+            ref_name.update({prefix + t: t for i in nodes for t in self.cutter.graph.node[i].output if t})
             outputs.update({prefix + t: (it.mc.key, t) for t in it.ref_tensors if t in piece.names and t not in entering})
         plan = None
         if outputs:
             part = self.cutter.model(pieces, "layertap_ideal_part")
-            made = {t for p in pieces for n in p.nodes for t in n.output} | set(entering_of)
-            wanted = {t: self.wanted[t.split("/", 1)[1]] for t in made if "/" in t and t.split("/", 1)[1] in self.wanted}
-            wanted.update({t.name: self.wanted[t.name] for t in part.graph.initializer if t.name in self.wanted})
+            ref_name.update(entering_of)
+            # the weights and the nodes making them keep their names in the part
+            ref_name.update({t: t for t in [*(i.name for i in part.graph.initializer),
+                                            *(o for n in part.graph.node for o in n.output)] if t not in ref_name})
+            wanted = {t: self.wanted[r] for t, r in ref_name.items() if r in self.wanted}
             source = self.ref.runner.source
             model, held = rounded_model(part, source.folder, source.held, wanted, _grid(self.formats), cast_round=rounded_through)
             plan = (self.runtime.open_part(SessionSource(model, source.folder, held=held), model), entering_of, outputs)
@@ -469,14 +473,13 @@ class TorchIdeal:
         has one holding more than :data:`ALONE_CALLS` calls of its own."""
         import torch
 
+        from ..pytorch.rounding import rounded_calls
         from ..pytorch.values import exact_float32, flatten, gpu_device, tensor_to_numpy
 
         folded: dict[tuple[str, int], list[int]] = {}
         for it in items:
             if it.status == ABSORBED and it.fused_into:
                 folded.setdefault((it.fused_into, it.mc.call), []).append(it.mc.key)
-        from ..pytorch.rounding import rounded_calls
-
         on_gpu = gpu_device(model, (), {}) is not None
         with torch.no_grad(), (exact_float32() if on_gpu else contextlib.nullcontext()), rounded_calls(model, self.plan) as run:
             for it in items:
