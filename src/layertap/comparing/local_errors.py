@@ -19,7 +19,7 @@ import dataclasses
 import math
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -46,6 +46,8 @@ _SEE_THROUGH = {"Cast", "QuantizeLinear", "DequantizeLinear", "Identity"}
 RefLookup = Callable[[str], "np.ndarray | None"]  # candidate tensor -> the reference's value, or None
 #: a row's (reference value, candidate tensor, the ideal part's value or None)
 Pair = tuple[np.ndarray, str, "np.ndarray | None"]
+#: a call's part as fed: (the reference's values by candidate tensor, the part's nodes), or why it cannot be
+Feeding = tuple[dict[str, np.ndarray], list[int]] | str
 
 
 class LocalGraph:
@@ -105,15 +107,16 @@ class LocalGraph:
         return out
 
     def run(self, jobs: Sequence[tuple[int, list[int], tuple[str, ...], Sequence[str]]], ref_of: RefLookup,
-            ) -> dict[int, dict[str, np.ndarray] | str]:
+            feedings: Mapping[int, Feeding] | None = None) -> dict[int, dict[str, np.ndarray] | str]:
         """``jobs``: ``(job id, nodes, entering, outputs)``. Returns per job the candidate's outputs
-        computed from the reference's inputs, or why that cannot be done."""
+        computed from the reference's inputs, or why that cannot be done. ``feedings``: each job's
+        :meth:`feeding`, where the caller made it already."""
         results: dict[int, dict[str, np.ndarray] | str] = {}
         pieces: list[Any] = []
         feed: dict[str, np.ndarray] = {}
         wanted: dict[int, dict[str, str]] = {}
         for job, nodes, entering, outs in jobs:
-            feeding = self.feeding(entering, nodes, ref_of)
+            feeding = feedings[job] if feedings is not None else self.feeding(entering, nodes, ref_of)
             if isinstance(feeding, str):
                 results[job] = feeding
                 continue
@@ -139,8 +142,7 @@ class LocalGraph:
             results[job] = {t: got[r] for t, r in renamed.items()}
         return results
 
-    def feeding(self, entering: Sequence[str], nodes: Sequence[int], ref_of: RefLookup,
-                ) -> tuple[dict[str, np.ndarray], list[int]] | str:
+    def feeding(self, entering: Sequence[str], nodes: Sequence[int], ref_of: RefLookup) -> Feeding:
         """The reference's values for a call's part (as the reference holds them) and the
         part's nodes, the conversion nodes it must run included; or why there is none."""
         feeding = self._feed(entering, ref_of)
@@ -389,23 +391,24 @@ def local_errors(graph: LocalGraph, batch: list[Item], rows: list[CompareRow], p
             keeper.keep(graph, it, nodes, entering, pairs[k], ref_of)
     if not jobs:
         return
+    feedings = {k: graph.feeding(entering, nodes, ref_of) for k, nodes, entering, _ in jobs}
     if alone is not None:
-        _with_ideal_parts(graph, batch, jobs, pairs, ref_of, alone)
-    for k, got in graph.run(jobs, ref_of).items():
+        _with_ideal_parts(batch, jobs, feedings, pairs, ref_of, alone)
+    for k, got in graph.run(jobs, ref_of, feedings).items():
         if isinstance(got, str):
             annotate(rows[k], None, got)
         else:
             annotate(rows[k], local_stats(got, pairs.get(k, []), criterion, graph), None, judging, criterion)
 
 
-def _with_ideal_parts(graph: LocalGraph, batch: list[Item], jobs: Sequence[tuple[int, list[int], tuple[str, ...], Any]],
-                      pairs: dict[int, list[Pair]], ref_of: RefLookup, alone: Alone) -> None:
+def _with_ideal_parts(batch: list[Item], jobs: Sequence[tuple[int, list[int], tuple[str, ...], Any]],
+                      feedings: Mapping[int, Feeding], pairs: dict[int, list[Pair]], ref_of: RefLookup, alone: Alone) -> None:
     """Each job's pairs, in place, with the reference's own part's values (``alone``), started at the values the
-    candidate's part is fed (found through its conversions, named as the reference names them)."""
+    candidate's part is fed (``feedings``: found through its conversions; named as the reference names them)."""
     name_of = getattr(ref_of, "ref_name", lambda t: t)
     wants = []
-    for k, nodes, entering, _ in jobs:
-        feeding = graph.feeding(entering, nodes, ref_of)
+    for k, _, _, _ in jobs:
+        feeding = feedings[k]
         if not isinstance(feeding, str):
             wants.append((batch[k], [name_of(t) for t in feeding[0]]))
     found = alone(wants)
