@@ -20,23 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _outputs import ort_outputs, worst_cosine
 from conftest import run_cli
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / math.sqrt((a @ a) * (b @ b)))
-
-
-def _outputs(path: Path, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return [sess.run(None, f)[0] for f in feeds]
-
-
-def _worst_cosine(ref: Path, cand: Path, feeds: list[dict[str, np.ndarray]]) -> float:
-    return min(_cosine(a, b) for a, b in zip(_outputs(ref, feeds), _outputs(cand, feeds)))
 
 
 # -- 1. a unit kept in float32 keeps the constants it reads -----------------------------------------------
@@ -89,7 +74,7 @@ def test_a_kept_unit_keeps_the_constant_it_reads(tmp_path):
     report = lt.fix(src, to="fp16", out=out, samples=feeds, target="cosine:0.999")
     assert report.ok and report.kept == ["p2o.BatchNormalization.0"], str(report)
     assert report.steps[0].metric < 0.995  # the plain conversion clamps the variance
-    assert _worst_cosine(src, out, feeds) >= 0.999
+    assert worst_cosine(src, out, feeds) >= 0.999
 
 
 # -- 2. weights shared between units --------------------------------------------------------------------------
@@ -142,7 +127,7 @@ def test_a_kept_unit_gets_its_own_copy_of_a_shared_weight(tmp_path):
     wide = next(n for n in fixed.graph.node if n.name == "model/wide/Conv2D")
     types = {t.name: t.data_type for t in fixed.graph.initializer}
     assert types[wide.input[1]] == onnx.TensorProto.FLOAT and types["model/conv/kernel:0"] == onnx.TensorProto.FLOAT16
-    assert _worst_cosine(src, out, feeds) >= 0.999
+    assert worst_cosine(src, out, feeds) >= 0.999
 
 
 FILES = Path(__file__).parent / "files"
@@ -163,7 +148,7 @@ def test_files_real_converters_wrote_are_repaired(tmp_path, name, shape, scale):
     out = tmp_path / "fixed.onnx"
     report = lt.fix(src, to="fp16", out=out, samples=feeds, target="cosine:0.999")
     assert report.ok and report.kept and not any(s.error for s in report.steps), str(report)
-    assert _worst_cosine(src, out, feeds) >= 0.999
+    assert worst_cosine(src, out, feeds) >= 0.999
     fixed = {t.name: t.data_type for t in onnx.load(str(out)).graph.initializer}
     assert onnx.TensorProto.FLOAT16 in fixed.values()  # the rest was converted
     if name.startswith("tf2onnx"):
@@ -250,7 +235,7 @@ def test_a_models_own_ops_and_a_parents_add_are_units(tmp_path):
     assert report.steps[0].metric < 0.5 and report.ok, str(report)
     assert "(root)" in report.kept and len(report.kept) == len(set(report.kept))
     assert json.loads((cfg / "modules.json").read_text())["modules"] == report.kept
-    assert _worst_cosine(src, out, feeds) >= 0.999
+    assert worst_cosine(src, out, feeds) >= 0.999
 
 
 def test_no_set_is_said_only_after_every_unit_was_tried(tmp_path):
@@ -333,7 +318,7 @@ def test_an_openvino_ir_runs_in_openvino(tmp_path):
     assert report.ok and report.runtimes["candidate"]["runtime"] == "OpenVINO", report.footer()
     ones = {"x": np.ones((1, 4, 8, 8), np.float32)}  # a single output is named "output"
     got = lt.run(xml, ones, ov_precision="f32")  # no runtime named: an IR runs in OpenVINO
-    np.testing.assert_allclose(got["output"], _outputs(src, [ones])[0], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(got["output"], ort_outputs(src, [ones])[0], rtol=1e-4, atol=1e-6)
 
 
 def test_a_sequence_value_is_a_list_and_its_file_holds_its_elements(tmp_path):

@@ -18,27 +18,15 @@ Faults injected into the same files are still named at their module.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from _faults import scale_weight
+from _outputs import ort_outputs, worst_cosine
 
 FILES = Path(__file__).parent / "files"
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / math.sqrt((a @ a) * (b @ b)))
-
-
-def _run(path: Path, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return [sess.run(None, f)[0] for f in feeds]
 
 
 def _fp16(src: Path, dst: Path) -> Path:
@@ -133,7 +121,7 @@ def test_a_detector_whose_resize_reads_an_initializer_compares_with_its_float16_
     fix = lt.fix(ref, to="fp16", out=fixed, samples=str(detector["scenes"]))
     assert fix.ok, str(fix)
     feeds = [{"x": s} for s in np.load(detector["scenes"])["x"]]
-    assert min(_cosine(a, b) for a, b in zip(_run(ref, feeds), _run(fixed, feeds))) >= 0.999
+    assert worst_cosine(ref, fixed, feeds) >= 0.999
 
 
 def test_an_export_with_external_data_keeps_what_shape_inference_reads_inline(detector, tmp_path):
@@ -150,7 +138,7 @@ def test_an_export_with_external_data_keeps_what_shape_inference_reads_inline(de
     where = {t.name: t.data_location for t in graph.initializer}
     assert where[scales] == onnx.TensorProto.DEFAULT
     assert sum(loc == onnx.TensorProto.EXTERNAL for loc in where.values()) >= 10
-    assert _run(path, [{"x": detector["x"].numpy()}])[0].shape[0] == 1
+    assert ort_outputs(path, [{"x": detector["x"].numpy()}])[0].shape[0] == 1
 
 
 def test_the_ideal_run_is_an_aid_not_a_gate(detector, monkeypatch):
@@ -283,7 +271,7 @@ def test_fix_keeps_the_unnamed_constants_a_kept_batchnorm_reads(tmp_path):
     result = lt.fix(src, to="fp16", out=fixed, samples=feeds)
     assert result.ok and result.kept == ["p2o.BatchNormalization.1"], str(result)
     assert result.steps[0].metric < 0.5  # the plain conversion saturates the probability map
-    assert min(_cosine(a, b) for a, b in zip(_run(src, feeds), _run(fixed, feeds))) >= 0.999
+    assert worst_cosine(src, fixed, feeds) >= 0.999
     stats = {n.output[0]: n.attribute[0].t.data_type for n in onnx.load(str(fixed)).graph.node
              if n.op_type == "Constant" and n.output[0].startswith("batch_norm_0.")}
     assert len(stats) == 4 and set(stats.values()) == {onnx.TensorProto.FLOAT}
@@ -303,4 +291,4 @@ def test_fix_on_the_trained_text_detector_and_a_target_near_zero_outputs_cannot_
     result = lt.fix(src, to="fp16", out=tmp_path / "det16.onnx", samples=feeds, target="max_abs:1e-3")
     assert result.ok and result.kept == ["p2o.BatchNormalization.1"], str(result)
     assert result.steps[0].metric > 0.5  # the plain conversion saturates to 1 where the map is ~0
-    assert max(float(np.abs(a - b).max()) for a, b in zip(_run(src, feeds), _run(tmp_path / "det16.onnx", feeds))) <= 1e-3
+    assert max(float(np.abs(a - b).max()) for a, b in zip(ort_outputs(src, feeds), ort_outputs(tmp_path / "det16.onnx", feeds))) <= 1e-3
