@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ..errors import LayertapError, one_line
+from ..onnxfile.tensor_types import constant_tensor
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -182,14 +183,14 @@ def _float_constants(model: "onnx.ModelProto", converted: "onnx.ModelProto", kep
     only kept nodes read, made float16 by the converter all the same: their float32 values put back, by the
     name of the tensor each makes."""
     def value(node: Any) -> Any:
-        return next((a for a in node.attribute if a.name == "value"), None) if node.op_type == "Constant" and node.output else None
+        return constant_tensor(node) if node.output else None
 
-    original = {n.output[0]: v.t for n in model.graph.node if (v := value(n)) is not None and v.t.data_type == 1}
+    original = {n.output[0]: v for n in model.graph.node if (v := value(n)) is not None and v.data_type == 1}
     restored = []
     for n in converted.graph.node:
         v = value(n)
-        if v is not None and v.t.data_type != 1 and n.output[0] in original and kept_only(n.output[0]):
-            v.t.CopyFrom(original[n.output[0]])
+        if v is not None and v.data_type != 1 and n.output[0] in original and kept_only(n.output[0]):
+            v.CopyFrom(original[n.output[0]])
             restored.append(n.output[0])
     return restored
 
@@ -346,8 +347,8 @@ def _copy(model: "onnx.ModelProto") -> "onnx.ModelProto":
 
 
 # the steps around the converter, copied into --config-out's convert.py (configs.convert_script)
-SCRIPT_HELPERS = (outputs_declared_once, unshare_weights, restore_float32, _float_constants, _float_outputs, retype_float16,
-                  _float16_copy, _float16_attributes, _cast_types)
+SCRIPT_HELPERS = (outputs_declared_once, unshare_weights, restore_float32, constant_tensor, _float_constants, _float_outputs,
+                  retype_float16, _float16_copy, _float16_attributes, _cast_types)
 
 
 @contextlib.contextmanager

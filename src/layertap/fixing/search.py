@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
 import numpy as np
 
 from ..errors import LayertapError, one_line
+from ..onnxfile.tensor_types import constant_tensor
 from ..runtimes import open_runtime
 from .configs import Target
 from .convert import Converter
@@ -87,9 +88,9 @@ def constants_beyond(model: "onnx.ModelProto", modules: Units) -> set[str]:
 
     values: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.data_type in (1, 11)}
     for node in model.graph.node:
-        attr = next((a for a in node.attribute if a.name == "value"), None) if node.op_type == "Constant" else None
-        if attr is not None and attr.t.data_type in (1, 11):
-            values[node.output[0]] = numpy_helper.to_array(attr.t)
+        tensor = constant_tensor(node)
+        if tensor is not None and tensor.data_type in (1, 11):
+            values[node.output[0]] = numpy_helper.to_array(tensor)
 
     def beyond(a: np.ndarray) -> bool:
         mag = np.abs(a[np.isfinite(a)]) if a.size else a

@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import LayertapError
 from ..numformats import FLOAT_LIMITS, PRECISIONS, Format
 from .scopemap import plain_weight_name
-from .tensor_types import inferred_types
+from .tensor_types import constant_tensor, inferred_types
 from .weights import converter_clamp, initializer_array
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -149,11 +149,8 @@ class _Reader:
 
         if name in self.inits:
             return np.asarray(self._array(self.inits[name], self.held, self.folder))
-        node = self.consts.get(name)
-        if node is not None:
-            attr = next((a for a in node.attribute if a.name == "value"), None)
-            return numpy_helper.to_array(attr.t) if attr is not None else None
-        return None
+        tensor = constant_tensor(self.consts[name]) if name in self.consts else None
+        return numpy_helper.to_array(tensor) if tensor is not None else None
 
     def floats(self) -> dict[str, Format]:
         """Tensors of a reduced float type, and float32 tensors a ``Cast`` narrows to one."""
@@ -180,9 +177,9 @@ class _Reader:
         low: dict[int, str] = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
         out = {t.name: Format(low[t.data_type]) for t in self.graph.initializer if t.data_type in low}
         for name, node in self.consts.items():
-            attr = next((a for a in node.attribute if a.name == "value"), None)
-            if attr is not None and attr.t.data_type in low:
-                out.setdefault(name, Format(low[attr.t.data_type]))
+            tensor = constant_tensor(node)
+            if tensor is not None and tensor.data_type in low:
+                out.setdefault(name, Format(low[tensor.data_type]))
         return out
 
     def quantised(self) -> tuple[dict[str, Format], dict[str, Format], dict[str, np.ndarray], frozenset[str]]:
@@ -216,8 +213,8 @@ class _Reader:
         zp = node.input[2] if len(node.input) > 2 else ""
         elem = self.inits[zp].data_type if zp in self.inits else 0
         if not elem and zp in self.consts:
-            attr = next((a for a in self.consts[zp].attribute if a.name == "value"), None)
-            elem = attr.t.data_type if attr is not None else 0
+            tensor = constant_tensor(self.consts[zp])
+            elem = tensor.data_type if tensor is not None else 0
         if not elem:
             elem = next((a.i for a in node.attribute if a.name == "output_dtype"), 0)
         try:

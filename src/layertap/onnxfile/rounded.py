@@ -30,7 +30,7 @@ import numpy as np
 from ..numformats import Format
 from .held import hold_in_memory
 from .shape_inputs import shape_read_tensors
-from .tensor_types import inferred_types
+from .tensor_types import constant_tensor, inferred_types
 from .walk import fresh_name
 from .weights import initializer_array
 
@@ -161,10 +161,10 @@ class _RoundingNodes:
         replaced by the rounded one, in place (no ``Cast`` pair can write a converter's cap); whether it was."""
         from onnx import numpy_helper
 
-        attr = next((a for a in node.attribute if a.name == "value"), None)
-        if fmt is None or fmt.clamp is None or fmt.is_quantised or attr is None or attr.t.data_type != _FLOAT:
+        tensor = constant_tensor(node)
+        if fmt is None or fmt.clamp is None or fmt.is_quantised or tensor is None or tensor.data_type != _FLOAT:
             return False
-        attr.t.CopyFrom(numpy_helper.from_array(fmt.rounded(numpy_helper.to_array(attr.t)), attr.t.name))
+        tensor.CopyFrom(numpy_helper.from_array(fmt.rounded(numpy_helper.to_array(tensor)), tensor.name))
         return True
 
     def rounding(self, src: str, dst: str, fmt: Format) -> list["onnx.NodeProto"]:

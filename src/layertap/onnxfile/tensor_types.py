@@ -121,6 +121,22 @@ def tensor_nbytes(t: "onnx.TensorProto") -> int:
     return math.prod(t.dims) * size
 
 
+def constant_tensor(node: "onnx.NodeProto") -> "onnx.TensorProto | None":
+    """The tensor a ``Constant`` node makes from its ``value`` attribute (the message itself: an edit of it
+    edits the node), else ``None`` (another op, or a constant given another way).
+
+    Example:
+        >>> import onnx.helper as h
+        >>> constant_tensor(h.make_node("Constant", [], ["c"], value=h.make_tensor("c", 1, [1], [2.0]))).float_data
+        [2.0]
+        >>> constant_tensor(h.make_node("Relu", ["x"], ["y"])) is None
+        True
+    """
+    if node.op_type != "Constant":
+        return None
+    return next((a.t for a in node.attribute if a.name == "value"), None)
+
+
 def element_type(value: np.ndarray) -> int:
     """The ONNX element type of a numpy array (``TensorProto.FLOAT`` for float32).
 

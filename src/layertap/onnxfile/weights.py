@@ -33,7 +33,7 @@ from ..errors import OnnxFileError
 from ..numformats import CONVERTER_MAX
 from .modelfile import external_ref
 from .scopemap import BN_FOLD_RULES, plain_weight_name, rules
-from .tensor_types import tensor_nbytes
+from .tensor_types import constant_tensor, tensor_nbytes
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -249,10 +249,9 @@ def converter_clamp(model: "onnx.ModelProto", folder: Path, held: Mapping[str, n
         if t.data_type == onnx.TensorProto.FLOAT16:
             top = max(top, _largest(initializer_array(t, held or {}, folder)))
     for node in model.graph.node:
-        if node.op_type == "Constant":
-            attr = next((a for a in node.attribute if a.name == "value"), None)
-            if attr is not None and attr.t.data_type == onnx.TensorProto.FLOAT16:
-                top = max(top, _largest(numpy_helper.to_array(attr.t)))
+        tensor = constant_tensor(node)
+        if tensor is not None and tensor.data_type == onnx.TensorProto.FLOAT16:
+            top = max(top, _largest(numpy_helper.to_array(tensor)))
     return CONVERTER_MAX if top == CONVERTER_MAX else None
 
 
