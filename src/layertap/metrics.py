@@ -82,14 +82,6 @@ class ErrorStats:
     impl_gain: float | None = None
     ideal_rms: float | None = None
 
-    @property
-    def gain_excess(self) -> float:
-        """How many times the part of the implementation error that scales the value (``|impl_gain| *
-        ideal_rms``: a changed weight's) exceeds the format's own noise there (``format_rms``); 0 unknown."""
-        if self.impl_gain is None or self.ideal_rms is None or self.format_rms is None:
-            return 0.0
-        return _over(abs(self.impl_gain) * self.ideal_rms, self.format_rms)
-
     def within_format(self, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL) -> bool:
         """The precision rule: ``impl_abs <= atol + rtol * scale + FORMAT_MULTIPLE * format_abs``, the same of
         the root mean squares (``impl_rms``, ``ref_rms``, ``format_rms``) where known, no gain beyond the

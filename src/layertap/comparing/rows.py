@@ -52,10 +52,9 @@ class CompareRow:
             reference's own part for this call run alone at the candidate's format on the same inputs,
             against the reference (what the format costs this call alone), and the candidate's part against
             it (what the file adds here); they decide the row (``None`` where there is no such part).
-        impl_gain, local_impl_gain: the part of the implementation error (of the whole run; of the call's own
-            part) that scales the value: ``<cand - ideal, ideal> / <ideal, ideal>`` (0.02: 2% larger). A
-            changed weight scales what its module makes, rounding does not; a gain beyond the format's own
-            noise there fails the row.
+        local_impl_gain: the part of the call's own part's implementation error that scales the value:
+            ``<cand - ideal, ideal> / <ideal, ideal>`` (0.02: 2% larger). A changed weight scales what its
+            module makes, rounding does not; a gain beyond the format's own noise there fails the row.
         finite: every candidate value was finite (``None`` when not compared).
         ref_max: ``max|ref|`` over the finite reference values compared.
         fused_into: for an ``absorbed`` call, the name of the row whose value holds it (the
@@ -109,7 +108,6 @@ class CompareRow:
     ref_rms: float | None = None
     local_format_rel: float | None = None
     local_impl_rel: float | None = None
-    impl_gain: float | None = None
     local_impl_gain: float | None = None
 
     @property
@@ -436,7 +434,7 @@ def stat_fields(stats: ErrorStats) -> dict[str, Any]:
     return dict(max_abs=stats.max_abs, rel_err=stats.rel_err, cosine=stats.cosine, sqnr_db=stats.sqnr_db,
                 finite=stats.finite, ref_max=stats.scale, format_rel=rel(stats.format_abs), impl_rel=rel(stats.impl_abs),
                 format_cosine=stats.format_cosine, limit=stats.limit, format_rms=stats.format_rms, impl_rms=stats.impl_rms,
-                ref_rms=stats.ref_rms, impl_gain=stats.impl_gain)
+                ref_rms=stats.ref_rms)
 
 
 def pair_tensors(torch_shapes: Sequence[tuple], onnx_shapes: Sequence[tuple]) -> list[tuple[int, int]]:
