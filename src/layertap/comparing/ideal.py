@@ -41,6 +41,7 @@ from ..onnxfile.parts import PartCutter
 from ..onnxfile.rounded import rounded_model
 from ..onnxfile.scopemap import GraphFacts, ScopeMap
 from ..onnxfile.tensor_types import element_type
+from ..onnxfile.walk import holds_graphs
 from ..runtimes import open_runtime
 from ..runtimes.ort_kernels import rounded_through
 from ..runtimes.runner import ModelRunner
@@ -236,7 +237,7 @@ class OnnxIdealParts:
             todo.extend(x for x in graph.node[i].input if x)
             if len(found) > 4 * max(len(own), 8):
                 return []
-        if not found or any(a.HasField("g") or len(a.graphs) for i in found for a in graph.node[i].attribute):
+        if not found or any(holds_graphs(graph.node[i]) for i in found):
             return []
         return sorted(found)
 

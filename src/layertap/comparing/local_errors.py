@@ -28,11 +28,12 @@ from ..onnxfile.parts import PartCutter
 from ..onnxfile.scopemap import GraphFacts, ScopeMap
 from ..onnxfile.shapes import declared_dims
 from ..onnxfile.tensor_types import element_type, inferred_types
+from ..onnxfile.walk import holds_graphs
 from ..runtimes.ort_kernels import nchwc_block_size
 from ..text import fmt_float
 from .align import Item
 from .nchwc import block, blocked_tensors, unblock
-from .rows import FAIL, PASS, CompareRow, merge_stats, pair_tensors, same_shape
+from .rows import FAIL, PASS, CompareRow, merge_stats, pair_tensors, relative, same_shape
 from .torch_side import input_key
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -154,7 +155,7 @@ class LocalGraph:
         made = {t for i in nodes for t in self.cand.graph.node[i].output}
         fed = {t: v for t, v in fed.items() if t not in made}
         nodes = sorted({*nodes, *converting})
-        if any(_has_subgraph(self.cand.graph.node[i]) for i in nodes):
+        if any(holds_graphs(self.cand.graph.node[i]) for i in nodes):
             return "the call holds control flow (subgraphs); its part cannot be run alone"
         return fed, nodes
 
@@ -259,10 +260,6 @@ def _sizes(vi: Any) -> list[int] | None:
     return None if dims is None else [d if isinstance(d, int) else 0 for d in dims]
 
 
-def _has_subgraph(node: Any) -> bool:
-    return any(a.HasField("g") or len(a.graphs) for a in node.attribute)
-
-
 def local_stats(outputs: dict[str, np.ndarray], pairs: Sequence[Pair], criterion: Any,
                 graph: "LocalGraph | None" = None) -> ErrorStats | None:
     """The worst statistics of the locally computed outputs against the reference's values (read in the
@@ -304,9 +301,7 @@ def annotate(row: CompareRow, stats: ErrorStats | None, why: str | None, judging
         row.note = f"{row.note}; local: {why}" if row.note else f"local: {why}"
     if stats is None or stats.format_abs is None or stats.impl_abs is None:
         return
-    scale = stats.scale
-    row.local_format_rel = stats.format_abs / scale if scale > 0 else (0.0 if stats.format_abs == 0 else math.inf)
-    row.local_impl_rel = stats.impl_abs / scale if scale > 0 else (0.0 if stats.impl_abs == 0 else math.inf)
+    row.local_format_rel, row.local_impl_rel = relative(stats.format_abs, stats.scale), relative(stats.impl_abs, stats.scale)
     row.local_impl_gain = stats.impl_gain
     if judging is not None and judging.decides and not judging.lost and row.ok is not None:
         judge_locally(row, stats, criterion)

@@ -424,12 +424,23 @@ def merge_stats(stats: Sequence[ErrorStats]) -> ErrorStats:
     )
 
 
+def relative(value: float | None, scale: float) -> float | None:
+    """An absolute difference relative to the reference's largest magnitude ``scale`` (0 of 0, else inf where
+    ``scale`` is 0).
+
+    Example:
+        >>> relative(0.5, 2.0), relative(0.0, 0.0), relative(1e-9, 0.0), relative(None, 1.0)
+        (0.25, 0.0, inf, None)
+    """
+    if value is None:
+        return None
+    return value / scale if scale > 0 else (0.0 if value == 0 else math.inf)
+
+
 def stat_fields(stats: ErrorStats) -> dict[str, Any]:
     """The row fields one comparison fills."""
     def rel(v: float | None) -> float | None:
-        if v is None:
-            return None
-        return v / stats.scale if stats.scale > 0 else (0.0 if v == 0 else math.inf)
+        return relative(v, stats.scale)
 
     return dict(max_abs=stats.max_abs, rel_err=stats.rel_err, cosine=stats.cosine, sqnr_db=stats.sqnr_db,
                 finite=stats.finite, ref_max=stats.scale, format_rel=rel(stats.format_abs), impl_rel=rel(stats.impl_abs),

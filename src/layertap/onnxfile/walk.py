@@ -30,6 +30,17 @@ def subgraphs(node: "onnx.NodeProto") -> Iterator["onnx.GraphProto"]:
         yield from attribute_graphs(attr)
 
 
+def holds_graphs(node: "onnx.NodeProto") -> bool:
+    """``node`` holds a subgraph (control flow: ``If``, ``Loop``, ``Scan``).
+
+    Example:
+        >>> from onnx import helper
+        >>> holds_graphs(helper.make_node("Relu", ["x"], ["y"]))
+        False
+    """
+    return next(subgraphs(node), None) is not None
+
+
 def attribute_graphs(attr: "onnx.AttributeProto") -> Iterator["onnx.GraphProto"]:
     """The graphs one attribute holds (``g`` and ``graphs``)."""
     if attr.HasField("g"):
