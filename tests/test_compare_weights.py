@@ -275,9 +275,10 @@ def test_weights_in_an_external_data_file_are_read_and_left_there(files, tmp_pat
 
 
 def test_ort_optimised_copy_that_lost_the_fold_records(files):
-    """ONNX Runtime's saved copy keeps the folded Conv weights' names but not the exporter's record of the
-    fold: the Conv's weight is checked against the BatchNorm registered right after it (the same model), its
-    bias skipped, nothing taken for another checkpoint; another seed is still refused."""
+    """ONNX Runtime's saved copy keeps the folded Conv weights' names but not the exporter's records (scopes,
+    folds): the model exported again lends them back, so each Conv weight and bias is checked through its
+    BatchNorm as in the exporter's own file, inside the FusedConv that now holds it; nothing is taken for another
+    checkpoint, and another seed is still refused."""
     import onnxruntime as ort
 
     import layertap as lt
@@ -290,7 +291,9 @@ def test_ort_optimised_copy_that_lost_the_fold_records(files):
     assert not any(p.key == "pkg.onnxscript.rewriter.rule_name" for n in onnx.load(str(opt)).graph.node
                    for p in n.metadata_props)
     report = lt.compare(_net(0), _x(), opt)
-    assert report.weights.matched == 4 and report.weights.differing == [], report.weights.to_dict()  # the Linear, two Convs
+    assert any("took theirs from a fresh dynamo export" in n for n in report.notes), report.notes
+    # both Convs' weights and biases through their BatchNorms, and the Linear's: as in the exporter's file
+    assert report.weights.matched == 6 and report.weights.differing == [], report.weights.to_dict()
     with pytest.raises(LayertapError, match=r"^the file.s weights are not the model.s: 0\.weight differs \(rel "):
         lt.compare(_net(1), _x(), opt)
 

@@ -109,41 +109,71 @@ def rewritten(resnet18, torch_mod, tmp_path_factory):
     return files, x.numpy(), seen
 
 
+def _right_or_refused(path: Path, x: np.ndarray, refs: dict[str, np.ndarray], variant: str) -> tuple[int, int]:
+    """Every module call of ``refs`` resolved on ``path``: its value equals PyTorch's, nearer than any other
+    module's, or the call is refused with a one-line reason. Returns (answered, refused)."""
+    smap = ScopeMap.from_model(onnx.load(str(path), load_external_data=False))
+    answered: dict[str, str] = {}
+    refused: dict[str, str] = {}
+    for sel in refs:
+        try:
+            (_, tensor), = smap.resolve(Tap.parse(sel))
+        except OnnxFileError as e:
+            msg = str(e)
+            assert "\n" not in msg and len(msg) > 20, (variant, sel, msg)
+            refused[sel] = msg
+            continue
+        answered[sel] = tensor
+    got = lt.run(path, {"x": x}, taps=list(answered)) if answered else {}
+    for sel in answered:
+        value, ref = got[Tap.parse(sel).name], refs[sel]
+        assert value.shape == ref.shape, (variant, sel)
+        err = _rel(value, ref)
+        assert err <= _tolerance(variant), (variant, sel, err)
+        # never another module's value: no other module's reference is closer
+        for other, oref in refs.items():
+            if oref.shape == ref.shape and _rel(oref, ref) > 1e-6:
+                assert err < _rel(value, oref), (variant, sel, "closer to", other)
+    return len(answered), len(refused)
+
+
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
 def test_every_module_of_every_rewrite_is_right_or_refused(rewritten, exporter):
     files, x, seen = rewritten
     refs = {f"{p}#{k}": v for p, vals in seen.items() for k, v in enumerate(vals)}
-    summary = {}
-    for (exp, variant), path in files.items():
-        if exp != exporter:
-            continue
-        smap = ScopeMap.from_model(onnx.load(str(path), load_external_data=False))
-        answered: dict[str, str] = {}
-        refused: dict[str, str] = {}
-        for sel in refs:
-            try:
-                (_, tensor), = smap.resolve(Tap.parse(sel))
-            except OnnxFileError as e:
-                msg = str(e)
-                assert "\n" not in msg and len(msg) > 20, (variant, sel, msg)
-                refused[sel] = msg
-                continue
-            answered[sel] = tensor
-        got = lt.run(path, {"x": x}, taps=list(answered)) if answered else {}
-        for sel in answered:
-            value, ref = got[Tap.parse(sel).name], refs[sel]
-            assert value.shape == ref.shape, (variant, sel)
-            err = _rel(value, ref)
-            assert err <= _tolerance(variant), (variant, sel, err)
-            # never another module's value: no other module's reference is closer
-            for other, oref in refs.items():
-                if oref.shape == ref.shape and _rel(oref, ref) > 1e-6:
-                    assert err < _rel(value, oref), (variant, sel, "closer to", other)
-        summary[variant] = (len(answered), len(refused))
+    summary = {variant: _right_or_refused(path, x, refs, variant)
+               for (exp, variant), path in files.items() if exp == exporter}
     print("resnet18", exporter, "answered/refused", summary)
     assert summary["plain"][0] > 50 and summary["fp16"][0] > 50, summary
     if exporter == "torchscript":  # TorchScript names survive the rewrites: most modules still answer
         assert summary["ort"][0] > 40 and summary["qdq"][0] > 30 and summary["qdyn"][0] > 30, summary
+
+
+@pytest.mark.parametrize("variant", ["ort", "slim"])
+def test_a_dynamo_file_a_tool_stripped_of_scopes_takes_the_models_own(rewritten, resnet18, torch_mod, tmp_path,
+                                                                      variant):
+    """ONNX Runtime's optimizer and onnxslim drop the dynamo exporter's scopes; the model exported again lends
+    them by tensor name (:mod:`layertap.onnxfile.scopemap.lent`), and every module is again right or refused."""
+    from layertap.exporting.export import exported_nodes
+    from layertap.onnxfile.scopemap.lent import lend_scopes
+
+    files, x, seen = rewritten
+    if ("dynamo", variant) not in files:
+        pytest.skip(f"{variant} could not rewrite the dynamo file here")
+    refs = {f"{p}#{k}": v for p, vals in seen.items() for k, v in enumerate(vals)}
+    stripped = onnx.load(str(files[("dynamo", variant)]))
+    assert ScopeMap.from_model(stripped).source == "none"
+    # another model's export names few of these tensors: nothing is lent, and the file is left as it was
+    other = torch_mod.nn.Sequential(torch_mod.nn.Conv2d(3, 4, 3), torch_mod.nn.ReLU()).eval()
+    refused = lend_scopes(stripped, exported_nodes(other, (torch_mod.from_numpy(x),)))
+    assert refused.refused is not None and "computing nodes" in refused.note(), refused
+    assert ScopeMap.from_model(stripped).source == "none"
+    lending = lend_scopes(stripped, exported_nodes(resnet18, (torch_mod.from_numpy(x),)))
+    assert lending.refused is None and lending.lent >= 0.9 * lending.computing, lending
+    onnx.save(stripped, str(tmp_path / "lent.onnx"))
+    answered, refused = _right_or_refused(tmp_path / "lent.onnx", x, refs, variant)
+    print(f"resnet18 dynamo {variant}, scopes lent: answered/refused", answered, refused)
+    assert answered > 40, (answered, refused)
 
 
 def test_ort_fused_conv_resolves_to_the_last_module(rewritten):

@@ -366,14 +366,16 @@ def rounding_plan(view: "ScopeView", smap: Any, formats: TensorFormats, counterp
         if any(f is not None for f in fmts):
             outputs[key] = fmts
     inputs = _quantised_inputs(view, smap, formats, model_path)
+    inside, followed = _quantised_inside(view, smap, formats, model_path)
     weights = {n: (f, formats.weight_levels[n]) for n, f in formats.weights.items()
                if f.is_quantised and n in formats.weight_levels}
     weights = {(n[len(prefix):] if prefix and n.startswith(prefix) else n): v for n, v in weights.items()}
     model_inputs = [f if f is not None and f.is_quantised else None for f in (formats.tensors.get(n) for n in cand_inputs)]
     covered = {t for tensors in counterparts.values() for t in tensors} | set(cand_inputs)
-    covered |= {t for cp in view.counterparts() for t in _entering(view, smap, cp)}
+    covered |= {t for cp in view.counterparts() for t in _entering(view, smap, cp)} | followed
     dynamic = bool(formats.dequantized) and 2 * len(formats.dequantized & covered) < len(formats.dequantized)
-    return RoundingPlan(regions, outputs, inputs, weights, model_inputs, dynamic, clamp=formats.weight_clamp)
+    return RoundingPlan(regions, outputs, inputs, weights, model_inputs, dynamic, clamp=formats.weight_clamp,
+                        inside=inside)
 
 
 def in_torch_order(plan: "RoundingPlan", moved: Mapping[tuple[str, int], int]) -> "RoundingPlan":
@@ -393,12 +395,12 @@ def in_torch_order(plan: "RoundingPlan", moved: Mapping[tuple[str, int], int]) -
     def renumbered(table: Mapping[tuple[str, int], Any]) -> dict[tuple[str, int], Any]:
         return {(path, moved.get((path, call), call)): value for (path, call), value in table.items()}
 
-    return dataclasses.replace(plan, outputs=renumbered(plan.outputs), inputs=renumbered(plan.inputs))
+    return dataclasses.replace(plan, outputs=renumbered(plan.outputs), inputs=renumbered(plan.inputs),
+                               inside=renumbered(plan.inside))
 
 
 def _entering(view: "ScopeView", smap: Any, cp: Any) -> tuple[str, ...]:
-    full = (view.prefix + "." + cp.path) if view.prefix else cp.path
-    return smap.call_nodes(full, cp.call)[1]
+    return smap.call_nodes(_full(view, cp), cp.call)[1]
 
 
 def _regions(smap: Any, formats: TensorFormats, model_path: Any) -> dict[str, str | None]:
@@ -440,14 +442,101 @@ def _quantised_inputs(view: "ScopeView", smap: Any, formats: TensorFormats, mode
     counterparts = view.counterparts()
     # a call another module was folded into (a BatchNorm holding its Conv) reads the Conv's input, not its own
     absorbers = {cp.absorbed_by for cp in counterparts if cp.absorbed_by}
+    readers: dict[str, list[int]] = {}
+    for i, node in enumerate(smap.graph.node):
+        for t in node.input:
+            readers.setdefault(t, []).append(i)
     for cp in counterparts:
         if cp.path in absorbers:
             continue
         entering = _entering(view, smap, cp)
-        quantised = [formats.tensors[t] for t in entering if t in formats.dequantized]
-        if len(quantised) == 1 and len(entering) == 1:
-            out[(cp.path, cp.call)] = quantised[0]
+        if len(entering) != 1:
+            continue
+        t = entering[0]
+        fmt = formats.tensors[t] if t in formats.dequantized else _after_layout(smap.graph, readers, formats, t)
+        if fmt is not None:
+            out[(cp.path, cp.call)] = fmt
     return out
+
+
+def _quantised_inside(view: "ScopeView", smap: Any, formats: TensorFormats, model_path: Any
+                      ) -> tuple[dict[tuple[str, int], tuple[tuple[str, Format | None], ...]], set[str]]:
+    """Calls whose own operators the candidate quantises between them: a value one of its own nodes makes (not a
+    child module's) held quantised, that neither leaves the call nor enters a child call alone (those are
+    rounded as the call's output or the child's input); an attention block quantising ``q @ k``, the softmax
+    and ``attn @ v``. Per call, its own nodes of the kinds an ideal run follows (:func:`~layertap.pytorch.
+    rounding.op_kind`), in graph order, with the format each one's value is held in; and the
+    ``DequantizeLinear`` outputs so followed."""
+    from ..pytorch.rounding import op_kind
+
+    covered: set[str] = set()
+    if formats.default is not None and not formats.default.is_quantised:
+        return {}, covered
+    graph = smap.graph
+    readers: dict[str, list[int]] = {}
+    for i, node in enumerate(graph.node):
+        for t in node.input:
+            readers.setdefault(t, []).append(i)
+    edges: set[str] = set()  # what the plan rounds already: calls' outputs, and single inputs
+    for cp in view.counterparts():
+        _, entering, boundary = smap.call_nodes(_full(view, cp), cp.call)
+        edges.update(boundary)
+        if len(entering) == 1:
+            edges.update(entering)
+
+    def held(t: str) -> Format | None:
+        deq = _dequantised(graph, readers, formats, t)
+        if deq is None:
+            return None
+        followed.add(deq)
+        return formats.tensors.get(deq)
+
+    out: dict[tuple[str, int], tuple[tuple[str, Format | None], ...]] = {}
+    followed: set[str] = set()
+    for cp in view.counterparts():
+        full = _full(view, cp)
+        path = model_path(full)
+        nodes, _, _ = smap.call_nodes(full, cp.call)
+        own = [(kind, graph.node[i].output[0]) for i in sorted(nodes)
+               if smap.module_of_node(i) == full and graph.node[i].output
+               and (kind := op_kind(graph.node[i].op_type)) is not None]
+        ops = tuple((kind, held(t)) for kind, t in own)
+        if path is not None and any(f is not None and t not in edges for (_, f), (_, t) in zip(ops, own)):
+            out[(path, cp.call)] = ops
+            covered.update(followed)
+        followed.clear()
+    return out, covered
+
+
+def _full(view: "ScopeView", cp: Any) -> str:
+    return (view.prefix + "." + cp.path) if view.prefix else cp.path
+
+
+#: ops that only move values: quantising their result per tensor is quantising their input
+_LAYOUT_OPS = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+
+
+def _after_layout(graph: Any, readers: Mapping[str, list[int]], formats: TensorFormats, tensor: str) -> Format | None:
+    """The per-tensor format the candidate quantises ``tensor`` in just after a layout op (a LayerNorm2d's
+    ``permute`` before its quantised ``layer_norm``: the module's input, rounded inside it)."""
+    for _ in range(4):
+        users = readers.get(tensor, [])
+        if len(users) != 1 or graph.node[users[0]].op_type not in _LAYOUT_OPS:
+            return None
+        tensor = graph.node[users[0]].output[0]
+        deq = _dequantised(graph, readers, formats, tensor)
+        fmt = formats.tensors.get(deq) if deq is not None else None
+        if fmt is not None:
+            return fmt if fmt.axis is None else None
+    return None
+
+
+def _dequantised(graph: Any, readers: Mapping[str, list[int]], formats: TensorFormats, tensor: str) -> str | None:
+    """The ``DequantizeLinear`` output of the one ``QuantizeLinear -> DequantizeLinear`` pair reading ``tensor``
+    (the value the candidate computes with), where the formats know it; ``None`` otherwise."""
+    deq = [graph.node[d].output[0] for q in readers.get(tensor, []) if graph.node[q].op_type == "QuantizeLinear"
+           for d in readers.get(graph.node[q].output[0], []) if graph.node[d].op_type == "DequantizeLinear"]
+    return deq[0] if len(deq) == 1 and deq[0] in formats.dequantized else None
 
 
 class TorchIdeal:

@@ -33,8 +33,11 @@ from ..errors import InputSpecError, LayertapError, OnnxFileError, one_line
 from ..metrics import Criterion
 from ..onnxfile.branches import with_branches
 from ..onnxfile.feeds import integer_bounds
-from ..onnxfile.metadata import own_outputs
+from ..onnxfile.metadata import NAME_SCOPES_KEY, own_outputs
 from ..onnxfile.scopemap import GraphFacts, ScopeMap, stand_ins
+from ..onnxfile.scopemap.graph_facts import is_fusion
+from ..onnxfile.scopemap.lent import Exported, has_scopes, lend_scopes
+from ..onnxfile.scopemap.node_scopes import read_nodes
 from ..onnxfile.shapes import declared_dims
 from ..onnxfile.tensor_types import inferred_types
 from ..runtimes.ort_kernels import nchwc_block_size
@@ -139,7 +142,7 @@ class _NameLookup:
 def _scope_items(ref_map: Any, cand: "onnx.ModelProto", names: _NameLookup,
                  wanted: Callable[[str], bool]) -> tuple[list[Item], dict[str, int]]:
     """One row per reference module call (fused calls first): by tensor name, else the candidate's call."""
-    cand_call = _CandidateCalls(cand)
+    cand_call = _CandidateCalls(cand, ref_map)
     elsewhere = _elsewhere(names.ref_made, names.made, names.through)
     items: list[Item] = []
     counts: dict[str, int] = {}
@@ -155,15 +158,42 @@ def _scope_items(ref_map: Any, cand: "onnx.ModelProto", names: _NameLookup,
 class _CandidateCalls:
     """The candidate's own module calls; its scopes are read only when some tensor is not found by name."""
 
-    def __init__(self, cand: "onnx.ModelProto") -> None:
-        self.cand = cand
+    def __init__(self, cand: "onnx.ModelProto", ref_map: Any = None) -> None:
+        self.cand, self.ref_map = cand, ref_map
         self.calls: dict[tuple[str, int], Any] | None = None
+        self.made: dict[tuple[str, int], set[str]] = {}  # the tensors each candidate call's nodes make
 
     def __call__(self, path: str, call: int) -> Any:
         if self.calls is None:
             cand_map = ScopeMap.from_model(self.cand, branches=IF_BRANCHES)
             self.calls = {(c.path, c.call): c for c in cand_map.counterparts()} if cand_map.source != "none" else {}
-        return self.calls.get((path, call))
+            for key in self.calls:
+                self.made[key] = _made(cand_map, *key)
+        return self.calls.get(self._paired(path, call))
+
+    def _paired(self, path: str, call: int) -> tuple[str, int]:
+        """The candidate's call of ``path`` making most of the tensors the reference's call ``call`` makes: a
+        tool may have put a shared module's calls in another order (the candidate's call numbers count in its
+        own graph order); by number where no call shares a name."""
+        mine = [k for k in self.made if k[0] == path]
+        if self.ref_map is None or len(mine) < 2:
+            return path, call
+        theirs = _made(self.ref_map, path, call)
+        best = max(mine, key=lambda k: (len(self.made[k] & theirs), k == (path, call)))
+        return best if self.made[best] & theirs else (path, call)
+
+
+def _made(smap: Any, path: str, call: int) -> set[str]:
+    """What identifies a call's nodes across two files: the tensors they make, and each node's FX node (the last
+    of its dynamo scopes; a tool that renames a node's output keeps the node's metadata)."""
+    out: set[str] = set()
+    for i in smap.call_nodes(path, call)[0]:
+        node = smap.graph.node[i]
+        out.update(node.output)
+        scopes = next((p.value for p in node.metadata_props if p.key == NAME_SCOPES_KEY), None)
+        if scopes is not None:
+            out.add("fx:" + scopes.rpartition(",")[2].strip(" '\"]"))
+    return out
 
 
 def _name_items(ref: "onnx.ModelProto", names: _NameLookup, wanted: Callable[[str], bool]) -> list[Item]:
@@ -376,6 +406,10 @@ class OnnxReference:
                  allow_different_weights: bool, judging: Judging | None = None) -> None:
         self.side, self.cand, self.own_runs = ref, cand, (ref,)
         self.judging = judging
+        # a candidate a tool stripped of scopes takes the reference's, where it is the dynamo export it came from
+        self.lending = (lend_scopes(cand.proto, Exported.of_model(ref.proto), "the reference file")
+                        if has_scopes(ref.proto) and not has_scopes(cand.proto)
+                        and read_nodes(cand.proto.graph, is_fusion).source == "none" else None)
         # judged at the candidate's precision: the reference's graph rounded as the candidate holds its values
         self.ideal = OnnxIdeal(ref, judging.formats) if judging is not None and ref.runner.file is None else None
         self._ideal_run: Background[dict[str, np.ndarray]] | None = None  # started by values(), read by ideal_values()
@@ -504,7 +538,7 @@ class OnnxReference:
         return pairs_of, ref_of, lambda it, row: it.tensors, alone if parts is not None else None
 
     def notes(self, candidate: Any, rounding: bool) -> list[str]:
-        notes = []
+        notes = [self.lending.note()] if self.lending is not None and self.lending.refused is None else []
         if self.pairing is not None:
             notes.append(self.pairing.note())
         elif self.mode == "names":

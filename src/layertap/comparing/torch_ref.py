@@ -15,6 +15,7 @@ from ..metrics import Criterion
 from ..onnxfile.kvcache import check_config, kv_layout
 from ..onnxfile.metadata import own_outputs
 from ..onnxfile.scopemap import ScopeMap, is_fused_llm, skip_norm_inputs
+from ..onnxfile.scopemap.lent import Lending, lend_scopes
 from ..onnxfile.shapes import declared_dims
 from ..onnxfile.tensor_types import inferred_types
 from .align import Item, RowBuilder, call_counts, plan_items
@@ -32,6 +33,23 @@ NCHWC_NOTE = ("the file holds ONNX Runtime's NCHWc kernels (saved at ORT_ENABLE_
               "or save it at ORT_ENABLE_EXTENDED")
 
 
+def _lend_scopes(model: Any, method: str | Callable[..., Any], runs: list[tuple[tuple, dict]],
+                 proto: Any) -> Lending | None:
+    """A file with no module scopes at all takes the model's own, from a fresh export (:mod:`~layertap.onnxfile.scopemap.lent`).
+
+    ``None``: no sample to export with, nothing lent.
+    """
+    if not runs:
+        return None
+    from ..exporting.export import exported_nodes  # the exporter loads only for a scope-less file
+
+    try:
+        exported = exported_nodes(model, runs[0][0], runs[0][1], method)
+    except Exception as e:  # noqa: BLE001 - any exporter failure only means no scopes are lent
+        return Lending(0, 0, f"the dynamo exporter failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+    return lend_scopes(proto, exported)
+
+
 class TorchReference:
     """The model and its samples (``(args, kwargs)`` each) against the candidate ``cand``."""
 
@@ -46,6 +64,9 @@ class TorchReference:
         self.n_samples, self.criterion, self.judging = len(runs), criterion, judging
         self.cand, self.batch_outputs, self.budget = cand, batch_outputs, memory_budget
         self.cand_scopes = ScopeMap.from_model(cand.proto, branches=IF_BRANCHES)
+        self.lending = _lend_scopes(model, method, runs, cand.proto) if self.cand_scopes.source == "none" else None
+        if self.lending is not None and self.lending.refused is None:
+            self.cand_scopes = ScopeMap.from_model(cand.proto, branches=IF_BRANCHES)
         self.view = ScopeView(self.cand_scopes, {p for p, _ in model.named_modules() if p})
         self.layout = kv_layout(cand.proto.graph)
         if self.layout is not None:  # before the weight check: a differently shaped model is named as such
@@ -184,7 +205,9 @@ class TorchReference:
         if device is not None:  # the rule run_torch applies
             notes.append(f"the PyTorch forward ran on {device} in full float32 (PyTorch's default there, TF32 "
                          "convolutions, is about 1e-3 from float32 on its own)")
-        if self.view.source == "none":
+        if self.lending is not None:
+            notes.append(self.lending.note())
+        elif self.view.source == "none":
             notes.append(
                 "the ONNX file carries no module scopes (not from torch.onnx.export), so only the model output is compared"
             )

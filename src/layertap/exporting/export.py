@@ -41,6 +41,7 @@ import os
 import re
 import tempfile
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -54,8 +55,9 @@ from torch import nn
 from ..errors import InputSpecError, LayertapError
 from ..files.writes import check_output_path
 from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
-from ..onnxfile.metadata import TAPS_KEY
+from ..onnxfile.metadata import NAME_SCOPES_KEY, TAPS_KEY
 from ..onnxfile.publish import external_locations, publish, publish_file
+from ..onnxfile.scopemap.lent import Exported, ExportedNode
 from ..onnxfile.shape_inputs import SHAPE_INPUTS
 from ..options import ExportOptions
 from ..pytorch.lowering import Recipe, as_args, drawn_calibration
@@ -168,6 +170,68 @@ def export(
         _publish(final, out)
     return ExportReport(rows, path=str(out), exporter=used, inputs=inputs, rtol=rtol,
                         atol=atol, verified=verify, notes=plan.notes)
+
+
+def exported_nodes(model: nn.Module, args: Any, kwargs: dict | None = None,
+                   method: str | Callable[..., Any] = "forward") -> Exported:
+    """The nodes the default (dynamo) exporter writes, with their scopes: what a file that lost them had.
+
+    Exports ``model`` in memory as ``torch.onnx.export(model, args, dynamo=True)`` does by
+    default (nothing is written) and keeps each scoped node's name, op, ``metadata_props``
+    and output shapes; :func:`~layertap.onnxfile.scopemap.lent.lend_scopes` gives them to
+    a file of the same model that a tool stripped. Raises what the exporter raises. Kept per model
+    and call signature (shapes and dtypes), so a model compared again is not exported again.
+
+    Example:
+        >>> m = nn.Sequential(nn.Linear(4, 3), nn.ReLU()).eval()
+        >>> e = exported_nodes(m, (torch.ones(2, 4),))
+        >>> node, k = e.by_output["relu"]
+        >>> node.op_type, node.shapes[k], dict(node.metadata)["pkg.torch.onnx.name_scopes"]
+        ('Relu', (2, 3), "['', '1', 'relu']")
+    """
+    key = (method if isinstance(method, str) else id(method), _signature((as_args(args), kwargs or {})))
+    held = _EXPORTED.setdefault(model, {})
+    if key not in held:  # several comparisons of one model (fix's, a sweep's) export it once
+        held[key] = _exported_nodes(model, args, kwargs, method)
+    return held[key]
+
+
+#: exported_nodes' exports, per model (gone with it) and call signature
+_EXPORTED: "weakref.WeakKeyDictionary[nn.Module, dict[tuple, Exported]]" = weakref.WeakKeyDictionary()
+
+
+def _signature(value: Any) -> tuple:
+    """What decides an export's graph in a call's arguments: each tensor's shape and dtype, other values as such."""
+    leaves, spec = torch.utils._pytree.tree_flatten(value)
+    return (str(spec),) + tuple((tuple(v.shape), str(v.dtype)) if isinstance(v, torch.Tensor) else repr(v)[:200]
+                                for v in leaves)
+
+
+def _exported_nodes(model: nn.Module, args: Any, kwargs: dict | None, method: str | Callable[..., Any]) -> Exported:
+    if method == "forward":  # as the user exported it: the wrapper would rename the last tensors (``detach``)
+        with _quiet():
+            program = torch.onnx.export(model, as_args(args), kwargs=kwargs or None, dynamo=True, verbose=False)
+        if program is None:  # pragma: no cover - torch returns the program when no file is given
+            raise LayertapError("the dynamo exporter returned no program")
+        graph = program.model.graph
+    else:
+        graph = _export_dynamo(_plan(model, args, kwargs, [], method, None, dynamic=False, external_data=False),
+                               None).graph
+        edit.strip_wrapper_scope(graph, MODEL_ATTRIBUTES)
+    return Exported(
+        ExportedNode(node.name or "", node.op_type, tuple(node.metadata_props.items()),
+                     tuple(v.name or "" if v is not None else "" for v in node.inputs),
+                     tuple(v.name or "" for v in node.outputs), tuple(_static_shape(v) for v in node.outputs))
+        for node in ir.traversal.RecursiveGraphIterator(graph)
+        if NAME_SCOPES_KEY in node.metadata_props
+    )
+
+
+def _static_shape(value: ir.Value) -> tuple[int, ...] | None:
+    dims = list(value.shape) if value.shape is not None else None
+    if dims is None or not all(isinstance(d, int) for d in dims):
+        return None
+    return tuple(d for d in dims if isinstance(d, int))
 
 
 def _export_program(model: nn.Module, args: Any, path: str | os.PathLike, taps: Sequence[str | Tap],

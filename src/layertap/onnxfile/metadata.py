@@ -22,6 +22,13 @@ if TYPE_CHECKING:  # pragma: no cover
 TAPS_KEY = "layertap.taps"
 NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 CLASS_HIERARCHY_KEY = "pkg.torch.onnx.class_hierarchy"
+#: on a node whose op is not the one the exporter made its output with (a tool removed that op, a ReLU a
+#: quantiser folds into the Conv before it): the scopes of the removed op, whose value the name stands for
+#: (written in memory only, :mod:`~layertap.onnxfile.scopemap.lent`)
+VALUE_SCOPES_KEY = "layertap.value_scopes"
+#: on a fused node (ONNX Runtime's ``FusedConv``) whose scopes are those of the last op it fused, the value
+#: it makes: the scopes of the first op it fused (written in memory only, :mod:`~layertap.onnxfile.scopemap.lent`)
+FUSED_FROM_KEY = "layertap.fused_from"
 NAMESPACE_KEY = "namespace"
 
 

@@ -328,7 +328,8 @@ def _folded(graph: "onnx.GraphProto") -> dict[str, str]:
             continue
         for t in node.input[1:3]:  # the weight and the bias: both hold the BatchNorm now
             while t and t not in out:
-                out[t] = node.op_type
+                # ONNX Runtime's FusedConv (a Conv and the activation after it) holds the Conv's weights as they were
+                out[t] = "Conv" if node.op_type in ("FusedConv", "NhwcFusedConv") else node.op_type
                 t = through.get(t, "")
     return out
 

@@ -11,7 +11,9 @@ What is rounded comes from a :class:`RoundingPlan` (built from the candidate fil
 * a quantised candidate: each module call's output (and single input) the candidate quantises is
   fake-quantised with the candidate's scale and zero point; each weight it quantises is rounded on
   the candidate's integer grid (the same number of levels per channel, so a weight a BatchNorm was
-  folded into in the file is rounded as finely as the file rounds it).
+  folded into in the file is rounded as finely as the file rounds it); a call whose own operators
+  the candidate quantises between them (attention's matmuls and softmax) has those rounded too, with
+  the file's formats in the file's order (:attr:`RoundingPlan.inside`).
 
 The model is never changed: parameters are swapped for rounded copies only as operators read them,
 and every hook goes when the forward returns.
@@ -51,6 +53,12 @@ class RoundingPlan:
             wide, so this ideal is as fine as the file's or finer.
         clamp: the magnitude the converter capped the candidate's float16 weights at (onnxconverter-common's
             ``max_finite_val``), else ``None``: parameters rounded in a float16 region are capped there first.
+        inside: ``(path, call)`` -> the candidate's own operators of that call (not its children's), in
+            graph order, each as ``(kind, format)``: a call whose values a quantised candidate quantises
+            between its operators (an attention block's ``q @ k``, softmax and ``attn @ v``). The call's own
+            operators of those kinds (:func:`op_kind`) take the formats in that order, an operator of another
+            kind or one not found a few places on keeping its value; ``scaled_dot_product_attention`` runs as
+            its math (its matmuls and softmax apart) to be so rounded.
 
     Example:
         >>> RoundingPlan(regions={"": "float16", "head": None}).region("head.fc"), RoundingPlan().quantises
@@ -64,6 +72,7 @@ class RoundingPlan:
     model_inputs: list[Format | None] = field(default_factory=list)
     dynamic: bool = False
     clamp: float | None = None
+    inside: dict[tuple[str, int], tuple[tuple[str, Format | None], ...]] = field(default_factory=dict)
 
     def region(self, path: str) -> str | None:
         """The float format of the operators module ``path`` runs itself."""
@@ -215,6 +224,26 @@ def map_tensors(value: Any, fn: Any) -> Any:
     return walk(value)
 
 
+#: aten operators by the ONNX op kind they compute (:func:`op_kind`)
+_ATEN_KINDS = {"mm": "matmul", "bmm": "matmul", "matmul": "matmul", "addmm": "gemm", "linear": "gemm",
+               "_softmax": "softmax", "softmax": "softmax", "_safe_softmax": "softmax", "mul": "mul", "add": "add",
+               "sub": "sub", "div": "div", "gelu": "gelu", "native_layer_norm": "layernorm", "mean": "mean"}
+#: how far on in a call's list an operator's kind is looked for (a graph may order a scale before its matmul)
+_LOOKAHEAD = 3
+
+
+def op_kind(name: str) -> str | None:
+    """The kind of computation an aten operator or ONNX op is (``None``: not one an ideal run follows).
+
+    Example:
+        >>> op_kind("bmm.default"), op_kind("MatMul"), op_kind("Softmax"), op_kind("Transpose")
+        ('matmul', 'matmul', 'softmax', None)
+    """
+    onnx = {"MatMul": "matmul", "Gemm": "gemm", "Softmax": "softmax", "Mul": "mul", "Add": "add", "Sub": "sub",
+            "Div": "div", "Gelu": "gelu", "LayerNormalization": "layernorm", "ReduceMean": "mean"}
+    return onnx.get(name) or _ATEN_KINDS.get(name.split(".")[0])
+
+
 class _Regions(CallHooks):
     """Hooks that track the innermost running module (for the dispatcher's rounding) and fake-quantise
     the calls the plan names."""
@@ -223,6 +252,8 @@ class _Regions(CallHooks):
         super().__init__(model)
         self.plan = plan
         self.stack: list[str] = [""]
+        self.calls: list[tuple[str, int]] = [("", 0)]  # the running calls, innermost last
+        self.cursor: dict[tuple[str, int], int] = {}  # how far each call got in plan.inside
         self.wants_inputs = bool(plan.inputs)
         self.paused = False  # the hooks' own arithmetic and the values copied out are not rounded
 
@@ -236,6 +267,22 @@ class _Regions(CallHooks):
 
     def on_start(self, mod: Any, path: str, call: int) -> None:
         self.stack.append(path)
+        self.calls.append((path, call))
+        self.cursor[(path, call)] = 0
+
+    def inside_format(self, func_name: str) -> Format | None:
+        """The format the running call's next own operator of this kind is held in (``plan.inside``)."""
+        key = self.calls[-1]
+        ops = self.plan.inside.get(key)
+        kind = op_kind(func_name) if ops else None
+        if not ops or kind is None:
+            return None
+        at = self.cursor.get(key, 0)
+        for j in range(at, min(at + _LOOKAHEAD, len(ops))):
+            if ops[j][0] == kind:
+                self.cursor[key] = j + 1
+                return ops[j][1]
+        return None
 
     def on_inputs(self, mod: Any, path: str, call: int, args: tuple, kwargs: dict) -> Any:
         fmt = self.plan.inputs.get((path, call))
@@ -248,6 +295,8 @@ class _Regions(CallHooks):
     def on_return(self, mod: Any, path: str, call: int, output: Any) -> Any:
         if self.stack and self.stack[-1] == path:
             self.stack.pop()
+        if len(self.calls) > 1 and self.calls[-1][0] == path:
+            self.calls.pop()
         formats = self.plan.outputs.get((path, call))
         if not formats:
             return None
@@ -290,9 +339,13 @@ def _mode_class() -> type:
             name = plan.region(self.regions.current)
             low = _TORCH_TYPES.get(name) if name else None
             passive = func.__name__.split(".")[0] in _PASSIVE
-            if plan.dynamic and not passive and not func._schema.is_mutable:
+            # the candidate's own format for this operator where the plan follows the call's operators, else
+            # (dynamic) 8 bits over the value's own range
+            fmt = self.regions.inside_format(func.__name__) if plan.inside and not passive else None
+            if (fmt is not None or plan.dynamic) and not passive and not func._schema.is_mutable:
                 out = func(*args, **kwargs)
-                return tree_map(lambda t: round_dynamic(t) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
+                return tree_map(lambda t: (round_tensor(t, fmt) if fmt is not None else round_dynamic(t))
+                                if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
             if low is None or passive:
                 return func(*args, **kwargs)
 
@@ -379,7 +432,8 @@ def _rounding(model: Any, plan: RoundingPlan) -> Iterator[tuple[Any, Any, Any]]:
     regions = _Regions(model, plan)
     weights = _rounded_weights(model, plan)
     params = {id(p) for p in model.parameters()} | {id(b) for b in model.buffers()}
-    mode = _mode_class()(regions, weights, params) if (any(plan.regions.values()) or weights or plan.dynamic) else None
+    mode = (_mode_class()(regions, weights, params)
+            if (any(plan.regions.values()) or weights or plan.dynamic or plan.inside) else None)
 
     def inputs(args: tuple) -> tuple:
         if not any(plan.model_inputs):
@@ -393,12 +447,25 @@ def _rounding(model: Any, plan: RoundingPlan) -> Iterator[tuple[Any, Any, Any]]:
         with regions.pause():
             return map_tensors(value, lambda i, t: _maybe_round(t, formats[i] if i < len(formats) else None))
 
-    with regions.hooks():
+    with regions.hooks(), _sdpa_as_math(bool(plan.inside)):
         if mode is None:
             yield regions, inputs, result
             return
         with mode:
             yield regions, inputs, result
+
+
+@contextlib.contextmanager
+def _sdpa_as_math(wanted: bool) -> Iterator[None]:
+    """``scaled_dot_product_attention`` as its math (matmul, softmax, matmul: operators the dispatcher sees
+    apart) while ``wanted``; a fused kernel would be one operator, rounded only at its end."""
+    if not wanted:
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415 -- only for a plan that rounds inside
+
+    with sdpa_kernel(SDPBackend.MATH):
+        yield
 
 
 def _rounded_weights(model: Any, plan: RoundingPlan) -> dict[int, torch.Tensor]:

@@ -53,13 +53,22 @@ LOCAL_RULES = frozenset({
 })
 
 
-def fold_dynamo(graph: "onnx.GraphProto", calls: list[Call]) -> None:
-    """Add a refused call for each Conv absorbed into its BatchNorm (named by the weight)."""
+def fold_dynamo(graph: "onnx.GraphProto", calls: list[Call], ns: NodeScopes | None = None) -> None:
+    """Add a refused call for each Conv absorbed into its BatchNorm (named by the weight).
+
+    A fused node whose first op was such a Conv (ONNX Runtime's ``FusedConv`` in a file whose
+    scopes :mod:`.lent` gave back: kind ``"value"``, its first op's chain in ``ns.name_chains``)
+    folded it into that op's BatchNorm, which :func:`fold_fusions` then absorbs in turn.
+    """
     added: list[Call] = []
     for i, node in enumerate(graph.node):
-        if node.op_type not in _FOLD_OPS or not BN_FOLD_RULES & set(rules(node)):
+        fused = node.op_type in FIRST_NODE_FUSIONS and ns is not None and ns.kinds[i] == "value"
+        if (node.op_type not in _FOLD_OPS and not fused) or not BN_FOLD_RULES & set(rules(node)):
             continue
         owner = innermost(calls, i)
+        first = ns.name_chains[i] if fused and ns is not None else None
+        if first:
+            owner = Call(first[-1][0], 0, [i])  # stands for the BatchNorm: only its path is read
         if owner is None:
             continue
         conv = param_module(plain_weight_name(node.input[1]) if len(node.input) > 1 else "")

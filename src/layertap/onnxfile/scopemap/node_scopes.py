@@ -26,11 +26,11 @@ from __future__ import annotations
 import ast
 import re
 import warnings
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from ...errors import LayertapWarning
-from ..metadata import NAME_SCOPES_KEY
+from ..metadata import FUSED_FROM_KEY, NAME_SCOPES_KEY, VALUE_SCOPES_KEY
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -69,9 +69,14 @@ class NodeScopes:
     source: str
     name_chains: list[Chain | None]  # TorchScript: the chain of the node's own name, kept for fusions
     existing: frozenset[tuple[str, str]] = frozenset()
+    #: dynamo: tensors named after an op a tool removed, and that op's chain (:data:`VALUE_SCOPES_KEY`)
+    values: Mapping[str, Chain] = field(default_factory=dict)
 
     def tensor_chain(self, name: str) -> Chain | None:
-        """The chain a TorchScript tensor name (``/a/b/Relu_output_0``) names; ``None`` otherwise."""
+        """The chain a tensor's name stands for: a TorchScript name (``/a/b/Relu_output_0``), or a dynamo
+        name whose op a tool removed (:data:`~layertap.onnxfile.metadata.VALUE_SCOPES_KEY`); ``None`` otherwise."""
+        if self.source == "dynamo":
+            return self.values.get(name)
         parts = _tensor_parts(name) if self.source == "torchscript" else None
         return None if parts is None else _ts_resolve(_ts_levels(parts), set(self.existing))
 
@@ -92,8 +97,7 @@ def read_nodes(graph: "onnx.GraphProto", fused: Callable[["onnx.NodeProto"], boo
     """
     dynamo = [_dynamo_scopes(n) for n in graph.node]
     if any(s is not None for s in dynamo):
-        found: list[Chain | None] = [None if s is None else tuple((p, None) for p in s) for s in dynamo]
-        return NodeScopes(found, ["own" if c is not None else None for c in found], "dynamo", list(found))
+        return _dynamo_nodes(graph, dynamo)
     own = [_torchscript_parts(n.name) if _own_name(n) else None for n in graph.node]
     made = [_tensor_parts(n.output[0]) if n.output else None for n in graph.node]
     if not any(own) and not any(made):
@@ -117,6 +121,23 @@ def read_nodes(graph: "onnx.GraphProto", fused: Callable[["onnx.NodeProto"], boo
             chains.append(None)
             kinds.append("unscoped" if _exporter_unscoped(node) else None)
     return NodeScopes(chains, kinds, "torchscript", [resolve(o) for o in own], frozenset(existing))
+
+
+def _dynamo_nodes(graph: "onnx.GraphProto", dynamo: list[list[str] | None]) -> NodeScopes:
+    """The dynamo exporter's scopes, and what :mod:`.lent` wrote beside scopes it lent: a tensor a removed
+    op's name stands for (``values``), a fused node's first op (its ``name_chains``, kind ``"value"``)."""
+    found: list[Chain | None] = [_chain(s) for s in dynamo]
+    values = {n.output[0]: tuple((p, None) for p in v) for n in graph.node
+              if n.output and (v := _dynamo_scopes(n, VALUE_SCOPES_KEY)) is not None}
+    first = [_dynamo_scopes(n, FUSED_FROM_KEY) for n in graph.node]
+    kinds: list[str | None] = ["value" if f is not None and c is not None else "own" if c is not None else None
+                               for c, f in zip(found, first)]
+    named = [c if f is None else _chain(f) for c, f in zip(found, first)]
+    return NodeScopes(found, kinds, "dynamo", named, values=values)
+
+
+def _chain(paths: list[str] | None) -> Chain | None:
+    return None if paths is None else tuple((p, None) for p in paths)
 
 
 def _exporter_unscoped(node: "onnx.NodeProto") -> bool:
@@ -180,9 +201,9 @@ def _existing_levels(parts_per_node: Sequence[list[str] | None]) -> set[tuple[st
     return {lv for p in parts_per_node if p for lv in _ts_levels(p)}
 
 
-def _dynamo_scopes(node: "onnx.NodeProto") -> list[str] | None:
+def _dynamo_scopes(node: "onnx.NodeProto", key: str = NAME_SCOPES_KEY) -> list[str] | None:
     for p in node.metadata_props:
-        if p.key == NAME_SCOPES_KEY:
+        if p.key == key:
             try:
                 value = ast.literal_eval(p.value)
             except (ValueError, SyntaxError, MemoryError, RecursionError):

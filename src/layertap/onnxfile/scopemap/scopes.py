@@ -176,7 +176,7 @@ class ScopeMap:
             fold_torchscript(graph, calls, facts, ns)
         else:
             refuse_merged_calls(graph, calls, node_paths, facts.weight_nodes)
-            fold_dynamo(graph, calls)
+            fold_dynamo(graph, calls, ns)
             distrust_bypassed_edges(graph, calls, facts)
         fold_fusions(graph, calls, ns, facts)
         distrust_rewrites(graph, calls, facts)
