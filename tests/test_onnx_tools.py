@@ -154,8 +154,11 @@ def test_a_dynamo_file_a_tool_stripped_of_scopes_takes_the_models_own(rewritten,
                                                                       variant):
     """ONNX Runtime's optimizer and onnxslim drop the dynamo exporter's scopes; the model exported again lends
     them by tensor name (:mod:`layertap.onnxfile.scopemap.lent`), and every module is again right or refused."""
-    from layertap.exporting.export import exported_nodes
-    from layertap.onnxfile.scopemap.lent import lend_scopes
+    from layertap.onnxfile.scopemap.lent import Exported, lend_scopes
+    from layertap.pytorch.exporter import dynamo_graph
+
+    def exported_nodes(model, args):
+        return Exported.of_model(dynamo_graph(model, args))
 
     files, x, seen = rewritten
     if ("dynamo", variant) not in files:

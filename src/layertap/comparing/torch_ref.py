@@ -11,11 +11,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..errors import one_line
 from ..metrics import Criterion
 from ..onnxfile.kvcache import check_config, kv_layout
 from ..onnxfile.metadata import own_outputs
 from ..onnxfile.scopemap import ScopeMap, is_fused_llm, skip_norm_inputs
-from ..onnxfile.scopemap.lent import Lending, lend_scopes
+from ..onnxfile.scopemap.lent import Exported, Lending, lend_scopes
 from ..onnxfile.shapes import declared_dims
 from ..onnxfile.tensor_types import inferred_types
 from .align import Item, RowBuilder, call_counts, plan_items
@@ -41,12 +42,12 @@ def _lend_scopes(model: Any, method: str | Callable[..., Any], runs: list[tuple[
     """
     if not runs:
         return None
-    from ..exporting.export import exported_nodes  # the exporter loads only for a scope-less file
+    from ..pytorch.exporter import dynamo_graph  # the exporter loads only for a file without scopes
 
     try:
-        exported = exported_nodes(model, runs[0][0], runs[0][1], method)
+        exported = Exported.of_model(dynamo_graph(model, runs[0][0], runs[0][1], method))
     except Exception as e:  # noqa: BLE001 - any exporter failure only means no scopes are lent
-        return Lending(0, 0, f"the dynamo exporter failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        return Lending(0, 0, f"the dynamo exporter failed: {one_line(e, limit=200)}")
     return lend_scopes(proto, exported)
 
 

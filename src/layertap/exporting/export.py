@@ -33,15 +33,11 @@ How it works:
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import logging
 import os
 import re
 import tempfile
 import warnings
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -55,11 +51,11 @@ from torch import nn
 from ..errors import InputSpecError, LayertapError
 from ..files.writes import check_output_path
 from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
-from ..onnxfile.metadata import NAME_SCOPES_KEY, TAPS_KEY
+from ..onnxfile.metadata import TAPS_KEY
 from ..onnxfile.publish import external_locations, publish, publish_file
-from ..onnxfile.scopemap.lent import Exported, ExportedNode
 from ..onnxfile.shape_inputs import SHAPE_INPUTS
 from ..options import ExportOptions
+from ..pytorch.exporter import quiet
 from ..pytorch.lowering import Recipe, as_args, drawn_calibration
 from ..pytorch.values import random_tensor, tensor_to_numpy
 from ..pytorch.wrapper import MODEL_ATTRIBUTES, TapWrapper
@@ -170,68 +166,6 @@ def export(
         _publish(final, out)
     return ExportReport(rows, path=str(out), exporter=used, inputs=inputs, rtol=rtol,
                         atol=atol, verified=verify, notes=plan.notes)
-
-
-def exported_nodes(model: nn.Module, args: Any, kwargs: dict | None = None,
-                   method: str | Callable[..., Any] = "forward") -> Exported:
-    """The nodes the default (dynamo) exporter writes, with their scopes: what a file that lost them had.
-
-    Exports ``model`` in memory as ``torch.onnx.export(model, args, dynamo=True)`` does by
-    default (nothing is written) and keeps each scoped node's name, op, ``metadata_props``
-    and output shapes; :func:`~layertap.onnxfile.scopemap.lent.lend_scopes` gives them to
-    a file of the same model that a tool stripped. Raises what the exporter raises. Kept per model
-    and call signature (shapes and dtypes), so a model compared again is not exported again.
-
-    Example:
-        >>> m = nn.Sequential(nn.Linear(4, 3), nn.ReLU()).eval()
-        >>> e = exported_nodes(m, (torch.ones(2, 4),))
-        >>> node, k = e.by_output["relu"]
-        >>> node.op_type, node.shapes[k], dict(node.metadata)["pkg.torch.onnx.name_scopes"]
-        ('Relu', (2, 3), "['', '1', 'relu']")
-    """
-    key = (method if isinstance(method, str) else id(method), _signature((as_args(args), kwargs or {})))
-    held = _EXPORTED.setdefault(model, {})
-    if key not in held:  # several comparisons of one model (fix's, a sweep's) export it once
-        held[key] = _exported_nodes(model, args, kwargs, method)
-    return held[key]
-
-
-#: exported_nodes' exports, per model (gone with it) and call signature
-_EXPORTED: "weakref.WeakKeyDictionary[nn.Module, dict[tuple, Exported]]" = weakref.WeakKeyDictionary()
-
-
-def _signature(value: Any) -> tuple:
-    """What decides an export's graph in a call's arguments: each tensor's shape and dtype, other values as such."""
-    leaves, spec = torch.utils._pytree.tree_flatten(value)
-    return (str(spec),) + tuple((tuple(v.shape), str(v.dtype)) if isinstance(v, torch.Tensor) else repr(v)[:200]
-                                for v in leaves)
-
-
-def _exported_nodes(model: nn.Module, args: Any, kwargs: dict | None, method: str | Callable[..., Any]) -> Exported:
-    if method == "forward":  # as the user exported it: the wrapper would rename the last tensors (``detach``)
-        with _quiet():
-            program = torch.onnx.export(model, as_args(args), kwargs=kwargs or None, dynamo=True, verbose=False)
-        if program is None:  # pragma: no cover - torch returns the program when no file is given
-            raise LayertapError("the dynamo exporter returned no program")
-        graph = program.model.graph
-    else:
-        graph = _export_dynamo(_plan(model, args, kwargs, [], method, None, dynamic=False, external_data=False),
-                               None).graph
-        edit.strip_wrapper_scope(graph, MODEL_ATTRIBUTES)
-    return Exported(
-        ExportedNode(node.name or "", node.op_type, tuple(node.metadata_props.items()),
-                     tuple(v.name or "" if v is not None else "" for v in node.inputs),
-                     tuple(v.name or "" for v in node.outputs), tuple(_static_shape(v) for v in node.outputs))
-        for node in ir.traversal.RecursiveGraphIterator(graph)
-        if NAME_SCOPES_KEY in node.metadata_props
-    )
-
-
-def _static_shape(value: ir.Value) -> tuple[int, ...] | None:
-    dims = list(value.shape) if value.shape is not None else None
-    if dims is None or not all(isinstance(d, int) for d in dims):
-        return None
-    return tuple(d for d in dims if isinstance(d, int))
 
 
 def _export_program(model: nn.Module, args: Any, path: str | os.PathLike, taps: Sequence[str | Tap],
@@ -421,7 +355,7 @@ def _export_dynamo(plan: _Plan, opset: int | None) -> ir.Model:
         options["dynamic_shapes"] = (dims,)
     if opset is not None:
         options["opset_version"] = opset
-    with _quiet():
+    with quiet():
         program = torch.onnx.export(plan.wrapper, tuple(plan.traced), dynamo=True, verbose=False, **options)
     if program is None:  # pragma: no cover - torch returns the program when no file is given
         raise LayertapError("the dynamo exporter returned no program")
@@ -441,7 +375,7 @@ def _export_torchscript(plan: _Plan, raw: Path, opset: int | None) -> ir.Model:
     if opset is not None:
         options["opset_version"] = opset
     try:
-        with _quiet(), warnings.catch_warnings(record=True) as caught:
+        with quiet(), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", torch.jit.TracerWarning)
             torch.onnx.export(plan.wrapper, tuple(plan.traced), str(raw), dynamo=False, verbose=False, **options)
     except Exception as e:
@@ -464,44 +398,6 @@ def _reraise_own(e: BaseException) -> None:
             raise cur
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
-
-
-def _no_onnx_log(*_args: Any) -> None:
-    """Stand-in for ``torch._C._jit_onnx_log`` while exporting (see :func:`_quiet`)."""
-
-
-@contextlib.contextmanager
-def _quiet():
-    """Silence the exporters' chatter; real problems still raise.
-
-    torch.export logs guards and prints graph dumps on stderr (pages of them
-    when it fails), which would bury the one-line error; the exception itself
-    keeps the details (``--debug`` shows them). The TorchScript exporter
-    turns its C++ log on for every export (its ``setup_onnx_logging`` tests
-    the function ``_jit_is_onnx_log_enabled`` instead of calling it) and, on
-    failure, writes the whole TorchScript graph to C++ stdout, where it would
-    corrupt ``--json``; its log function is swapped for a no-op meanwhile.
-
-    Grad mode is left as it is: under ``torch.no_grad()``,
-    ``nn.MultiheadAttention`` takes its fused fast path
-    (``aten::_native_multi_head_attention``), which the TorchScript exporter
-    cannot export.
-    """
-    previous = logging.root.manager.disable
-    logging.disable(max(previous, logging.WARNING))
-    onnx_log = getattr(torch._C, "_jit_onnx_log", None)
-    if onnx_log is not None:
-        torch._C._jit_onnx_log = _no_onnx_log
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
-            warnings.simplefilter("ignore", DeprecationWarning)
-            warnings.simplefilter("ignore", FutureWarning)
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            yield
-    finally:
-        logging.disable(previous)
-        if onnx_log is not None:
-            torch._C._jit_onnx_log = onnx_log
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
