@@ -7,11 +7,11 @@ import inspect
 
 import torch
 
-from layertap.exporting import export as export_mod
+from layertap.pytorch.exporter import quiet
 
 
 def test_jit_onnx_log_is_what_quiet_mode_swaps():
-    # export._quiet swaps torch._C._jit_onnx_log for a no-op: the TorchScript
+    # pytorch.exporter.quiet swaps torch._C._jit_onnx_log for a no-op: the TorchScript
     # exporter logs its graph through it (to C++ stdout, which would corrupt --json).
     assert callable(torch._C._jit_onnx_log)
     from torch.onnx._internal.torchscript_exporter import utils
@@ -26,7 +26,7 @@ def test_jit_onnx_log_is_what_quiet_mode_swaps():
 
 def test_quiet_mode_swaps_and_restores_the_log_function():
     original = torch._C._jit_onnx_log
-    with export_mod._quiet():
+    with quiet():
         assert torch._C._jit_onnx_log is not original
         torch._C._jit_onnx_log("not printed: ", "graph")
     assert torch._C._jit_onnx_log is original
