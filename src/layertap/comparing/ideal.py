@@ -365,8 +365,12 @@ def rounding_plan(view: "ScopeView", smap: Any, formats: TensorFormats, counterp
         fmts = [formats.tensors.get(t) if t in formats.dequantized else None for t in tensors]
         if any(f is not None for f in fmts):
             outputs[key] = fmts
-    inputs = _quantised_inputs(view, smap, formats, model_path)
-    inside, followed = _quantised_inside(view, smap, formats, model_path)
+    readers: dict[str, list[int]] = {}  # tensor -> the nodes reading it, for both walks below
+    for i, node in enumerate(smap.graph.node):
+        for t in node.input:
+            readers.setdefault(t, []).append(i)
+    inputs = _quantised_inputs(view, smap, formats, readers)
+    inside, followed = _quantised_inside(view, smap, formats, model_path, readers)
     weights = {n: (f, formats.weight_levels[n]) for n, f in formats.weights.items()
                if f.is_quantised and n in formats.weight_levels}
     weights = {(n[len(prefix):] if prefix and n.startswith(prefix) else n): v for n, v in weights.items()}
@@ -435,17 +439,14 @@ def _regions(smap: Any, formats: TensorFormats, model_path: Any) -> dict[str, st
     return out
 
 
-def _quantised_inputs(view: "ScopeView", smap: Any, formats: TensorFormats, model_path: Any) -> dict[tuple[str, int], Format]:
+def _quantised_inputs(view: "ScopeView", smap: Any, formats: TensorFormats,
+                      readers: Mapping[str, list[int]]) -> dict[tuple[str, int], Format]:
     """A call whose one entering float tensor the candidate quantises (a module fed by a functional op,
     ``torch.flatten``, a residual sum): that tensor's format."""
     out: dict[tuple[str, int], Format] = {}
     counterparts = view.counterparts()
     # a call another module was folded into (a BatchNorm holding its Conv) reads the Conv's input, not its own
     absorbers = {cp.absorbed_by for cp in counterparts if cp.absorbed_by}
-    readers: dict[str, list[int]] = {}
-    for i, node in enumerate(smap.graph.node):
-        for t in node.input:
-            readers.setdefault(t, []).append(i)
     for cp in counterparts:
         if cp.path in absorbers:
             continue
@@ -459,8 +460,8 @@ def _quantised_inputs(view: "ScopeView", smap: Any, formats: TensorFormats, mode
     return out
 
 
-def _quantised_inside(view: "ScopeView", smap: Any, formats: TensorFormats, model_path: Any
-                      ) -> tuple[dict[tuple[str, int], tuple[tuple[str, Format | None], ...]], set[str]]:
+def _quantised_inside(view: "ScopeView", smap: Any, formats: TensorFormats, model_path: Any,
+                      readers: Mapping[str, list[int]]) -> tuple[dict[tuple[str, int], tuple[tuple[str, Format | None], ...]], set[str]]:
     """Calls whose own operators the candidate quantises between them: a value one of its own nodes makes (not a
     child module's) held quantised, that neither leaves the call nor enters a child call alone (those are
     rounded as the call's output or the child's input); an attention block quantising ``q @ k``, the softmax
@@ -473,16 +474,13 @@ def _quantised_inside(view: "ScopeView", smap: Any, formats: TensorFormats, mode
     if formats.default is not None and not formats.default.is_quantised:
         return {}, covered
     graph = smap.graph
-    readers: dict[str, list[int]] = {}
-    for i, node in enumerate(graph.node):
-        for t in node.input:
-            readers.setdefault(t, []).append(i)
     edges: set[str] = set()  # what the plan rounds already: calls' outputs, and single inputs
     for cp in view.counterparts():
         _, entering, boundary = smap.call_nodes(_full(view, cp), cp.call)
         edges.update(boundary)
         if len(entering) == 1:
             edges.update(entering)
+    followed: set[str] = set()  # the DequantizeLinear outputs the call in hand follows
 
     def held(t: str) -> Format | None:
         deq = _dequantised(graph, readers, formats, t)
@@ -492,7 +490,6 @@ def _quantised_inside(view: "ScopeView", smap: Any, formats: TensorFormats, mode
         return formats.tensors.get(deq)
 
     out: dict[tuple[str, int], tuple[tuple[str, Format | None], ...]] = {}
-    followed: set[str] = set()
     for cp in view.counterparts():
         full = _full(view, cp)
         path = model_path(full)

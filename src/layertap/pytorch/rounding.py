@@ -251,7 +251,6 @@ class _Regions(CallHooks):
     def __init__(self, model: Any, plan: RoundingPlan) -> None:
         super().__init__(model)
         self.plan = plan
-        self.stack: list[str] = [""]
         self.calls: list[tuple[str, int]] = [("", 0)]  # the running calls, innermost last
         self.cursor: dict[tuple[str, int], int] = {}  # how far each call got in plan.inside
         self.wants_inputs = bool(plan.inputs)
@@ -266,7 +265,6 @@ class _Regions(CallHooks):
             self.paused = before
 
     def on_start(self, mod: Any, path: str, call: int) -> None:
-        self.stack.append(path)
         self.calls.append((path, call))
         self.cursor[(path, call)] = 0
 
@@ -293,8 +291,6 @@ class _Regions(CallHooks):
             return tuple(round_tensor(a, fmt) if isinstance(a, torch.Tensor) else a for a in args), kwargs
 
     def on_return(self, mod: Any, path: str, call: int, output: Any) -> Any:
-        if self.stack and self.stack[-1] == path:
-            self.stack.pop()
         if len(self.calls) > 1 and self.calls[-1][0] == path:
             self.calls.pop()
         formats = self.plan.outputs.get((path, call))
@@ -305,7 +301,7 @@ class _Regions(CallHooks):
 
     @property
     def current(self) -> str:
-        return self.stack[-1]
+        return self.calls[-1][0]
 
 
 # operators that only move or view a value: rounding them would round nothing new
@@ -420,7 +416,7 @@ def rounded_calls(model: Any, plan: RoundingPlan) -> Iterator[Callable[[Any, tup
         def call(module: Any, args: tuple, kwargs: dict, counts: Mapping[int, int]) -> Any:
             regions.counter = CallCounter()
             regions.counter.started.update(counts)
-            regions.stack = [""]
+            regions.calls = [("", 0)]
             return module(*args, **kwargs)
 
         yield call

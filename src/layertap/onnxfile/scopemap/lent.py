@@ -46,10 +46,10 @@ _TOOL_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLin
 
 @dataclass(frozen=True)
 class ExportedNode:
-    """What the exporter wrote about one node: its name, op, ``metadata_props`` (scopes, FX
-    node...), input and output names and the outputs' static shapes (``None``: unknown or symbolic)."""
+    """What the exporter wrote about one node: its op, ``metadata_props`` (scopes, FX node...),
+    input and output names and the outputs' static shapes (``None``: unknown or symbolic). Not its
+    name: the exporter numbers some names by a counter that differs from one export to the next."""
 
-    name: str
     op_type: str
     metadata: tuple[tuple[str, str], ...]
     inputs: tuple[str, ...]
@@ -87,12 +87,9 @@ class Exported:
             dims = declared.get(t)
             return tuple(int(d) for d in dims) if dims is not None and all(isinstance(d, int) for d in dims) else None
 
-        return cls(ExportedNode(n.name, n.op_type, tuple((p.key, p.value) for p in n.metadata_props),
+        return cls(ExportedNode(n.op_type, tuple((p.key, p.value) for p in n.metadata_props),
                                 tuple(n.input), tuple(n.output), tuple(static(t) for t in n.output))
                    for n in model.graph.node if any(p.key == NAME_SCOPES_KEY for p in n.metadata_props))
-
-    def __len__(self) -> int:
-        return len(self.by_output)
 
     def owner(self, node: "onnx.NodeProto") -> Owner | None:
         """The exported node whose op ``node`` is (``None``: none is).
@@ -195,7 +192,7 @@ def lend_scopes(model: "onnx.ModelProto", exported: Exported, source: str = Lend
         ...     [helper.make_tensor_value_info("relu", TensorProto.FLOAT, [2])])
         >>> m = helper.make_model(g)
         >>> scopes = ((NAME_SCOPES_KEY, "['', 'act', 'relu']"),)
-        >>> lend_scopes(m, Exported([ExportedNode("node_relu", "Relu", scopes, ("x",), ("relu",), ((2,),))])).lent
+        >>> lend_scopes(m, Exported([ExportedNode("Relu", scopes, ("x",), ("relu",), ((2,),))])).lent
         1
         >>> has_scopes(m)
         True
