@@ -11,6 +11,20 @@ the work's own:
 
 Goal: compare <= 2.5x the baseline.
 
+A command-line user pays the first call of a fresh process. ``--first N`` (default 5) times, in
+fresh processes interleaved after one warm-up each (medians of ``N``):
+
+* first call: ``import layertap``, the model built, then the first ``lt.compare(model, x, file)``
+  (layertap's, ONNX's and ONNX Runtime's imports inside it), and
+* the engines alone, the floor of that first call: the model built, then ``import onnx, onnxruntime``,
+  one PyTorch forward, a session exposing every node output (the graph read without its weights,
+  which ORT reads from the file's data) and one run.
+
+Both are also printed as whole processes from the first line of the child (``import torch``
+included). Goal: first call <= 1.15x the floor. The children read compiled bytecode as an
+installed package does (``PYTHONDONTWRITEBYTECODE`` left out, caches under a temporary
+``PYTHONPYCACHEPREFIX`` written by the warm-up).
+
 With ``--fp16`` it also measures resnet50 float32 vs its float16
 conversion (onnxconverter-common, ``keep_io_types=True``), layer by layer:
 
@@ -43,7 +57,7 @@ Every ``lt.compare`` there builds its sessions, as a user's call does (a "cold" 
 
 Run:
     .venv/bin/python benchmarks/bench_compare.py [--batch 1] [--size 224] [--repeat 3] [--budget-mb N] [--fp16] [--samples 16]
-        [--rounds N]
+        [--rounds N] [--first N]
 """
 
 from __future__ import annotations
@@ -135,6 +149,71 @@ def child_compare(path: str, batch: int, size: int, repeat: int, budget_mb: int 
     c = report.counts()
     return {"compare_s": min(times), "compare_first_s": times[0], "ok": report.ok, "rows": len(report.rows),
             "counts": c, "ort_runs": report.ort_runs, "rss_loaded_mb": rss_loaded, "peak_rss_mb": _rss_mb()}
+
+
+def child_first(path: str, batch: int, size: int) -> dict:
+    """The first ``lt.compare`` of a fresh process (``import layertap`` and the model before it)."""
+    t_start = time.perf_counter()
+    import layertap as lt
+
+    model, x = _model(), _input(batch, size)
+    t0 = time.perf_counter()
+    report = lt.compare(model, x, path)
+    t1 = time.perf_counter()
+    return {"first_s": t1 - t0, "process_s": t1 - t_start, "ok": report.ok, "rows": len(report.rows)}
+
+
+def child_first_floor(path: str, batch: int, size: int) -> dict:
+    """The same first call's work done by the engines alone in a fresh process: their imports, one
+    forward, a session exposing every node output, one run."""
+    t_start = time.perf_counter()
+    import torch
+
+    model, x = _model(), _input(batch, size)
+    t0 = time.perf_counter()
+    import onnx
+    import onnxruntime as ort
+
+    with torch.no_grad():
+        model(x)
+    graph = onnx.load(path, load_external_data=False)
+    outs = [t for node in graph.graph.node for t in node.output if t]
+    del graph.graph.output[:]
+    graph.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t) for t in outs)
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(Path(path).parent))
+    sess = ort.InferenceSession(graph.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess.run(outs, {sess.get_inputs()[0].name: x.numpy()})
+    t1 = time.perf_counter()
+    return {"first_s": t1 - t0, "process_s": t1 - t_start, "outputs": len(outs)}
+
+
+def _first_calls(path: Path, ns: argparse.Namespace) -> dict:
+    """``--first N`` fresh processes of each kind, interleaved after one warm-up each; medians."""
+    import statistics
+
+    with tempfile.TemporaryDirectory(prefix="bench-compare-pyc-") as cache:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env["PYTHONPYCACHEPREFIX"] = cache
+        runs: dict[str, list[dict]] = {"first": [], "first-floor": []}
+        for r in range(ns.first + 1):
+            for mode in (list(runs) if r % 2 else list(runs)[::-1]):
+                result = _run_child(mode, path, ns, env)
+                if r:
+                    runs[mode].append(result)
+    med = statistics.median
+    return {mode: {key: med(x[key] for x in rs) for key in ("first_s", "process_s")} | {"n": len(rs), "range": (
+        min(x["first_s"] for x in rs), max(x["first_s"] for x in rs))} for mode, rs in runs.items()}
+
+
+def _print_first(r: dict) -> None:
+    c, f = r["first"], r["first-floor"]
+    print(f"  first call in a fresh process (medians of {c['n']}, interleaved): lt.compare {c['first_s'] * 1e3:.0f} ms "
+          f"(range {c['range'][0] * 1e3:.0f}-{c['range'][1] * 1e3:.0f}); the engines alone (imports, forward, a session "
+          f"exposing every node output, one run) {f['first_s'] * 1e3:.0f} ms (range {f['range'][0] * 1e3:.0f}-"
+          f"{f['range'][1] * 1e3:.0f}) -> {c['first_s'] / f['first_s']:.2f}x (goal <= 1.15x)")
+    print(f"  whole processes, import torch included: layertap {c['process_s']:.2f} s, engines alone {f['process_s']:.2f} s"
+          f" -> {c['process_s'] / f['process_s']:.2f}x")
 
 
 def child_fp16_baseline(path: str, batch: int, size: int, repeat: int) -> dict:
@@ -440,13 +519,13 @@ def _make_fp16(path: Path) -> None:
         onnx.save(float16.convert_float_to_float16(onnx.load(str(path)), keep_io_types=True), _fp16_path(str(path)))
 
 
-def _run_child(mode: str, path: Path, ns: argparse.Namespace) -> dict:
+def _run_child(mode: str, path: Path, ns: argparse.Namespace, env: dict[str, str] | None = None) -> dict:
     cmd = [sys.executable, __file__, "--child", mode, "--onnx", str(path),
            "--batch", str(ns.batch), "--size", str(ns.size), "--repeat", str(ns.repeat), "--rounds", str(ns.rounds)]
     if ns.budget_mb:
         cmd += ["--budget-mb", str(ns.budget_mb)]
     cmd += ["--samples", str(ns.samples)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -460,8 +539,11 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=16, help="with --fp16: samples of the many-sample comparison (0: skip it)")
     p.add_argument("--rounds", type=int, default=0,
                    help="also time the plain runs and lt.compare interleaved in one process, medians of N rounds (0: skip)")
+    p.add_argument("--first", type=int, default=5,
+                   help="fresh processes timing the first lt.compare and the engines alone, medians of N (0: skip)")
     p.add_argument("--child", choices=("baseline", "compare", "fp16-baseline", "fp16-compare", "fp16-floor", "polygraphy",
-                                       "fp16-samples", "interleaved", "fp16-interleaved"))
+                                       "fp16-samples", "interleaved", "fp16-interleaved", "first",
+                                       "first-floor"))
     p.add_argument("--onnx")
     ns = p.parse_args()
     if ns.child:
@@ -477,6 +559,10 @@ def main() -> None:
             result = child_fp16_compare(ns.onnx, ns.batch, ns.size, ns.repeat, ns.budget_mb)
         elif ns.child == "fp16-samples":
             result = child_fp16_samples(ns.onnx, ns.batch, ns.size, ns.repeat, ns.samples)
+        elif ns.child == "first":
+            result = child_first(ns.onnx, ns.batch, ns.size)
+        elif ns.child == "first-floor":
+            result = child_first_floor(ns.onnx, ns.batch, ns.size)
         elif ns.child in ("interleaved", "fp16-interleaved"):
             result = child_interleaved(ns.onnx, ns.batch, ns.size, ns.rounds, ns.child == "fp16-interleaved")
         else:
@@ -495,6 +581,7 @@ def main() -> None:
         base = _run_child("baseline", path, ns)
         cmp_ = _run_child("compare", path, ns)
         mixed = _run_child("interleaved", path, ns) if ns.rounds else None
+        first = _first_calls(path, ns) if ns.first else None
         if ns.fp16:
             _make_fp16(path)
             modes = ("fp16-baseline", "fp16-floor", "fp16-compare", "polygraphy", *(("fp16-samples",) if ns.samples else ()),
@@ -516,6 +603,8 @@ def main() -> None:
           f"compare {cmp_['peak_rss_mb']:.0f} MB (model+inputs loaded {cmp_['rss_loaded_mb']:.0f} MB)")
     if mixed is not None:
         _print_interleaved("one PyTorch forward + one ORT run", mixed, 2)
+    if first is not None:
+        _print_first(first)
 
     if ns.fp16:
         _print_fp16(fp16)
