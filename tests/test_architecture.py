@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "layertap"
-CORE = {"errors", "selectors", "tables", "text", "inputs", "files", "specs", "metrics", "numformats", "options", "noise"}
+CORE = {"errors", "selectors", "tables", "text", "inputs", "files", "specs", "metrics", "numformats", "options", "noise", "heap"}
 # part -> parts it may import (itself always). ``core`` is the top-level modules above.
 ALLOWED = {
     "core": {"core"},

@@ -18,6 +18,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .heap import callers_objects_frozen
+
 __version__ = "0.1.0"
 
 # public name -> module that defines it (relative to this package)
@@ -58,7 +60,8 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+        with callers_objects_frozen():  # a part's imports keep thousands of objects: no full collection for them
+            value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'layertap' has no attribute {name!r}")
