@@ -157,10 +157,11 @@ def child_first(path: str, batch: int, size: int) -> dict:
     import layertap as lt
 
     model, x = _model(), _input(batch, size)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     report = lt.compare(model, x, path)
     t1 = time.perf_counter()
-    return {"first_s": t1 - t0, "process_s": t1 - t_start, "ok": report.ok, "rows": len(report.rows)}
+    return {"first_s": t1 - t0, "cpu_s": time.process_time() - c0, "process_s": t1 - t_start, "ok": report.ok,
+            "rows": len(report.rows)}
 
 
 def child_first_floor(path: str, batch: int, size: int) -> dict:
@@ -170,7 +171,7 @@ def child_first_floor(path: str, batch: int, size: int) -> dict:
     import torch
 
     model, x = _model(), _input(batch, size)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     import onnx
     import onnxruntime as ort
 
@@ -185,7 +186,7 @@ def child_first_floor(path: str, batch: int, size: int) -> dict:
     sess = ort.InferenceSession(graph.SerializeToString(), so, providers=["CPUExecutionProvider"])
     sess.run(outs, {sess.get_inputs()[0].name: x.numpy()})
     t1 = time.perf_counter()
-    return {"first_s": t1 - t0, "process_s": t1 - t_start, "outputs": len(outs)}
+    return {"first_s": t1 - t0, "cpu_s": time.process_time() - c0, "process_s": t1 - t_start, "outputs": len(outs)}
 
 
 def _first_calls(path: Path, ns: argparse.Namespace) -> dict:
@@ -202,7 +203,7 @@ def _first_calls(path: Path, ns: argparse.Namespace) -> dict:
                 if r:
                     runs[mode].append(result)
     med = statistics.median
-    return {mode: {key: med(x[key] for x in rs) for key in ("first_s", "process_s")} | {"n": len(rs), "range": (
+    return {mode: {key: med(x[key] for x in rs) for key in ("first_s", "cpu_s", "process_s")} | {"n": len(rs), "range": (
         min(x["first_s"] for x in rs), max(x["first_s"] for x in rs))} for mode, rs in runs.items()}
 
 
@@ -211,7 +212,8 @@ def _print_first(r: dict) -> None:
     print(f"  first call in a fresh process (medians of {c['n']}, interleaved): lt.compare {c['first_s'] * 1e3:.0f} ms "
           f"(range {c['range'][0] * 1e3:.0f}-{c['range'][1] * 1e3:.0f}); the engines alone (imports, forward, a session "
           f"exposing every node output, one run) {f['first_s'] * 1e3:.0f} ms (range {f['range'][0] * 1e3:.0f}-"
-          f"{f['range'][1] * 1e3:.0f}) -> {c['first_s'] / f['first_s']:.2f}x (goal <= 1.15x)")
+          f"{f['range'][1] * 1e3:.0f}) -> {c['first_s'] / f['first_s']:.2f}x (goal <= 1.15x); by the process's CPU time "
+          f"{c['cpu_s'] * 1e3:.0f} against {f['cpu_s'] * 1e3:.0f} ms -> {c['cpu_s'] / f['cpu_s']:.2f}x")
     print(f"  whole processes, import torch included: layertap {c['process_s']:.2f} s, engines alone {f['process_s']:.2f} s"
           f" -> {c['process_s'] / f['process_s']:.2f}x")
 
