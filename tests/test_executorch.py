@@ -118,7 +118,7 @@ def test_compare_faithful_program_passes_with_every_module_row(net_program):
 @pytest.fixture
 def faulty_lowering(monkeypatch):
     """A lowering that breaks conv2 (its output scaled by 1.05 in the program), as a faulty toolchain would."""
-    import layertap.exporting.executorch as exporting
+    import layertap.exporting.program as exporting
     import layertap.pytorch.lowering as lowering
 
     real = lowering.lower

@@ -20,7 +20,7 @@ from .rows import ABSORBED, FAIL, NO_COUNTERPART, PASS, CompareRow, merge_stats,
 from .torch_side import ArrayStore, ModuleCall
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .ideal import Judging
+    from .judging import Judging
 
 T = TypeVar("T")
 

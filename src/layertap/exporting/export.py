@@ -65,7 +65,7 @@ from ..selectors import Tap, parse_taps
 from . import _onnxedit as edit
 from . import llm
 from ._branches import branch_note, contrasting, traced_branches
-from .executorch import export_program
+from .program import export_program
 from .verify import Check, ExportReport, ExportRow, check_output
 
 EXPORTERS = ("dynamo", "torchscript")
