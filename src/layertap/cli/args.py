@@ -29,7 +29,7 @@ from ..inputs import parse_inputs
 from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, Criterion
 from ..options import DatasetOptions as LibDatasetOptions
 from ..options import Model, RuntimeOptions, SampleOptions, merged_criterion
-from ..runtimes import is_ir
+from ..runtimes import plugin_for
 from ..specs import check_model_args
 from .console import status
 
@@ -176,8 +176,9 @@ class ModelArgs(ArgGroup):
 
 
 def is_onnx_path(text: str) -> bool:
-    """Whether a MODEL/REF argument names an ONNX file, or an OpenVINO IR (``.xml``) run in its place (by its suffix)."""
-    return text.lower().endswith(".onnx") or is_ir(text)
+    """Whether a MODEL/REF argument names an ONNX file, or a file a runtime runs in its place (an OpenVINO IR
+    ``.xml``, an ExecuTorch program ``.pte``: by its suffix)."""
+    return text.lower().endswith(".onnx") or plugin_for(text) is not None
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,10 @@ from .driver import Sample, Silent, compare_sides, module_filter, plan_batches
 from .judging import judging as precision_rule
 from .rows import ABSORBED, NO_COUNTERPART
 from .torch_side import ArrayStore, run_torch, to_numpy
-from .weight_check import WeightCheck
+from .weight_check import WeightCheck, check_recorded
 
 #: said of a row whose module returns no single tensor
-NOT_ONE_TENSOR = "its output is not one floating tensor, and a program hands out tensors only"
+NOT_ONE_TENSOR = "its output is not floating tensors (one, or a tuple of them), and a program hands out tensors only"
 
 
 class MappedSide:
@@ -103,12 +103,14 @@ class MappedReference:
     own_runs: tuple = ()
     cand_scopes = None
 
-    def __init__(self, model: Any, runs: list[tuple[tuple, dict]], cand: MappedSide, names: dict[tuple[str, int], str],
+    def __init__(self, model: Any, runs: list[tuple[tuple, dict]], cand: MappedSide, names: dict[tuple[str, int], tuple[str, ...]],
                  *, method: Any, criterion: Criterion, modules: Sequence[str] | None, batch_outputs: int | None,
-                 memory_budget: int, progress: Any, judging: Any = None, ideal: Any = None) -> None:
+                 memory_budget: int, progress: Any, judging: Any = None, ideal: Any = None,
+                 allow_different_weights: bool = False) -> None:
         self.model, self.runs_args, self.cand, self.names, self.method = model, runs, cand, names, method
         self.n_samples, self.criterion, self.judging, self.ideal = len(runs), criterion, judging, ideal
         self.batch_outputs, self.budget, self.prog = batch_outputs, memory_budget, progress
+        self.allow_different_weights = allow_different_weights
         self.wanted, self.include_root = module_filter(modules, [p for p, _ in model.named_modules()])
         inputs = [i.name for i in cand.engine.get_inputs()]
         self.feeds = [{n: to_numpy(t) for n, t in zip(inputs, a)} for a, _ in runs]
@@ -126,9 +128,9 @@ class MappedReference:
         for mc in calls:
             if not self.wanted(mc.path):
                 continue
-            name = self.names.get((mc.path, mc.call))
-            item = Item(mc, (name,) if name else ())
-            if not name:
+            names = self.names.get((mc.path, mc.call), ())
+            item = Item(mc, tuple(names), ordered=True)
+            if not names:
                 item.status = NO_COUNTERPART
                 item.note = mc.note or (NOT_ONE_TENSOR if self.cand.tapped is not None else
                                         "the program carries no taps layertap recorded")
@@ -169,9 +171,16 @@ class MappedReference:
         pass
 
     def checked_weights(self, beside: Callable[[], Any] | None = None) -> WeightCheck:
+        """The model's parameters against the record the program carries of those it was lowered from (none
+        recorded: nothing matched); raises :class:`~.weight_check.DifferentWeightsError` for another checkpoint."""
         if beside is not None:
             beside()
-        return WeightCheck(cand="program")
+        record = self.cand.program.weights
+        if not record:
+            return WeightCheck(cand="program")
+        from ..pytorch.lowering import weight_record
+
+        return check_recorded(record, weight_record(self.model)).enforce(self.allow_different_weights)
 
     def notes(self, candidate: Any, rounding: bool) -> list[str]:
         notes = candidate.notes(None, rounding)
@@ -212,7 +221,8 @@ def compare_mapped(runtime: ProgramPlugin, model: Any, path: str | Path, runs: l
         reference = MappedReference(model, runs, side, program.names, method=method, progress=plan.progress,
                                     judging=judged, ideal=program.ideal if judged is not None else None,
                                     criterion=plan.criterion, modules=plan.modules, batch_outputs=plan.batch_outputs,
-                                    memory_budget=plan.memory_budget)
+                                    memory_budget=plan.memory_budget,
+                                    allow_different_weights=plan.allow_different_weights)
         info = side.describe().to_dict()
         return compare_sides(reference, side, onnx_path=str(path), ort_optimizations=True,
                              runtimes={"candidate": info}, judging=judged, criterion=plan.criterion,

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..files.writes import check_output_path
 from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
-from ..pytorch.lowering import CALIB_SAMPLES, INT8_QUANTA, Recipe, as_args, drawn_calibration, lower, tapped_wrapper
+from ..pytorch.lowering import CALIB_SAMPLES, INT8_QUANTA, Recipe, as_args, drawn_calibration, lower, tapped_wrapper, weight_record
 from ..pytorch.wrapper import input_names
 from ..runtimes.executorch import ProgramEngine, Sidecar, publish_program
 from ..selectors import Tap, parse_taps
@@ -59,7 +59,8 @@ def export_program(
         recipe.calibration = drawn_calibration(example, CALIB_SAMPLES)
     lowered = lower(wrapper, example, recipe)
     names_in = input_names(model, method, as_args(args), dict(kwargs or {}))
-    sidecar = Sidecar(Sidecar.input_records(names_in, example), tapped.records(), recipe.record())
+    sidecar = Sidecar(Sidecar.input_records(names_in, example), tapped.records(), recipe.record(),
+                      weight_record(model))
     rows = [ExportRow(o.name, o.selector if o.path is not None and o.selector else "model output", list(v.shape),
                       str(v.dtype).replace("torch.", "")) for o, v in zip(wrapper.outputs, reference)]
     notes: list[str] = []

@@ -30,6 +30,7 @@ from ..inputs import InputSpec, random_input
 from ..noise import quiet_native_stderr, quiet_registrations
 from ..numformats import Format
 from ..onnxfile.formats import TensorFormats
+from ..onnxfile.tensor_table import OnnxLayers, TensorRow
 from .plugins import VERBS, YES, RuntimeSettings, TappedProgram
 from .protocol import Engine, InputInfo, RuntimeInfo
 
@@ -79,6 +80,9 @@ class Sidecar:
     inputs: list[dict[str, Any]]
     outputs: list[dict[str, Any]]
     recipe: dict[str, Any] = field(default_factory=dict)
+    #: each parameter the program was lowered from: its shape, largest magnitude and a digest of its values
+    #: (:func:`layertap.pytorch.lowering.weight_record`): compare's weight check of a program
+    weights: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def output_names(self) -> list[str]:
@@ -109,12 +113,13 @@ class Sidecar:
     def text(self) -> str:
         """The sidecar's JSON text."""
         return json.dumps({"layertap_program": SIDECAR_VERSION, "inputs": self.inputs, "outputs": self.outputs,
-                           "recipe": self.recipe}, indent=1) + "\n"
+                           "recipe": self.recipe, "weights": self.weights}, indent=1) + "\n"
 
     @classmethod
     def from_text(cls, text: str) -> "Sidecar":
         data = json.loads(text)
-        return cls(list(data["inputs"]), list(data["outputs"]), dict(data.get("recipe") or {}))
+        return cls(list(data["inputs"]), list(data["outputs"]), dict(data.get("recipe") or {}),
+                   dict(data.get("weights") or {}))
 
 
 def program_input_specs(path: str | os.PathLike) -> list[InputSpec]:
@@ -188,10 +193,16 @@ class ProgramEngine:
             names = ["output" if n_out == 1 else f"output_{i}" for i in range(n_out)]
             self.sidecar = None  # not this program's record
         self._outputs = names
+        self._output_infos = [_input_info(meta.output_tensor_meta(i), i, None)._replace(name=n)
+                              for i, n in enumerate(names)]
         self.runs = 0
 
     def get_inputs(self) -> list[InputInfo]:
         return list(self._inputs)
+
+    def output_infos(self) -> list[InputInfo]:
+        """The program's own outputs (repeats aside) as it declares them: name, type text, shape."""
+        return list(self._output_infos)
 
     def output_names(self) -> list[str]:
         return list(self._outputs) if self.sidecar is None else self.sidecar.output_names
@@ -385,14 +396,10 @@ class _ExecuTorchPlugin:
     form = "program"
     suffixes = (".pte",)
     matrix = {**{verb: YES for verb in VERBS},
-              "layers": "not yet: a program lists its outputs and recorded taps with layertap run m.pte",
-              "extract --data": "not yet: extract over a dataset opens ONNX sessions; run the program per sample "
-                                "with layertap run m.pte",
               "compare --local": "a program cannot be cut into parts: its nodes are fused into backend kernels "
                                  "(XNNPACK) that run only whole",
               "compare --steps": "not yet: decode steps feed a KV cache the ONNX decoder files name; a program "
                                  "is lowered at fixed sizes",
-              "weight check": "not yet: a delegated program holds its weights packed inside the backend's blob",
               "repro": "a repro package is a part of an ONNX graph run alone; a program cannot be cut into parts"}
 
     quantizer = "ExecuTorch XNNPACK quantizer (pt2e)"
@@ -415,9 +422,12 @@ class _ExecuTorchPlugin:
                wanted: Callable[[str], bool]) -> TappedProgram:
         return tapped_program(model, method, path, runs, work, wanted)
 
+    def layers(self, path: Path) -> OnnxLayers:
+        return program_layers(path)
+
     def lower_kept(self, model: Any, method: Any, samples: list[tuple], calibration: list[tuple], to: str,
                    kept: Sequence[str], out: Path) -> None:
-        from ..pytorch.lowering import Recipe, lower, tapped_wrapper
+        from ..pytorch.lowering import Recipe, lower, tapped_wrapper, weight_record
         from ..pytorch.wrapper import input_names
 
         if to != "int8":
@@ -425,7 +435,8 @@ class _ExecuTorchPlugin:
         tapped = tapped_wrapper(model, method, [], samples[0], None)
         recipe = Recipe("xnnpack", "int8", calibration, list(kept))
         names = input_names(model, method, tuple(samples[0]), {})
-        sidecar = Sidecar(Sidecar.input_records(names, tapped.example), tapped.records(), recipe.record())
+        sidecar = Sidecar(Sidecar.input_records(names, tapped.example), tapped.records(), recipe.record(),
+                          weight_record(model))
         # with its record and calibration beside it, as lt.export writes it: compare lowers it again
         publish_program(out, lower(tapped.wrapper, tapped.example, recipe).buffer, sidecar, recipe)
 
@@ -440,6 +451,27 @@ class _ExecuTorchPlugin:
 
 
 PLUGIN = _ExecuTorchPlugin()
+
+
+def program_layers(path: str | os.PathLike) -> OnnxLayers:
+    """``layertap layers m.pte``: what a program takes and hands out, each output with the module path and call
+    layertap recorded for it (a program from elsewhere: its outputs by position), dtype and shape."""
+    engine = ProgramEngine(path)
+    declared = {i.name: i for i in engine.output_infos()}
+    inputs = {i.name: i for i in engine.get_inputs()}
+    rows = [TensorRow(i.name, "input", None, _dtype_of(i.type), i.shape, None, None) for i in inputs.values()]
+    records = engine.sidecar.outputs if engine.sidecar is not None else [{"name": n} for n in declared]
+    for r in records:
+        info = declared.get(str(r.get("same_as", r["name"]))) or list(inputs.values())[int(r.get("input", 0))]
+        op = "tap" if r.get("path") is not None else "output"
+        call = r.get("call")
+        rows.append(TensorRow(str(r["name"]), op, None, _dtype_of(info.type), info.shape, r.get("path") or None,
+                              int(call) if call is not None else None))
+    table = OnnxLayers(rows, source="layertap" if engine.sidecar is not None else "none")
+    table.__dict__["title"] = "ExecuTorch program: inputs and outputs"
+    table.notes.append("a program hands out only its outputs; layertap compare MODEL m.pte lowers the model again "
+                       "with a tap at every module for module rows" if engine.sidecar is not None else UNTAPPED)
+    return table
 
 
 def publish_program(out: Path, buffer: bytes, sidecar: Sidecar, recipe: Any) -> None:
@@ -471,6 +503,7 @@ def tapped_program(model: Any, method: Any, path: str | Path, runs: list[tuple[t
     runtime = ExecuTorchRuntime(recipe.get("quantize") or "float32", recipe.get("backend"))
     if sidecar is None:
         return TappedProgram(Path(path), engine, runtime, own, untapped=UNTAPPED)
+
     for info, a in zip(engine.get_inputs(), runs[0][0]):
         shape = list(getattr(a, "shape", []))
         check_static_shape(info, shape, engine.path.name, f"give --input {'x'.join(str(d) for d in info.shape or [])}")
@@ -485,8 +518,13 @@ def tapped_program(model: Any, method: Any, path: str | Path, runs: list[tuple[t
     for r in records:  # the model's outputs under the program's names
         r["name"] = own[0] if r["path"] is None and len(own) == 1 else r["name"]
     sidecar_path(tapped_path).write_text(Sidecar(sidecar.inputs, records, sidecar.recipe).text())
-    names = {(r["path"], r["call"]): r["name"] for r in records if r["path"] is not None and r["call"] is not None}
-    side = TappedProgram(Path(path), engine, runtime, own, ProgramEngine(tapped_path), names)
+    by_call: dict[tuple[str, int], list[tuple[int, str]]] = {}
+    for r in records:
+        if r["path"] is not None and r["call"] is not None:
+            by_call.setdefault((r["path"], r["call"]), []).append((r.get("index") or 0, r["name"]))
+    names = {k: tuple(n for _, n in sorted(v)) for k, v in by_call.items()}
+    side = TappedProgram(Path(path), engine, runtime, own, ProgramEngine(tapped_path), names,
+                         weights=sidecar.weights or None)
     if lowered.quantized is not None:
         kept = [r["name"] for r, s in zip(records, tapped_model.same) if s is None]
         side.formats = int8_formats(lowered.quantized, kept)

@@ -32,6 +32,7 @@ from ..errors import LayertapError, one_line, unknown_name
 if TYPE_CHECKING:  # pragma: no cover
     from ..inputs import InputSpec
     from ..onnxfile.formats import TensorFormats
+    from ..onnxfile.tensor_table import OnnxLayers
     from .protocol import Engine, Runtime
 
 #: the verbs of the runtime matrix (docs/runtimes.md), in the order it prints them
@@ -103,6 +104,9 @@ class ProgramPlugin(RuntimePlugin, Protocol):
     def engine(self, path: Path) -> "Engine":
         """The program at ``path`` as it is (its outputs by name)."""
 
+    def layers(self, path: Path) -> "OnnxLayers":
+        """``layertap layers`` of a program: its inputs and outputs, each output's module path and call."""
+
     def input_specs(self, path: Path) -> "list[InputSpec]":
         """The inputs the program was lowered for (samples are drawn at these shapes)."""
 
@@ -130,7 +134,8 @@ class TappedProgram:
 
     ``engine`` runs the program (its own outputs ``own``); ``tapped`` (``None`` when the program carries no
     record to lower it again by) runs the model lowered with a tap at every module: ``names`` maps
-    ``(module path, call)`` to the output that holds that call's value. ``formats`` (``None``: float32) is the
+    ``(module path, call)`` to the outputs that hold that call's value (a tuple-returning module's, in
+    order). ``formats`` (``None``: float32) is the
     format each tapped output is computed in, ``ideal(args)`` the recipe's arithmetic run in float on one
     sample's arguments (``None``: float32). ``runtime`` describes what ran; ``untapped`` says why a program has
     no module rows and how to get them; ``weights`` the program's parameters by module path (``None``: not
@@ -142,7 +147,7 @@ class TappedProgram:
     runtime: "Runtime"
     own: list[str]
     tapped: "Engine | None" = None
-    names: dict[tuple[str, int], str] = field(default_factory=dict)
+    names: dict[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
     formats: "TensorFormats | None" = None
     ideal: Callable[[tuple], dict[str, Any]] | None = None
     untapped: str = ""
