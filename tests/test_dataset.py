@@ -6,6 +6,7 @@ transforms for images); tolerances cover batched-vs-single float rounding.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -249,13 +251,20 @@ def _cli_extract(model: str, data: Path, out: Path, *extra: str):
                    "--batch-size", "2", "--shard-size", "4", *extra)
 
 
-def _held(args: list[str], gate: Path, hold_at: int, **popen) -> subprocess.Popen:
+@contextlib.contextmanager
+def _held(args: list[str], gate: Path, hold_at: int, **popen) -> Iterator[subprocess.Popen]:
     """``layertap ARGS`` on GatedNet, started to stop before its forward number ``hold_at``. A shard goes to
     the writer when the first batch of the next one has run: held at forward 2N+1 (2 batches a shard),
     N shards are written and recorded and nothing else is on its way."""
     gate.mkdir()
     env = {**os.environ, "TINYCNN_GATE": str(gate), "TINYCNN_HOLD_AT": str(hold_at)}
-    return subprocess.Popen([sys.executable, "-m", "layertap", *args], env=env, **popen)
+    proc = subprocess.Popen([sys.executable, "-m", "layertap", *args], env=env, **popen)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:  # a check failed: no child stays held at its gate
+            proc.kill()
+            proc.wait()
 
 
 def _wait_held(proc: subprocess.Popen, gate: Path, out: Path, shards: int) -> None:
@@ -282,10 +291,10 @@ def test_sigkill_after_first_shards_then_resume_is_byte_identical(work, tmp_path
     args = ["extract", model, "--tap", "conv2", "--tap", "relu", "--data", str(data), "-o", str(out),
             "--batch-size", "2", "--shard-size", "4"]
     gate = tmp_path / "gate"
-    proc = _held(args, gate, hold_at=5, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_held(proc, gate, out, shards=2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    with _held(args, gate, hold_at=5, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+        _wait_held(proc, gate, out, shards=2)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
     before = json.loads((out / "manifest.json").read_text())
     assert before["status"] == "running" and 1 <= len(before["shards"]) < 6
     assert len(before["shards"]) == 2
@@ -304,11 +313,11 @@ def test_ctrl_c_names_the_kept_shards_and_the_resume_command(work, tmp_path):
     args = ["extract", model, "--tap", "conv2", "--tap", "relu", "--data", str(data), "-o", str(out),
             "--batch-size", "2", "--shard-size", "4"]
     gate = tmp_path / "gate"
-    proc = _held(args, gate, hold_at=3, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _wait_held(proc, gate, out, shards=1)
-    proc.send_signal(signal.SIGINT)
-    (gate / "open").touch()  # were the signal lost, the run would go on and fail below, not hang
-    _, err = proc.communicate(timeout=120)
+    with _held(args, gate, hold_at=3, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+        _wait_held(proc, gate, out, shards=1)
+        proc.send_signal(signal.SIGINT)
+        (gate / "open").touch()  # were the signal lost, the run would go on and fail below, not hang
+        _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     m = json.loads((out / "manifest.json").read_text())
     kept = len(m["shards"])
