@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.layertap-installed
 
-.PHONY: demo test lint install bench clean trained docs
+.PHONY: demo test lint install bench clean trained docs runtimes-doc
 
 install: $(STAMP) trained
 
@@ -45,6 +45,11 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 # the documentation site (mkdocs.yml, docs/) into site/: offline, every warning an error
+# docs/runtimes.md: every verb on every runtime, as the runtimes' plug-ins declare it
+runtimes-doc: $(STAMP)
+	$(PY) -c "import re, pathlib; from layertap.runtimes.plugins import runtime_matrix; p = pathlib.Path('docs/runtimes.md'); \
+	p.write_text(re.sub(r'(?s)(<!-- runtime-matrix -->\n).*(<!-- /runtime-matrix -->)', lambda m: m[1] + runtime_matrix() + m[2], p.read_text()))"
+
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 

@@ -7,15 +7,16 @@ from pathlib import Path
 import numpy as np
 
 TINY_CNN = '''
+import os
 import time
+from pathlib import Path
+
 import torch
 from torch import nn
 
 
 class Net(nn.Module):
-    """conv -> relu -> conv -> head; SLEEP seconds per forward (for the kill test)."""
-
-    SLEEP = 0.0
+    """conv -> relu -> conv -> head."""
 
     def __init__(self):
         super().__init__()
@@ -26,14 +27,24 @@ class Net(nn.Module):
         self.head = nn.Linear(16, 5)
 
     def forward(self, x):
-        if self.SLEEP:
-            time.sleep(self.SLEEP)
         h = self.relu(self.conv2(self.relu(self.conv1(x))))
         return self.head(h.mean((2, 3)))
 
 
-class SlowNet(Net):
-    SLEEP = 0.25
+class GatedNet(Net):
+    """Net, held where a test means to signal it: with TINYCNN_GATE naming a folder, forward call number
+    TINYCNN_HOLD_AT (0-based) writes GATE/ready and waits until GATE/open exists. Without it, Net."""
+
+    calls = 0
+
+    def forward(self, x):
+        gate = os.environ.get("TINYCNN_GATE")
+        if gate and GatedNet.calls == int(os.environ["TINYCNN_HOLD_AT"]):
+            (Path(gate) / "ready").touch()
+            while not (Path(gate) / "open").exists():  # a signal raises here
+                time.sleep(0.01)
+        GatedNet.calls += 1
+        return super().forward(x)
 
 
 class Threads(nn.Module):

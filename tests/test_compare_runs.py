@@ -86,14 +86,14 @@ def test_fp16_block_list_round_trip(big, tmp_path):
     """The written list, given to convert_float_to_float16 with the options it names, makes the comparison pass."""
     import layertap as lt
     from layertap.fixing.convert import FP16_OPTIONS
-    from layertap.fixing.fix import write_block_list
 
     _, _, fp32, fp16 = big
     samples = _samples([20.0])
     bad = lt.compare(fp32, None, fp16, samples=samples, metric="cosine")
     assert not bad.ok
     out = tmp_path / "block.json"
-    found = write_block_list(fp32, None, samples, bad, fp16, out)
+    found = lt.fix(fp32, None, to="fp16", out=None, samples=samples, search_options=lt.SearchOptions(rank_report=bad))
+    found.write_nodes(out)
     names = json.loads(out.read_text())
     assert found.ok and names == found.nodes
     from onnxconverter_common import float16

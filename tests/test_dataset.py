@@ -6,6 +6,7 @@ transforms for images); tolerances cover batched-vs-single float rounding.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -249,22 +251,53 @@ def _cli_extract(model: str, data: Path, out: Path, *extra: str):
                    "--batch-size", "2", "--shard-size", "4", *extra)
 
 
+@contextlib.contextmanager
+def _held(args: list[str], gate: Path, hold_at: int, **popen) -> Iterator[subprocess.Popen]:
+    """``layertap ARGS`` on GatedNet, started to stop before its forward number ``hold_at``. A shard goes to
+    the writer when the first batch of the next one has run: held at forward 2N+1 (2 batches a shard),
+    N shards are written and recorded and nothing else is on its way."""
+    gate.mkdir()
+    env = {**os.environ, "TINYCNN_GATE": str(gate), "TINYCNN_HOLD_AT": str(hold_at)}
+    proc = subprocess.Popen([sys.executable, "-m", "layertap", *args], env=env, **popen)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:  # a check failed: no child stays held at its gate
+            proc.kill()
+            proc.wait()
+
+
+def _wait_held(proc: subprocess.Popen, gate: Path, out: Path, shards: int) -> None:
+    """Wait until ``proc`` is held at its gate with ``shards`` shards recorded. Both come true while it
+    waits there, whatever the machine's load; the time limit only keeps a broken run from hanging."""
+    deadline = time.monotonic() + 120
+    while not ((gate / "ready").exists() and _recorded(out) == shards):
+        assert proc.poll() is None, f"exit {proc.returncode} before the child reached its gate"
+        assert time.monotonic() < deadline, "the child never reached its gate"
+        time.sleep(0.01)
+
+
+def _recorded(out: Path) -> int:
+    manifest = out / "manifest.json"
+    return len(json.loads(manifest.read_text())["shards"]) if manifest.exists() else 0  # replaced atomically
+
+
 def test_sigkill_after_first_shards_then_resume_is_byte_identical(work, tmp_path):
     data = npy_folder(tmp_path / "data", n=24)
-    model = f"{work['model']}:SlowNet"
+    model = f"{work['model']}:GatedNet"
     whole = _cli_extract(model, data, tmp_path / "whole")
     assert whole.returncode == 0, whole.stderr
     out = tmp_path / "killed"
-    args = [sys.executable, "-m", "layertap", "extract", model, "--tap", "conv2", "--tap", "relu", "--data", str(data),
-            "-o", str(out), "--batch-size", "2", "--shard-size", "4"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline and len(list(out.glob("shard-*.safetensors"))) < 2:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    args = ["extract", model, "--tap", "conv2", "--tap", "relu", "--data", str(data), "-o", str(out),
+            "--batch-size", "2", "--shard-size", "4"]
+    gate = tmp_path / "gate"
+    with _held(args, gate, hold_at=5, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+        _wait_held(proc, gate, out, shards=2)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
     before = json.loads((out / "manifest.json").read_text())
     assert before["status"] == "running" and 1 <= len(before["shards"]) < 6
+    assert len(before["shards"]) == 2
     again = _cli_extract(model, data, out)
     assert again.returncode == 2 and "pass --resume" in again.stderr
     resumed = _cli_extract(model, data, out, "--resume")
@@ -274,21 +307,22 @@ def test_sigkill_after_first_shards_then_resume_is_byte_identical(work, tmp_path
 
 def test_ctrl_c_names_the_kept_shards_and_the_resume_command(work, tmp_path):
     data = npy_folder(tmp_path / "data", n=24)
-    model = f"{work['model']}:SlowNet"
+    model = f"{work['model']}:GatedNet"
     assert _cli_extract(model, data, tmp_path / "whole").returncode == 0
     out = tmp_path / "stopped"
     args = ["extract", model, "--tap", "conv2", "--tap", "relu", "--data", str(data), "-o", str(out),
             "--batch-size", "2", "--shard-size", "4"]
-    proc = subprocess.Popen([sys.executable, "-m", "layertap", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not list(out.glob("shard-*.safetensors")) and proc.poll() is None:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130
+    gate = tmp_path / "gate"
+    with _held(args, gate, hold_at=3, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+        _wait_held(proc, gate, out, shards=1)
+        proc.send_signal(signal.SIGINT)
+        (gate / "open").touch()  # were the signal lost, the run would go on and fail below, not hang
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
     m = json.loads((out / "manifest.json").read_text())
     kept = len(m["shards"])
     assert m["status"] == "running" and 1 <= kept < 6
+    assert kept == 1
     command = shlex.join(["layertap", *args, "--resume"])
     assert err.strip().splitlines() == [
         f"layertap: error: interrupted; {kept} complete shard(s) ({4 * kept} samples) are kept in '{out}'; to go on, run: {command}"

@@ -118,7 +118,7 @@ def test_compare_faithful_program_passes_with_every_module_row(net_program):
 @pytest.fixture
 def faulty_lowering(monkeypatch):
     """A lowering that breaks conv2 (its output scaled by 1.05 in the program), as a faulty toolchain would."""
-    import layertap.exporting.executorch as exporting
+    import layertap.exporting.program as exporting
     import layertap.pytorch.lowering as lowering
 
     real = lowering.lower
@@ -291,3 +291,94 @@ def test_compare_without_inputs_draws_at_the_programs_shapes(net_program):
     model, _, path, _ = net_program
     report = lt.compare(model, None, path, samples=2)
     assert report.ok and report.samples == 2 and len(report.rows) == 9, report
+
+
+def test_layers_of_a_program_lists_what_it_hands_out_by_module_path(net_program, tmp_path, capsys):
+    model, x, path, _ = net_program
+    assert main(["layers", str(path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["name"], r["op"], r["module"], r["call"]) for r in rows] == [
+        ("x", "input", None, None), ("output", "output", None, None), ("conv1", "tap", "conv1", 0),
+        ("relu#0", "tap", "relu", 0), ("relu#1", "tap", "relu", 1), ("fc:input", "tap", "fc", 0)]
+    assert rows[2]["shape"] == [1, 8, 16, 16] and rows[1]["shape"] == [1, 10]
+    # a program from elsewhere: its outputs by position, and what gives module rows
+    bare = tmp_path / "bare.pte"
+    bare.write_bytes(path.read_bytes())
+    assert main(["layers", str(bare), "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in table["rows"]][:2] == ["input_0", "output_0"] and "layertap export" in table["notes"][0]
+
+
+class Halves(nn.Module):
+    """A module returning a tuple of two tensors of one shape."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = x.chunk(2, dim=1)
+        return a.relu(), b.sigmoid()
+
+
+class TupleNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.halves, self.out = nn.Linear(4, 8), Halves(), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.halves(self.fc(x))
+        return self.out(a * b)
+
+
+def test_a_module_returning_a_tuple_has_a_row_and_a_wrong_element_is_named(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    model, x = TupleNet().eval(), torch.randn(2, 4)
+    path = tmp_path / "t.pte"
+    assert lt.export(model, x, path).ok
+    rows = {r.path: r for r in lt.compare(model, x, path, samples=2).rows}
+    assert rows["halves"].status == "pass" and len(rows["halves"].onnx) == 2
+    # the second element wrong in the program (a faulty lowering of the sigmoid): named at the tuple's module
+    import layertap.pytorch.lowering as lowering
+
+    real = lowering.lower
+
+    def broken(module, example, recipe):
+        handle = module.model.halves.register_forward_hook(lambda m, i, o: (o[0], o[1] * 1.1))
+        try:
+            return real(module, example, recipe)
+        finally:
+            handle.remove()
+
+    monkeypatch.setattr(lowering, "lower", broken)
+    report = lt.compare(model, x, path, samples=2)
+    assert not report.ok and report.first_divergence == "halves"
+
+
+def test_a_program_lowered_from_other_weights_is_named_by_the_weight_check(net_program):
+    model, x, path, _ = net_program
+    assert lt.compare(model, x, path).summary()["weights"]["matched"] == 10
+    changed = small_net()
+    with torch.no_grad():
+        changed.fc.weight[0] *= 3
+    report = lt.compare(changed, x, path)
+    assert any("1 of 10 matched parameters differ" in n and "fc.weight (rel >= " in n for n in report.notes)
+    assert "fc.weight differs" in next(r for r in report.rows if r.path == "fc").weights
+    with pytest.raises(lt.LayertapError, match="the program's weights are not the model's: .* 6 of 10 matched"):
+        lt.compare(small_net(seed=1), x, path)
+    anyway = lt.compare(small_net(seed=1), x, path, criterion=lt.Criterion(allow_different_weights=True))
+    assert not anyway.ok and any(n.startswith("compared anyway") for n in anyway.notes)
+
+
+def test_extract_over_a_dataset_runs_the_program_in_executorch(net_program, tmp_path):
+    model, x, path, _ = net_program
+    data = tmp_path / "data"
+    data.mkdir()
+    xs = np.random.default_rng(0).standard_normal((5, 3, 16, 16)).astype(np.float32)
+    for i, sample in enumerate(xs):
+        np.save(data / f"s{i:02d}.npy", sample)
+    assert main(["extract", str(path), "--tap", "conv1", "--tap", "fc:input", "--data", str(data), "-o",
+                 str(tmp_path / "feats"), "--batch-size", "2"]) == 0
+    feats = lt.load_features(tmp_path / "feats")
+    with lt.tap(model, ["conv1", "fc:input"]) as taps:
+        model(torch.from_numpy(xs))
+    for name in ("conv1", "fc:input"):
+        np.testing.assert_allclose(np.asarray(feats[name]), taps[name].numpy(), rtol=1e-4, atol=1e-5)
+    with pytest.raises(lt.LayertapError, match="unknown tap 'layer1'.*layertap layers net.pte"):
+        lt.extract_dataset(path, data, taps=["layer1"], out=tmp_path / "bad")

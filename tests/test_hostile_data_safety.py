@@ -472,6 +472,107 @@ def test_signal_during_export_removes_work_folder(tmp_path, sig):
     assert not leftovers(tmp_path), leftovers(tmp_path)
 
 
+HELD_IN = textwrap.dedent(
+    """
+    import importlib, sys, time
+    from pathlib import Path
+    module, attr, gate, drops = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4] == "drops"
+    target = importlib.import_module(module)
+    original = getattr(target, attr)
+
+    def wait_for_gate():
+        while not (gate / "open").exists():
+            time.sleep(0.01)
+
+    def held(*args, **kwargs):
+        # a long native call the test signals: with "drops", one whose library then catches what the
+        # signal raised and goes on, as torch.onnx.export does when it tries its next capture strategy
+        (gate / "ready").touch()
+        try:
+            wait_for_gate()
+        except BaseException as e:
+            if not drops:
+                raise
+            (gate / "dropped").write_text(type(e).__name__)
+        wait_for_gate()
+        return original(*args, **kwargs)
+
+    setattr(target, attr, held)
+    from layertap.cli.main import main
+    sys.exit(main(sys.argv[5:]))
+    """
+)
+
+
+def _signalled_inside(tmp: Path, module: str, attr: str, sig: str, drops: bool, argv: list[str]):
+    """Run ``layertap ARGV`` with ``module.attr`` held at a gate; send ``sig`` while it waits there. A
+    dropped signal is acknowledged before the gate opens; one that is not must end the command by itself."""
+    gate = tmp / "gate"
+    gate.mkdir()
+    script = tmp / "held_in.py"
+    script.write_text(HELD_IN)
+    proc = subprocess.Popen([sys.executable, str(script), module, attr, str(gate), "drops" if drops else "raises", *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": SRC})
+    try:
+        _until(proc, gate / "ready")
+        proc.send_signal(getattr(signal, sig))
+        if drops:
+            _until(proc, gate / "dropped")
+            (gate / "open").touch()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out, err
+
+
+def _until(proc: subprocess.Popen, path: Path) -> None:
+    """Wait for the held child to make ``path``; the time limit only keeps a broken run from hanging."""
+    deadline = time.monotonic() + 120
+    while not path.exists():
+        assert proc.poll() is None, f"exit {proc.returncode} before {path.name}: {proc.stderr.read() if proc.stderr else ''}"
+        assert time.monotonic() < deadline, f"the child never made {path.name}"
+        time.sleep(0.01)
+
+
+SIGNALS_INSIDE = [("SIGINT", True), ("SIGTERM", True), ("SIGINT", False)]
+
+
+@pytest.mark.parametrize(("sig", "drops"), SIGNALS_INSIDE, ids=["SIGINT-dropped", "SIGTERM-dropped", "SIGINT"])
+def test_signal_inside_the_data_copy_stops_add_outputs(tmp_path, sig, drops):
+    """A signal that lands while add-outputs copies the external data, even one the copy's library drops:
+    exit 128+N, nothing published, the input and the earlier output as they were."""
+    src = matmul_model(tmp_path / "a", data="w.bin", seed=1)
+    out = tmp_path / "out" / "t.onnx"
+    out.parent.mkdir()
+    assert cli("add-outputs", str(src), "-o", str(out), "--tensor", "H").returncode == 0
+    other = matmul_model(tmp_path / "b", data="w.bin", seed=2)
+    before, names = hash_tree(tmp_path), sorted(p.name for p in out.parent.iterdir())
+    code, stdout, err = _signalled_inside(tmp_path, "layertap.onnxfile.outputs", "copy_data", sig, drops,
+                                          ["add-outputs", str(other), "-o", str(out), "--tensor", "Y"])
+    one_error(code, err, stdout, expect="interrupted" if sig == "SIGINT" else sig, status=128 + getattr(signal, sig))
+    assert not leftovers(tmp_path), leftovers(tmp_path)
+    assert {k: v for k, v in hash_tree(tmp_path).items() if k in before} == before
+    assert sorted(p.name for p in out.parent.iterdir()) == names
+    _pair_ok(out, src)
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_signal_the_exporter_drops_still_stops_export(tmp_path, sig):
+    """A signal inside torch.onnx.export that the exporter catches and drops (it goes on with its next way
+    to capture the model, which succeeds): exit 128+N, no file, no work folder, the earlier output kept."""
+    spec = tiny_file(tmp_path) + ":make"
+    out = tmp_path / "e.onnx"
+    matmul_model(tmp_path, name="e.onnx")  # an earlier output
+    before = hash_tree(tmp_path)
+    code, stdout, err = _signalled_inside(tmp_path, "torch.onnx", "export", sig, True,
+                                          ["export", spec, "--input", "2x4", "--no-verify", "-o", str(out)])
+    one_error(code, err, stdout, expect="interrupted" if sig == "SIGINT" else sig, status=128 + getattr(signal, sig))
+    assert not leftovers(tmp_path), leftovers(tmp_path)
+    assert {k: v for k, v in hash_tree(tmp_path).items() if k in before} == before
+
+
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
 def test_signal_after_a_forward_removes_the_values_it_spilled(tmp_path, monkeypatch, sig):
     """A signal right after a PyTorch forward whose values spilled to disk (a small --memory-budget), before

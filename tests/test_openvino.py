@@ -301,13 +301,15 @@ def test_openvino_reads_an_unedited_file_from_disk_and_an_edited_graph_from_memo
     import onnx
 
     import layertap as lt
-    from layertap.runtimes import openvino as ov_rt
 
     ext = tmp_path / "ext.onnx"  # weights in an external data file beside it
     onnx.save(onnx.load(str(files["ts"])), str(ext), save_as_external_data=True, location="ext.data", size_threshold=0)
+    from layertap.runtimes.source import SessionSource
+
     inlined: list[str] = []
-    real = ov_rt.inline_weights
-    monkeypatch.setattr(ov_rt, "inline_weights", lambda model, source: inlined.append(model.graph.name) or real(model, source))
+    real = SessionSource.inlined
+    monkeypatch.setattr(SessionSource, "inlined",
+                        lambda source, model=None: inlined.append((model or source.model).graph.name) or real(source, model))
     report = lt.compare(ext, None, ext, runtime_options=lt.RuntimeOptions(cand_runtime="openvino", ov_precision="f32", batch_outputs=3))
     assert report.ok and report.ort_runs > 2 and inlined == []  # every batch read the file itself
     assert any(n.startswith("OpenVINO ran ") and "exposing the intermediates in batches" in n for n in report.notes)

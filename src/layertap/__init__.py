@@ -33,6 +33,7 @@ _EXPORTS = {
     "onnx_layers": ".runtimes",
     "add_outputs": ".runtimes",
     "run": ".runtimes",
+    "register_runtime": ".runtimes",
     "extract_dataset": ".dataset.extraction",
     "fix": ".fixing",
     "load_features": ".dataset.features",

@@ -29,7 +29,7 @@ from ..inputs import parse_inputs
 from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, Criterion
 from ..options import DatasetOptions as LibDatasetOptions
 from ..options import Model, RuntimeOptions, SampleOptions, merged_criterion
-from ..runtimes import RUNTIMES, is_ir
+from ..runtimes import plugin_for
 from ..specs import check_model_args
 from .console import status
 
@@ -176,8 +176,9 @@ class ModelArgs(ArgGroup):
 
 
 def is_onnx_path(text: str) -> bool:
-    """Whether a MODEL/REF argument names an ONNX file, or an OpenVINO IR (``.xml``) run in its place (by its suffix)."""
-    return text.lower().endswith(".onnx") or is_ir(text)
+    """Whether a MODEL/REF argument names an ONNX file, or a file a runtime runs in its place (an OpenVINO IR
+    ``.xml``, an ExecuTorch program ``.pte``: by its suffix)."""
+    return text.lower().endswith(".onnx") or plugin_for(text) is not None
 
 
 @dataclass(frozen=True)
@@ -435,10 +436,12 @@ class RuntimeArgs(ArgGroup):
     def add(self, parser: argparse.ArgumentParser) -> None:
         g = parser.add_argument_group("runtime")
         which = "an ONNX reference (else the candidate)" if self.cand else "the file"
-        g.add_argument("--runtime", choices=RUNTIMES, default=None,
-                       help=f"what runs {which}: ort (ONNX Runtime, default) or openvino")
+        # no argparse choices: a runtime registered from outside is a name too, and an unknown one is refused
+        # by open_runtime with the close matches
+        g.add_argument("--runtime", default=None, metavar="NAME",
+                       help=f"what runs {which}: ort (ONNX Runtime, default), openvino, or a runtime plug-in's name")
         if self.cand:
-            g.add_argument("--cand-runtime", choices=RUNTIMES, default=None,
+            g.add_argument("--cand-runtime", default=None, metavar="NAME",
                            help="what runs the candidate (default: the reference's runtime)")
         g.add_argument("--ov-precision", choices=("f32", "bf16", "f16"), default=None,
                        help="OpenVINO's inference precision (default: the device's own, bf16 on CPUs with AMX)")

@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import errno
 import importlib
-import signal
 import sys
 import textwrap
 import warnings
@@ -22,6 +21,7 @@ from typing import Iterator, NoReturn, Sequence
 from .. import __version__
 from ..errors import LayertapError, LayertapWarning, one_line, printable
 from ..files.reads import operation
+from ..files.signals import Terminated, raise_if_stopped, signals_stop, stopped_by
 from .console import quiet_exit, stdout_closed
 
 # subcommand -> "module:Class" under layertap.cli.tools; imported when the parser is built
@@ -138,6 +138,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``layertap`` with ``argv``; return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    with signals_stop():  # also while an error is reported: it asks stopped_by() what stopped the command
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     debug = "--debug" in argv
     try:
         parser, tools = build_parser()
@@ -148,8 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if extra:  # argparse would point at the top-level help; the subcommand's own lists its options
             raise LayertapError(f"unrecognized arguments: {' '.join(extra)} (see 'layertap {ns.command} --help')")
         ns.argv = argv  # a command that keeps partial results names the command line that continues it
-        with _signals_raise(), _operation(), _warnings_one_line(), _json_stdout(getattr(ns, "json", False)):
+        with _operation(), _warnings_one_line(), _json_stdout(getattr(ns, "json", False)):
             code = _run_tool(tools[ns.command], ns)
+        raise_if_stopped()  # a signal some library dropped still stops the command, as it stopped its outputs
         sys.stdout.flush()  # output still buffered fails here, where a closed pipe ends quietly
         return code
     except BrokenPipeError as e:
@@ -163,7 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit:
         raise
     except BaseException as e:
-        stop = interrupt_in(e)  # a library that turned the interrupt into an error of its own (torch's exporter)
+        # a library that turned the interrupt into an error of its own (torch's exporter), or dropped it
+        stop = interrupt_in(e) or stopped_by()
         if stop is not None and not debug:
             return _stopped(stop)
         if debug:
@@ -230,39 +237,6 @@ def _run_tool(tool, ns: argparse.Namespace) -> int:
             f"the model code called sys.exit({e.code!r}) while 'layertap {ns.command}' was running it; "
             "layertap stopped (exit 2): make the model's import, factory and forward return instead of exiting"
         ) from None
-
-
-class Terminated(BaseException):
-    """SIGTERM or SIGHUP, raised like KeyboardInterrupt so every ``finally`` runs."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-        self.name = signal.Signals(signum).name
-
-
-@contextlib.contextmanager
-def _signals_raise() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into :class:`Terminated` while a command runs.
-
-    Python's default for them kills the process on the spot, skipping the
-    cleanup of temporary files and folders that SIGINT (KeyboardInterrupt) gets.
-    """
-    def handler(signum, _frame):
-        raise Terminated(signum)
-
-    wanted = [getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
-    old = {}
-    try:
-        for s in wanted:
-            old[s] = signal.signal(s, handler)
-    except ValueError:  # not the main thread: signals cannot be handled here
-        pass
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from .rows import ABSORBED, FAIL, NO_COUNTERPART, PASS, CompareRow, merge_stats,
 from .torch_side import ArrayStore, ModuleCall
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .ideal import Judging
+    from .judging import Judging
 
 T = TypeVar("T")
 
@@ -45,6 +45,8 @@ class Item:
     ref_tensors: tuple[str, ...] = ()  # an ONNX reference's own tensors for this row
     fused_into: str | None = None  # an absorbed call: the module path whose value holds it
     onnx_call: int | None = None  # the candidate's own number of the call (its graph's order), where it differs
+    #: the tensors are the call's flattened outputs in order (a program's taps by index): paired by position
+    ordered: bool = False
 
     @property
     def graph_call(self) -> int:
@@ -344,7 +346,8 @@ class RowBuilder:
         if self.judging is not None:
             fmt = self.judging.row_format(item.tensors)
             base["precision"] = fmt.family if fmt is not None else None
-        stats, names, why = self._compare(ref, onnx_arrays, item.tensors, mc, self.ideal_of(mc.key, ref))
+        stats, names, why = self._compare(ref, onnx_arrays, item.tensors, mc, self.ideal_of(mc.key, ref),
+                                          ordered=item.ordered)
         if item.unverified is not None:
             return self._checked(item, base, stats, names)
         if stats is None:
@@ -388,11 +391,12 @@ class RowBuilder:
 
     def _compare(
         self, ref: list[np.ndarray], got: list[np.ndarray], names: Sequence[str], mc: ModuleCall | None = None,
-        ideal: list[np.ndarray] | None = None,
+        ideal: list[np.ndarray] | None = None, *, ordered: bool = False,
     ) -> tuple[ErrorStats | None, list[str], str | None]:
         ref_shapes, got_shapes = [tuple(r.shape) for r in ref], [tuple(g.shape) for g in got]
-        # graph outputs come in the model's flattened output order; an inner call's tensors do not
-        if mc is not None and mc.path and _ambiguous(ref_shapes):
+        # graph outputs come in the model's flattened output order, as do a program's taps of one call
+        # (``ordered``); an inner call's tensors in a graph do not
+        if mc is not None and mc.path and not ordered and _ambiguous(ref_shapes):
             pairs = self._pairs_by_flow(mc, ref_shapes, got_shapes, names)
             if not pairs:
                 return None, [], (

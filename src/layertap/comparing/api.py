@@ -54,17 +54,19 @@ from ..numformats import PRECISIONS
 from ..onnxfile.kvcache import kv_layout
 from ..onnxfile.modelfile import ModelFile, is_onnx_source
 from ..options import DEFAULT_MEMORY_BUDGET, UNSET, RuntimeOptions, SampleOptions, current_progress, merged_criterion
-from ..runtimes import open_runtime, runtime_for
-from ..runtimes.executorch import ProgramEngine, program_input_specs
+from ..runtimes import runtime_for
+from ..runtimes.choice import side_runtimes
 from ..runtimes.ort import FUSION_NOTE
+from ..runtimes.plugins import ProgramPlugin, RuntimeSettings, plugin_for
 from ..samples.declared import read_inputs
 from ..samples.drawn import given_samples, random_for_file, spec_samples, with_cache
 from ..samples.loading import load_samples, save_samples
 from .driver import Progress, compare_sides
-from .ideal import Judging, candidate_formats, judging
+from .ideal import candidate_formats
+from .judging import Judging, judging
+from .mapped import compare_mapped
 from .onnx_ref import OnnxReference, refuse_same_run
 from .onnx_side import OrtSide
-from .program_side import compare_program
 from .rows import CompareReport
 from .steps import StepReference, check_steps
 from .torch_ref import TorchReference
@@ -205,8 +207,9 @@ def _compare(ref: Any, args: Any, cand: Any, runs: RuntimeOptions, sampling: Sam
     """``compare`` on its options as objects: the runtimes opened, a PyTorch reference loaded and its
     example call made, the samples read, the rows' rule fitted to a reduced precision, then the sides
     built for the kind of reference."""
-    if "executorch" in (runtime_for(ref), runtime_for(cand)):
-        return _compare_program(ref, args, cand, runs, sampling, plan)
+    program = next((p for p in (plugin_for(cand), plugin_for(ref)) if p is not None and p.form == "program"), None)
+    if program is not None:
+        return _compare_program(program, ref, args, cand, runs, sampling, plan)  # type: ignore[arg-type]
     onnx_ref = is_onnx_source(ref)
     ref_rt, cand_rt = side_runtimes(onnx_ref, runs, own=(runtime_for(ref) if onnx_ref else None, runtime_for(cand)))
     criterion, precision_note = rounding_criterion(plan.criterion, tolerance_chosen, ref_rt)
@@ -239,46 +242,46 @@ def _compare(ref: Any, args: Any, cand: Any, runs: RuntimeOptions, sampling: Sam
     return report
 
 
-def _compare_program(ref: Any, args: Any, cand: Any, runs: RuntimeOptions, sampling: SampleOptions,
-                     plan: _Plan) -> CompareReport:
-    """A PyTorch model against an ExecuTorch program (:mod:`.program_side`), on the samples given or drawn."""
+def _compare_program(runtime: ProgramPlugin, ref: Any, args: Any, cand: Any, runs: RuntimeOptions,
+                     sampling: SampleOptions, plan: _Plan) -> CompareReport:
+    """A PyTorch model against a program ``runtime`` runs (:mod:`.mapped`), on the samples given or drawn."""
     from ..pytorch.reference import example_call, load
 
-    if runtime_for(cand) != "executorch" or is_onnx_source(ref):
-        raise LayertapError("an ExecuTorch program (.pte) is compared with the PyTorch model it came from: "
-                            "layertap compare MODEL m.pte (lt.compare(model, args, 'm.pte'))")
-    if plan.local or sampling.steps is not None:
-        raise LayertapError("--local and --steps (local=, steps=) read ONNX graphs; compare an ExecuTorch program "
-                            "without them")
-    other = [k for k, v in (("--runtime", runs.runtime not in (None, "executorch")), ("--providers", runs.providers),
-                            ("--cand-providers", runs.cand_providers), ("--ov-precision", runs.ov_precision),
-                            ("--ov-device", runs.ov_device)) if v]
-    if other:
-        raise LayertapError(f"{other[0]} does not apply to an ExecuTorch program: it runs in ExecuTorch, on the "
-                            "backend it was lowered for")
+    if plugin_for(cand) is not runtime or is_onnx_source(ref):
+        raise LayertapError(f"a {runtime.title} program ({', '.join(runtime.suffixes)}) is compared with the PyTorch "
+                            f"model it came from: layertap compare MODEL m{runtime.suffixes[0]} (lt.compare(model, "
+                            f"args, 'm{runtime.suffixes[0]}'))")
+    for flag, verb in ((plan.local, "compare --local"), (sampling.steps is not None, "compare --steps")):
+        if flag and runtime.matrix.get(verb) != "yes":
+            raise LayertapError(f"{verb.split()[1]} is not available for {runtime.title} programs: "
+                                f"{runtime.matrix.get(verb)}; compare without it")
+    if runs.runtime not in (None, runtime.name) or runs.cand_runtime not in (None, runtime.name):
+        raise LayertapError(f"--runtime does not apply to a {runtime.title} program: it runs in {runtime.title}")
+    if runs.cand_providers is not None:
+        raise LayertapError(f"--cand-providers does not apply to a {runtime.title} program: it runs in "
+                            f"{runtime.title}, on the backend it was lowered for")
+    runtime.open(RuntimeSettings(providers=runs.providers, ov_precision=runs.ov_precision, ov_device=runs.ov_device))
     loaded = load(ref)
     if args is None and sampling.inputs is None and (sampling.samples is None or isinstance(sampling.samples, int)):
-        args = program_input_specs(cand)  # drawn at the shapes the program was lowered for, not the zoo's
+        args = runtime.input_specs(Path(cand))  # drawn at the shapes the program was lowered for, not the zoo's
     args, kwargs, sampling = example_call(loaded, args, sampling)
     samples = sampling.samples
     if sampling.inputs is not None:
-        samples = _program_samples(sampling, cand)
+        samples = _program_samples(sampling, runtime.engine(Path(cand)).get_inputs())
     given, n_random = given_samples(_as_args(args), samples)
-    report = compare_program(loaded.module, cand, _torch_samples(given, n_random, kwargs, plan.seed), plan,
-                             loaded.method)
+    runs_ = _torch_samples(given, n_random, kwargs, plan.seed)
+    report = compare_mapped(runtime, loaded.module, cand, runs_, plan, loaded.method)
     if sampling.save_inputs is not None:
-        save_samples(sampling.save_inputs, [{f"input_{i}": a.numpy() for i, a in enumerate(r[0])}
-                                            for r in _torch_samples(given, n_random, kwargs, plan.seed)])
+        save_samples(sampling.save_inputs, [{f"input_{i}": a.numpy() for i, a in enumerate(r[0])} for r in runs_])
     return report
 
 
-def _program_samples(sampling: SampleOptions, cand: Any) -> list[Any]:
-    """``--inputs PATH`` read as the program's inputs (names and ranks from its engine), in order, as tensors."""
+def _program_samples(sampling: SampleOptions, declared: Sequence[Any]) -> list[Any]:
+    """``--inputs PATH`` read as a program's inputs (names and ranks as it declares them), in order, as tensors."""
     from ..pytorch.example_inputs import sample_tensors
 
     if sampling.inputs is None:
         raise LayertapError("inputs= names the samples to read")
-    declared = ProgramEngine(cand).get_inputs()
     read = load_samples(sampling.inputs, [i.name for i in declared], [len(i.shape or []) or None for i in declared],
                         preprocess=lambda: sampling.preprocess, columns=sampling.columns, limit=sampling.limit)
     return [sample_tensors(s) for s in read]
@@ -301,45 +304,6 @@ def rounding_criterion(criterion: Criterion, given: bool, ref_runtime: Any) -> t
     fitted = criterion.for_precision(info.precision)
     return fitted, (f"the reference ran in {info.runtime} at {info.precision}: rows judged at rtol {fitted.rtol:g} "
                     "(its rounding); pass --rtol (rtol=) to judge tighter")
-
-
-def side_runtimes(onnx_ref: bool, runs: RuntimeOptions, own: tuple[str | None, str | None] = (None, None)
-                  ) -> tuple[Any, Any]:
-    """The reference's runtime (``None`` for a PyTorch reference) and the candidate's, each opened by
-    :func:`~layertap.runtimes.open_runtime`; OpenVINO's options go to the sides that run OpenVINO.
-    A side whose file only one runtime runs (``own``: :func:`~layertap.runtimes.runtime_for` of the
-    reference and of the candidate; an OpenVINO IR) runs there unless told otherwise. ORT's graph
-    optimisations per side (the reference's ``None``: the candidate's); turning them off for a side that
-    OpenVINO runs is refused, not ignored."""
-    runtime, cand_runtime, ov_precision, ov_device = runs.runtime, runs.cand_runtime, runs.ov_precision, runs.ov_device
-    providers = (runs.providers, runs.cand_providers)
-    optimize = (runs.ref_ort_optimizations, runs.ort_optimizations)
-    if providers[0] is not None and not onnx_ref:
-        raise LayertapError(
-            "--providers (providers=) picks the execution providers of an ONNX reference, and REF here is a PyTorch "
-            "model; give the candidate's providers with --cand-providers (cand_providers=)"
-        )
-    if not onnx_ref and runtime is not None and cand_runtime is not None and runtime != cand_runtime:
-        raise LayertapError("with a PyTorch reference only the candidate runs a file: give --runtime or "
-                            "--cand-runtime (runtime= or cand_runtime=), not both")
-    ref_name = (runtime or own[0] or "ort") if onnx_ref else None
-    cand_name = cand_runtime or own[1] or (runtime if onnx_ref or runtime else None) or ref_name or "ort"
-    if "openvino" not in (ref_name, cand_name) and (ov_precision is not None or ov_device is not None):
-        raise LayertapError("--ov-precision and --ov-device (ov_precision=, ov_device=) apply to the OpenVINO runtime; "
-                            "add --runtime openvino or --cand-runtime openvino")
-
-    def opened(name: str, side: int) -> Any:
-        ov = dict(ov_precision=ov_precision, ov_device=ov_device) if name == "openvino" else {}
-        asked = optimize[side]
-        if name == "openvino" and asked is False:
-            flag = ("--ref-no-ort-opt (ref_ort_optimizations=False)", "the reference") if side == 0 else \
-                ("--no-ort-opt (ort_optimizations=False)", "the candidate")
-            raise LayertapError(f"{flag[0]} turns off ONNX Runtime's graph optimisations, but OpenVINO runs {flag[1]} "
-                                "(its own graph transformations always apply); drop the option, or run that side in "
-                                "ONNX Runtime (--runtime/--cand-runtime ort)")
-        return open_runtime(name, providers=providers[side], optimize=optimize[1] if asked is None else asked, **ov)
-
-    return (opened(ref_name, 0) if ref_name else None), opened(cand_name, 1)
 
 
 def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike | ModelFile, given: list[Any],

@@ -369,7 +369,7 @@ def local_errors(graph: LocalGraph, batch: list[Item], rows: list[CompareRow], p
     (its nodes, found through ``tensors_of``) fed the reference's values (``ref_of``), its
     outputs judged against the reference values ``pairs_of`` pairs them with; where a pair carries the
     ideal part's value (judged at the candidate's precision), the local split too, which then decides the
-    row (``judging``: the precision rule, :class:`~.ideal.Judging`)."""
+    row (``judging``: the precision rule, :class:`~.judging.Judging`)."""
     jobs, pairs = [], {}
     for k, (it, row) in enumerate(zip(batch, rows)):
         if row.ok is None or not it.mc.path:

@@ -45,7 +45,8 @@ from ..samples.drawn import Sample as Given
 from .align import Item, RowBuilder, pack_batches
 from .background import Background
 from .driver import Sample, module_filter, plan_batches
-from .ideal import Judging, OnnxIdeal, OnnxIdealParts
+from .ideal import OnnxIdeal, OnnxIdealParts
+from .judging import Judging
 from .local_errors import LocalInputs, onnx_ref_inputs, ref_needs
 from .nchwc import blocked_stand_ins
 from .onnx_side import IF_BRANCHES, OrtSide, absorb_unexposable, check_feed_shapes

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -18,15 +18,12 @@ from ..files.png import encode_png
 from ..files.writes import atomic_write_bytes, check_output_path
 from .words import band_text, chart_points, tick_indices
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .rows import CompareReport
-
 # Errors of exactly 0 cannot sit on a log axis; they are drawn at this floor.
 _FLOOR = 1e-12
 _MAX_LABELS = 40
 
 
-def write_plot(report: "CompareReport", path: str | os.PathLike) -> None:
+def write_plot(report: Any, path: str | os.PathLike) -> None:
     """Draw the deciding value of every compared call (log scale: ``rel_err``, ``1 - cosine`` or the
     noise power of the SQNR) with its threshold and the first divergence; labels thinned like the
     HTML chart's, so they never overlap.
@@ -49,7 +46,7 @@ def write_plot(report: "CompareReport", path: str | os.PathLike) -> None:
     atomic_write_bytes(out, encode_png(pixels))
 
 
-def plot_figure(report: "CompareReport") -> Any:
+def plot_figure(report: Any) -> Any:
     """The matplotlib ``Figure`` :func:`write_plot` saves (Agg backend, no display needed)."""
     try:
         import matplotlib
@@ -105,7 +102,7 @@ def plot_figure(report: "CompareReport") -> Any:
     return fig
 
 
-def _label_axes(ax: "Any", report: "CompareReport", metric: str) -> None:
+def _label_axes(ax: "Any", report: Any, metric: str) -> None:
     """Axis labels and title in the metric's units; cosine ticks read 0.999, SQNR ticks 30 dB."""
     from matplotlib.ticker import FuncFormatter
 

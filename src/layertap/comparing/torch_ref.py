@@ -21,7 +21,8 @@ from ..onnxfile.shapes import declared_dims
 from ..onnxfile.tensor_types import inferred_types
 from .align import Item, RowBuilder, call_counts, plan_items
 from .driver import Sample, Silent, module_filter, plan_batches
-from .ideal import Judging, TorchIdeal, in_torch_order, rounding_plan
+from .ideal import TorchIdeal, in_torch_order, rounding_plan
+from .judging import Judging
 from .local_errors import LocalInputs, torch_ref_inputs
 from .onnx_side import IF_BRANCHES, OrtSide, ScopeView, absorb_unexposable, check_feed_shapes, check_same_model, feed_from_args
 from .rows import NO_COUNTERPART

@@ -24,7 +24,7 @@ import dataclasses
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -67,13 +67,28 @@ class Mismatch:
     module: str
     rel: float
     shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    #: ``rel`` is a lower bound (a program's record keeps a digest and the largest magnitude, not the values)
+    at_least: bool = False
 
     def words(self, ref: str = "model", cand: str = "file") -> str:
-        """``fc.weight differs (rel 1.38)``."""
+        """``fc.weight differs (rel 1.38)``.
+
+        Example:
+            >>> Mismatch("fc.weight", "fc", 0.25, at_least=True).words(), Mismatch("fc.bias", "fc", 0.0, at_least=True).words()
+            ('fc.weight differs (rel >= 0.25)', 'fc.bias differs (other values, the same largest magnitude)')
+        """
         if self.shapes is not None:
             return (f"{self.name} differs (shape {fmt_shape(list(self.shapes[1]))} in the {cand}, "
                     f"{fmt_shape(list(self.shapes[0]))} in the {ref})")
-        return f"{self.name} differs (rel {fmt_float(self.rel)})"
+        return f"{self.name} differs ({self.how()})"
+
+    def how(self) -> str:
+        """How it differs, in a few words: ``rel 1.38``, ``shape``, ``rel >= 0.25`` (a lower bound)."""
+        if self.shapes is not None:
+            return "shape"
+        if self.at_least:
+            return f"rel >= {fmt_float(self.rel)}" if self.rel > 0 else "other values, the same largest magnitude"
+        return f"rel {fmt_float(self.rel)}"
 
 
 @dataclass(frozen=True)
@@ -157,8 +172,7 @@ class WeightCheck:
                          "here (the ideal run caps them too); convert with max_finite_val=65504 to keep them")
         if not self.differing:
             return notes
-        named = ", ".join(f"{m.name} ({'shape' if m.shapes else 'rel ' + fmt_float(m.rel)})"
-                          for m in self.differing[:_NAMED])
+        named = ", ".join(f"{m.name} ({m.how()})" for m in self.differing[:_NAMED])
         more = f" and {len(self.differing) - _NAMED} more" if len(self.differing) > _NAMED else ""
         return notes + [f"{len(self.differing)} of {self.matched} matched parameters differ from the {self.ref}'s: "
                         f"{named}{more} (named on their modules' rows)"]
@@ -360,6 +374,30 @@ def _same_finite(r: np.ndarray, c: np.ndarray) -> bool:
 # ---------------------------------------------------------------------------
 # the two kinds of reference
 # ---------------------------------------------------------------------------
+def check_recorded(record: Mapping[str, Mapping[str, Any]], now: Mapping[str, Mapping[str, Any]]) -> WeightCheck:
+    """The model's parameters (``now``: :func:`~layertap.pytorch.lowering.weight_record` of ``model``) against the
+    record a program carries of those it was lowered from, matched by name: a shape or a digest that differs is a
+    :class:`Mismatch` (its ``rel`` a lower bound, from the largest magnitudes). ``record`` is what the program was
+    lowered from, ``now`` the model's.
+
+    Example:
+        >>> rec = {"fc.weight": {"shape": [2, 2], "absmax": 1.0, "digest": "a"}}
+        >>> check_recorded(rec, {"fc.weight": {"shape": [2, 2], "absmax": 1.5, "digest": "b"}}).differing[0].words()
+        'fc.weight differs (rel >= 0.5)'
+    """
+    differing = []
+    matched = [n for n in now if n in record]
+    for name in matched:
+        r, c = now[name], record[name]
+        module = name.rsplit(".", 1)[0] if "." in name else ""
+        if list(r["shape"]) != list(c["shape"]):
+            differing.append(Mismatch(name, module, math.inf, (tuple(r["shape"]), tuple(c["shape"]))))
+        elif r["digest"] != c["digest"]:
+            top = max(float(c["absmax"]), 1e-30)
+            differing.append(Mismatch(name, module, abs(float(r["absmax"]) - float(c["absmax"])) / top, at_least=True))
+    return WeightCheck(matched=len(matched), differing=differing, ref="model", cand="program")
+
+
 def check_file_weights(ref: "SessionSource", cand: "SessionSource", stop: threading.Event | None = None) -> WeightCheck:
     """Two files' parameters (from the sessions' sources, which hold their weights), matched by name; a
     BatchNormalization's running variance through its ``epsilon`` (see :func:`through_eps`)."""

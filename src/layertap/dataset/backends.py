@@ -1,8 +1,9 @@
-"""What runs a batch: a PyTorch module with taps, or an ONNX file in ONNX Runtime.
+"""What runs a batch: a PyTorch module with taps, an ONNX file in ONNX Runtime (or another graph runtime),
+or a program in the runtime that made it (its taps: those it was exported with).
 
-Both take a batched input (an array, or a dict name -> array) and return
+Each takes a batched input (an array, or a dict name -> array) and returns
 name -> float/int numpy array with the batch first, for the taps only. The
-ONNX backend never imports torch; a backend is built from a picklable
+file backends never import torch; a backend is built from a picklable
 :class:`BackendSpec`, so each Ray actor builds its own model once.
 """
 
@@ -16,9 +17,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import LayertapError, one_line
+from ..errors import LayertapError, one_line, unknown_name
 from ..options import Model
-from ..runtimes import open_runtime
+from ..runtimes import open_runtime, plugin_for
 
 
 @dataclass
@@ -50,10 +51,17 @@ class BackendSpec:
 
     @property
     def is_onnx(self) -> bool:
-        return isinstance(self.model, (str, os.PathLike)) and str(self.model).lower().endswith(".onnx")
+        """The model is a file a runtime runs (an ``.onnx`` file, or a program): no torch in this process."""
+        return is_file(self.model)
 
-    def build(self) -> "TorchBackend | OnnxBackend":
+    def build(self) -> "TorchBackend | OnnxBackend | ProgramBackend":
         """The backend, with its model loaded (once)."""
+        program = plugin_for(self.model) if self.is_onnx else None
+        if program is not None and program.form == "program":
+            if self.runtime.get("runtime", program.name) != program.name or set(self.runtime) - {"runtime"}:
+                raise LayertapError(f"'{self.model}' is a {program.title} program: it runs in {program.title} only "
+                                    "(drop --runtime, --ov-precision and --ov-device)")
+            return ProgramBackend(Path(self.model), self.taps, program)
         if self.is_onnx:
             return OnnxBackend(Path(self.model), self.taps, self.runtime)
         return TorchBackend(self)
@@ -63,7 +71,8 @@ class BackendSpec:
         if self.is_onnx:
             path = Path(self.model).resolve()
             ran = {"runtime": self.runtime} if self.runtime.get("runtime", "ort") != "ort" else {}
-            return {"backend": "onnx", "spec": str(path), "bytes": path.stat().st_size if path.exists() else None, **ran}
+            kind = "onnx" if path.suffix.lower() == ".onnx" else str(getattr(plugin_for(path), "name", "file"))
+            return {"backend": kind, "spec": str(path), "bytes": path.stat().st_size if path.exists() else None, **ran}
         if isinstance(self.model, str):
             # recorded only when given, so earlier manifests still resume
             chosen = {**({"weights_key": self.weights_key} if self.weights_key else {}),
@@ -207,6 +216,53 @@ class OnnxBackend:
                                 "use .npz samples with one array per input name")
         got = self.session.run(batch if isinstance(batch, dict) else [batch])
         return {k: got[k] for k in self.names}
+
+
+class ProgramBackend:
+    """A program in the runtime that made it (a ``"program"`` plug-in's engine): the taps are outputs it was
+    exported with. A program runs at the batch size it was lowered for, so a batch is run in chunks of it."""
+
+    kind = "program"
+
+    def __init__(self, path: Path, taps: Sequence[str], runtime: Any) -> None:
+        self.engine = runtime.engine(path)
+        self.path, self.names = path, list(dict.fromkeys(taps))
+        outputs = self.engine.output_names()
+        for t in self.names:
+            if t not in outputs:
+                raise LayertapError(unknown_name("tap", t, outputs, hint="a program hands out the taps it was exported "
+                                                 "with; list them with layertap layers " + path.name))
+        first = self.engine.get_inputs()
+        self.inputs = [i.name for i in first]
+        dims = first[0].shape if first and first[0].shape else [1]
+        self.chunk = int(dims[0]) if isinstance(dims[0], int) and dims[0] > 0 else 1
+
+    def run(self, batch: Any) -> dict[str, np.ndarray]:
+        """name -> array (batch first) for one batched input, run in chunks of the program's batch."""
+        n = len(next(iter(batch.values()))) if isinstance(batch, dict) else len(batch)
+        if n % self.chunk:
+            raise LayertapError(f"'{self.path}' was lowered for a batch of {self.chunk}; give --batch-size a multiple "
+                                f"of it (a batch of {n} came)")
+        parts = []
+        for i in range(0, n, self.chunk):
+            part = {k: v[i: i + self.chunk] for k, v in batch.items()} if isinstance(batch, dict) else \
+                {self.inputs[0]: batch[i: i + self.chunk]}
+            parts.append(self.engine.run(self.names, part))
+        return {k: np.concatenate([p[k] for p in parts]) for k in self.names}
+
+
+def is_file(model: Any) -> bool:
+    """Whether ``model`` names a file a runtime runs (an ``.onnx`` file, or a program such as a ``.pte``), not a
+    PyTorch model.
+
+    Example:
+        >>> is_file("m.onnx"), is_file("m.pte"), is_file("torchvision:resnet18")
+        (True, True, False)
+    """
+    if not isinstance(model, (str, os.PathLike)):
+        return False
+    found = plugin_for(model)
+    return str(model).lower().endswith(".onnx") or (found is not None and found.form == "program")
 
 
 def _take(batch: Any, i: int) -> Any:

@@ -9,11 +9,11 @@ from typing import Any, Callable, Sequence
 from ..errors import LayertapError
 from ..onnxfile.feeds import image_input_size
 from ..options import DatasetOptions, Model, RuntimeOptions, SampleOptions
-from ..runtimes import open_runtime
+from ..runtimes import open_runtime, plugin_for
 from ..samples.images import Preprocess, choose_recipe
 from ..samples.sources import Bad, IterSource, MapSource, open_source, reference
 from ..selectors import parse_taps
-from .backends import BackendSpec, check_device
+from .backends import BackendSpec, check_device, is_file
 from .features import Features, load_features
 from .job import Job, Options, check_resumed_ids, discard_empty, parse_shard_size, prepare_out
 from .local_engine import run_local
@@ -126,7 +126,7 @@ def _runtime(model: Any, runs: RuntimeOptions) -> dict[str, Any]:
     given: dict[str, Any] = runs.one_file()
     if not given:
         return {}
-    if not (isinstance(model, (str, os.PathLike)) and str(model).lower().endswith(".onnx")):
+    if not is_file(model):
         raise LayertapError("runtime=, ov_precision= and ov_device= (--runtime, --ov-precision, --ov-device) pick what "
                             "runs an .onnx file; a PyTorch model runs in PyTorch (--device)")
 
@@ -200,15 +200,14 @@ def _tap_texts(taps: Sequence[Any], model: Any) -> list[str]:
     texts = [str(t) if not isinstance(t, str) else t for t in taps]
     if not texts:
         raise LayertapError("no taps given; pass taps=[...] (--tap TAP)")
-    onnx = isinstance(model, (str, os.PathLike)) and str(model).lower().endswith(".onnx")
-    if not onnx:
+    if not is_file(model):
         parse_taps(texts)  # a typo fails before anything is built
     return texts
 
 
 def _model_arg(model: Any) -> Any:
     """Paths become absolute (Ray workers run elsewhere); modules pass through."""
-    if isinstance(model, os.PathLike) or (isinstance(model, str) and model.lower().endswith(".onnx")):
+    if isinstance(model, os.PathLike) or is_file(model):
         return str(Path(model).resolve())
     if isinstance(model, str):
         head, sep, attr = model.rpartition(":")
@@ -252,7 +251,11 @@ def _preprocess(spec: BackendSpec, sampling: SampleOptions) -> Preprocess | None
 
 
 def _onnx_image_size(path: Path) -> tuple[int, int] | None:
-    """H, W of an ONNX file's first input when it is a static N x C x H x W."""
+    """H, W of a file's first input when it is a static N x C x H x W (a program: as it was lowered)."""
+    program = plugin_for(path)
+    if program is not None and program.form == "program":
+        shape = program.input_specs(path)[0].shape  # type: ignore[attr-defined]
+        return (int(shape[2]), int(shape[3])) if shape is not None and len(shape) == 4 else None
     import onnx
 
     return image_input_size(onnx.load(str(path), load_external_data=False).graph)

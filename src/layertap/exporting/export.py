@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from ..errors import InputSpecError, LayertapError
+from ..files.signals import Terminated, raise_if_stopped
 from ..files.writes import check_output_path
 from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
 from ..onnxfile.metadata import TAPS_KEY
@@ -65,7 +66,7 @@ from ..selectors import Tap, parse_taps
 from . import _onnxedit as edit
 from . import llm
 from ._branches import branch_note, contrasting, traced_branches
-from .executorch import export_program
+from .program import export_program
 from .verify import Check, ExportReport, ExportRow, check_output
 
 EXPORTERS = ("dynamo", "torchscript")
@@ -331,7 +332,11 @@ def _run_exporter(plan: _Plan, raw: Path, exporter: str, fallback: bool, opset: 
     if exporter == "torchscript":
         return "torchscript", _export_torchscript(plan, raw, opset)
     try:
-        return "dynamo", _export_dynamo(plan, opset)
+        graph = _export_dynamo(plan, opset)
+        # torch.onnx.export moves on to its next way of capturing the model when one fails with any error,
+        # also one it turned an interrupt into: a signal it dropped stops the command here, not after verifying
+        raise_if_stopped()
+        return "dynamo", graph
     except Exception as e:
         _reraise_own(e)
         why = _reason(e)
@@ -381,6 +386,7 @@ def _export_torchscript(plan: _Plan, raw: Path, opset: int | None) -> ir.Model:
     except Exception as e:
         _reraise_own(e)
         raise LayertapError(f"the torchscript exporter failed: {_reason(e)}") from e
+    raise_if_stopped()  # a signal the exporter dropped
     own_code = [str(Path(torch.__file__).resolve().parent) + os.sep, str(Path(__file__).resolve().parents[1]) + os.sep]
     plan.branches = traced_branches(caught, skip=own_code)
     if plan.branches:
@@ -390,11 +396,13 @@ def _export_torchscript(plan: _Plan, raw: Path, opset: int | None) -> ir.Model:
 
 def _reraise_own(e: BaseException) -> None:
     """A bad tap found while the exporter traced is the user's error, not the exporter's; an interrupt the
-    exporter turned into an error of its own (SIGINT inside torch.export) is an interrupt."""
+    exporter turned into an error of its own (SIGINT inside torch.export) is an interrupt, also when the
+    error no longer names it."""
+    raise_if_stopped()
     seen = set()
     cur: BaseException | None = e
     while cur is not None and id(cur) not in seen:
-        if isinstance(cur, (LayertapError, KeyboardInterrupt)) or type(cur).__name__ == "Terminated":
+        if isinstance(cur, (LayertapError, KeyboardInterrupt, Terminated)):
             raise cur
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__

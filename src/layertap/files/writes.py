@@ -19,6 +19,7 @@ from typing import Iterator
 
 from ..errors import LayertapError
 from .reads import refuse_inputs
+from .signals import raise_if_stopped
 
 #: temporary names keep at most this much of the target's name (NAME_MAX is 255 bytes)
 _TMP_NAME_KEEP = 120
@@ -103,7 +104,11 @@ def temp_path(target: Path, suffix: str = ".tmp") -> Path:
 def replace_keeping_mode(tmp: Path, target: Path, like: Path | None = None) -> None:
     """Rename ``tmp`` onto ``target``; the result keeps the permission bits of ``like``
     (default ``target``) when it exists, else gets the mode a plain ``open()`` would
-    (mkstemp makes 0600)."""
+    (mkstemp makes 0600).
+
+    A command a signal has stopped publishes nothing: the signal is raised here, before the
+    rename, also when what it raised when it arrived was dropped (:mod:`.signals`)."""
+    raise_if_stopped()
     try:
         mode = stat.S_IMODE((like or target).stat().st_mode)
     except OSError:

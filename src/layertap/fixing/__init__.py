@@ -7,7 +7,7 @@ only ``cli/`` and ``layertap/__init__.py`` import it.
 
 from __future__ import annotations
 
-from .fix import FixReport, compare_block_list, fix
+from .fix import FixReport, fix
 from .search import FixStep
 
-__all__ = ["fix", "FixReport", "FixStep", "compare_block_list"]
+__all__ = ["fix", "FixReport", "FixStep"]

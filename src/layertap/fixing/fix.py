@@ -19,14 +19,14 @@ from ..errors import LayertapError, OnnxFileError, one_line
 from ..files.reads import note_input
 from ..files.writes import atomic_path, atomic_write_bytes, check_output_path, copy_data
 from ..inputs import as_specs
-from ..onnxfile.modelfile import is_onnx_source, model_file, read_model
-from ..onnxfile.scopemap import ScopeMap
-from ..options import UNSET, SampleOptions, SearchOptions
+from ..onnxfile.modelfile import is_onnx_source, read_model
+from ..options import UNSET, RuntimeOptions, SampleOptions, SearchOptions
+from ..runtimes.plugins import YES, ProgramPlugin, RuntimePlugin, RuntimeSettings, plugin, plugin_for
 from ..samples.declared import Declared, as_feeds, random_feeds, read_samples
 from ..samples.drawn import spec_samples
 from ..tables import Column, Report
 from .configs import Target, check_config_out, check_script, write_configs
-from .convert import FORMATS, FP16_OPTIONS, Converter
+from .convert import FORMATS, Converter
 from .search import FixStep, Trials, beyond_range, constants_beyond, graph_order, out_of_range, rank, search
 from .units import Units, units_of
 
@@ -136,6 +136,20 @@ class FixReport(Report):
     def _counted(self, step: FixStep) -> str:
         return f"{step.n_kept} module{'s' if step.n_kept != 1 else ''} ({step.nodes} nodes)"
 
+    def write_nodes(self, path: str | os.PathLike) -> None:
+        """Write :attr:`nodes`, the float32 file's nodes the chosen set keeps, as a JSON list (atomically): the
+        ``node_block_list`` onnxconverter-common's ``convert_float_to_float16`` takes (``compare --fp16-block-list``).
+
+        Example:
+            >>> import tempfile, os, json
+            >>> r = FixReport([FixStep(1, "add", ["fc"], ["fc"], 1, 0.9995, True, 100, 1.0)], target="cosine:0.999",
+            ...               to="fp16", nodes=["/fc/Gemm"])
+            >>> path = os.path.join(tempfile.mkdtemp(), "block.json"); r.write_nodes(path)
+            >>> json.load(open(path))
+            ['/fc/Gemm']
+        """
+        atomic_write_bytes(path, (json.dumps(self.nodes, indent=1) + "\n").encode())
+
 
 class NodeFixReport(FixReport):
     """A :class:`FixReport` of a file without module scopes: the units kept are its ONNX nodes
@@ -207,8 +221,10 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
     goal = Target.parse(target)
     sampling = SampleOptions.merged(sample_options, samples=samples)
     search_by = search_options or SearchOptions()
-    if _wants_program(search_by, out):
-        return _fix_program(ref, args, to, out, goal, sampling, calib, keep, max_float, config_out, search_by.on_step)
+    runtime = _runtime(search_by, out)
+    if runtime.form == "program":
+        return _fix_program(runtime, ref, args, to, out, goal, sampling, calib, keep, max_float, config_out,  # type: ignore[arg-type]
+                            search_by.on_step)
     args = _drawn(ref, args, sampling)
     given: Any = sampling.inputs if sampling.inputs is not None else sampling.samples
     if max_float is not None and (not isinstance(max_float, int) or max_float < 0):
@@ -225,11 +241,12 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
         modules = units_of(model)
         notes = _unit_notes(modules)
         forced = modules.check(list(keep))
-        trials = Trials(model, Converter(to, folder, calib_feeds), modules, feeds, goal, folder, search_by.on_step)
+        trials = Trials(model, Converter(to, folder, calib_feeds), modules, feeds, goal, folder, search_by.on_step,
+                        runtime.open(RuntimeSettings()))
         base = trials.baseline()
         plain = trials.trial(forced, "keep" if forced else "plain", forced)
         if not plain.ok or to == "fp16":
-            report = search_by.rank_report or _rank_report(ref_path, trials.files[plain.step], feeds)
+            report = search_by.rank_report or _rank_report(ref_path, trials.files[plain.step], feeds, runtime.name)
             constants = constants_beyond(model, modules) if to == "fp16" else set()
             groups = rank(report, to, modules, constants)
             required = beyond_range(report, to, modules, constants)
@@ -254,27 +271,28 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
         return kind(trials.steps, target=goal, to=to, nodes=nodes, float32=base, tool=trials.converter.tool, notes=notes)
 
 
-def _wants_program(search_by: SearchOptions, out: Any) -> bool:
-    """Whether the conversion is an ExecuTorch program (``runtime="executorch"``, or ``out`` ends in ``.pte``)."""
-    if search_by.runtime not in (None, "ort", "executorch"):
-        raise LayertapError(f"fix runs its conversions in ONNX Runtime (ort) or ExecuTorch (executorch), not "
-                            f"{search_by.runtime!r}")
-    return search_by.runtime == "executorch" or str(out or "").lower().endswith(".pte")
+def _runtime(search_by: SearchOptions, out: Any) -> RuntimePlugin:
+    """The runtime the conversions run in: the one named, else the one that runs ``out`` (a ``.pte``), else
+    ONNX Runtime; a runtime that declares no fix is refused with why."""
+    runtime = plugin(search_by.runtime) if search_by.runtime is not None else plugin_for(out) or plugin("ort")
+    if runtime.matrix.get("fix") != YES:
+        raise LayertapError(f"fix does not run in {runtime.title}: {runtime.matrix.get('fix', 'not declared')}")
+    return runtime
 
 
-def _fix_program(ref: Any, args: Any, to: str, out: Any, goal: Target, sampling: SampleOptions, calib: Any,
-                 keep: Sequence[str], max_float: int | None, config_out: Any, on_step: Any) -> FixReport:
-    """An int8 ExecuTorch program (:mod:`.program_fix`); float16 programs are not made."""
-    from .program_fix import fix_program  # noqa: PLC0415 -- it loads torch, for a .pte only
+def _fix_program(runtime: ProgramPlugin, ref: Any, args: Any, to: str, out: Any, goal: Target, sampling: SampleOptions,
+                 calib: Any, keep: Sequence[str], max_float: int | None, config_out: Any, on_step: Any) -> FixReport:
+    """An int8 program lowered by ``runtime`` (:mod:`.programs`)."""
+    from .programs import fix_program  # noqa: PLC0415 -- it loads torch, for a program only
 
     if to != "int8":
-        raise LayertapError("--runtime executorch makes int8 programs (XNNPACK quantizer): use --to int8")
+        raise LayertapError(f"--runtime {runtime.name} makes int8 programs ({runtime.quantizer}): use --to int8")
     if is_onnx_source(ref):
-        raise LayertapError("an ExecuTorch program is lowered from the PyTorch model: give MODEL, not an ONNX file")
-    steps, notes, tool = fix_program(ref, args, out=out, target=goal, sampling=sampling, calib=calib, keep=keep,
+        raise LayertapError(f"a {runtime.title} program is lowered from the PyTorch model: give MODEL, not an ONNX file")
+    steps, notes, tool = fix_program(runtime, ref, args, out=out, target=goal, sampling=sampling, calib=calib, keep=keep,
                                      max_float=max_float, config_out=config_out, on_step=on_step)
-    return FixReport(steps, target=goal, to="int8", nodes=[], notes=notes, tool=tool, runtime="ExecuTorch",
-                     out_name="FIXED.pte")
+    return FixReport(steps, target=goal, to="int8", nodes=[], notes=notes, tool=tool, runtime=runtime.title,
+                     out_name=f"FIXED{runtime.suffixes[0]}")
 
 
 def _unit_notes(units: Units) -> list[str]:
@@ -386,55 +404,15 @@ def _calib(calib: Any, declared: list[Declared], feeds: list[dict[str, Any]]) ->
     return as_feeds(list(calib), declared, "--calib")
 
 
-def _rank_report(ref: Path, plain: Path, feeds: list[dict[str, Any]]) -> Any:
-    """The plain conversion vs REF, module by module, with each module's own error (``local_rel``)."""
+def _rank_report(ref: Path, plain: Path, feeds: list[dict[str, Any]], runtime: str) -> Any:
+    """The plain conversion (run in ``runtime``) vs REF (in ONNX Runtime), module by module, with each module's own
+    error (``local_rel``)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # float16 overflow in the parts run locally: expected here
-        return compare(ref, None, plain, samples=feeds[:RANK_SAMPLES], local=True)
+        return compare(ref, None, plain, samples=feeds[:RANK_SAMPLES], local=True,
+                       runtime_options=RuntimeOptions(runtime="ort", cand_runtime=runtime))
 
 
 def _publish(src: Path, out: Path) -> None:
     with atomic_path(out) as tmp:
         copy_data(src, tmp)
-
-
-def compare_block_list(ref: Any, samples: Any, report: Any, cand: Any, out: str | os.PathLike, criterion: Any,
-                       seed: int = 0) -> tuple[FixReport, list[str]]:
-    """``compare --fp16-block-list``: :func:`write_block_list` with the target the comparison's rule names
-    (its cosine or SQNR threshold, else cosine 0.999), and the lines that say what was written: the
-    report's notes, the list, whether a float16 conversion with it meets the target and the converter's
-    options to convert with."""
-    rule = criterion
-    target = {"cosine": Target("cosine", rule.min_cosine), "sqnr": Target("sqnr", rule.min_sqnr_db)}.get(
-        rule.metric, Target("cosine", 0.999))
-    found = write_block_list(ref, None, samples, report, cand, out, target=target, seed=seed)
-    first, best = found.steps[0], found.best
-    shown = f"{target.metric} {fmt_metric(first.metric)} -> {fmt_metric(best.metric if best else None)}"
-    verdict = (f"a float16 conversion with it meets {target} ({shown})" if found.ok else
-               f"no list meets {target} ({len(found.steps)} conversions tried; this is the best found: {shown})")
-    options = ", ".join(f"{k}={v!r}" for k, v in FP16_OPTIONS.items())
-    return found, [f"note: {n}" for n in found.notes] + [
-        f"fp16 block list: {len(found.nodes)} nodes ({', '.join(found.kept) or 'none'}): {verdict}; convert with "
-        f"{options} (the default max_finite_val, 1e4, clamps larger weights)"]
-
-
-def write_block_list(ref: Any, args: Any, samples: Any, report: Any, cand: Any, out: str | os.PathLike,
-                     target: str | Target = "cosine:0.999", seed: int = 0) -> FixReport:
-    """``compare --fp16-block-list``: the fp16 search of :func:`fix` on REF (a float32 ONNX file, or the
-    PyTorch model exported as CAND was: the same exporter, so the same node names), ranked by the
-    comparison ``report`` of REF with CAND (a file already read); writes the node names the search
-    verified as a JSON list, atomically. The report says whether the list meets ``target``."""
-    if not isinstance(ref, (str, os.PathLike)) and args is None and samples is not None and not isinstance(samples, int):
-        args, samples = samples[0], list(samples[1:])  # the first sample exports the model
-    graph = model_file(cand).model.graph
-    smap = getattr(report, "scope_map", None) or ScopeMap.from_model(model_file(cand).model)  # the comparison's, when it read one
-    exporter = "torchscript" if smap.source == "torchscript" else "dynamo"
-    found = fix(ref, args, to="fp16", out=None, target=target, samples=samples,
-                sample_options=SampleOptions(seed=seed), search_options=SearchOptions(rank_report=report, exporter=exporter))
-    names = {n.name for n in graph.node}
-    missing = [n for n in found.nodes if n not in names]
-    if missing:
-        found.notes.append(f"{len(missing)} of the listed nodes are not in '{model_file(cand).path}' ({missing[0]}, ...): "
-                           "the list names the float32 file's nodes")
-    atomic_write_bytes(out, (json.dumps(found.nodes, indent=1) + "\n").encode())
-    return found

@@ -180,6 +180,35 @@ def rank(report: Any, to: str, modules: Units, constants: Collection[str] = ()) 
     return [list(dict.fromkeys([p] + (modules.readers(p) if score.get(p, (False,))[0] else []))) for p in leaves]
 
 
+def rank_by_growth(report: Any, modules: set[str]) -> list[list[str]]:
+    """Groups of modules to keep float32, most harmful first, from a comparison of a plain conversion with the
+    model: each compared module of ``modules`` by how much its row's error grows over the row before (what it
+    adds), with the calls folded into it (a Conv absorbed into its BatchNorm).
+
+    Example:
+        >>> from types import SimpleNamespace as R
+        >>> rows = [R(path="a", status="absorbed", fused_into="b", rel_err=None),
+        ...         R(path="b", status="pass", fused_into=None, rel_err=0.01),
+        ...         R(path="c", status="pass", fused_into=None, rel_err=0.2)]
+        >>> rank_by_growth(R(rows=rows), {"a", "b", "c"})
+        [['c'], ['b', 'a']]
+    """
+    folded: dict[str, list[str]] = {}
+    for r in report.rows:
+        if r.status == "absorbed" and r.fused_into:
+            folded.setdefault(r.fused_into, []).append(r.path)
+    growth: dict[str, float] = {}
+    before = 0.0
+    for r in report.rows:
+        if r.rel_err is None or not r.path:
+            continue
+        if r.path in modules:
+            growth[r.path] = max(growth.get(r.path, -math.inf), r.rel_err - before)
+        before = r.rel_err
+    order = sorted(growth, key=lambda p: -growth[p])
+    return [[p, *folded.get(p, [])] for p in order]
+
+
 class StepLog:
     """The sets tried so far, each made and measured once, and who hears of each step: what every trial
     runner shares (:class:`Trials`: ONNX files in ONNX Runtime; ExecuTorch programs,
@@ -234,9 +263,12 @@ class Trials(StepLog):
     """
 
     def __init__(self, model: "onnx.ModelProto", converter: Converter, modules: Units, feeds: list[dict[str, Any]],
-                 target: Target, folder: Path, on_step: Callable[[FixStep], None] | None = None) -> None:
+                 target: Target, folder: Path, on_step: Callable[[FixStep], None] | None = None,
+                 runtime: Any = None) -> None:
         super().__init__(target, on_step)
         self.model, self.converter, self.modules, self.feeds = model, converter, modules, feeds
+        #: what runs every file (a :class:`~layertap.runtimes.Runtime`; default ONNX Runtime)
+        self.runtime = runtime if runtime is not None else open_runtime("ort")
         self.folder = Path(folder)
         self.required: set[str] = set()  # modules every acceptable set keeps (values beyond float16's range)
         # saved once under a name of its own: the caller's files share the folder (an exported REF is
@@ -245,12 +277,12 @@ class Trials(StepLog):
 
         self.float32 = self.folder / "float32.onnx"
         onnx.save(model, str(self.float32))
-        self.refs = _run_all(_session(self.float32), feeds)
+        self.refs = _run_all(self._session(self.float32), feeds)
 
     def baseline(self) -> FixStep:
         """The float32 model itself, run as the steps are (size and latency to compare with)."""
         path = self.float32
-        ms = run_latency(_session(path), self.feeds[0])
+        ms = run_latency(self._session(path), self.feeds[0])
         return FixStep(0, "float32", [], [], 0, self.target.measure(self.refs, self.refs), True, path.stat().st_size, ms)
 
     def trial(self, kept: Sequence[str], action: str, changed: Sequence[str] = ()) -> FixStep:
@@ -276,12 +308,17 @@ class Trials(StepLog):
     def _units(self, kept: Sequence[str]) -> int:
         return len(self.modules.names(kept))
 
+    def _session(self, path: Path) -> Any:
+        """An engine on a file as the runtime runs it by default (its latency is measured)."""
+        return self.runtime.open_file(path, timing=True)
+
     def _load(self, path: Path) -> Any:
-        """A session on a converted file; one ONNX Runtime refuses is the converter's failure (one line)."""
+        """A session on a converted file; one the runtime refuses is the converter's failure (one line)."""
         try:
-            return _session(path)
-        except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
-            raise LayertapError(f"{self.converter.tool} made a file ONNX Runtime cannot load: {one_line(e)}") from None
+            return self._session(path)
+        except Exception as e:  # noqa: BLE001 - a runtime raises its own exception types
+            raise LayertapError(f"{self.converter.tool} made a file {self.runtime.describe().runtime} cannot load: "
+                                f"{one_line(e)}") from None
 
     def require(self, paths: Sequence[str]) -> None:
         """Every acceptable set keeps ``paths``: steps without them do not meet the target."""
@@ -371,11 +408,6 @@ def graph_order(modules: Units, groups: list[list[str]]) -> list[list[str]]:
     """The ranked modules, one at a time in graph order (the naive search's order)."""
     flat = {m for g in groups for m in g}
     return [[m] for m in sorted(flat, key=lambda p: modules.order[p])]
-
-
-def _session(path: Path) -> Any:
-    """An engine on a file as ONNX Runtime runs it by default (its latency is measured)."""
-    return open_runtime("ort").open_file(path, timing=True)
 
 
 def _run_all(sess: Any, feeds: list[dict[str, Any]]) -> list[list[np.ndarray]]:

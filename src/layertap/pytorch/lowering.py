@@ -12,6 +12,7 @@ lowering also returns the quantised model (fake-quant arithmetic in float), what
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from ..noise import quiet_registrations
 from ..selectors import Tap
 from .callhooks import CallHooks
 from .taps import bound_method
-from .values import flatten, random_like
+from .values import random_like
 from .wrapper import MODEL_ATTRIBUTES, TapWrapper
 
 #: backends a program is lowered for
@@ -305,20 +306,52 @@ def as_args(args: Any) -> tuple:
     raise InputSpecError(f"args must be a tensor or a tuple of arguments, got {type(args).__name__}")
 
 
+def weight_record(model: nn.Module) -> dict[str, dict[str, Any]]:
+    """Each parameter of ``model`` as a program's record keeps it: shape, largest magnitude and a digest of its
+    float32 values (what a later comparison checks the model's weights against).
+
+    Example:
+        >>> rec = weight_record(nn.Linear(2, 3))
+        >>> sorted(rec), rec["weight"]["shape"], len(rec["weight"]["digest"])
+        (['bias', 'weight'], [3, 2], 32)
+    """
+    out = {}
+    for name, p in model.named_parameters():
+        a = p.detach().to(torch.float32).cpu().contiguous().numpy()
+        out[name] = {"shape": list(a.shape), "absmax": float(np.abs(a).max(initial=0.0)),
+                     "digest": hashlib.sha256(a.tobytes()).hexdigest()[:32]}
+    return out
+
+
 def module_taps(model: nn.Module, method: str | Callable[..., Any], args: Any, kwargs: dict | None,
                 wanted: Callable[[str], bool] = lambda p: True) -> list[Tap]:
-    """A tap on every module whose calls each return one floating tensor (what a program can hand out as
-    an output), in the order the modules first return."""
+    """A tap on every module whose calls each return floating tensors a program can hand out as outputs: one
+    tensor (``PATH``), or a flat tuple of them, the same count on every call (``PATH[0]``, ``PATH[1]``, ...), in
+    the order the modules first return.
 
-    single: dict[str, bool] = {}
+    Example:
+        >>> m = nn.Sequential(nn.Linear(4, 3), nn.ReLU()).eval()
+        >>> [t.canonical for t in module_taps(m, "forward", (torch.ones(2, 4),), None)]
+        ['0', '1']
+    """
+    counts: dict[str, int | None] = {}  # path -> tensors per call (0: a tensor alone; None: not tappable)
 
     class _Shapes(CallHooks):
         def on_return(self, mod: Any, path: str, call: int, output: Any) -> None:
-            tensors = [t for _, t in flatten(output)]
-            ok = isinstance(output, torch.Tensor) and output.is_floating_point() and len(tensors) == 1
-            single[path] = single.get(path, True) and ok
+            if isinstance(output, torch.Tensor):
+                n: int | None = 0 if output.is_floating_point() else None
+            elif isinstance(output, (tuple, list)) and output and all(
+                    isinstance(t, torch.Tensor) and t.is_floating_point() for t in output):
+                n = len(output)
+            else:
+                n = None
+            counts[path] = n if counts.get(path, n) == n else None
 
     hooks = _Shapes(model)
     with hooks.hooks(), torch.no_grad():
         bound_method(model, method)(*as_args(args), **dict(kwargs or {}))
-    return [Tap.parse(p) for p, ok in single.items() if ok and p and wanted(p)]
+    taps = []
+    for p, n in counts.items():
+        if n is not None and p and wanted(p):
+            taps += [Tap.parse(p)] if n == 0 else [Tap.parse(f"{p}[{i}]") for i in range(n)]
+    return taps

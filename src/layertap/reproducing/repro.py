@@ -23,6 +23,7 @@ from typing import Any, Sequence
 from ..comparing.api import compare, reference_samples
 from ..comparing.local_errors import keep_part
 from ..errors import LayertapError, printable, unknown_name
+from ..files.signals import raise_if_stopped
 from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, FORMAT_MULTIPLE, Criterion
 from ..onnxfile.modelfile import ModelFile, is_onnx_source, read_model
 from ..onnxfile.scopemap import ScopeMap
@@ -281,7 +282,9 @@ def _package(ref: Any, cand: Any, part: Any, row: Any, target: Path, rtol: float
 
 
 def _move_into_place(tmp: Path, target: Path) -> None:
-    """Rename ``tmp`` to ``target``; a previous package there is moved aside first, then removed."""
+    """Rename ``tmp`` to ``target``; a previous package there is moved aside first, then removed
+    (nothing moves once a signal has stopped the command, see files.signals)."""
+    raise_if_stopped()
     old = None
     if target.exists():
         old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))

@@ -1,6 +1,7 @@
-"""The engines that run an ONNX file (or an OpenVINO IR) with chosen tensors exposed: ONNX Runtime
-and OpenVINO behind one small protocol (:mod:`.base`), opened by :func:`open_runtime`; every
-session and every run layertap makes of a file goes through them. Here too the public functions
+"""The runtimes, each a plug-in behind one candidate protocol (:mod:`.plugins`): ONNX Runtime and OpenVINO run
+ONNX graphs (or an OpenVINO IR) with chosen tensors exposed (engines: :mod:`.protocol`), ExecuTorch runs
+programs lowered from the model; :func:`open_runtime` opens any of them by name, and every session and
+every run layertap makes of a file goes through them. Here too the public functions
 that need a runtime: ``lt.run``, and ``lt.add_outputs`` / ``lt.onnx_layers`` (file edits and reads of
 :mod:`layertap.onnxfile`, with ONNX Runtime typing the tensors shape inference leaves open).
 Never imports torch.
@@ -12,24 +13,34 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from ..errors import LayertapError, unknown_name
-from .protocol import Engine, InputInfo, Runtime, RuntimeInfo, is_ir, runtime_for
+from ..errors import LayertapError
+from .plugins import (
+    ProgramPlugin,
+    RuntimePlugin,
+    RuntimeSettings,
+    TappedProgram,
+    is_ir,
+    plugin,
+    plugin_for,
+    register_runtime,
+    runtime_for,
+    runtime_names,
+)
+from .protocol import Engine, InputInfo, Runtime, RuntimeInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..onnxfile.modelfile import ModelFile
     from ..onnxfile.tensor_table import OnnxLayers
 
-__all__ = ["RUNTIMES", "Engine", "InputInfo", "Runtime", "RuntimeInfo", "add_outputs", "is_ir", "onnx_layers",
-           "open_runtime", "run", "runtime_for"]
-
-#: the runtimes ``--runtime`` names
-RUNTIMES = ("ort", "openvino", "executorch")
+__all__ = ["Engine", "InputInfo", "ProgramPlugin", "Runtime", "RuntimeInfo", "RuntimePlugin", "RuntimeSettings",
+           "TappedProgram", "add_outputs", "is_ir", "onnx_layers", "open_runtime", "plugin", "plugin_for",
+           "register_runtime", "run", "runtime_for", "runtime_names"]
 
 
-def open_runtime(runtime: str = "ort", *, providers: Sequence[str] | str | None = None, optimize: bool = True,
+def open_runtime(runtime: str = "ort", *, providers: Sequence[str] | str | None = None, optimize: bool | None = None,
                  ov_precision: str | None = None, ov_device: str | None = None) -> Runtime:
-    """The runtime named ``runtime`` (``ort``, ``openvino``, or ``executorch``: ExecuTorch programs) with its
-    settings checked.
+    """The runtime named ``runtime`` (``ort``, ``openvino``, ``executorch``: ExecuTorch programs, or one
+    registered with :func:`register_runtime`) with its settings checked by its plug-in.
 
     ``providers``/``optimize`` are ONNX Runtime's (execution providers, graph optimisations);
     ``ov_precision`` (``f32``, ``bf16``, ``f16``; default the device's) and ``ov_device`` (``CPU``,
@@ -43,30 +54,7 @@ def open_runtime(runtime: str = "ort", *, providers: Sequence[str] | str | None 
         ...
         layertap.errors.LayertapError: unknown runtime 'tensorrt' ...
     """
-    if runtime not in RUNTIMES:
-        raise LayertapError(unknown_name("runtime", str(runtime), list(RUNTIMES),
-                                         hint="use ort, openvino or executorch; ONNX Runtime's execution providers are "
-                                              "picked with --providers"))
-    if runtime == "executorch":
-        if providers is not None or ov_precision is not None or ov_device is not None:
-            raise LayertapError("--providers, --ov-precision and --ov-device apply to ONNX Runtime and OpenVINO; an "
-                                "ExecuTorch program runs on the backend it was lowered for")
-        from .executorch import ExecuTorchRuntime
-
-        return ExecuTorchRuntime()
-    if runtime == "ort":
-        if ov_precision is not None or ov_device is not None:
-            raise LayertapError("--ov-precision and --ov-device (ov_precision=, ov_device=) apply to the OpenVINO "
-                                "runtime; add --runtime openvino (runtime='openvino')")
-        from .ort import OrtRuntime
-
-        return OrtRuntime(providers, optimize)
-    if providers is not None:
-        raise LayertapError("--providers (providers=) picks ONNX Runtime's execution providers; with --runtime "
-                            "openvino pick the device with --ov-device")
-    from .openvino import OpenVinoRuntime
-
-    return OpenVinoRuntime(ov_device or "CPU", ov_precision)
+    return plugin(runtime).open(RuntimeSettings(providers, optimize, ov_precision, ov_device))
 
 
 def run(
@@ -109,18 +97,11 @@ def run(
     """
     from .runner import TappedSession
 
-    own = runtime_for(path)
-    if own == "executorch" or runtime == "executorch":
-        if own != "executorch":
-            raise LayertapError(f"ExecuTorch runs ExecuTorch programs (.pte); '{path}' is not one: run it with "
-                                "--runtime ort or openvino")
-        if runtime not in (None, "executorch") or providers is not None or ov_precision is not None or ov_device:
-            raise LayertapError(f"'{path}' is an ExecuTorch program: it runs in ExecuTorch only (drop --runtime, "
-                                "--providers, --ov-precision and --ov-device)")
-        from .executorch import run_program
-
-        return run_program(path, inputs, taps, seed=seed, notify=notify)
-    runtime = runtime or own or "ort"
+    own = plugin_for(path)
+    chosen = plugin(runtime) if runtime is not None else own
+    if (chosen is not None and chosen.form == "program") or (own is not None and own.form == "program"):
+        return _run_program(path, own, chosen, inputs, taps, seed, notify, (providers, ov_precision, ov_device))
+    runtime = runtime or (own.name if own is not None else "ort")
     engine = open_runtime(runtime, providers=providers, ov_precision=ov_precision, ov_device=ov_device)
     if is_ir(path):
         from .openvino import ir_file
@@ -129,6 +110,19 @@ def run(
     else:
         session = TappedSession(path, engine, taps)
     return session.run(inputs, seed=seed, notify=notify, flatten=False)
+
+
+def _run_program(path: str | os.PathLike, own: RuntimePlugin | None, chosen: RuntimePlugin | None, inputs: Any,
+                 taps: Sequence[str], seed: int, notify: Callable[[str], None] | None, settings: tuple) -> dict[str, Any]:
+    """``run`` of a program: in the runtime that made it, which alone runs it (its taps: those it was exported with)."""
+    if own is None:
+        assert chosen is not None  # a program runtime was asked for by name
+        raise LayertapError(f"{chosen.title} runs {chosen.title} programs ({', '.join(chosen.suffixes)}); '{path}' "
+                            "is not one: run it with --runtime ort or openvino")
+    if chosen is not own or any(v is not None for v in settings):
+        raise LayertapError(f"'{path}' is a {own.title} program: it runs in {own.title} only (drop --runtime, "
+                            "--providers, --ov-precision and --ov-device)")
+    return own.run(Path(path), inputs, taps, seed=seed, notify=notify)  # type: ignore[attr-defined]
 
 
 def add_outputs(

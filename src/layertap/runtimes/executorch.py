@@ -25,8 +25,13 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import InputSpecError, LayertapError, OnnxFileError, missing_executorch, one_line, unknown_name
+from ..files.writes import atomic_path, atomic_write_bytes
 from ..inputs import InputSpec, random_input
 from ..noise import quiet_native_stderr, quiet_registrations
+from ..numformats import Format
+from ..onnxfile.formats import TensorFormats
+from ..onnxfile.tensor_table import OnnxLayers, TensorRow
+from .plugins import VERBS, YES, RuntimeSettings, TappedProgram
 from .protocol import Engine, InputInfo, RuntimeInfo
 
 #: the sidecar's format version
@@ -75,6 +80,9 @@ class Sidecar:
     inputs: list[dict[str, Any]]
     outputs: list[dict[str, Any]]
     recipe: dict[str, Any] = field(default_factory=dict)
+    #: each parameter the program was lowered from: its shape, largest magnitude and a digest of its values
+    #: (:func:`layertap.pytorch.lowering.weight_record`): compare's weight check of a program
+    weights: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def output_names(self) -> list[str]:
@@ -105,12 +113,13 @@ class Sidecar:
     def text(self) -> str:
         """The sidecar's JSON text."""
         return json.dumps({"layertap_program": SIDECAR_VERSION, "inputs": self.inputs, "outputs": self.outputs,
-                           "recipe": self.recipe}, indent=1) + "\n"
+                           "recipe": self.recipe, "weights": self.weights}, indent=1) + "\n"
 
     @classmethod
     def from_text(cls, text: str) -> "Sidecar":
         data = json.loads(text)
-        return cls(list(data["inputs"]), list(data["outputs"]), dict(data.get("recipe") or {}))
+        return cls(list(data["inputs"]), list(data["outputs"]), dict(data.get("recipe") or {}),
+                   dict(data.get("weights") or {}))
 
 
 def program_input_specs(path: str | os.PathLike) -> list[InputSpec]:
@@ -184,10 +193,16 @@ class ProgramEngine:
             names = ["output" if n_out == 1 else f"output_{i}" for i in range(n_out)]
             self.sidecar = None  # not this program's record
         self._outputs = names
+        self._output_infos = [_input_info(meta.output_tensor_meta(i), i, None)._replace(name=n)
+                              for i, n in enumerate(names)]
         self.runs = 0
 
     def get_inputs(self) -> list[InputInfo]:
         return list(self._inputs)
+
+    def output_infos(self) -> list[InputInfo]:
+        """The program's own outputs (repeats aside) as it declares them: name, type text, shape."""
+        return list(self._output_infos)
 
     def output_names(self) -> list[str]:
         return list(self._outputs) if self.sidecar is None else self.sidecar.output_names
@@ -365,3 +380,193 @@ def check_static_shape(info: InputInfo, shape: Sequence[int], program: str, reme
 
 def _dtype_of(type_text: str) -> str:
     return next((k for k, v in _TYPE_TEXT.items() if v == type_text), "float32")
+
+
+# -- the plug-in ----------------------------------------------------------------------------------
+
+
+class _ExecuTorchPlugin:
+    """ExecuTorch as a runtime plug-in (:class:`~.plugins.ProgramPlugin`): it runs programs lowered from the
+    PyTorch model (``.pte``), which hand out only their outputs; module rows come from the model lowered again
+    by the program's recipe with a tap at every module. The lowering is the PyTorch side's
+    (:mod:`layertap.pytorch.lowering`), imported only when a program is made."""
+
+    name = "executorch"
+    title = "ExecuTorch"
+    form = "program"
+    suffixes = (".pte",)
+    matrix = {**{verb: YES for verb in VERBS},
+              "compare --local": "a program cannot be cut into parts: its nodes are fused into backend kernels "
+                                 "(XNNPACK) that run only whole",
+              "compare --steps": "not yet: decode steps feed a KV cache the ONNX decoder files name; a program "
+                                 "is lowered at fixed sizes",
+              "repro": "a repro package is a part of an ONNX graph run alone; a program cannot be cut into parts"}
+
+    quantizer = "ExecuTorch XNNPACK quantizer (pt2e)"
+
+    def open(self, settings: RuntimeSettings) -> "ExecuTorchRuntime":
+        settings.refuse(self.name, (), "an ExecuTorch program runs on the backend it was lowered for")
+        return ExecuTorchRuntime()
+
+    def engine(self, path: Path) -> ProgramEngine:
+        return ProgramEngine(path)
+
+    def input_specs(self, path: Path) -> list[InputSpec]:
+        return program_input_specs(path)
+
+    def run(self, path: Path, inputs: Any, taps: Sequence[str], *, seed: int,
+            notify: Callable[[str], None] | None) -> dict[str, Any]:
+        return run_program(path, inputs, taps, seed=seed, notify=notify)
+
+    def tapped(self, model: Any, method: Any, path: Path, runs: list[tuple[tuple, dict]], work: Path,
+               wanted: Callable[[str], bool]) -> TappedProgram:
+        return tapped_program(model, method, path, runs, work, wanted)
+
+    def layers(self, path: Path) -> OnnxLayers:
+        return program_layers(path)
+
+    def lower_kept(self, model: Any, method: Any, samples: list[tuple], calibration: list[tuple], to: str,
+                   kept: Sequence[str], out: Path) -> None:
+        from ..pytorch.lowering import Recipe, lower, tapped_wrapper, weight_record
+        from ..pytorch.wrapper import input_names
+
+        if to != "int8":
+            raise LayertapError(f"ExecuTorch programs are made at int8 (XNNPACK quantizer), not {to}: use --to int8")
+        tapped = tapped_wrapper(model, method, [], samples[0], None)
+        recipe = Recipe("xnnpack", "int8", calibration, list(kept))
+        names = input_names(model, method, tuple(samples[0]), {})
+        sidecar = Sidecar(Sidecar.input_records(names, tapped.example), tapped.records(), recipe.record(),
+                          weight_record(model))
+        # with its record and calibration beside it, as lt.export writes it: compare lowers it again
+        publish_program(out, lower(tapped.wrapper, tapped.example, recipe).buffer, sidecar, recipe)
+
+    def kept_recipe(self, kept: Sequence[str]) -> tuple[str, dict[str, Any]]:
+        """The kept set as the XNNPACK quantizer's filter (the file ``fix --config-out`` writes, and its JSON)."""
+        return "executorch_xnnpack.json", {
+            "quantizer": "executorch.backends.xnnpack.quantizer.xnnpack_quantizer.XNNPACKQuantizer",
+            "global": "get_symmetric_quantization_config(is_per_channel=True)",
+            "keep_float32_modules": list(kept),
+            "how": "quantizer.set_filter_function(lambda node: not any(module_name_filter(m)(node) for m in "
+                   "keep_float32_modules)) with torchao.quantization.pt2e.quantizer.utils.get_module_name_filter"}
+
+
+PLUGIN = _ExecuTorchPlugin()
+
+
+def program_layers(path: str | os.PathLike) -> OnnxLayers:
+    """``layertap layers m.pte``: what a program takes and hands out, each output with the module path and call
+    layertap recorded for it (a program from elsewhere: its outputs by position), dtype and shape."""
+    engine = ProgramEngine(path)
+    declared = {i.name: i for i in engine.output_infos()}
+    inputs = {i.name: i for i in engine.get_inputs()}
+    rows = [TensorRow(i.name, "input", None, _dtype_of(i.type), i.shape, None, None) for i in inputs.values()]
+    records = engine.sidecar.outputs if engine.sidecar is not None else [{"name": n} for n in declared]
+    for r in records:
+        info = declared.get(str(r.get("same_as", r["name"]))) or list(inputs.values())[int(r.get("input", 0))]
+        op = "tap" if r.get("path") is not None else "output"
+        call = r.get("call")
+        rows.append(TensorRow(str(r["name"]), op, None, _dtype_of(info.type), info.shape, r.get("path") or None,
+                              int(call) if call is not None else None))
+    table = OnnxLayers(rows, source="layertap" if engine.sidecar is not None else "none")
+    table.__dict__["title"] = "ExecuTorch program: inputs and outputs"
+    table.notes.append("a program hands out only its outputs; layertap compare MODEL m.pte lowers the model again "
+                       "with a tap at every module for module rows" if engine.sidecar is not None else UNTAPPED)
+    return table
+
+
+def publish_program(out: Path, buffer: bytes, sidecar: Sidecar, recipe: Any) -> None:
+    """The program, its sidecar and (int8) its calibration samples, each written atomically; the sidecar
+    last but one, so a program is never beside another program's record for long."""
+    from ..pytorch.lowering import calibration_path
+
+    atomic_write_bytes(out, buffer)
+    atomic_write_bytes(sidecar_path(out), sidecar.text().encode())
+    calib = calibration_path(out)
+    if recipe.quantize:
+        with atomic_path(calib) as tmp, open(tmp, "wb") as f:
+            np.savez(f, **{f"s{i}_{j}": t.detach().cpu().numpy() for i, s in enumerate(recipe.calibration)
+                           for j, t in enumerate(s)})
+    elif calib.exists():
+        calib.unlink()
+
+
+def tapped_program(model: Any, method: Any, path: str | Path, runs: list[tuple[tuple, dict]], work: Path,
+                   wanted: Callable[[str], bool]) -> TappedProgram:
+    """The program at ``path`` and, where it carries layertap's record, the model lowered again by its recipe
+    in ``work`` with a tap at every module ``wanted`` (:class:`~.plugins.TappedProgram`)."""
+    from ..pytorch.lowering import Recipe, lower, module_taps, read_calibration, tapped_wrapper
+
+    engine = ProgramEngine(path)
+    sidecar = engine.sidecar
+    own = [n for n in engine.output_names() if sidecar is None or n not in set(sidecar.taps)]
+    recipe = sidecar.recipe if sidecar is not None else {}
+    runtime = ExecuTorchRuntime(recipe.get("quantize") or "float32", recipe.get("backend"))
+    if sidecar is None:
+        return TappedProgram(Path(path), engine, runtime, own, untapped=UNTAPPED)
+
+    for info, a in zip(engine.get_inputs(), runs[0][0]):
+        shape = list(getattr(a, "shape", []))
+        check_static_shape(info, shape, engine.path.name, f"give --input {'x'.join(str(d) for d in info.shape or [])}")
+    taps = module_taps(model, method, runs[0][0], runs[0][1], wanted)
+    tapped_model = tapped_wrapper(model, method, taps, runs[0][0], runs[0][1])
+    plan = Recipe(recipe.get("backend", "xnnpack"), recipe.get("quantize"),
+                  read_calibration(path) or [tuple(tapped_model.example)], recipe.get("keep_float", []))
+    lowered = lower(tapped_model.wrapper, tapped_model.example, plan.check())
+    tapped_path = work / "tapped.pte"
+    tapped_path.write_bytes(lowered.buffer)
+    records = tapped_model.records()
+    for r in records:  # the model's outputs under the program's names
+        r["name"] = own[0] if r["path"] is None and len(own) == 1 else r["name"]
+    sidecar_path(tapped_path).write_text(Sidecar(sidecar.inputs, records, sidecar.recipe).text())
+    by_call: dict[tuple[str, int], list[tuple[int, str]]] = {}
+    for r in records:
+        if r["path"] is not None and r["call"] is not None:
+            by_call.setdefault((r["path"], r["call"]), []).append((r.get("index") or 0, r["name"]))
+    names = {k: tuple(n for _, n in sorted(v)) for k, v in by_call.items()}
+    side = TappedProgram(Path(path), engine, runtime, own, ProgramEngine(tapped_path), names,
+                         weights=sidecar.weights or None)
+    if lowered.quantized is not None:
+        kept = [r["name"] for r, s in zip(records, tapped_model.same) if s is None]
+        side.formats = int8_formats(lowered.quantized, kept)
+        side.ideal = _ideal_run(lowered.quantized, kept, records)
+    return side
+
+
+#: why a program from elsewhere has no module rows, and how to get them
+UNTAPPED = ("the program carries no layertap record (m.pte.json beside it), so only its outputs are compared; export "
+            "it with layertap export MODEL -o m.pte (lt.export(model, args, 'm.pte')) for module rows")
+
+
+def _ideal_run(quantized: Any, kept: list[str], records: list[dict[str, Any]]) -> Callable[[tuple], dict[str, Any]]:
+    """The int8 recipe's arithmetic in float (the pt2e-quantised model run in PyTorch) on one sample's arguments,
+    by the tapped program's output names."""
+
+    def ideal(args: tuple) -> dict[str, np.ndarray]:
+        import torch
+
+        with torch.no_grad():
+            got = dict(zip(kept, quantized(*args)))
+        for r in records:  # repeats, from what they repeat
+            if "same_as" in r:
+                got[r["name"]] = got[r["same_as"]]
+        return {n: np.array(v.detach().cpu().numpy(), copy=True) for n, v in got.items() if hasattr(v, "detach")}
+
+    return ideal
+
+
+def int8_formats(graph: Any, names: list[str]) -> TensorFormats:
+    """The int8 format of each output of a quantised graph: the scale and zero point of the dequantize that
+    makes it (outputs made otherwise: float32)."""
+    from ..pytorch.lowering import value_source
+
+    out = next(n for n in graph.graph.nodes if n.op == "output")
+    tensors = {}
+    for name, node in zip(names, out.args[0]):
+        node = value_source(node)
+        target = str(getattr(node, "target", ""))
+        if "dequantize_per_tensor" in target and len(node.args) >= 5:
+            scale, zero, qmin, qmax = node.args[1:5]
+            if all(isinstance(v, (int, float)) for v in (scale, zero, qmin, qmax)):
+                tensors[name] = Format("int8", np.array(float(scale), np.float32), np.array(int(zero), np.int64), None,
+                                       int(qmin), int(qmax))
+    return TensorFormats(tensors)

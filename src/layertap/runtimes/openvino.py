@@ -22,6 +22,7 @@ from ..onnxfile.branches import padded_outputs
 from ..onnxfile.modelfile import ModelFile
 from ..onnxfile.tensor_types import ORT_NUMPY
 from .ort import int8_probe
+from .plugins import VERBS, YES, RuntimeSettings
 from .protocol import InputInfo, RuntimeInfo, check_exposed
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -141,7 +142,7 @@ class OpenVinoRuntime:
             if isinstance(model, Path) or model.origin is not None:
                 ov_model = self.core.read_model(str(model if isinstance(model, Path) else model.origin))
             else:
-                ov_model = self.core.read_model(inline_weights(model.model, model).SerializeToString())
+                ov_model = self.core.read_model(model.inlined().SerializeToString())
         except RuntimeError as e:
             where = f"'{model}'" if isinstance(model, Path) else "the ONNX graph"
             raise OnnxFileError(f"OpenVINO cannot read {where}: {one_line(e, limit=300)}") from None
@@ -182,7 +183,7 @@ class OpenVinoRuntime:
 
     def open_part(self, source: "SessionSource", part: "onnx.ModelProto") -> OpenVinoEngine:
         try:
-            m = self.core.read_model(inline_weights(part, source).SerializeToString())
+            m = self.core.read_model(source.inlined(part).SerializeToString())
         except RuntimeError as e:
             raise OnnxFileError(f"OpenVINO cannot read the part graph: {one_line(e, limit=300)}") from None
         return self._compile(m, None)
@@ -282,25 +283,6 @@ def quantized_away(graph: "onnx.GraphProto") -> set[str]:
     return {t for t, ops in readers.items() if ops == {"QuantizeLinear"} and t not in outputs}
 
 
-def inline_weights(model: "onnx.ModelProto", source: "SessionSource") -> "onnx.ModelProto":
-    """A copy of ``model`` whose weights are inline: those ``source`` holds in memory, and those
-    in external files next to it (OpenVINO reads an ONNX graph from bytes, without a folder)."""
-    import onnx
-    from onnx import numpy_helper
-
-    held = source.held
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    for t in out.graph.initializer:
-        if t.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        arr = held.get(t.name)
-        if arr is None:
-            arr = numpy_helper.to_array(t, base_dir=str(source.folder))
-        t.CopyFrom(numpy_helper.from_array(arr, t.name))
-    return out
-
-
 def ir_graph(runtime: "OpenVinoRuntime | Any", path: Path) -> "onnx.ModelProto":
     """An OpenVINO IR's tensors as an ONNX graph of name-only nodes (domain ``org.openvino``, no
     weights): enough to align its tensors by name with an ONNX file and to pair its outputs; it
@@ -361,3 +343,29 @@ def _elem(kind: str) -> int:
 
     dtype = ORT_NUMPY.get(kind)
     return int(h.np_dtype_to_tensor_dtype(np.dtype(dtype))) if dtype is not None else 0
+
+
+class _OpenVinoPlugin:
+    """OpenVINO as a runtime plug-in (:class:`~.plugins.RuntimePlugin`): a graph runtime that reads ONNX files
+    and its own IR (``.xml``, read as a graph: :func:`ir_graph`)."""
+
+    name = "openvino"
+    title = "OpenVINO"
+    form = "graph"
+    suffixes = (".xml",)
+    matrix = {**{verb: YES for verb in VERBS},
+              "export": "layertap export writes ONNX, which OpenVINO reads as it is; an IR (.xml) is OpenVINO's own "
+                        "conversion of it (ovc m.onnx), which every other verb reads",
+              "fix": "fix measures its fp16/int8 conversions of an ONNX file in ONNX Runtime; OpenVINO picks its "
+                     "precision itself (--ov-precision), with no block list a converter writes",
+              "repro": "repro.py runs the packaged part in ONNX Runtime (numpy, onnx, onnxruntime only); a "
+                       "divergence of OpenVINO's own kernels is shown call by call by compare --local"}
+
+    def open(self, settings: RuntimeSettings) -> OpenVinoRuntime:
+        settings.refuse(self.name, ("ov_precision", "ov_device"),
+                        "--providers picks ONNX Runtime's execution providers and --no-ort-opt turns off its graph "
+                        "optimisations; OpenVINO's device is --ov-device and its own transformations always apply")
+        return OpenVinoRuntime(settings.ov_device or "CPU", settings.ov_precision)
+
+
+PLUGIN = _OpenVinoPlugin()

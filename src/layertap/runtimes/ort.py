@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import LayertapError
 from ..onnxfile.tensor_types import ORT_ELEM
+from .plugins import VERBS, YES, RuntimeSettings
 from .protocol import InputInfo, RuntimeInfo, as_input_infos
 from .source import SessionSource, open_source
 
@@ -424,3 +425,21 @@ def ort_types(source: SessionSource, tensors: Sequence[str]) -> dict[str, "onnx.
         else:
             out[o.name] = onnx.helper.make_tensor_value_info(o.name, elem, shape if o.shape is not None else None)
     return out
+
+
+class _OrtPlugin:
+    """ONNX Runtime as a runtime plug-in (:class:`~.plugins.RuntimePlugin`): the default graph runtime."""
+
+    name = "ort"
+    title = "ONNX Runtime"
+    form = "graph"
+    suffixes: tuple[str, ...] = ()
+    matrix = {verb: YES for verb in VERBS}
+
+    def open(self, settings: RuntimeSettings) -> OrtRuntime:
+        settings.refuse(self.name, ("providers", "optimize"),
+                        "--ov-precision and --ov-device are OpenVINO's: add --runtime openvino")
+        return OrtRuntime(settings.providers, True if settings.optimize is None else settings.optimize)
+
+
+PLUGIN = _OrtPlugin()

@@ -2,13 +2,13 @@
 a :class:`~layertap.runtimes.source.SessionSource`, or a file) with chosen tensors exposed, on a
 part of a model (``--local``), or on a file as it is (export's check, fix's trials, repro's
 reference part); an engine runs a feed into arrays by name; :meth:`Runtime.describe` says what
-ran (runtime, version, device, precision). :func:`layertap.runtimes.open_runtime` is the one
-factory (``ort`` or ``openvino``); every session and every run of an ONNX file goes through it.
+ran (runtime, version, device, precision). A runtime's plug-in (:mod:`.plugins`) opens its
+:class:`Runtime`; :func:`layertap.runtimes.open_runtime` is the one factory, and every session and
+every run of a file goes through it.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Sequence
@@ -112,35 +112,6 @@ class Runtime(Protocol):
 
     def describe(self) -> RuntimeInfo:
         """Runtime, version, device and the precision that ran."""
-
-
-#: file suffix -> the one runtime that runs such a file (a file of any other suffix is ONNX: ONNX Runtime by
-#: default, or any runtime asked for); an ExecuTorch program (``.pte``) runs in ExecuTorch
-OWN_RUNTIME = {".xml": "openvino", ".pte": "executorch"}
-
-
-def runtime_for(source: Any) -> str | None:
-    """The runtime a file needs (an OpenVINO IR: ``openvino``; an ExecuTorch program: ``executorch``), ``None`` for one any runtime runs.
-
-    Example:
-        >>> runtime_for("m.xml"), runtime_for("m.pte"), runtime_for("m.onnx"), runtime_for(object())
-        ('openvino', 'executorch', None, None)
-    """
-    if not isinstance(source, (str, os.PathLike)):
-        source = getattr(source, "path", None)
-        if source is None:
-            return None
-    return OWN_RUNTIME.get(os.path.splitext(str(source))[1].lower())
-
-
-def is_ir(source: Any) -> bool:
-    """Whether a file argument names an OpenVINO IR (``.xml``, its weights in the ``.bin`` beside it).
-
-    Example:
-        >>> is_ir("m.xml"), is_ir("m.onnx")
-        (True, False)
-    """
-    return isinstance(source, (str, os.PathLike)) and str(source).lower().endswith(".xml")
 
 
 def check_exposed(names: Sequence[str], available: set[str] | None, runtime: str) -> None:

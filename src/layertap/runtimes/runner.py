@@ -27,7 +27,8 @@ from ..onnxfile.shapes import input_dims
 from ..selectors import Tap
 from .openvino import ir_graph
 from .ort import ort_typer
-from .protocol import Runtime, is_ir
+from .plugins import is_ir
+from .protocol import Runtime
 from .source import SessionSource, open_source
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -123,6 +123,34 @@ class SessionSource:
             del base.graph.output[:]
         return base.SerializeToString() + (extra.SerializeToString() if outputs else b"")
 
+    def inlined(self, model: "onnx.ModelProto | None" = None) -> "onnx.ModelProto":
+        """A copy of ``model`` (default :attr:`model`; a part graph built from its nodes) whose weights are all
+        inline: those held in memory and those in external files next to it. For a runtime that reads a graph
+        from bytes alone (OpenVINO, a runtime plug-in's interpreter).
+
+        Example:
+            >>> import onnx.helper as h, onnx.numpy_helper as nh
+            >>> w = nh.from_array(np.eye(512, dtype=np.float32), "w")
+            >>> g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "g",
+            ...     [h.make_tensor_value_info("x", 1, [1, 512])], [h.make_tensor_value_info("y", 1, [1, 512])], [w])
+            >>> src = SessionSource.with_weights_held(h.make_model(g), Path("."))
+            >>> src.model.graph.initializer[0].data_location, src.inlined().graph.initializer[0].data_location
+            (1, 0)
+        """
+        import onnx
+        from onnx import numpy_helper
+
+        out = onnx.ModelProto()
+        out.CopyFrom(self.model if model is None else model)
+        for t in out.graph.initializer:
+            if t.data_location != onnx.TensorProto.EXTERNAL:
+                continue
+            arr = self.held.get(t.name)
+            if arr is None:
+                arr = numpy_helper.to_array(t, base_dir=str(self.folder))
+            t.CopyFrom(numpy_helper.from_array(arr, t.name))
+        return out
+
     def weights_of(self, part: "onnx.ModelProto") -> dict[str, np.ndarray]:
         """The held arrays another graph built from this one's nodes (a part of it) reads.
 

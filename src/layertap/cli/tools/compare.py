@@ -13,8 +13,7 @@ from typing import Any
 
 from ...errors import LayertapError, OnnxFileError, printable
 from ...files.writes import check_output_path
-from ...options import Model, SampleOptions, reporting
-from ...runtimes import is_ir
+from ...options import Model, SampleOptions, SearchOptions, reporting
 from ..args import (
     Args,
     InputArgs,
@@ -167,9 +166,9 @@ def _read(path: str) -> Any:
     command reads only the graph afterwards); an OpenVINO IR or an ExecuTorch program stays a path, for its
     own runtime to read."""
     from ...onnxfile.modelfile import read_model
-    from ...runtimes import runtime_for
+    from ...runtimes import plugin_for
 
-    return path if is_ir(path) or runtime_for(path) == "executorch" else read_model(path).hand_over()
+    return path if plugin_for(path) is not None else read_model(path).hand_over()
 
 
 def _check_outputs(ns: argparse.Namespace, inputs: tuple[str, ...]) -> dict[str, Path]:
@@ -224,13 +223,38 @@ def _keeping_inputs(sampling: SampleOptions, opts: CompareOptions) -> tuple[Samp
 
 
 def _block_list(args: Args, report: Any, cand: Any, ref: Any, samples: list[Any]) -> None:
-    """--fp16-block-list: the first step of ``fix --to fp16`` (ranked by this comparison), so the list
-    written is one a float16 conversion was verified with; says when no list meets the target."""
-    from ...fixing import compare_block_list
+    """--fp16-block-list: ``lt.fix --to fp16`` ranked by this comparison (REF a float32 ONNX file, or the PyTorch
+    model exported as CAND was: the same exporter, so the same node names), so the list written is one a float16
+    conversion was verified with; says when no list meets the target the comparison's rule names (its cosine or
+    SQNR threshold, else cosine 0.999)."""
+    from ...fixing import fix
+    from ...fixing.configs import Target
+    from ...fixing.convert import FP16_OPTIONS
+    from ...fixing.fix import fmt_metric
+    from ...onnxfile.modelfile import model_file
 
-    _, lines = compare_block_list(args.model.text if args.model.is_onnx else ref.source, samples, report, cand,
-                                  args.own.outputs["fp16"], args.tolerance.criterion, seed=args.inputs.seed)
-    for line in lines:
+    rule = args.tolerance.criterion
+    target = {"cosine": Target("cosine", rule.min_cosine), "sqnr": Target("sqnr", rule.min_sqnr_db)}.get(
+        rule.metric, Target("cosine", 0.999))
+    reference, first = (args.model.text, None) if args.model.is_onnx else (ref.source, samples[0])
+    exporter = "torchscript" if report.scope_map is not None and report.scope_map.source == "torchscript" else "dynamo"
+    found = fix(reference, first, to="fp16", out=None, target=target, samples=samples if first is None else samples[1:],
+                sample_options=SampleOptions(seed=args.inputs.seed),
+                search_options=SearchOptions(rank_report=report, exporter=exporter))
+    found.write_nodes(args.own.outputs["fp16"])
+    names = {n.name for n in model_file(cand).model.graph.node}
+    missing = [n for n in found.nodes if n not in names]
+    if missing:
+        found.notes.append(f"{len(missing)} of the listed nodes are not in '{model_file(cand).path}' ({missing[0]}, "
+                           "...): the list names the float32 file's nodes")
+    best = found.best
+    shown = f"{target.metric} {fmt_metric(found.steps[0].metric)} -> {fmt_metric(best.metric if best else None)}"
+    verdict = (f"a float16 conversion with it meets {target} ({shown})" if found.ok else
+               f"no list meets {target} ({len(found.steps)} conversions tried; this is the best found: {shown})")
+    options = ", ".join(f"{k}={v!r}" for k, v in FP16_OPTIONS.items())
+    for line in [f"note: {n}" for n in found.notes] + [
+            f"fp16 block list: {len(found.nodes)} nodes ({', '.join(found.kept) or 'none'}): {verdict}; convert with "
+            f"{options} (the default max_finite_val, 1e4, clamps larger weights)"]:
         sys.stderr.write(printable(line) + "\n")
 
 

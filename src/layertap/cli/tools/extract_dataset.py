@@ -9,9 +9,9 @@ from pathlib import Path
 
 from ...dataset.manifest import NAME, Manifest
 from ...errors import LayertapError
+from ...files.signals import Terminated
 from ..args import Args, ReportArgs, need
 from ..console import stdout_console
-from ..main import Terminated
 
 
 def run_dataset(args: Args) -> int:

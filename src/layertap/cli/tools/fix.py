@@ -12,6 +12,7 @@ from typing import Any
 
 from ...errors import LayertapError, OnnxFileError, printable
 from ...options import SearchOptions
+from ...runtimes.plugins import plugin, plugin_for
 from ..args import Args, InputArgs, JsonArgs, ModelArgs, OutputArgs, ReportArgs, SampleArgs, is_onnx_path, nonneg_int
 from .base import Tool
 
@@ -67,9 +68,10 @@ class FixTool(Tool):
         g.add_argument("--keep", action="append", default=[], metavar="PATH",
                        help="module path always kept in float32 (repeatable), e.g. layer4.2; in a file without "
                             "module scopes (paddle2onnx, tf2onnx) a node name or the tensor name it makes")
-        g.add_argument("--runtime", choices=("ort", "executorch"), default=None,
+        g.add_argument("--runtime", default=None, metavar="NAME",
                        help="ort (default): an ONNX file, run in ONNX Runtime; executorch: an int8 ExecuTorch program "
-                            "(XNNPACK quantizer), each set lowered and run in ExecuTorch (-o FIXED.pte)")
+                            "(XNNPACK quantizer), each set lowered and run in ExecuTorch (-o FIXED.pte); or a runtime "
+                            "plug-in's name")
         g.add_argument("--config-out", metavar="DIR",
                        help="write the kept set for each toolchain: modules.json (nodes.json in a file without "
                             "module scopes), onnxconverter_common.json, "
@@ -91,11 +93,12 @@ class FixTool(Tool):
 
             check_config_out(ns.config_out)
         args.reads = tuple(p for p in (ns.model if is_onnx_path(ns.model) else None, ns.inputs, ns.calib) if p)
-        program = ns.runtime == "executorch" or str(ns.output or "").lower().endswith(".pte")
-        if program and not str(ns.output or "").lower().endswith(".pte"):
-            raise LayertapError("--runtime executorch writes an ExecuTorch program: give -o FIXED.pte")
+        chosen = plugin(ns.runtime) if ns.runtime is not None else plugin_for(ns.output)
+        if chosen is not None and chosen.form == "program" and plugin_for(ns.output) is not chosen:
+            raise LayertapError(f"--runtime {chosen.name} writes a {chosen.title} program: give -o "
+                                f"FIXED{chosen.suffixes[0]}")
         return FixOptions(ns.to, ns.calib, target, ns.max_float, ns.keep, ns.config_out,
-                          "executorch" if program else ns.runtime)
+                          chosen.name if chosen is not None else None)
 
     def run(self, args: Args) -> int:
         opts: FixOptions = args.own

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ...errors import LayertapError
-from ...runtimes import is_ir, onnx_layers, open_runtime
+from ...runtimes import is_ir, onnx_layers, open_runtime, plugin_for
 from ..args import Args, InputArgs, JsonArgs, ModelArgs, ReportArgs, is_onnx_path
 from .base import Tool, running
 
@@ -74,7 +75,10 @@ class LayersTool(Tool):
         if m.method != "forward":
             raise LayertapError(f"--method does not apply to an ONNX file ({m.text})")
 
-        if is_ir(m.text):  # an OpenVINO IR: its tensors as OpenVINO reads them
+        program = plugin_for(m.text)
+        if program is not None and program.form == "program":  # what a program takes and hands out
+            table = program.layers(Path(m.text))  # type: ignore[attr-defined]
+        elif is_ir(m.text):  # an OpenVINO IR: its tensors as OpenVINO reads them
             from ...runtimes.openvino import ir_file
 
             table = onnx_layers(ir_file(open_runtime("openvino", ov_precision="f32"), m.text))

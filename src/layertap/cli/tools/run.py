@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from ...runtimes import run, runtime_for
+from ...runtimes import plugin, run, runtime_for
 from ...tables import Column, Table
 from ...text import fmt_float, fmt_shape
 from ..args import Args, InputArgs, JsonArgs, OutputArgs, RuntimeArgs, TapArgs
@@ -68,8 +68,8 @@ class RunTool(Tool):
             self.say(note)
         table = RunTable([_row(k, v) for k, v in values.items()])
         ran = args.runtime.runtime or runtime_for(args.own)
-        if ran in ("openvino", "executorch"):
-            table.__dict__["title"] = {"openvino": "OpenVINO outputs", "executorch": "ExecuTorch outputs"}[ran]
+        if ran not in (None, "ort"):
+            table.__dict__["title"] = f"{plugin(ran).title} outputs"
         self.print_table(table, as_json=args.json)
         if args.output and not args.json:
             self.say(f"wrote {args.output}")

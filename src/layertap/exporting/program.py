@@ -19,11 +19,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..files.writes import atomic_path, atomic_write_bytes, check_output_path
+from ..files.writes import check_output_path
 from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
-from ..pytorch.lowering import CALIB_SAMPLES, INT8_QUANTA, Recipe, as_args, calibration_path, drawn_calibration, lower, tapped_wrapper
+from ..pytorch.lowering import CALIB_SAMPLES, INT8_QUANTA, Recipe, as_args, drawn_calibration, lower, tapped_wrapper, weight_record
 from ..pytorch.wrapper import input_names
-from ..runtimes.executorch import ProgramEngine, Sidecar, sidecar_path
+from ..runtimes.executorch import ProgramEngine, Sidecar, publish_program
 from ..selectors import Tap, parse_taps
 from .verify import ExportReport, ExportRow, check_output
 
@@ -59,7 +59,8 @@ def export_program(
         recipe.calibration = drawn_calibration(example, CALIB_SAMPLES)
     lowered = lower(wrapper, example, recipe)
     names_in = input_names(model, method, as_args(args), dict(kwargs or {}))
-    sidecar = Sidecar(Sidecar.input_records(names_in, example), tapped.records(), recipe.record())
+    sidecar = Sidecar(Sidecar.input_records(names_in, example), tapped.records(), recipe.record(),
+                      weight_record(model))
     rows = [ExportRow(o.name, o.selector if o.path is not None and o.selector else "model output", list(v.shape),
                       str(v.dtype).replace("torch.", "")) for o, v in zip(wrapper.outputs, reference)]
     notes: list[str] = []
@@ -79,20 +80,6 @@ def export_program(
                           inputs={i["name"]: i["shape"] for i in sidecar.inputs}, rtol=rtol, atol=atol,
                           verified=verify, notes=notes, runtime="ExecuTorch")
     return report
-
-
-def publish_program(out: Path, buffer: bytes, sidecar: Sidecar, recipe: Recipe) -> None:
-    """The program, its sidecar and (int8) its calibration samples, each written atomically; the sidecar
-    last but one, so a program is never beside another program's record for long."""
-    atomic_write_bytes(out, buffer)
-    atomic_write_bytes(sidecar_path(out), sidecar.text().encode())
-    calib = calibration_path(out)
-    if recipe.quantize:
-        with atomic_path(calib) as tmp, open(tmp, "wb") as f:
-            np.savez(f, **{f"s{i}_{j}": t.detach().cpu().numpy() for i, s in enumerate(recipe.calibration)
-                           for j, t in enumerate(s)})
-    elif calib.exists():
-        calib.unlink()
 
 
 def verify_program(path: Path, example: tuple, expected: list[torch.Tensor], rows: list[ExportRow], rtol: float,

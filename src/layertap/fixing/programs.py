@@ -1,0 +1,123 @@
+"""``lt.fix`` for a ``"program"`` runtime (``layertap fix MODEL --to int8 --runtime executorch -o FIXED.pte``): the
+fewest modules kept float32 in a program the runtime lowers from the model that meet the target, each set
+lowered by the runtime's plug-in (:meth:`~layertap.runtimes.plugins.ProgramPlugin.lower_kept`: its quantizer
+with the kept modules filtered out) and run in its runtime for real.
+
+The search is fix's own (:func:`.search.search`: grow ranked groups, then prune to a minimal set); here
+:class:`ProgramTrials` lowers and runs the sets, and the ranking comes from comparing the plain program with
+the model module by module (:func:`.search.rank_by_growth`). FIXED is the chosen set lowered again as the
+trials lowered it (with its record), and ``--config-out`` holds the runtime's own recipe for the kept set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..comparing import compare
+from ..errors import LayertapError, unknown_name
+from ..files.writes import atomic_write_bytes
+from ..options import Model, SampleOptions
+from ..pytorch.example_inputs import positional_samples
+from ..pytorch.lowering import as_args, tapped_wrapper
+from ..pytorch.reference import example_call, load
+from ..pytorch.values import random_like
+from ..runtimes.plugins import ProgramPlugin
+from ..samples.drawn import given_samples
+from .configs import Target
+from .search import FixStep, StepLog, rank_by_growth, run_latency, search
+
+
+class ProgramTrials(StepLog):
+    """Lowers and runs sets of modules kept float32 (what :func:`.search.search` drives); each program runs
+    every sample in its runtime, against the model's float outputs."""
+
+    def __init__(self, runtime: ProgramPlugin, model: Any, method: Any, samples: list[tuple], calibration: list[tuple],
+                 target: Target, folder: Path, on_step: Callable[[FixStep], None] | None = None) -> None:
+        super().__init__(target, on_step)
+        self.runtime, self.model, self.method = runtime, model, method
+        self.samples, self.calibration, self.folder = samples, calibration, folder
+        wrapper = tapped_wrapper(model, method, [], samples[0], None).wrapper
+        with torch.no_grad():
+            self.refs = [[v.detach().numpy().copy() for v in wrapper(*s)] for s in samples]
+
+    def _measure(self, n: int, kept: Sequence[str], action: str, changed: Sequence[str]) -> FixStep:
+        path = self.folder / f"step{n}{self.runtime.suffixes[0]}"
+        self.runtime.lower_kept(self.model, self.method, self.samples, self.calibration, "int8", kept, path)
+        engine = self.runtime.engine(path)
+        names = [i.name for i in engine.get_inputs()]
+        feeds = [{nm: t.numpy() for nm, t in zip(names, s)} for s in self.samples]
+        outs = [list(engine.run(None, f).values()) for f in feeds]
+        metric = self.target.measure(self.refs, outs)
+        self.files[n] = path
+        return FixStep(n, action, list(changed), list(kept), len(kept), metric, self.target.met(metric),
+                       path.stat().st_size, run_latency(engine, feeds[0]))
+
+
+def fix_program(runtime: ProgramPlugin, ref: Any, args: Any, *, out: str | os.PathLike | None, target: Target,
+                sampling: SampleOptions,
+                calib: Any, keep: Sequence[str], max_float: int | None, config_out: str | os.PathLike | None,
+                on_step: Callable[[FixStep], None] | None) -> tuple[list[FixStep], list[str], str]:
+    """The search for an int8 program of ``runtime`` (see the module doc): the steps (the chosen one marked), notes,
+    and the tool that quantised (for :class:`~layertap.fixing.fix.FixReport`)."""
+    suffix = runtime.suffixes[0]
+    if out is not None and not str(out).lower().endswith(suffix):
+        raise LayertapError(f"an int8 {runtime.title} program is written to a {suffix}: give -o FIXED{suffix}")
+    loaded = load(ref)
+    args, kwargs, sampling = example_call(loaded, args, sampling)
+    if kwargs:
+        raise LayertapError(f"{runtime.title} programs take positional tensors; give the inputs without names")
+    if sampling.inputs is not None:
+        n_in = len(as_args(args)) if args is not None else 1
+        given, n_random = positional_samples(sampling.inputs, [None] * n_in, limit=sampling.limit), 0
+    elif args is None:  # the samples were drawn (or given) as a list
+        drawn = sampling.samples
+        given, n_random = (list(drawn) if drawn is not None and not isinstance(drawn, int) else []), 0
+    else:
+        given, n_random = given_samples(as_args(args), sampling.samples if sampling.samples is not None else 8)
+    samples = [as_args(s) for s in given]
+    samples += [tuple(random_like(samples[0], sampling.seed + i)) for i in range(len(samples), len(samples) + n_random)]
+    calibration = _calibration(calib, samples)
+    model, method = loaded.module, loaded.method
+    known = {p for p, _ in model.named_modules() if p}
+    unknown = [k for k in keep if k not in known]
+    if unknown:
+        raise LayertapError(unknown_name("module", unknown[0], sorted(known)))
+    with tempfile.TemporaryDirectory(prefix="layertap-fix-") as tmp:
+        trials = ProgramTrials(runtime, model, method, samples, calibration, target, Path(tmp), on_step)
+        plain = trials.trial(list(keep), "keep" if keep else "plain", list(keep))
+        notes: list[str] = []
+        if not plain.ok:
+            report = compare(Model(model, method=method), samples[0], trials.files[plain.step], samples=samples[:2])
+            leaves = {p for p, m in model.named_modules() if p and not any(True for _ in m.children())}
+            groups = rank_by_growth(report, leaves)
+            search(trials, groups, list(keep), max_float)
+        best = trials.best()
+        best.chosen = True
+        if out is not None:  # lowered as the trial that measured it was
+            runtime.lower_kept(model, method, samples, calibration, "int8", best.kept, Path(out))
+        if config_out is not None:
+            _write_configs(Path(config_out), best.kept, runtime)
+    return trials.steps, notes, runtime.quantizer
+
+
+def _calibration(calib: Any, samples: list[tuple]) -> list[tuple]:
+    """``calib`` as the model's positional arguments (a path: as ``export --calib`` reads it); default the samples."""
+    if calib is None:
+        return samples
+    if isinstance(calib, (str, os.PathLike)):
+        return positional_samples(calib, [None] * len(samples[0]))
+    return [as_args(s) for s in calib]
+
+
+def _write_configs(folder: Path, kept: Sequence[str], runtime: ProgramPlugin) -> None:
+    """The kept set: ``modules.json`` (module paths) and the runtime's own recipe for it (its quantizer's filter)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(folder / "modules.json", (json.dumps(list(kept), indent=1) + "\n").encode())
+    name, recipe = runtime.kept_recipe(kept)
+    atomic_write_bytes(folder / name, (json.dumps(recipe, indent=1) + "\n").encode())
