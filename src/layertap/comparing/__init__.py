@@ -21,15 +21,10 @@ Example:
 
 from __future__ import annotations
 
-from ..heap import frozen_callers_objects
 from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, ErrorStats, error_stats
-from . import api
-from .api import DEFAULT_MEMORY_BUDGET, FUSION_NOTE, Progress
+from .api import DEFAULT_MEMORY_BUDGET, FUSION_NOTE, Progress, compare
 from .rows import ABSORBED, FAIL, NO_COUNTERPART, PASS, STATISTIC, CompareReport, CompareRow, pair_tensors
 from .weight_check import DifferentWeightsError, WeightCheck
-
-# a process's first compare would otherwise pay the full collection its model's build left due (layertap.heap)
-compare = frozen_callers_objects(api.compare)
 
 __all__ = [
     "compare",

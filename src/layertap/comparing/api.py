@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import LayertapError, unknown_name
+from ..heap import frozen_callers_objects
 from ..inputs import as_specs
 from ..metrics import METRICS, ROUNDING_RTOL, Criterion
 from ..numformats import PRECISIONS
@@ -58,17 +59,12 @@ from ..runtimes import runtime_for
 from ..runtimes.choice import side_runtimes
 from ..runtimes.ort import FUSION_NOTE
 from ..runtimes.plugins import ProgramPlugin, RuntimeSettings, plugin_for
-from ..samples.declared import read_inputs
 from ..samples.drawn import given_samples, random_for_file, spec_samples, with_cache
-from ..samples.loading import load_samples, save_samples
 from .driver import Progress, compare_sides
 from .ideal import candidate_formats
 from .judging import Judging, judging
-from .mapped import compare_mapped
-from .onnx_ref import OnnxReference, refuse_same_run
 from .onnx_side import OrtSide
 from .rows import CompareReport
-from .steps import StepReference, check_steps
 from .torch_ref import TorchReference
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -80,6 +76,7 @@ __all__ = ["compare", "Progress", "FUSION_NOTE", "DEFAULT_MEMORY_BUDGET"]
 # ---------------------------------------------------------------------------
 # public entry
 # ---------------------------------------------------------------------------
+@frozen_callers_objects  # a process's first compare would otherwise pay the full collection its model's build left due
 def compare(
     ref: Any,
     args: Any = None,
@@ -270,8 +267,12 @@ def _compare_program(runtime: ProgramPlugin, ref: Any, args: Any, cand: Any, run
         samples = _program_samples(sampling, runtime.engine(Path(cand)).get_inputs())
     given, n_random = given_samples(_as_args(args), samples)
     runs_ = _torch_samples(given, n_random, kwargs, plan.seed)
+    from .mapped import compare_mapped  # noqa: PLC0415 -- a program's compare only: a file's first call skips it
+
     report = compare_mapped(runtime, loaded.module, cand, runs_, plan, loaded.method)
     if sampling.save_inputs is not None:
+        from ..samples.loading import save_samples  # noqa: PLC0415 -- only when the samples are saved
+
         save_samples(sampling.save_inputs, [{f"input_{i}": a.numpy() for i, a in enumerate(r[0])} for r in runs_])
     return report
 
@@ -282,6 +283,8 @@ def _program_samples(sampling: SampleOptions, declared: Sequence[Any]) -> list[A
 
     if sampling.inputs is None:
         raise LayertapError("inputs= names the samples to read")
+    from ..samples.loading import load_samples  # noqa: PLC0415 -- only when samples are read from a path
+
     read = load_samples(sampling.inputs, [i.name for i in declared], [len(i.shape or []) or None for i in declared],
                         preprocess=lambda: sampling.preprocess, columns=sampling.columns, limit=sampling.limit)
     return [sample_tensors(s) for s in read]
@@ -309,6 +312,8 @@ def rounding_criterion(criterion: Criterion, given: bool, ref_runtime: Any) -> t
 def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike | ModelFile, given: list[Any],
                    n_random: int, ref_rt: Any, cand_rt: Any, plan: _Plan) -> CompareReport:
     """An ONNX reference: both files in their runtimes, aligned by :func:`.onnx_ref.align_files`. Never imports torch."""
+    from .onnx_ref import OnnxReference, refuse_same_run  # noqa: PLC0415 -- an ONNX reference only: a model's first call skips it
+
     refuse_same_run(_path(ref), _path(cand), ref_rt, cand_rt)
     ref_side = OrtSide(ref, ref_rt)
     cand_side = OrtSide(cand, cand_rt)
@@ -319,6 +324,8 @@ def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike |
     reference = OnnxReference(ref_side, cand_side, given, n_random, random=random_for_file(plan.seed, decoder, folder),
                               judging=judged, **plan.sides())
     if plan.save_inputs is not None:
+        from ..samples.loading import save_samples  # noqa: PLC0415 -- only when the samples are saved
+
         save_samples(plan.save_inputs, reference.feeds)
     report = compare_sides(reference, cand_side, onnx_path=_shown(cand), ort_optimizations=cand_rt.optimize,
                            reference=_shown(ref), judging=judged, **plan.driver(),
@@ -382,11 +389,15 @@ def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[
     candidate: Any = cand_side
     options = dict(method=method, progress=plan.progress, local=plan.local, judging=judged, **plan.sides())
     if steps is not None:  # decode steps fill the model's cache in place: no second, rounded forward
+        from .steps import StepReference, check_steps  # noqa: PLC0415 -- decode steps only
+
         reference = StepReference(model, runs, cand_side, steps=check_steps(steps), ideal=False, **options)
         candidate = reference.candidate
     else:
         reference = TorchReference(model, runs, cand_side, **options)
     if plan.save_inputs is not None:
+        from ..samples.loading import save_samples  # noqa: PLC0415 -- only when the samples are saved
+
         save_samples(plan.save_inputs, reference.feeds)
     report = compare_sides(reference, candidate, onnx_path=_shown(cand), ort_optimizations=ort_optimizations,
                            runtimes={"candidate": cand_side.describe().to_dict()}, judging=judged, **plan.driver())
@@ -407,6 +418,8 @@ def reference_samples(ref: Any, cand: Any, args: Any, sampling: SampleOptions) -
         from ..pytorch.reference import recipe
 
         return recipe(ref)
+
+    from ..samples.declared import read_inputs  # noqa: PLC0415 -- only when samples are read from a path
 
     ref, cand, args, samples = read_inputs(ref, cand, onnx_ref, args, sampling, zoo)
     if sampling.inputs is None or onnx_ref:
