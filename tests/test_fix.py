@@ -156,7 +156,11 @@ def test_int8_tiny_cnn_calibrated_on_a_folder_and_excluded_nodes_taken_by_quanti
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
     from layertap.fixing.configs import Target
-    from layertap.fixing.search import _run_all, _session
+    from layertap.fixing.search import _run_all
+    from layertap.runtimes import open_runtime
+
+    def _session(path):
+        return open_runtime("ort").open_file(path, timing=True)
 
     path, folder = cnn
     cfg = tmp_path / "cfg"  # not there yet: fix makes it

@@ -45,6 +45,8 @@ def side_runtimes(onnx_ref: bool, runs: RuntimeOptions, own: tuple[str | None, s
             raise LayertapError(f"{flag[0]} turns off ONNX Runtime's graph optimisations, but OpenVINO runs {flag[1]} "
                                 "(its own graph transformations always apply); drop the option, or run that side in "
                                 "ONNX Runtime (--runtime/--cand-runtime ort)")
+        if name == "openvino":  # ONNX Runtime's switch, inherited from the other side: not OpenVINO's to take
+            return open_runtime(name, providers=providers[side], **ov)
         return open_runtime(name, providers=providers[side], optimize=optimize[1] if asked is None else asked, **ov)
 
     return (opened(ref_name, 0) if ref_name else None), opened(cand_name, 1)
