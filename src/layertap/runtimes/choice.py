@@ -37,7 +37,7 @@ def side_runtimes(onnx_ref: bool, runs: RuntimeOptions, own: tuple[str | None, s
                             "add --runtime openvino or --cand-runtime openvino")
 
     def opened(name: str, side: int) -> Any:
-        ov = dict(ov_precision=ov_precision, ov_device=ov_device) if name == "openvino" else {}
+        ov: dict[str, str | None] = dict(ov_precision=ov_precision, ov_device=ov_device) if name == "openvino" else {}
         asked = optimize[side]
         if name == "openvino" and asked is False:
             flag = ("--ref-no-ort-opt (ref_ort_optimizations=False)", "the reference") if side == 0 else \
@@ -46,7 +46,7 @@ def side_runtimes(onnx_ref: bool, runs: RuntimeOptions, own: tuple[str | None, s
                                 "(its own graph transformations always apply); drop the option, or run that side in "
                                 "ONNX Runtime (--runtime/--cand-runtime ort)")
         if name == "openvino":  # ONNX Runtime's switch, inherited from the other side: not OpenVINO's to take
-            return open_runtime(name, providers=providers[side], **ov)
+            return open_runtime(name, providers=providers[side], ov_precision=ov_precision, ov_device=ov_device)
         return open_runtime(name, providers=providers[side], optimize=optimize[1] if asked is None else asked, **ov)
 
     return (opened(ref_name, 0) if ref_name else None), opened(cand_name, 1)
