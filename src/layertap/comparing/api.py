@@ -58,7 +58,7 @@ from ..options import DEFAULT_MEMORY_BUDGET, UNSET, RuntimeOptions, SampleOption
 from ..runtimes import runtime_for
 from ..runtimes.choice import side_runtimes
 from ..runtimes.ort import FUSION_NOTE
-from ..runtimes.plugins import ProgramPlugin, RuntimeSettings, plugin_for
+from ..runtimes.plugins import ProgramPlugin, RuntimeSettings, a_program, plugin_for
 from ..samples.drawn import given_samples, random_for_file, spec_samples, with_cache
 from .driver import Progress, compare_sides
 from .ideal import candidate_formats
@@ -245,7 +245,7 @@ def _compare_program(runtime: ProgramPlugin, ref: Any, args: Any, cand: Any, run
     from ..pytorch.reference import example_call, load
 
     if plugin_for(cand) is not runtime or is_onnx_source(ref):
-        raise LayertapError(f"a {runtime.title} program ({', '.join(runtime.suffixes)}) is compared with the PyTorch "
+        raise LayertapError(f"{a_program(runtime)} ({', '.join(runtime.suffixes)}) is compared with the PyTorch "
                             f"model it came from: layertap compare MODEL m{runtime.suffixes[0]} (lt.compare(model, "
                             f"args, 'm{runtime.suffixes[0]}'))")
     for flag, verb in ((plan.local, "compare --local"), (sampling.steps is not None, "compare --steps")):
@@ -253,9 +253,9 @@ def _compare_program(runtime: ProgramPlugin, ref: Any, args: Any, cand: Any, run
             raise LayertapError(f"{verb.split()[1]} is not available for {runtime.title} programs: "
                                 f"{runtime.matrix.get(verb)}; compare without it")
     if runs.runtime not in (None, runtime.name) or runs.cand_runtime not in (None, runtime.name):
-        raise LayertapError(f"--runtime does not apply to a {runtime.title} program: it runs in {runtime.title}")
+        raise LayertapError(f"--runtime does not apply to {a_program(runtime)}: it runs in {runtime.title}")
     if runs.cand_providers is not None:
-        raise LayertapError(f"--cand-providers does not apply to a {runtime.title} program: it runs in "
+        raise LayertapError(f"--cand-providers does not apply to {a_program(runtime)}: it runs in "
                             f"{runtime.title}, on the backend it was lowered for")
     runtime.open(RuntimeSettings(providers=runs.providers, ov_precision=runs.ov_precision, ov_device=runs.ov_device))
     loaded = load(ref)

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import LayertapError, one_line, unknown_name
 from ..options import Model
 from ..runtimes import open_runtime, plugin_for
+from ..runtimes.plugins import a_program
 
 
 @dataclass
@@ -59,7 +60,7 @@ class BackendSpec:
         program = plugin_for(self.model) if self.is_onnx else None
         if program is not None and program.form == "program":
             if self.runtime.get("runtime", program.name) != program.name or set(self.runtime) - {"runtime"}:
-                raise LayertapError(f"'{self.model}' is a {program.title} program: it runs in {program.title} only "
+                raise LayertapError(f"'{self.model}' is {a_program(program)}: it runs in {program.title} only "
                                     "(drop --runtime, --ov-precision and --ov-device)")
             return ProgramBackend(Path(self.model), self.taps, program)
         if self.is_onnx:

@@ -21,7 +21,7 @@ from ..files.writes import atomic_path, atomic_write_bytes, check_output_path, c
 from ..inputs import as_specs
 from ..onnxfile.modelfile import is_onnx_source, read_model
 from ..options import UNSET, RuntimeOptions, SampleOptions, SearchOptions
-from ..runtimes.plugins import YES, ProgramPlugin, RuntimePlugin, RuntimeSettings, plugin, plugin_for
+from ..runtimes.plugins import YES, ProgramPlugin, RuntimePlugin, RuntimeSettings, a_program, plugin, plugin_for
 from ..samples.declared import Declared, as_feeds, random_feeds, read_samples
 from ..samples.drawn import spec_samples
 from ..tables import Column, Report
@@ -288,7 +288,7 @@ def _fix_program(runtime: ProgramPlugin, ref: Any, args: Any, to: str, out: Any,
     if to != "int8":
         raise LayertapError(f"--runtime {runtime.name} makes int8 programs ({runtime.quantizer}): use --to int8")
     if is_onnx_source(ref):
-        raise LayertapError(f"a {runtime.title} program is lowered from the PyTorch model: give MODEL, not an ONNX file")
+        raise LayertapError(f"{a_program(runtime)} is lowered from the PyTorch model: give MODEL, not an ONNX file")
     steps, notes, tool = fix_program(runtime, ref, args, out=out, target=goal, sampling=sampling, calib=calib, keep=keep,
                                      max_float=max_float, config_out=config_out, on_step=on_step)
     return FixReport(steps, target=goal, to="int8", nodes=[], notes=notes, tool=tool, runtime=runtime.title,

@@ -19,6 +19,7 @@ from .plugins import (
     RuntimePlugin,
     RuntimeSettings,
     TappedProgram,
+    a_program,
     is_ir,
     plugin,
     plugin_for,
@@ -120,7 +121,7 @@ def _run_program(path: str | os.PathLike, own: RuntimePlugin | None, chosen: Run
         raise LayertapError(f"{chosen.title} runs {chosen.title} programs ({', '.join(chosen.suffixes)}); '{path}' "
                             "is not one: run it with --runtime ort or openvino")
     if chosen is not own or any(v is not None for v in settings):
-        raise LayertapError(f"'{path}' is a {own.title} program: it runs in {own.title} only (drop --runtime, "
+        raise LayertapError(f"'{path}' is {a_program(own)}: it runs in {own.title} only (drop --runtime, "
                             "--providers, --ov-precision and --ov-device)")
     return own.run(Path(path), inputs, taps, seed=seed, notify=notify)  # type: ignore[attr-defined]
 

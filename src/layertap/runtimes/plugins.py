@@ -237,6 +237,16 @@ def plugin_for(source: Any) -> RuntimePlugin | None:
     return None
 
 
+def a_program(runtime: RuntimePlugin) -> str:
+    """``an ExecuTorch program``: a program runtime's program, with its article, for messages.
+
+    Example:
+        >>> a_program(plugin("executorch"))
+        'an ExecuTorch program'
+    """
+    return f"{'an' if runtime.title[:1].upper() in 'AEIOU' else 'a'} {runtime.title} program"
+
+
 def runtime_for(source: Any) -> str | None:
     """The name of the one runtime that runs ``source`` (an OpenVINO IR: ``openvino``; an ExecuTorch program:
     ``executorch``), ``None`` for a file any graph runtime runs.

@@ -25,7 +25,6 @@ from ..onnxfile.outputs import OutputAdder, dedupe
 from ..onnxfile.scopemap import expose_fused_values_in_place, is_fused_llm
 from ..onnxfile.shapes import input_dims
 from ..selectors import Tap
-from .openvino import ir_graph
 from .ort import ort_typer
 from .plugins import is_ir
 from .protocol import Runtime
@@ -74,6 +73,8 @@ class ModelRunner:
         (:func:`~.openvino.ir_graph`) and which its runtime reads itself."""
         if not isinstance(source, ModelFile) and is_ir(source):
             path = Path(source)
+            from .openvino import ir_graph  # noqa: PLC0415 -- an IR only: a compare of ONNX files never loads it
+
             return cls(SessionSource(ir_graph(runtime, path), path.parent), runtime, file=path)
         held, mf = open_source(source)
         return cls(held, runtime, path=mf.path if isinstance(source, ModelFile) else Path(source))

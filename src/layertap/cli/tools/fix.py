@@ -12,7 +12,7 @@ from typing import Any
 
 from ...errors import LayertapError, OnnxFileError, printable
 from ...options import SearchOptions
-from ...runtimes.plugins import plugin, plugin_for
+from ...runtimes.plugins import a_program, plugin, plugin_for
 from ..args import Args, InputArgs, JsonArgs, ModelArgs, OutputArgs, ReportArgs, SampleArgs, is_onnx_path, nonneg_int
 from .base import Tool
 
@@ -95,7 +95,7 @@ class FixTool(Tool):
         args.reads = tuple(p for p in (ns.model if is_onnx_path(ns.model) else None, ns.inputs, ns.calib) if p)
         chosen = plugin(ns.runtime) if ns.runtime is not None else plugin_for(ns.output)
         if chosen is not None and chosen.form == "program" and plugin_for(ns.output) is not chosen:
-            raise LayertapError(f"--runtime {chosen.name} writes a {chosen.title} program: give -o "
+            raise LayertapError(f"--runtime {chosen.name} writes {a_program(chosen)}: give -o "
                                 f"FIXED{chosen.suffixes[0]}")
         return FixOptions(ns.to, ns.calib, target, ns.max_float, ns.keep, ns.config_out,
                           chosen.name if chosen is not None else None)
