@@ -51,9 +51,10 @@ def signals_stop() -> Iterator[None]:
     :class:`Terminated` (Python's default for those kills the process on the spot, skipping the
     cleanup of temporary files), each recorded for :func:`raise_if_stopped`.
 
-    A signal the process was started ignoring stays ignored (``nohup`` ignores SIGHUP; a shell
-    starts a background job ignoring SIGINT). Outside the main thread nothing changes: Python
-    handles signals there only.
+    The handlers are installed even where the process was started ignoring the signal (a shell starts
+    a background job ignoring SIGINT, ``nohup`` ignores SIGHUP): a command asked to stop cleans up the
+    same way wherever it was started. Outside the main thread nothing changes: Python handles
+    signals there only.
 
     Example:
         >>> import os
@@ -68,9 +69,8 @@ def signals_stop() -> Iterator[None]:
     old = {}
     try:
         for s in STOPPING:
-            if signal.getsignal(s) is not signal.SIG_IGN:
-                previous = signal.signal(s, _handler)
-                old[s] = signal.SIG_DFL if previous is None else previous  # None: set outside Python
+            previous = signal.signal(s, _handler)
+            old[s] = signal.SIG_DFL if previous is None else previous  # None: set outside Python
     except ValueError:  # not the main thread: signals cannot be handled here
         pass
     try:
