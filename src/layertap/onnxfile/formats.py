@@ -26,6 +26,7 @@ from ..errors import LayertapError
 from ..numformats import FLOAT_LIMITS, PRECISIONS, Format
 from .scopemap import plain_weight_name
 from .tensor_types import constant_tensor, inferred_types
+from .walk import all_tensors, model_graphs, model_nodes
 from .weights import converter_clamp, initializer_array
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -88,6 +89,36 @@ class TensorFormats:
     def share_low(self, names: list[str]) -> float:
         """The share of ``names`` held below float32."""
         return sum(1 for n in names if self.of(n) is not None) / len(names) if names else 0.0
+
+
+def _names_a_type(model: "onnx.ModelProto", types: set[int]) -> bool:
+    """Whether anything in ``model`` could make a tensor of one of ``types``: a declared graph input, output or
+    value, a stored tensor (initializer, ``Constant``, an attribute's tensor), or an ``int``/``ints`` attribute a
+    node reads a type from (``Cast``'s ``to``, ``dtype``...). Where nothing does, no tensor of that type can
+    exist, and a float32 file skips shape inference.
+
+    Example:
+        >>> import onnx.helper as h
+        >>> g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g",
+        ...     [h.make_tensor_value_info("x", 1, [2])], [h.make_tensor_value_info("y", 1, [2])])
+        >>> _names_a_type(h.make_model(g), {10}), _names_a_type(h.make_model(g), {1})
+        (False, True)
+    """
+    for g in model_graphs(model):
+        for vi in (*g.input, *g.output, *g.value_info):
+            if vi.type.tensor_type.elem_type in types:
+                return True
+    if any(t.data_type in types for t in all_tensors(model)):
+        return True
+    for node in model_nodes(model):
+        for a in node.attribute:
+            if a.name in _TYPE_ATTRIBUTES and (a.i in types or any(i in types for i in a.ints)):
+                return True
+    return False
+
+
+#: attributes that name an element type a node makes (Cast's ``to``; ``dtype`` of the random and constant ops...)
+_TYPE_ATTRIBUTES = {"to", "dtype", "output_dtype"}
 
 
 def file_formats(model: "onnx.ModelProto", folder: Path, held: Mapping[str, np.ndarray] | None = None, *,
@@ -158,6 +189,8 @@ class _Reader:
 
         low: dict[int, str] = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
         out: dict[str, Format] = {}
+        if not _names_a_type(self.model, set(low)):  # no tensor can hold one: shape inference would find none
+            return out
         formats = {name: Format(name) for name in low.values()}
         for name, vi in inferred_types(self.model).items():
             tt = vi.type.tensor_type if vi.type.WhichOneof("value") == "tensor_type" else None
