@@ -382,3 +382,15 @@ def test_extract_over_a_dataset_runs_the_program_in_executorch(net_program, tmp_
         np.testing.assert_allclose(np.asarray(feats[name]), taps[name].numpy(), rtol=1e-4, atol=1e-5)
     with pytest.raises(lt.LayertapError, match="unknown tap 'layer1'.*layertap layers net.pte"):
         lt.extract_dataset(path, data, taps=["layer1"], out=tmp_path / "bad")
+
+
+def test_export_reads_its_calibration_samples_from_a_path_as_the_cli_does(tmp_path):
+    model, x = small_net(), torch.randn(1, 3, 16, 16)
+    samples = np.random.default_rng(0).standard_normal((3, 1, 3, 16, 16)).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", input_0=samples)
+    path = tmp_path / "q.pte"
+    report = lt.export(model, x, path, export_options=ExportOptions(quantize="int8", calibration=tmp_path / "calib.npz"))
+    assert report.ok
+    kept = np.load(str(path) + ".calib.npz")
+    assert sorted(kept.files) == ["s0_0", "s1_0", "s2_0"]  # the file's 3 samples, not 16 random ones
+    np.testing.assert_array_equal(kept["s1_0"], samples[1])

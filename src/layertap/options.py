@@ -251,7 +251,8 @@ class ExportOptions:
     ``.data`` file; ``None``: when the model is over 2 GB), ``dynamic_sequence`` (a symbolic sequence
     axis), ``kv_cache`` (a decoder's cache as inputs and outputs); for an ExecuTorch program (``.pte``):
     ``backend`` (``xnnpack`` or ``portable``), ``quantize`` (``int8``: the XNNPACK quantizer, pt2e) and
-    ``calibration`` (its samples: a list of samples like ``args``, or ``N`` random ones; default 16 random).
+    ``calibration`` (its samples: a list of samples like ``args``, ``N`` random ones, or a path read as
+    ``--inputs`` reads one: a ``.npz`` or a folder; default 16 random).
 
     Example:
         >>> ExportOptions.merged(ExportOptions(opset=17), fallback=True).fallback

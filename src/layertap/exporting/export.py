@@ -56,6 +56,7 @@ from ..onnxfile.metadata import TAPS_KEY
 from ..onnxfile.publish import external_locations, publish, publish_file
 from ..onnxfile.shape_inputs import SHAPE_INPUTS
 from ..options import ExportOptions
+from ..pytorch.example_inputs import positional_samples
 from ..pytorch.exporter import quiet
 from ..pytorch.lowering import Recipe, as_args, drawn_calibration
 from ..pytorch.values import random_tensor, tensor_to_numpy
@@ -177,6 +178,9 @@ def _export_program(model: nn.Module, args: Any, path: str | os.PathLike, taps: 
     calibration: list[tuple] = []
     if isinstance(opts.calibration, int):
         calibration = drawn_calibration(as_args(args), opts.calibration)
+    elif isinstance(opts.calibration, (str, os.PathLike)):  # read as --inputs reads: at the example's ranks
+        ranks = [a.dim() if isinstance(a, torch.Tensor) else None for a in as_args(args)]
+        calibration = positional_samples(opts.calibration, ranks)
     elif opts.calibration is not None:
         calibration = [as_args(s) for s in opts.calibration]
     recipe = Recipe(opts.backend, opts.quantize, calibration)

@@ -102,11 +102,8 @@ class ExportTool(Tool):
 
         from ...exporting.export import export
 
-        if opts.calib is not None:
-            from ...pytorch.example_inputs import positional_samples
-
-            ranks = [getattr(a, "dim", lambda: None)() for a in sample_args]
-            opts = replace(opts, options=replace(opts.options, calibration=positional_samples(opts.calib, ranks)))
+        if opts.calib is not None:  # lt.export reads it, at the example's ranks
+            opts = replace(opts, options=replace(opts.options, calibration=opts.calib))
         if sys.stderr.isatty():  # progress only for a person watching
             how = "ExecuTorch" if out.suffix.lower() == ".pte" else f"{opts.exporter} exporter"
             self.say(f"exporting {args.model.text} ({how}) to {out} ...")
