@@ -232,20 +232,23 @@ def _block_list(args: Args, report: Any, cand: Any, ref: Any, samples: list[Any]
     from ...fixing.convert import FP16_OPTIONS
     from ...fixing.fix import fmt_metric
     from ...onnxfile.modelfile import model_file
+    from ...onnxfile.scopemap import ScopeMap
 
     rule = args.tolerance.criterion
     target = {"cosine": Target("cosine", rule.min_cosine), "sqnr": Target("sqnr", rule.min_sqnr_db)}.get(
         rule.metric, Target("cosine", 0.999))
     reference, first = (args.model.text, None) if args.model.is_onnx else (ref.source, samples[0])
-    exporter = "torchscript" if report.scope_map is not None and report.scope_map.source == "torchscript" else "dynamo"
+    file = model_file(cand)
+    smap = report.scope_map or ScopeMap.from_model(file.model)  # the comparison's, when it read one
+    exporter = "torchscript" if smap.source == "torchscript" else "dynamo"
     found = fix(reference, first, to="fp16", out=None, target=target, samples=samples if first is None else samples[1:],
                 sample_options=SampleOptions(seed=args.inputs.seed),
                 search_options=SearchOptions(rank_report=report, exporter=exporter))
     found.write_nodes(args.own.outputs["fp16"])
-    names = {n.name for n in model_file(cand).model.graph.node}
+    names = {n.name for n in file.model.graph.node}
     missing = [n for n in found.nodes if n not in names]
     if missing:
-        found.notes.append(f"{len(missing)} of the listed nodes are not in '{model_file(cand).path}' ({missing[0]}, "
+        found.notes.append(f"{len(missing)} of the listed nodes are not in '{file.path}' ({missing[0]}, "
                            "...): the list names the float32 file's nodes")
     best = found.best
     shown = f"{target.metric} {fmt_metric(found.steps[0].metric)} -> {fmt_metric(best.metric if best else None)}"
