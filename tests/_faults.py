@@ -91,3 +91,22 @@ def shrink_scale(src, dst, tensor: str, factor: float = 0.1) -> None:
         if dq.op_type == "DequantizeLinear" and dq.input[0] == q.output[0]:
             dq.input[1] = name
     onnx.save(model, str(dst))
+
+
+def faulty_backend(path: str, factor: float = 1.05):
+    """A torch.compile backend that scales the output of the op made in module ``path`` (the first FX node whose
+    innermost module is ``path``) and runs the graph as Python: a compiler that breaks one op."""
+    import operator
+
+    def backend(gm, example_inputs):
+        for node in gm.graph.nodes:
+            stack = list(node.meta.get("nn_module_stack", {}).values())
+            if node.op == "call_function" and stack and str(stack[-1][0]).endswith(path):
+                with gm.graph.inserting_after(node):
+                    bad = gm.graph.call_function(operator.mul, (node, factor))
+                node.replace_all_uses_with(bad, delete_user_cb=lambda user, bad=bad: user is not bad)
+                break
+        gm.recompile()
+        return gm  # a GraphModule: what torch's accuracy minifier runs a backend's result as
+
+    return backend

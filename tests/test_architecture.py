@@ -45,7 +45,7 @@ RUNTIME_LIBRARIES = {"onnxruntime", "openvino", "executorch"}
 CONVERTERS = {"layertap.fixing.convert", "layertap.pytorch.lowering"}
 #: a runtime whose Python bindings take and hand out torch tensors (ExecuTorch's) converts its feeds there; a
 #: "program" runtime's plug-in lowers the PyTorch model itself, so it may reach the PyTorch side (inside functions)
-TORCH_RUNTIMES = {"layertap.runtimes.executorch"}
+TORCH_RUNTIMES = {"layertap.runtimes.executorch", "layertap.runtimes.compiled"}
 
 
 def _name(path: Path) -> str:

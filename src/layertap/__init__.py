@@ -34,6 +34,7 @@ _EXPORTS = {
     "add_outputs": ".runtimes",
     "run": ".runtimes",
     "register_runtime": ".runtimes",
+    "keep_eager": ".pytorch.compiled",
     "extract_dataset": ".dataset.extraction",
     "fix": ".fixing",
     "load_features": ".dataset.features",

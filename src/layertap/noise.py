@@ -1,5 +1,5 @@
 """Lines other libraries print that are not the user's answer: torch's pytree log when torchao is
-imported (transformers and ExecuTorch import it), and the C++ lines ExecuTorch's CPU probe writes
+imported (transformers and ExecuTorch import it), what torch logs as it compiles, and the C++ lines ExecuTorch's CPU probe writes
 straight to the process's stderr. Each is silenced for the call that makes it, never for good."""
 
 from __future__ import annotations
@@ -22,13 +22,32 @@ def quiet_registrations() -> Iterator[None]:
     ...     logging.getLogger("torch.utils._pytree").isEnabledFor(logging.WARNING)
     False
     """
-    logger = logging.getLogger("torch.utils._pytree")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    with quiet_loggers("torch.utils._pytree"):
+        yield
+
+
+#: what torch logs while it compiles or loads a compiled package: the CUDA toolkit it looked for on a CPU
+#: machine, a package's version check
+COMPILE_LOGGERS = ("torch.utils.cpp_extension", "torch._inductor.package.package")
+
+
+@contextlib.contextmanager
+def quiet_loggers(*names: str) -> Iterator[None]:
+    """The loggers ``names`` raised to errors only, for the block.
+
+    >>> with quiet_loggers("torch.utils.cpp_extension"):
+    ...     logging.getLogger("torch.utils.cpp_extension").isEnabledFor(logging.WARNING)
+    False
+    """
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [g.level for g in loggers]
+    for g in loggers:
+        g.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for g, level in zip(loggers, levels):
+            g.setLevel(level)
 
 
 @contextlib.contextmanager

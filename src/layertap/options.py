@@ -21,7 +21,7 @@ import contextlib
 import contextvars
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from .errors import LayertapError
@@ -112,6 +112,12 @@ class RuntimeOptions:
     ov_device: str | None = None
     batch_outputs: int | None = None
     memory_budget: int = DEFAULT_MEMORY_BUDGET
+    #: compiled PyTorch (``cand_runtime="inductor"``): both sides under this autocast dtype (``bf16``, ``fp16``),
+    #: and how the reference is compiled into the candidate when no candidate is given (``compile_mode``,
+    #: ``compile_backend``: a backend name or callable)
+    autocast: str | None = None
+    compile_mode: str | None = None
+    compile_backend: Any = None
 
     @classmethod
     def merged(cls, base: RuntimeOptions | None = None, **keywords: Any) -> RuntimeOptions:
@@ -323,9 +329,13 @@ class SearchOptions:
     rank_report: Any = None
     exporter: str = "dynamo"
     on_step: Callable[[Any], None] | None = None
-    #: what runs the conversion: ``None`` (an ONNX file in ONNX Runtime) or ``"executorch"`` (an int8 ExecuTorch
-    #: program, XNNPACK; also chosen by an output path ending in ``.pte``)
+    #: what runs the conversion: ``None`` (an ONNX file in ONNX Runtime), ``"executorch"`` (an int8 ExecuTorch
+    #: program, XNNPACK; also chosen by an output path ending in ``.pte``) or ``"inductor"`` (modules kept eager in
+    #: a torch.compile)
     runtime: str | None = None
+    #: the runtime's own settings, by :class:`~layertap.runtimes.plugins.RuntimeSettings` field
+    #: (``{"compile_backend": fn, "compile_mode": "max-autotune"}``)
+    runtime_settings: dict[str, Any] = field(default_factory=dict)
 
 
 _PROGRESS: contextvars.ContextVar[Any] = contextvars.ContextVar("layertap_progress", default=None)

@@ -448,6 +448,19 @@ class RuntimeArgs(ArgGroup):
         g.add_argument("--ov-device", default=None, metavar="DEVICE", help="OpenVINO device: CPU (default), GPU, NPU")
         if self.cand:
             self._add_ort(g)
+            self.add_compiled(parser)
+
+    @staticmethod
+    def add_compiled(parser: argparse.ArgumentParser) -> None:
+        """Compiled PyTorch's flags (``--cand-runtime inductor``, ``fix --runtime inductor``)."""
+        g = parser.add_argument_group("compiled PyTorch (--runtime/--cand-runtime inductor)")
+        g.add_argument("--autocast", choices=("bf16", "fp16"), default=None,
+                       help="run the model and its compiled form under torch.autocast at this dtype (judged against "
+                            "float64 beside eager at the same dtype)")
+        g.add_argument("--compile-mode", default=None, metavar="MODE",
+                       help="torch.compile's mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs")
+        g.add_argument("--compile-backend", default=None, metavar="NAME",
+                       help="torch.compile's backend (default inductor; eager, aot_eager, or any registered name)")
 
     @staticmethod
     def _add_ort(g: Any) -> None:
@@ -463,7 +476,9 @@ class RuntimeArgs(ArgGroup):
     def parse(self, ns: argparse.Namespace, args: Args) -> None:
 
         both = dict(cand_runtime=ns.cand_runtime, providers=ns.providers, cand_providers=ns.cand_providers,
-                    ort_optimizations=not ns.no_ort_opt, ref_ort_optimizations=not ns.ref_no_ort_opt) if self.cand else {}
+                    ort_optimizations=not ns.no_ort_opt, ref_ort_optimizations=not ns.ref_no_ort_opt,
+                    autocast=ns.autocast, compile_mode=ns.compile_mode,
+                    compile_backend=ns.compile_backend) if self.cand else {}
         args.runtime = RuntimeOptions(runtime=ns.runtime, ov_precision=ns.ov_precision, ov_device=ns.ov_device, **both)
 
 

@@ -363,8 +363,10 @@ class RowBuilder:
                 return CompareRow(**base, **stat_fields(stats), status=ABSORBED, ok=None, onnx=names,
                                   note=f"ONNX tensor holds {self.name(donee.mc)}'s value (fused)",
                                   fused_into=self.name(donee.mc))
+        # a note the candidate gives a compared call (a graph break in its module) stays beside the numbers
+        note = "; ".join(n for n in (why, item.note) if n) or None
         return CompareRow(**base, **stat_fields(stats), status=PASS if stats.ok else FAIL,
-                          ok=stats.ok, onnx=names, note=why)
+                          ok=stats.ok, onnx=names, note=note)
 
     def _checked(self, item: Item, base: dict[str, Any], stats: ErrorStats | None, names: list[str]) -> CompareRow:
         """A candidate-only call's tensor (a rewrite or an inserted node at its edge): compared like

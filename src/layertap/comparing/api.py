@@ -158,9 +158,10 @@ def compare(
         >>> lt.compare(path, None, path, runtime_options=RuntimeOptions(ref_ort_optimizations=False)).ok
         True
     """
-    if cand is None:
-        raise LayertapError("compare needs a candidate file (the third argument)")
     runs = RuntimeOptions.merged(runtime_options)
+    if cand is None and not callable(getattr(_named_plugin(runs.cand_runtime), "candidate", None)):
+        raise LayertapError("compare needs a candidate: a file (the third argument), a module (torch.compile(model)), "
+                            "or cand_runtime='inductor' (--cand-runtime inductor) to compile the reference")
     sampling = SampleOptions.merged(sample_options, samples=samples)
     rule, tolerance_chosen = merged_criterion(criterion, metric=metric, rtol=rtol, atol=atol)
     _check_memory(runs.batch_outputs, runs.memory_budget)
@@ -204,7 +205,9 @@ def _compare(ref: Any, args: Any, cand: Any, runs: RuntimeOptions, sampling: Sam
     """``compare`` on its options as objects: the runtimes opened, a PyTorch reference loaded and its
     example call made, the samples read, the rows' rule fitted to a reduced precision, then the sides
     built for the kind of reference."""
-    program = next((p for p in (plugin_for(cand), plugin_for(ref)) if p is not None and p.form == "program"), None)
+    program = next((p for p in (plugin_for(cand) if cand is not None else _named_plugin(runs.cand_runtime),
+                                plugin_for(ref) if isinstance(ref, (str, os.PathLike)) else None)  # a program as REF
+                    if p is not None and p.form == "program"), None)
     if program is not None:
         return _compare_program(program, ref, args, cand, runs, sampling, plan)  # type: ignore[arg-type]
     onnx_ref = is_onnx_source(ref)
@@ -244,7 +247,7 @@ def _compare_program(runtime: ProgramPlugin, ref: Any, args: Any, cand: Any, run
     """A PyTorch model against a program ``runtime`` runs (:mod:`.mapped`), on the samples given or drawn."""
     from ..pytorch.reference import example_call, load
 
-    if plugin_for(cand) is not runtime or is_onnx_source(ref):
+    if (cand is not None and plugin_for(cand) is not runtime) or is_onnx_source(ref):
         raise LayertapError(f"{a_program(runtime)} ({', '.join(runtime.suffixes)}) is compared with the PyTorch "
                             f"model it came from: layertap compare MODEL m{runtime.suffixes[0]} (lt.compare(model, "
                             f"args, 'm{runtime.suffixes[0]}'))")
@@ -257,14 +260,20 @@ def _compare_program(runtime: ProgramPlugin, ref: Any, args: Any, cand: Any, run
     if runs.cand_providers is not None:
         raise LayertapError(f"--cand-providers does not apply to {a_program(runtime)}: it runs in "
                             f"{runtime.title}, on the backend it was lowered for")
-    runtime.open(RuntimeSettings(providers=runs.providers, ov_precision=runs.ov_precision, ov_device=runs.ov_device))
+    runtime.open(RuntimeSettings(providers=runs.providers, ov_precision=runs.ov_precision, ov_device=runs.ov_device,
+                                 autocast=runs.autocast, compile_mode=runs.compile_mode,
+                                 compile_backend=runs.compile_backend))
     loaded = load(ref)
-    if args is None and sampling.inputs is None and (sampling.samples is None or isinstance(sampling.samples, int)):
+    in_memory = cand is None or not isinstance(cand, (str, os.PathLike))
+    if cand is None:  # the reference made a candidate by the runtime (compiled)
+        cand = runtime.candidate(loaded.module)  # type: ignore[attr-defined]
+    if args is None and sampling.inputs is None and (sampling.samples is None or isinstance(sampling.samples, int)) \
+            and not in_memory:
         args = runtime.input_specs(Path(cand))  # drawn at the shapes the program was lowered for, not the zoo's
     args, kwargs, sampling = example_call(loaded, args, sampling)
     samples = sampling.samples
     if sampling.inputs is not None:
-        samples = _program_samples(sampling, runtime.engine(Path(cand)).get_inputs())
+        samples = _program_samples(sampling, _declared_inputs(runtime, cand, loaded, args))
     given, n_random = given_samples(_as_args(args), samples)
     runs_ = _torch_samples(given, n_random, kwargs, plan.seed)
     from .mapped import compare_mapped  # noqa: PLC0415 -- a program's compare only: a file's first call skips it
@@ -275,6 +284,25 @@ def _compare_program(runtime: ProgramPlugin, ref: Any, args: Any, cand: Any, run
 
         save_samples(sampling.save_inputs, [{f"input_{i}": a.numpy() for i, a in enumerate(r[0])} for r in runs_])
     return report
+
+
+def _named_plugin(name: str | None) -> Any:
+    """The plug-in of a runtime named by ``cand_runtime`` (``None``: none named)."""
+    from ..runtimes.plugins import plugin  # noqa: PLC0415 -- a named candidate runtime only
+
+    return plugin(name) if name is not None else None
+
+
+def _declared_inputs(runtime: ProgramPlugin, cand: Any, loaded: Any, args: Any) -> Sequence[Any]:
+    """What a program candidate takes (its declared inputs); an in-memory one takes the model's arguments."""
+    if isinstance(cand, (str, os.PathLike)):
+        return runtime.engine(Path(cand)).get_inputs()
+    from ..pytorch.wrapper import input_names
+    from ..runtimes.protocol import InputInfo  # noqa: PLC0415 -- with it
+
+    args = _as_args(args) if args is not None else ()
+    return [InputInfo(n, "tensor(float)", None) for n in input_names(loaded.module, loaded.method, args, {})] or \
+        [InputInfo("input", "tensor(float)", None)]
 
 
 def _program_samples(sampling: SampleOptions, declared: Sequence[Any]) -> list[Any]:

@@ -45,6 +45,10 @@ class Judging:
     #: why the ideal run could not be built or run, once it could not (it is an aid, never a gate: the rows
     #: it has no value for are judged by :attr:`fallback`)
     lost: list[str] = field(default_factory=list, compare=False)
+    #: the three runs by name where the reference is more precise than the ideal run (a compiled module against
+    #: the model in float64, the ideal run eager): ``("compiled", "eager float32", "float64")``; ``None``: an
+    #: ideal run at the candidate's format against the reference
+    versus: tuple[str, str, str] | None = None
 
     @property
     def precision(self) -> str:

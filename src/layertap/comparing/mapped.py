@@ -15,6 +15,8 @@ off; a row fails when the program departs from that run by more than the format 
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -44,6 +46,7 @@ class MappedSide:
     def __init__(self, program: TappedProgram) -> None:
         self.program = program
         self.path, self.engine, self.tapped, self.own = program.path, program.engine, program.tapped, program.own
+        self.name = program.name
         self.runtime = program.runtime
         #: per sample run: (max abs, max |value|) between the tapped program's outputs and the program's
         self.tap_effect: list[tuple[float, float]] = []
@@ -77,12 +80,15 @@ class MappedSide:
     def notes(self, label: str | None, rounding: bool) -> list[str]:
         settings = self.runtime.settings()
         ran = self.describe().text() + (f", {settings}" if settings else "")
-        notes = [f"the candidate {self.path.name} ran in {ran}"]
+        notes = [f"the candidate {self.name} ran in {ran}", *self.program.notes]
         if self.tapped is None:
             return [*notes, self.program.untapped]
-        notes.append(f"module rows come from the model lowered again by the program's recipe with a tap at every "
-                     f"module ({self.describe().runtime} can hand out only a program's outputs); the output row is "
-                     "the program's own")
+        notes.append("module rows come from the candidate made again with a tap at every module (it hands out only "
+                     "its outputs); the output row is the candidate's own")
+        if self.program.versus is not None:
+            cand, ideal, ref = self.program.versus
+            notes.append(f"the reference is the model run in {ref}; each row sets {cand}'s error against it beside "
+                         f"{ideal}'s own error there")
         if self.tap_effect:
             worst, top = max(self.tap_effect)
             rel = worst / top if top else 0.0
@@ -122,7 +128,10 @@ class MappedReference:
         prog = self.prog if self.prog is not None else Silent()
         prog.step("PyTorch forward")
         a, k = self.runs_args[index]
-        calls, root = run_torch(self.model, a, k, self.method, store, self.wanted)
+        model = self.model
+        if self.cand.program.reference is not None:  # a reference more precise than the model as given
+            model, a, k = self.cand.program.reference(a, k)
+        calls, root = run_torch(model, a, k, self.method, store, self.wanted)
         prog.advance()
         items = []
         for mc in calls:
@@ -130,6 +139,8 @@ class MappedReference:
                 continue
             names = self.names.get((mc.path, mc.call), ())
             item = Item(mc, tuple(names), ordered=True)
+            if mc.path in self.cand.program.row_notes:
+                item.note = self.cand.program.row_notes[mc.path]
             if not names:
                 item.status = NO_COUNTERPART
                 item.note = mc.note or (NOT_ONE_TENSOR if self.cand.tapped is not None else
@@ -149,7 +160,8 @@ class MappedReference:
         store = ArrayStore(budget)
         self._stores.append(store)
         values = self.ideal(self.runs_args[index][0])
-        absorb_folded(items, values)
+        if self.cand.program.versus is None:  # a quantizer's ideal run folds modules; an eager one folds none
+            absorb_folded(items, values)
         for it in items:
             if it.tensors and all(t in values for t in it.tensors):
                 store.put(it.mc.key, [values[t] for t in it.tensors])
@@ -209,21 +221,25 @@ def absorb_folded(items: list[Item], values: dict[str, np.ndarray]) -> None:
             it.note = f"the int8 quantizer folded it into {nxt.mc.path}; compared there"
 
 
-def compare_mapped(runtime: ProgramPlugin, model: Any, path: str | Path, runs: list[tuple[tuple, dict]], plan: Any,
+def compare_mapped(runtime: ProgramPlugin, model: Any, path: Any, runs: list[tuple[tuple, dict]], plan: Any,
                    method: Any) -> Any:
     """The report of a PyTorch model against the program at ``path`` that ``runtime`` runs, by the one driver."""
     with tempfile.TemporaryDirectory(prefix="layertap-program-") as work:
-        program = runtime.tapped(model, method, Path(path), runs, Path(work), module_filter(plan.modules)[0])
+        source = Path(path) if isinstance(path, (str, os.PathLike)) else path
+        program = runtime.tapped(model, method, source, runs, Path(work), module_filter(plan.modules)[0])
         side = MappedSide(program)
         formats = program.formats
         judged = None if formats is None or plan.criterion.precision == "fp32" else \
             precision_rule(formats, plan.criterion, plan.chosen)
+        if judged is not None and program.versus is not None:
+            judged = dataclasses.replace(judged, versus=program.versus)
         reference = MappedReference(model, runs, side, program.names, method=method, progress=plan.progress,
                                     judging=judged, ideal=program.ideal if judged is not None else None,
                                     criterion=plan.criterion, modules=plan.modules, batch_outputs=plan.batch_outputs,
                                     memory_budget=plan.memory_budget,
                                     allow_different_weights=plan.allow_different_weights)
         info = side.describe().to_dict()
-        return compare_sides(reference, side, onnx_path=str(path), ort_optimizations=True,
+        return compare_sides(reference, side, onnx_path=program.name if program.shown else str(path),
+                             ort_optimizations=True,
                              runtimes={"candidate": info}, judging=judged, criterion=plan.criterion,
                              local=False, memory_budget=plan.memory_budget, progress=plan.progress)

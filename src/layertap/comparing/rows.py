@@ -168,6 +168,9 @@ class CompareReport(ToleranceReport):
         self.precision: str = judging.precision if judging is not None else "float32"
         #: the precision rule decided the rows (not the user's tolerances or metric)
         self.judged_at_format: bool = bool(judging is not None and judging.decides and not judging.lost)
+        #: the candidate, its ideal run and the reference by name when the reference is more precise than the ideal
+        #: run (``("compiled", "eager float32", "float64")``), else ``None``
+        self.versus: tuple[str, str, str] | None = getattr(judging, "versus", None)
         if judging is not None and judging.decides and judging.lost:
             self.criterion = judging.fallback  # no ideal run: the fixed rule at the format's rounding judged
         super().__init__(rows, notes, rtol=self.criterion.rtol, atol=self.criterion.atol)
@@ -263,7 +266,7 @@ class CompareReport(ToleranceReport):
             "ort_runs": self.ort_runs,
             "counts": self.counts(),
             "metric": self.criterion.metric,
-            "rule": words.format_rule(self.precision, self.criterion, self.local) if self.judged_at_format else self.criterion.describe(),
+            "rule": self._rule() if self.judged_at_format else self.criterion.describe(),
             "reference": self.reference,
             "samples": self.samples,
             "first_divergence_counts": self.first_divergence_counts,
@@ -271,6 +274,8 @@ class CompareReport(ToleranceReport):
             "precision": self.precision,
             "judged_at_format": self.judged_at_format,
         }
+        if self.versus is not None:
+            out["versus"] = dict(zip(("candidate", "ideal", "reference"), self.versus))
         if self.precision != "float32":
             out.update(output_cosine=self.output_cosine, ideal_output_cosine=self.ideal_output_cosine,
                        format_multiple=FORMAT_MULTIPLE)
@@ -298,7 +303,12 @@ class CompareReport(ToleranceReport):
             lines.append("first divergence over {} samples: {}".format(
                 self.samples, ", ".join(f"{n} ({k}x)" for n, k in ranked[:5])))
         row = self.first_divergence_row
-        if row is None and self.precision != "float32":
+        if self.versus is not None:
+            lines += words.closer_lines(self.rows, self.versus)
+        if row is None and self.versus is not None:
+            lines.append(f"no divergence: every compared module stays as close to {self.versus[2]} as "
+                         f"{self.versus[1]} does")
+        elif row is None and self.precision != "float32":
             lines.append(ideal_line(self.precision, self.output_cosine, self.ideal_output_cosine))
         elif row is None:
             lines.append("no divergence: every compared module agrees")
@@ -328,6 +338,8 @@ class CompareReport(ToleranceReport):
     def _size(self, row: CompareRow) -> str:
         """The deciding value first, then the errors."""
         errors = f"max abs err {fmt_float(row.max_abs)}, rel err {fmt_float(row.rel_err)}"
+        if self.judged_at_format and self.versus is not None and row.format_rel is not None:
+            return words.versus_size(row, self.versus, self.rtol, self.atol)
         if self.judged_at_format and (row.limit or row.impl_rel is not None):
             return words.format_size(row, self.precision, self.rtol, self.atol)
         if self.criterion.metric == "rel":
@@ -336,6 +348,8 @@ class CompareReport(ToleranceReport):
         return f"{words.metric_text(value, self.criterion.metric)} ({self.threshold_text}), {errors}"
 
     def _rule(self) -> str:
+        if self.judged_at_format and self.versus is not None:
+            return words.versus_rule(self.versus, self.criterion)
         if self.judged_at_format:
             return words.format_rule(self.precision, self.criterion, self.local)
         if self.criterion.metric == "rel":

@@ -73,7 +73,11 @@ def explanation(report: Any) -> list[str]:
         compared = [r for r in rows if field(r, "rel_err") is not None]
         worst = max(compared, key=lambda r: _num(field(r, "rel_err")), default=None)
         text = f"All {len(compared)} compared module calls agree within the tolerance."
-        if getattr(report, "judged_at_format", False):
+        versus = getattr(report, "versus", None)
+        if getattr(report, "judged_at_format", False) and versus is not None:
+            text = (f"All {len(compared)} compared module calls stay as close to {versus[2]} as {versus[1]} does: "
+                    f"none departs from {versus[1]} by more than {FORMAT_MULTIPLE:g} times {versus[1]}'s own error.")
+        elif getattr(report, "judged_at_format", False):
             precision = getattr(report, "precision", "the format")
             text = (f"All {len(compared)} compared module calls stay within what {precision} explains: none is further "
                     f"from an ideal {precision} run than {precision}'s own rounding makes it.")
@@ -120,7 +124,9 @@ def _where(report: Any, first: Any) -> str:
     shape = fmt_shape(field(first, "shape"))
     metric = metric_of(report)
     judged = getattr(report, "judged_at_format", False) and (field(first, "limit") or field(first, "impl_rel") is not None)
-    if judged:
+    if judged and getattr(report, "versus", None) is not None and field(first, "format_rel") is not None:
+        size = versus_size(first, report.versus, getattr(report, "rtol", 1e-3), getattr(report, "atol", 1e-5))
+    elif judged:
         size = format_size(first, getattr(report, "precision", "the format"), getattr(report, "rtol", 1e-3),
                            getattr(report, "atol", 1e-5))
     elif field(first, "finite") is False or (rel is not None and not math.isfinite(rel)):
@@ -504,3 +510,62 @@ def _gain_words(gain: float | None, precision: str, detail: str) -> str:
         return f"an implementation error beyond what {precision} explains, everywhere in the value ({detail})"
     return (f"the candidate's values are {abs(gain):.2%} {'larger' if gain > 0 else 'smaller'} than an ideal "
             f"{precision} run's, more than {precision}'s own rounding there scatters them ({detail})")
+
+
+def versus_size(row: Any, versus: tuple[str, str, str], rtol: float = 1e-3, atol: float = 1e-5) -> str:
+    """A row judged against a more precise reference, in words: how many times the candidate's error against it
+    is the ideal run's own (``compiled loses 30x what eager float32 loses here``), or that it is closer.
+
+    Example:
+        >>> from layertap.comparing import CompareRow
+        >>> r = CompareRow("layer3.0", "layer3.0", 0, "BasicBlock", [1], 3e-5, 3e-5, "FAIL", False, ref_max=1.0,
+        ...                format_rel=1e-6, impl_rel=3e-5)
+        >>> versus_size(r, ("compiled", "eager float32", "float64"))[:64]
+        'compiled loses 30x what eager float32 loses here against float64'
+    """
+    cand, ideal, ref = versus
+    rel, fmt_rel, impl = field(row, "rel_err"), field(row, "format_rel"), field(row, "impl_rel")
+    if field(row, "limit"):
+        return f"{field(row, 'limit')} (rel err {fmt_float(rel)})"
+    if rel is None or fmt_rel is None:
+        return f"rel err {fmt_float(rel)}"
+    detail = (f"rel err {fmt_float(rel)} against {ref}, {ideal}'s {fmt_float(fmt_rel)}; {cand} vs {ideal} "
+              f"{fmt_float(impl)}, {ideal} explains up to {fmt_float(format_band(fmt_rel, field(row, 'ref_max') or 0.0, rtol, atol))}")
+    if rel <= fmt_rel:
+        return f"{cand} is closer to {ref} than {ideal} is here ({detail})"
+    ratio = rel / fmt_rel if fmt_rel > 0 else math.inf
+    times = "infinitely more than" if not math.isfinite(ratio) else f"{ratio:,.0f}x" if ratio >= 100 else f"{ratio:.3g}x"
+    return f"{cand} loses {times} what {ideal} loses here against {ref} ({detail})"
+
+
+def versus_rule(versus: tuple[str, str, str], criterion: Any) -> str:
+    """The rule of a comparison against a more precise reference, for the footer and ``--json``.
+
+    Example:
+        >>> from layertap.metrics import Criterion
+        >>> versus_rule(("compiled", "eager float32", "float64"), Criterion())[:60]
+        'judged against float64: pass when |compiled - eager float32|'
+    """
+    cand, ideal, ref = versus
+    return (f"judged against {ref}: pass when |{cand} - {ideal}| <= {FORMAT_MULTIPLE:g} x |{ideal} - {ref}| + rtol "
+            f"{criterion.rtol:g} x max|ref| + atol {criterion.atol:g} (impl err; format err: {ideal}'s own error)")
+
+
+def closer_lines(rows: Sequence[Any], versus: tuple[str, str, str]) -> list[str]:
+    """The line that says where the candidate is closer to the reference than the ideal run (fused kernels that
+    keep float32 intermediates under autocast), when it is anywhere.
+
+    Example:
+        >>> from layertap.comparing import CompareRow
+        >>> r = CompareRow("fc", "fc", 0, "Linear", [1], 1e-4, 1e-4, "pass", True, ref_max=1.0, format_rel=3e-3)
+        >>> closer_lines([r], ("compiled", "eager bfloat16", "float64"))[0][:58]
+        'compiled is closer to float64 than eager bfloat16 at 1 of '
+    """
+    cand, ideal, ref = versus
+    judged = [r for r in rows if field(r, "rel_err") is not None and field(r, "format_rel") is not None]
+    closer = [r for r in judged if field(r, "rel_err") < 0.5 * field(r, "format_rel")]
+    if not closer:
+        return []
+    names = ", ".join(field(r, "name") for r in closer[:4]) + (", ..." if len(closer) > 4 else "")
+    return [f"{cand} is closer to {ref} than {ideal} at {len(closer)} of {len(judged)} module calls (under half its "
+            f"error: {names}); those pass"]

@@ -144,7 +144,12 @@ def export(
     opts = ExportOptions.merged(export_options)
     if str(path).lower().endswith(".pte"):
         return _export_program(model, args, path, taps, method, kwargs, verify, rtol, atol, opts)
-    out = check_output_path(path, suffixes=(".onnx", ".pte"))
+    if str(path).lower().endswith(".pt2"):  # an AOTInductor package: it loads inductor, so only here
+        from .package import export_package  # noqa: PLC0415
+
+        return export_package(model, args, path, taps, method=method, kwargs=kwargs, verify=verify, rtol=rtol,
+                              atol=atol)
+    out = check_output_path(path, suffixes=(".onnx", ".pte", ".pt2"))
     _check_options(model, exporter)
     input_names, kv_cache = opts.input_names, opts.kv_cache
     if kv_cache:

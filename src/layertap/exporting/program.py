@@ -83,9 +83,10 @@ def export_program(
 
 
 def verify_program(path: Path, example: tuple, expected: list[torch.Tensor], rows: list[ExportRow], rtol: float,
-                   atol: float, *, quantized: bool = False) -> None:
-    """Run the program in ExecuTorch on ``example``; one check per output against ``expected``."""
-    engine = ProgramEngine(path)
+                   atol: float, *, quantized: bool = False, engine: Any = None) -> None:
+    """Run the program in ExecuTorch (``engine``: the program already opened in another program runtime, an
+    AOTInductor package) on ``example``; one check per output against ``expected``."""
+    engine = ProgramEngine(path) if engine is None else engine
     feed = {i.name: t.detach().cpu().numpy() for i, t in zip(engine.get_inputs(), example)}
     got = engine.run(None, feed)
     batch = {i.name: int(t.shape[0]) if t.dim() else 1 for i, t in zip(engine.get_inputs(), example)}

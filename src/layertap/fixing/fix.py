@@ -216,15 +216,15 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
         >>> r.ok, r.kept, len(r.steps)
         (True, [], 1)
     """
-    if to not in FORMATS:
-        raise LayertapError(f"unknown conversion --to {to!r}; use one of {', '.join(FORMATS)}")
     goal = Target.parse(target)
     sampling = SampleOptions.merged(sample_options, samples=samples)
     search_by = search_options or SearchOptions()
     runtime = _runtime(search_by, out)
     if runtime.form == "program":
         return _fix_program(runtime, ref, args, to, out, goal, sampling, calib, keep, max_float, config_out,  # type: ignore[arg-type]
-                            search_by.on_step)
+                            search_by)
+    if to not in FORMATS:
+        raise LayertapError(f"unknown conversion --to {to!r}; use one of {', '.join(FORMATS)}")
     args = _drawn(ref, args, sampling)
     given: Any = sampling.inputs if sampling.inputs is not None else sampling.samples
     if max_float is not None and (not isinstance(max_float, int) or max_float < 0):
@@ -281,18 +281,26 @@ def _runtime(search_by: SearchOptions, out: Any) -> RuntimePlugin:
 
 
 def _fix_program(runtime: ProgramPlugin, ref: Any, args: Any, to: str, out: Any, goal: Target, sampling: SampleOptions,
-                 calib: Any, keep: Sequence[str], max_float: int | None, config_out: Any, on_step: Any) -> FixReport:
-    """An int8 program lowered by ``runtime`` (:mod:`.programs`)."""
+                 calib: Any, keep: Sequence[str], max_float: int | None, config_out: Any,
+                 search_by: SearchOptions) -> FixReport:
+    """A program ``runtime`` makes from the model at ``to`` with the fewest modules kept (:mod:`.programs`)."""
     from .programs import fix_program  # noqa: PLC0415 -- it loads torch, for a program only
 
-    if to != "int8":
-        raise LayertapError(f"--runtime {runtime.name} makes int8 programs ({runtime.quantizer}): use --to int8")
+    formats = getattr(runtime, "fix_to", ("int8",))
+    if to not in formats:
+        raise LayertapError(f"--runtime {runtime.name} makes programs at {', '.join(formats)} ({runtime.quantizer}): "
+                            f"use --to {formats[0]}")
     if is_onnx_source(ref):
         raise LayertapError(f"{a_program(runtime)} is lowered from the PyTorch model: give MODEL, not an ONNX file")
-    steps, notes, tool = fix_program(runtime, ref, args, out=out, target=goal, sampling=sampling, calib=calib, keep=keep,
-                                     max_float=max_float, config_out=config_out, on_step=on_step)
-    return FixReport(steps, target=goal, to="int8", nodes=[], notes=notes, tool=tool, runtime=runtime.title,
-                     out_name=f"FIXED{runtime.suffixes[0]}")
+    settings = dict(search_by.runtime_settings)
+    fitted = getattr(runtime, "fix_settings", None)  # a runtime whose settings follow --to (compiled: autocast)
+    settings = fitted(to, settings) if fitted is not None else settings
+    runtime.open(RuntimeSettings(**settings))
+    steps, notes, tool = fix_program(runtime, ref, args, to=to, out=out, target=goal, sampling=sampling, calib=calib,
+                                     keep=keep, max_float=max_float, config_out=config_out, on_step=search_by.on_step,
+                                     settings=settings)
+    return FixReport(steps, target=goal, to=to, nodes=[], notes=notes, tool=tool, runtime=runtime.title,
+                     out_name=getattr(runtime, "fix_out", f"FIXED{runtime.suffixes[0]}"))
 
 
 def _unit_notes(units: Units) -> list[str]:

@@ -22,7 +22,7 @@ import torch
 from ..comparing import compare
 from ..errors import LayertapError, unknown_name
 from ..files.writes import atomic_write_bytes
-from ..options import Model, SampleOptions
+from ..options import Model, RuntimeOptions, SampleOptions
 from ..pytorch.example_inputs import positional_samples
 from ..pytorch.lowering import as_args, tapped_wrapper
 from ..pytorch.reference import example_call, load
@@ -38,36 +38,44 @@ class ProgramTrials(StepLog):
     every sample in its runtime, against the model's float outputs."""
 
     def __init__(self, runtime: ProgramPlugin, model: Any, method: Any, samples: list[tuple], calibration: list[tuple],
-                 target: Target, folder: Path, on_step: Callable[[FixStep], None] | None = None) -> None:
+                 target: Target, folder: Path, on_step: Callable[[FixStep], None] | None = None, to: str = "int8") -> None:
         super().__init__(target, on_step)
-        self.runtime, self.model, self.method = runtime, model, method
+        self.runtime, self.model, self.method, self.to = runtime, model, method, to
+        #: per step, what compare takes as that set's candidate (the file written, or the module it runs)
+        self.candidates: dict[int, Any] = {}
         self.samples, self.calibration, self.folder = samples, calibration, folder
         wrapper = tapped_wrapper(model, method, [], samples[0], None).wrapper
         with torch.no_grad():
             self.refs = [[v.detach().numpy().copy() for v in wrapper(*s)] for s in samples]
 
     def _measure(self, n: int, kept: Sequence[str], action: str, changed: Sequence[str]) -> FixStep:
-        path = self.folder / f"step{n}{self.runtime.suffixes[0]}"
-        self.runtime.lower_kept(self.model, self.method, self.samples, self.calibration, "int8", kept, path)
-        engine = self.runtime.engine(path)
+        path = self.folder / f"step{n}{_suffix(self.runtime)}"
+        engine = self.runtime.lower_kept(self.model, self.method, self.samples, self.calibration, self.to, kept, path)
         names = [i.name for i in engine.get_inputs()]
         feeds = [{nm: t.numpy() for nm, t in zip(names, s)} for s in self.samples]
         outs = [list(engine.run(None, f).values()) for f in feeds]
         metric = self.target.measure(self.refs, outs)
         self.files[n] = path
+        self.candidates[n] = getattr(engine, "candidate", path)
         return FixStep(n, action, list(changed), list(kept), len(kept), metric, self.target.met(metric),
                        path.stat().st_size, run_latency(engine, feeds[0]))
 
 
-def fix_program(runtime: ProgramPlugin, ref: Any, args: Any, *, out: str | os.PathLike | None, target: Target,
-                sampling: SampleOptions,
-                calib: Any, keep: Sequence[str], max_float: int | None, config_out: str | os.PathLike | None,
-                on_step: Callable[[FixStep], None] | None) -> tuple[list[FixStep], list[str], str]:
-    """The search for an int8 program of ``runtime`` (see the module doc): the steps (the chosen one marked), notes,
-    and the tool that quantised (for :class:`~layertap.fixing.fix.FixReport`)."""
-    suffix = runtime.suffixes[0]
+def _suffix(runtime: ProgramPlugin) -> str:
+    """The suffix of what a fix of ``runtime`` writes (its program's; compiled PyTorch: ``keep-eager.json``'s)."""
+    return Path(getattr(runtime, "fix_out", f"FIXED{runtime.suffixes[0]}")).suffix
+
+
+def fix_program(runtime: ProgramPlugin, ref: Any, args: Any, *, to: str = "int8", out: str | os.PathLike | None,
+                target: Target, sampling: SampleOptions, calib: Any, keep: Sequence[str], max_float: int | None,
+                config_out: str | os.PathLike | None, on_step: Callable[[FixStep], None] | None,
+                settings: dict[str, Any] | None = None) -> tuple[list[FixStep], list[str], str]:
+    """The search for a program of ``runtime`` at ``to`` (see the module doc): the steps (the chosen one marked),
+    notes, and the tool that made it (for :class:`~layertap.fixing.fix.FixReport`); ``settings``: the runtime's
+    own, for the ranking comparison."""
+    suffix, name = _suffix(runtime), getattr(runtime, "fix_out", f"FIXED{runtime.suffixes[0]}")
     if out is not None and not str(out).lower().endswith(suffix):
-        raise LayertapError(f"an int8 {runtime.title} program is written to a {suffix}: give -o FIXED{suffix}")
+        raise LayertapError(f"a fix in {runtime.title} writes a {suffix}: give -o {name}")
     loaded = load(ref)
     args, kwargs, sampling = example_call(loaded, args, sampling)
     if kwargs:
@@ -89,18 +97,20 @@ def fix_program(runtime: ProgramPlugin, ref: Any, args: Any, *, out: str | os.Pa
     if unknown:
         raise LayertapError(unknown_name("module", unknown[0], sorted(known)))
     with tempfile.TemporaryDirectory(prefix="layertap-fix-") as tmp:
-        trials = ProgramTrials(runtime, model, method, samples, calibration, target, Path(tmp), on_step)
+        trials = ProgramTrials(runtime, model, method, samples, calibration, target, Path(tmp), on_step, to)
         plain = trials.trial(list(keep), "keep" if keep else "plain", list(keep))
         notes: list[str] = []
         if not plain.ok:
-            report = compare(Model(model, method=method), samples[0], trials.files[plain.step], samples=samples[:2])
+            options = RuntimeOptions(cand_runtime=runtime.name, **(settings or {}))
+            report = compare(Model(model, method=method), samples[0], trials.candidates[plain.step], samples=samples[:2],
+                             runtime_options=options)
             leaves = {p for p, m in model.named_modules() if p and not any(True for _ in m.children())}
             groups = rank_by_growth(report, leaves)
             search(trials, groups, list(keep), max_float)
         best = trials.best()
         best.chosen = True
         if out is not None:  # lowered as the trial that measured it was
-            runtime.lower_kept(model, method, samples, calibration, "int8", best.kept, Path(out))
+            runtime.lower_kept(model, method, samples, calibration, to, best.kept, Path(out))
         if config_out is not None:
             _write_configs(Path(config_out), best.kept, runtime)
     return trials.steps, notes, runtime.quantizer

@@ -160,7 +160,8 @@ def add_outputs(
 
 def onnx_layers(path: "str | os.PathLike | ModelFile") -> "OnnxLayers":
     """List the tensors of an ONNX file (weights are not read), or of a file already read (an
-    OpenVINO IR's tensors as :func:`~layertap.runtimes.openvino.ir_file` reads them); tensors
+    OpenVINO IR's tensors as :func:`~layertap.runtimes.openvino.ir_file` reads them; a program's inputs and
+    outputs as its runtime lists them: an ExecuTorch program, an AOTInductor package); tensors
     shape inference cannot type are typed by ONNX Runtime, as :func:`add_outputs` types them
     (:func:`layertap.onnxfile.tensor_table.onnx_layers` with :func:`.ort.ort_typer`).
 
@@ -174,4 +175,7 @@ def onnx_layers(path: "str | os.PathLike | ModelFile") -> "OnnxLayers":
     from ..onnxfile import tensor_table
     from .ort import ort_typer
 
+    found = plugin_for(path)
+    if found is not None and found.form == "program":  # a program lists its inputs and outputs itself
+        return found.layers(Path(str(path)))  # type: ignore[attr-defined]
     return tensor_table.onnx_layers(path, typer=ort_typer())

@@ -21,6 +21,10 @@ def side_runtimes(onnx_ref: bool, runs: RuntimeOptions, own: tuple[str | None, s
     OpenVINO runs is refused, not ignored."""
     runtime, cand_runtime, ov_precision, ov_device = runs.runtime, runs.cand_runtime, runs.ov_precision, runs.ov_device
     providers = (runs.providers, runs.cand_providers)
+    if runs.autocast is not None or runs.compile_mode is not None or runs.compile_backend is not None:
+        raise LayertapError("--autocast and --compile-mode (autocast=, compile_mode=, compile_backend=) apply to a "
+                            "compiled PyTorch candidate: layertap compare MODEL --cand-runtime inductor "
+                            "(lt.compare(model, x, torch.compile(model)))")
     optimize = (runs.ref_ort_optimizations, runs.ort_optimizations)
     if providers[0] is not None and not onnx_ref:
         raise LayertapError(

@@ -225,16 +225,21 @@ class ProgramEngine:
         self.runs += 1
         # copies: the runtime reuses its planned memory on the next run
         values = {n: np.array(t.detach().numpy(), copy=True) for n, t in zip(self._outputs, got)}
-        for record in self.sidecar.outputs if self.sidecar is not None else ():  # repeats, in order
-            if "same_as" in record:
-                values[record["name"]] = values[record["same_as"]]
-            elif "input" in record:
-                values[record["name"]] = np.array(feed[self._inputs[record["input"]].name], copy=True)
-        if self.sidecar is not None:
-            values = {n: values[n] for n in self.sidecar.output_names}
-        if names is None:
-            return values
-        return {n: values[n] for n in names}
+        return with_repeats(values, self.sidecar, feed, self._inputs, names)
+
+
+def with_repeats(values: dict[str, np.ndarray], sidecar: Sidecar | None, feed: dict[str, np.ndarray],
+                 inputs: Sequence[InputInfo], names: Sequence[str] | None) -> dict[str, np.ndarray]:
+    """A program's outputs by name with the repeats its record names filled in (an output that is an earlier
+    one, or an input), in the record's order; ``names``: those asked for."""
+    for record in sidecar.outputs if sidecar is not None else ():  # repeats, in order
+        if "same_as" in record:
+            values[record["name"]] = values[record["same_as"]]
+        elif "input" in record:
+            values[record["name"]] = np.array(feed[inputs[record["input"]].name], copy=True)
+    if sidecar is not None:
+        values = {n: values[n] for n in sidecar.output_names}
+    return values if names is None else {n: values[n] for n in names}
 
 
 def _input_info(meta: Any, index: int, sidecar: Sidecar | None) -> InputInfo:
@@ -302,9 +307,11 @@ def run_program(
     *,
     seed: int = 0,
     notify: Callable[[str], None] | None = None,
+    engine: Any = None,
 ) -> dict[str, np.ndarray]:
     """Run a program once: the model's outputs, then the taps asked for (every tap baked in when
-    ``taps`` is empty). Inputs left out are drawn as the program declares them.
+    ``taps`` is empty). Inputs left out are drawn as the program declares them. ``engine``: the program
+    already opened (another program runtime's engine: an AOTInductor package's).
 
     Example:
         >>> run_program("missing.pte")
@@ -312,7 +319,7 @@ def run_program(
         ...
         layertap.errors.LayertapError: no such ExecuTorch program: 'missing.pte'
     """
-    engine = ProgramEngine(path)
+    engine = ProgramEngine(path) if engine is None else engine
     feed = program_feed(engine, inputs, seed, notify)
     values = engine.run(None, feed)
     taps_in = set(engine.sidecar.taps) if engine.sidecar is not None else set()
@@ -403,6 +410,8 @@ class _ExecuTorchPlugin:
               "repro": "a repro package is a part of an ONNX graph run alone; a program cannot be cut into parts"}
 
     quantizer = "ExecuTorch XNNPACK quantizer (pt2e)"
+    fix_to = ("int8",)
+    fix_out = "FIXED.pte"
 
     def open(self, settings: RuntimeSettings) -> "ExecuTorchRuntime":
         settings.refuse(self.name, (), "an ExecuTorch program runs on the backend it was lowered for")
@@ -426,7 +435,7 @@ class _ExecuTorchPlugin:
         return program_layers(path)
 
     def lower_kept(self, model: Any, method: Any, samples: list[tuple], calibration: list[tuple], to: str,
-                   kept: Sequence[str], out: Path) -> None:
+                   kept: Sequence[str], out: Path) -> ProgramEngine:
         from ..pytorch.lowering import Recipe, lower, tapped_wrapper, weight_record
         from ..pytorch.wrapper import input_names
 
@@ -439,6 +448,7 @@ class _ExecuTorchPlugin:
                           weight_record(model))
         # with its record and calibration beside it, as lt.export writes it: compare lowers it again
         publish_program(out, lower(tapped.wrapper, tapped.example, recipe).buffer, sidecar, recipe)
+        return ProgramEngine(out)
 
     def kept_recipe(self, kept: Sequence[str]) -> tuple[str, dict[str, Any]]:
         """The kept set as the XNNPACK quantizer's filter (the file ``fix --config-out`` writes, and its JSON)."""
@@ -453,10 +463,12 @@ class _ExecuTorchPlugin:
 PLUGIN = _ExecuTorchPlugin()
 
 
-def program_layers(path: str | os.PathLike) -> OnnxLayers:
+def program_layers(path: str | os.PathLike, engine: Any = None, title: str = "ExecuTorch program",
+                   untapped: str = "") -> OnnxLayers:
     """``layertap layers m.pte``: what a program takes and hands out, each output with the module path and call
-    layertap recorded for it (a program from elsewhere: its outputs by position), dtype and shape."""
-    engine = ProgramEngine(path)
+    layertap recorded for it (a program from elsewhere: its outputs by position), dtype and shape. ``engine``:
+    the program already opened (an AOTInductor package's), ``title`` what it is."""
+    engine = ProgramEngine(path) if engine is None else engine
     declared = {i.name: i for i in engine.output_infos()}
     inputs = {i.name: i for i in engine.get_inputs()}
     rows = [TensorRow(i.name, "input", None, _dtype_of(i.type), i.shape, None, None) for i in inputs.values()]
@@ -468,9 +480,11 @@ def program_layers(path: str | os.PathLike) -> OnnxLayers:
         rows.append(TensorRow(str(r["name"]), op, None, _dtype_of(info.type), info.shape, r.get("path") or None,
                               int(call) if call is not None else None))
     table = OnnxLayers(rows, source="layertap" if engine.sidecar is not None else "none")
-    table.__dict__["title"] = "ExecuTorch program: inputs and outputs"
-    table.notes.append("a program hands out only its outputs; layertap compare MODEL m.pte lowers the model again "
-                       "with a tap at every module for module rows" if engine.sidecar is not None else UNTAPPED)
+    table.__dict__["title"] = f"{title}: inputs and outputs"
+    suffix = Path(path).suffix
+    table.notes.append(f"a program hands out only its outputs; layertap compare MODEL m{suffix} lowers the model "
+                       "again with a tap at every module for module rows" if engine.sidecar is not None else
+                       untapped or UNTAPPED)
     return table
 
 
@@ -518,18 +532,29 @@ def tapped_program(model: Any, method: Any, path: str | Path, runs: list[tuple[t
     for r in records:  # the model's outputs under the program's names
         r["name"] = own[0] if r["path"] is None and len(own) == 1 else r["name"]
     sidecar_path(tapped_path).write_text(Sidecar(sidecar.inputs, records, sidecar.recipe).text())
-    by_call: dict[tuple[str, int], list[tuple[int, str]]] = {}
-    for r in records:
-        if r["path"] is not None and r["call"] is not None:
-            by_call.setdefault((r["path"], r["call"]), []).append((r.get("index") or 0, r["name"]))
-    names = {k: tuple(n for _, n in sorted(v)) for k, v in by_call.items()}
-    side = TappedProgram(Path(path), engine, runtime, own, ProgramEngine(tapped_path), names,
+    side = TappedProgram(Path(path), engine, runtime, own, ProgramEngine(tapped_path), names_by_call(records),
                          weights=sidecar.weights or None)
     if lowered.quantized is not None:
         kept = [r["name"] for r, s in zip(records, tapped_model.same) if s is None]
         side.formats = int8_formats(lowered.quantized, kept)
         side.ideal = _ideal_run(lowered.quantized, kept, records)
     return side
+
+
+def names_by_call(records: list[dict[str, Any]]) -> dict[tuple[str, int], tuple[str, ...]]:
+    """A tapped program's output names by the module call they hold (a tuple-returning module's, in order).
+
+    Example:
+        >>> names_by_call([{"name": "output", "path": None, "call": None}, {"name": "fc", "path": "fc", "call": 0}])
+        {('fc', 0): ('fc',)}
+    """
+    by_call: dict[tuple[str, int], list[tuple[int, str]]] = {}
+    for r in records:
+        if r.get("path") is not None and r.get("call") is not None:
+            index = r.get("index") or [0]
+            by_call.setdefault((r["path"], r["call"]), []).append((index[0] if isinstance(index, list) else index,
+                                                                   r["name"]))
+    return {k: tuple(n for _, n in sorted(v)) for k, v in by_call.items()}
 
 
 #: why a program from elsewhere has no module rows, and how to get them

@@ -12,7 +12,8 @@ A runtime runs its candidates in one of two *forms*:
   The plug-in (a :class:`ProgramPlugin`) lowers the model again with a tap at every module
   (:meth:`ProgramPlugin.tapped`: which output stands for which module call, the formats it computes
   in, the ideal run of its recipe), keeps modules at higher precision by lowering them so
-  (:meth:`ProgramPlugin.lower_kept`) and writes its artifact itself. ExecuTorch.
+  (:meth:`ProgramPlugin.lower_kept`) and writes its artifact itself. ExecuTorch; compiled PyTorch
+  (``inductor``: a ``torch.compile`` module, judged against the model in float64, or an AOTInductor package).
 
 A runtime from outside registers itself (:func:`register_runtime`, or a ``layertap.runtimes`` entry
 point naming the plug-in object) and is then a ``--runtime`` like the built-in ones.
@@ -45,13 +46,17 @@ YES = "yes"
 @dataclass(frozen=True)
 class RuntimeSettings:
     """The settings a runtime is opened with, each its own or refused by it: ONNX Runtime's ``providers`` and
-    graph ``optimize``, OpenVINO's ``ov_precision`` and ``ov_device``. ``optimize`` left ``None`` is the
-    runtime's default."""
+    graph ``optimize``, OpenVINO's ``ov_precision`` and ``ov_device``, compiled PyTorch's ``autocast``
+    (``bf16``, ``fp16``: both sides compute under it), ``compile_mode`` and ``compile_backend``. ``optimize``
+    left ``None`` is the runtime's default."""
 
     providers: Sequence[str] | str | None = None
     optimize: bool | None = None
     ov_precision: str | None = None
     ov_device: str | None = None
+    autocast: str | None = None
+    compile_mode: str | None = None
+    compile_backend: str | None = None
 
     def given(self) -> dict[str, Any]:
         """The settings set, by keyword name.
@@ -120,12 +125,17 @@ class ProgramPlugin(RuntimePlugin, Protocol):
         module ``wanted`` (written under ``work``)."""
 
     def lower_kept(self, model: Any, method: Any, samples: list[tuple], calibration: list[tuple], to: str,
-                   kept: Sequence[str], out: Path) -> None:
-        """Write the model lowered at ``to`` (``int8``) with the modules ``kept`` at float32 to ``out``, as
-        ``export`` writes it (with its record), for ``fix``."""
+                   kept: Sequence[str], out: Path) -> "Engine":
+        """Write the model lowered at ``to`` (``int8``; compiled PyTorch: the autocast dtype) with the modules
+        ``kept`` at float32 (kept eager) to ``out``, as ``export`` writes it (with its record), for ``fix``;
+        return the engine that runs it."""
 
     def kept_recipe(self, kept: Sequence[str]) -> tuple[str, dict[str, Any]]:
         """The kept set in the toolchain's own form: a file name and its JSON (``fix --config-out``)."""
+
+    # A runtime that runs objects in memory (compiled PyTorch: a module) also has ``claims(source) -> bool``
+    # (the objects it runs: :func:`plugin_for` asks it) and ``candidate(model)`` (the reference made a
+    # candidate by the runtime: ``compare MODEL --cand-runtime NAME`` without a candidate file).
 
 
 @dataclass
@@ -152,11 +162,28 @@ class TappedProgram:
     ideal: Callable[[tuple], dict[str, Any]] | None = None
     untapped: str = ""
     weights: Mapping[str, Any] | None = None
+    #: the reference run for this candidate, when it is not the model as given: ``(model, args, kwargs)`` from
+    #: one sample's arguments (a compiled module: the model and the sample in float64)
+    reference: Callable[[tuple, dict], tuple[Any, tuple, dict]] | None = None
+    #: how rows name the three runs when the reference is more precise than the ideal run:
+    #: ``("compiled", "eager float32", "float64")`` (``None``: an ideal run at the candidate's format)
+    versus: tuple[str, str, str] | None = None
+    #: a note for every call of a module, by module path (a graph break there)
+    row_notes: dict[str, str] = field(default_factory=dict)
+    #: the candidate as reports name it (default: the program's file name)
+    shown: str = ""
+    #: notes the report carries about the candidate
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        """The candidate as reports name it."""
+        return self.shown or self.path.name
 
 
 # name -> "module:attribute" of a built-in plug-in, imported on first use
 _BUILTIN = {"ort": "layertap.runtimes.ort:PLUGIN", "openvino": "layertap.runtimes.openvino:PLUGIN",
-            "executorch": "layertap.runtimes.executorch:PLUGIN"}
+            "executorch": "layertap.runtimes.executorch:PLUGIN", "inductor": "layertap.runtimes.compiled:PLUGIN"}
 _REGISTERED: dict[str, RuntimePlugin] = {}
 _ENTRY_POINTS = "layertap.runtimes"
 
@@ -224,9 +251,10 @@ def plugin_for(source: Any) -> RuntimePlugin | None:
         ('executorch', 'openvino', None, None)
     """
     if not isinstance(source, (str, os.PathLike)):
-        source = getattr(source, "path", None)
-        if source is None:
-            return None
+        if getattr(source, "path", None) is None:  # an object a runtime runs in memory (a PyTorch module)
+            return next((p for p in map(plugin, runtime_names()) if callable(getattr(p, "claims", None))
+                         and p.claims(source)), None)  # type: ignore[attr-defined]
+        source = source.path
     suffix = os.path.splitext(str(source))[1].lower()
     if not suffix or suffix == ".onnx":
         return None
@@ -298,7 +326,7 @@ def runtime_matrix() -> str:
 
     Example:
         >>> print(runtime_matrix().splitlines()[5])
-        | verb | ort | openvino | executorch |
+        | verb | ort | openvino | executorch | inductor |
     """
     names = list(_BUILTIN)
     plugins = [plugin(n) for n in names]

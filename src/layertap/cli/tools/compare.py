@@ -36,7 +36,7 @@ class CompareOptions:
     option objects with this command's own flags in them (``--allow-different-weights`` in the rule,
     ``--memory-budget``/``--batch-outputs`` in the runtime options, ``--steps`` in the samples)."""
 
-    cand: str
+    cand: str | None  # None: the reference made the candidate by --cand-runtime (compiled)
     outputs: dict[str, Path]  # "plot", "fp16", "inputs" (--save-inputs): checked paths
     node_data: str | None
     modules: list[str] | None
@@ -53,6 +53,8 @@ class CompareTool(Tool):
         "layertap compare torchvision:resnet18 r18.onnx --inputs images --limit 8 --save-inputs used.npz"
         "  # real images, preprocessed as the model's weights say; --inputs used.npz repeats it",
         "layertap compare resnet18.onnx resnet18.onnx --no-ort-opt --samples 2  # ORT with vs without graph optimisations",
+        "layertap compare torchvision:resnet18 --cand-runtime inductor --autocast bf16  # torch.compile vs eager, "
+        "judged against float64",
     )
     groups = (ModelArgs(onnx_ok=True), InputArgs(), ToleranceArgs(metrics=True), JsonArgs(), ReportArgs(),
               RuntimeArgs(cand=True),
@@ -63,9 +65,10 @@ class CompareTool(Tool):
                                       "sample", reading=True))
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("onnx", metavar="CAND.onnx",
-                            help="the candidate file: an export, a float16/int8 conversion, an optimised copy, or REF "
-                                 "itself run another way (never modified)")
+        parser.add_argument("onnx", metavar="CAND.onnx", nargs="?", default=None,
+                            help="the candidate file: an export, a float16/int8 conversion, an optimised copy, REF "
+                                 "itself run another way, an IR, a program (never modified); left out with "
+                                 "--cand-runtime inductor: MODEL compiled")
         g = parser.add_argument_group("comparison")
         g.add_argument("--module", action="append", default=None, metavar="PATH",
                        help="compare only this module and its submodules (repeatable)")
@@ -94,6 +97,8 @@ class CompareTool(Tool):
     def parse_own(self, ns: argparse.Namespace, args: Args) -> CompareOptions:
         # Cheap checks first: a typo in a path should not cost a model load.
         ref_onnx = is_onnx_path(ns.model)
+        if ns.onnx is None:
+            return self._compiled(ns, args, ref_onnx)
         _check_order(ns.model, ns.onnx, ref_onnx)
         if not Path(ns.onnx).is_file():
             raise OnnxFileError(f"ONNX file '{ns.onnx}' does not exist")
@@ -101,6 +106,20 @@ class CompareTool(Tool):
             raise OnnxFileError(f"ONNX file '{ns.model}' does not exist")
         args.reads = (ns.onnx, ns.model) if ref_onnx else (ns.onnx,)
         return CompareOptions(ns.onnx, _check_outputs(ns, args.reads), ns.node_data, ns.module, ns.local)
+
+    def _compiled(self, ns: argparse.Namespace, args: Args, ref_onnx: bool) -> CompareOptions:
+        """``compare MODEL --cand-runtime inductor``: no candidate file, MODEL compiled is the candidate."""
+        from ...runtimes.plugins import plugin
+
+        if ns.cand_runtime is None or not callable(getattr(plugin(ns.cand_runtime), "candidate", None)):
+            raise LayertapError("compare needs a candidate: CAND.onnx (or an IR, a program), or --cand-runtime "
+                                "inductor to compare MODEL with MODEL compiled")
+        if ref_onnx:
+            raise LayertapError(f"--cand-runtime {ns.cand_runtime} compiles a PyTorch MODEL; {ns.model} is a file")
+        if ns.node_data is not None or ns.fp16_block_list is not None:
+            raise LayertapError("--node-data and --fp16-block-list name ONNX nodes; a compiled candidate has none")
+        args.reads = ()
+        return CompareOptions(None, _check_outputs(ns, ()), None, ns.module, ns.local)
 
     def finish(self, ns: argparse.Namespace, args: Args) -> None:
         args.tolerance = replace(args.tolerance, criterion=replace(args.tolerance.criterion,
@@ -112,7 +131,7 @@ class CompareTool(Tool):
         opts: CompareOptions = args.own
         from ...comparing import compare
 
-        ref, cand = reference(args), _read(opts.cand)
+        ref, cand = reference(args), _read(opts.cand) if opts.cand is not None else None
         sampling, used = _keeping_inputs(args.sampling, opts)
         try:
             with StepProgress(enabled=sys.stderr.isatty()) as progress, reporting(progress):
@@ -139,8 +158,9 @@ class CompareTool(Tool):
         if args.report:
             from ...reports import report_page
 
-            summary = [("reference", args.model.text), ("candidate", opts.cand)]
-            ReportArgs.write(args, report_page(report, f"compare {args.model.text} vs {Path(opts.cand).name}", summary=summary))
+            shown = opts.cand or str(report.onnx_path)
+            summary = [("reference", args.model.text), ("candidate", shown)]
+            ReportArgs.write(args, report_page(report, f"compare {args.model.text} vs {Path(shown).name}", summary=summary))
         if opts.node_data:
             from ...reports.nodedata import write_node_data
 

@@ -39,8 +39,10 @@ class ExportTool(Tool):
         "layertap export examples/mymodels.py:Net --input 8x3x32x32 --static --exporter torchscript -o net.onnx",
         "layertap export torchvision:resnet18 --input 1x3x64x64 -o r18.pte --tap layer1  # ExecuTorch, XNNPACK",
         "layertap export torchvision:resnet18 --input 1x3x64x64 -o r18-int8.pte --quantize int8 --samples 16",
+        "layertap export torchvision:resnet18 --input 1x3x64x64 -o r18.pt2 --tap layer1  # AOTInductor package",
     )
-    output = OutputArgs(required=True, suffixes=(".onnx", ".pte"), help="FILE.onnx, or FILE.pte (an ExecuTorch program)")
+    output = OutputArgs(required=True, suffixes=(".onnx", ".pte", ".pt2"),
+                        help="FILE.onnx, FILE.pte (an ExecuTorch program) or FILE.pt2 (an AOTInductor package)")
     groups = (
         ModelArgs(),
         TapArgs(),
@@ -105,7 +107,7 @@ class ExportTool(Tool):
         if opts.calib is not None:  # lt.export reads it, at the example's ranks
             opts = replace(opts, options=replace(opts.options, calibration=opts.calib))
         if sys.stderr.isatty():  # progress only for a person watching
-            how = "ExecuTorch" if out.suffix.lower() == ".pte" else f"{opts.exporter} exporter"
+            how = {".pte": "ExecuTorch", ".pt2": "AOTInductor"}.get(out.suffix.lower(), f"{opts.exporter} exporter")
             self.say(f"exporting {args.model.text} ({how}) to {out} ...")
         with running(info, method, sample_args, kwargs, spinner=False):  # export runs the model first: its errors, one line
             report = export(

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ...errors import LayertapError, OnnxFileError, printable
 from ...options import SearchOptions
-from ...runtimes.plugins import a_program, plugin, plugin_for
-from ..args import Args, InputArgs, JsonArgs, ModelArgs, OutputArgs, ReportArgs, SampleArgs, is_onnx_path, nonneg_int
+from ...runtimes.plugins import plugin, plugin_for
+from ..args import Args, InputArgs, JsonArgs, ModelArgs, OutputArgs, ReportArgs, RuntimeArgs, SampleArgs, is_onnx_path, nonneg_int
 from .base import Tool
 
 
@@ -28,6 +28,7 @@ class FixOptions:
     keep: list[str]
     config_out: str | None
     runtime: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)  # the runtime's own (--compile-mode)
 
 
 class FixTool(Tool):
@@ -44,10 +45,13 @@ class FixTool(Tool):
         "layertap fix torchvision:resnet50 --to int8 -o r50-int8.onnx --calib images/ --target top1:0.99",
         "layertap fix m.onnx --to fp16 -o m16.onnx --keep layer4.2 --max-float 8  # layer4.2 always kept in float32",
         "layertap fix torchvision:mobilenet_v3_small --input 1x3x64x64 --to int8 --runtime executorch -o m.pte",
+        "layertap fix torchvision:resnet18 --runtime inductor --autocast bf16 --target cosine:0.9999 -o keep-eager.json"
+        "  # the fewest modules kept eager in torch.compile",
     )
     groups = (ModelArgs(onnx_ok=True), InputArgs(),
-              OutputArgs(required=True, suffixes=(".onnx", ".pte"),
-                         help="FIXED.onnx (or FIXED.pte with --runtime executorch): the conversion with the kept set"),
+              OutputArgs(required=True, suffixes=(".onnx", ".pte", ".json"),
+                         help="FIXED.onnx (FIXED.pte with --runtime executorch, keep-eager.json with --runtime "
+                              "inductor): the conversion with the kept set"),
               JsonArgs(), ReportArgs(),
               SampleArgs(inputs_help="samples to judge on: a folder of images, .npy/.npz files or a datasets folder, "
                                      "or one .npz",
@@ -56,9 +60,9 @@ class FixTool(Tool):
 
     def add_own_arguments(self, parser: argparse.ArgumentParser) -> None:
         g = parser.add_argument_group("repair")
-        g.add_argument("--to", choices=("fp16", "int8"), required=True,
+        g.add_argument("--to", choices=("fp16", "int8"), default=None,
                        help="fp16: onnxconverter-common (keep_io_types); int8: onnxruntime.quantization QDQ, "
-                            "calibrated on --calib")
+                            "calibrated on --calib (--runtime inductor: the --autocast dtype, none for float32)")
         g.add_argument("--calib", metavar="PATH", help="int8 calibration samples (as --inputs; default the samples judged on)")
         g.add_argument("--target", default="cosine:0.999", metavar="METRIC:VALUE",
                        help="what the model's outputs must reach on every sample: cosine:0.999 (default), "
@@ -70,8 +74,9 @@ class FixTool(Tool):
                             "module scopes (paddle2onnx, tf2onnx) a node name or the tensor name it makes")
         g.add_argument("--runtime", default=None, metavar="NAME",
                        help="ort (default): an ONNX file, run in ONNX Runtime; executorch: an int8 ExecuTorch program "
-                            "(XNNPACK quantizer), each set lowered and run in ExecuTorch (-o FIXED.pte); or a runtime "
-                            "plug-in's name")
+                            "(XNNPACK quantizer), each set lowered and run in ExecuTorch (-o FIXED.pte); inductor: "
+                            "modules kept eager in torch.compile (-o keep-eager.json); or a runtime plug-in's name")
+        RuntimeArgs.add_compiled(parser)
         g.add_argument("--config-out", metavar="DIR",
                        help="write the kept set for each toolchain: modules.json (nodes.json in a file without "
                             "module scopes), onnxconverter_common.json, "
@@ -82,7 +87,15 @@ class FixTool(Tool):
         from ...fixing.configs import Target
 
         target = Target.parse(ns.target)
-        if ns.calib is not None and ns.to != "int8":
+        to = ns.to
+        if ns.runtime == "inductor" and to is None:
+            to = ns.autocast or "fp32"
+        elif to is None:
+            raise LayertapError("--to fp16 or --to int8: what the model is converted to (--runtime inductor needs "
+                                "none: it compiles at the --autocast dtype)")
+        elif ns.autocast is not None or ns.compile_mode is not None or ns.compile_backend is not None:
+            raise LayertapError("--autocast, --compile-mode and --compile-backend go with --runtime inductor")
+        if ns.calib is not None and to != "int8":
             raise LayertapError("--calib calibrates int8 quantisation; float16 (--to fp16) needs none")
         if is_onnx_path(ns.model) and not Path(ns.model).is_file():
             raise OnnxFileError(f"ONNX file '{ns.model}' does not exist")
@@ -94,11 +107,14 @@ class FixTool(Tool):
             check_config_out(ns.config_out)
         args.reads = tuple(p for p in (ns.model if is_onnx_path(ns.model) else None, ns.inputs, ns.calib) if p)
         chosen = plugin(ns.runtime) if ns.runtime is not None else plugin_for(ns.output)
-        if chosen is not None and chosen.form == "program" and plugin_for(ns.output) is not chosen:
-            raise LayertapError(f"--runtime {chosen.name} writes {a_program(chosen)}: give -o "
-                                f"FIXED{chosen.suffixes[0]}")
-        return FixOptions(ns.to, ns.calib, target, ns.max_float, ns.keep, ns.config_out,
-                          chosen.name if chosen is not None else None)
+        if chosen is not None and chosen.form == "program":
+            out_name = getattr(chosen, "fix_out", f"FIXED{chosen.suffixes[0]}")
+            if not str(ns.output).lower().endswith(Path(out_name).suffix):
+                raise LayertapError(f"--runtime {chosen.name} writes {out_name}: give -o {out_name}")
+        settings = {k: v for k, v in (("compile_mode", ns.compile_mode), ("compile_backend", ns.compile_backend))
+                    if v is not None}
+        return FixOptions(to, ns.calib, target, ns.max_float, ns.keep, ns.config_out,
+                          chosen.name if chosen is not None else None, settings)
 
     def run(self, args: Args) -> int:
         opts: FixOptions = args.own
@@ -108,7 +124,7 @@ class FixTool(Tool):
         report = fix(ref, args.inputs.specs or None, to=opts.to, out=str(args.output), target=opts.target,
                      calib=opts.calib, keep=opts.keep, max_float=opts.max_float, config_out=opts.config_out,
                      sample_options=args.sampling, search_options=SearchOptions(on_step=None if args.json else _say_step,
-                                                   runtime=opts.runtime))
+                                                   runtime=opts.runtime, runtime_settings=opts.settings))
         self.print_table(report, as_json=args.json)
         if not args.json:
             self.say(f"wrote {args.output}" + ("" if report.ok else " (the best set found; the target is not met)"))

@@ -1,0 +1,408 @@
+"""Compiled PyTorch as a runtime plug-in (``inductor``): a ``torch.compile`` result (any backend, mode and
+options), any other ``nn.Module`` run eagerly (another checkpoint, a quantised copy), or an AOTInductor package
+(``.pt2``), each a ``"program"`` candidate (:class:`~.plugins.ProgramPlugin`).
+
+A module candidate is judged against float64: the reference is the model run in float64, the ideal run the
+model run eagerly at the candidate's dtype (float32, or the ``--autocast`` dtype on both sides), so a row
+passes while the compiled kernels stay as close to float64 as eager does (within
+:data:`~layertap.metrics.FORMAT_MULTIPLE` times eager's own error, plus the tolerance), and one fails where
+they lose far more. Module rows come from a copy of the candidate's module compiled with a tap at every
+module (:class:`~layertap.pytorch.compiled.HookTaps`); its outputs are checked against the untapped
+candidate's on every sample. Graph breaks are notes on the rows of the modules they happened in.
+
+``fix --runtime inductor`` keeps modules eager (``torch.compiler.disable`` on their ``forward``) and writes
+the kept set as ``keep-eager.json`` (:func:`layertap.keep_eager` applies it). The PyTorch side lives in
+:mod:`layertap.pytorch.compiled` and :mod:`layertap.pytorch.aoti`, imported when a candidate is made.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import LayertapError, OnnxFileError, one_line
+from ..files.writes import atomic_write_bytes
+from ..inputs import InputSpec
+from ..numformats import Format
+from ..onnxfile.formats import TensorFormats
+from ..onnxfile.tensor_table import OnnxLayers
+from .executorch import Sidecar, check_static_shape, names_by_call, program_layers, run_program, with_repeats
+from .plugins import VERBS, YES, RuntimeSettings, TappedProgram
+from .protocol import InputInfo, RuntimeInfo
+
+#: a module candidate's name in reports: ``torch.compile (inductor)``, ``PyTorch eager``
+TITLE = "compiled PyTorch"
+
+
+def is_module(source: Any) -> bool:
+    """Whether ``source`` is an ``nn.Module`` (a compiled one included), without importing torch."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(source, torch.nn.Module)
+
+
+class ModuleEngine:
+    """A module run as a candidate (an :class:`~.protocol.Engine`): a feed by input name in, its flattened
+    tensors by name out (``named``: the names of one call's values, from a :class:`HookTaps`)."""
+
+    def __init__(self, module: Any, inputs: list[InputInfo], compilation: Any, named: Callable[[Any], dict] | None,
+                 own: list[str]) -> None:
+        self.module, self._inputs, self.compilation, self.named, self.own = module, inputs, compilation, named, own
+        self.runs = 0
+        self.candidate: Any = module
+
+    def get_inputs(self) -> list[InputInfo]:
+        return list(self._inputs)
+
+    def output_names(self) -> list[str]:
+        return list(self.own)
+
+    def run(self, names: Sequence[str] | None, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from ..pytorch.taps import output_tensors
+        from ..pytorch.values import tensor_to_numpy
+
+        args = _tensors(feed, self._inputs)
+        try:
+            with self.compilation.running():
+                got = self.module(*args)
+        except Exception as e:
+            from ..pytorch.compiled import compile_error
+
+            found = compile_error(e, getattr(self.module, "_orig_mod", self.module))
+            if found is None:
+                raise
+            raise found from e
+        self.runs += 1
+        values = self.named(got) if self.named is not None else output_tensors(got)
+        out = {n: tensor_to_numpy(v, copy=True) for n, v in values.items()}
+        return out if names is None else {n: out[n] for n in names if n in out}
+
+
+def _tensors(feed: dict[str, np.ndarray], inputs: list[InputInfo]) -> list[Any]:
+    import torch
+
+    missing = [i.name for i in inputs if i.name not in feed]
+    if missing:
+        raise LayertapError(f"the candidate needs the input {missing[0]!r}; it takes {', '.join(i.name for i in inputs)}")
+    return [torch.from_numpy(np.ascontiguousarray(feed[i.name])) for i in inputs]
+
+
+class CompiledRuntime:
+    """What ran a compiled candidate, for reports (:class:`~.protocol.Runtime`'s describing half); files,
+    parts and exposed tensors are refused with what to do instead."""
+
+    name = "inductor"
+    optimize = True
+    carries_branches = False
+
+    def __init__(self, what: str = "torch.compile (inductor)", precision: str = "float32") -> None:
+        self.what, self.precision = what, precision
+
+    def open(self, model: Any, outputs: Sequence[Any] = (), *, only: bool = False) -> Any:
+        raise LayertapError("the inductor runtime runs PyTorch modules and AOTInductor packages (.pt2), not ONNX "
+                            "files: compare MODEL with torch.compile(MODEL) (layertap compare MODEL --cand-runtime "
+                            "inductor), or run the ONNX file in ort")
+
+    def open_tapped(self, source: Any, tensors: Sequence[str]) -> Any:
+        return self.open(source)
+
+    def open_part(self, source: Any, part: Any) -> Any:
+        raise LayertapError("--local (local=True) runs parts of an ONNX graph; a compiled module runs whole: "
+                            "compare it without --local")
+
+    def open_file(self, path: Path, *, timing: bool = False) -> Any:
+        return PLUGIN.engine(path)
+
+    def settings(self) -> str:
+        return ""
+
+    def rounding_note(self) -> str:
+        return ""
+
+    def exposable(self, model: Any) -> set[str] | None:
+        return set()
+
+    def describe(self) -> RuntimeInfo:
+        import torch
+
+        return RuntimeInfo(self.what, torch.__version__, "CPU", self.precision)
+
+
+class _CompiledPlugin:
+    """Compiled PyTorch as a runtime plug-in (see the module doc)."""
+
+    name = "inductor"
+    title = TITLE
+    form = "program"
+    suffixes = (".pt2",)
+    matrix = {**{verb: YES for verb in VERBS},
+              "compare --local": "a compiled module runs whole: its kernels fuse across modules, and a part run "
+                                 "alone would be another compile",
+              "compare --steps": "not yet: decode steps feed a KV cache the ONNX decoder files name",
+              "repro": "a repro package is a part of an ONNX graph run alone; for a compiled module, torch's own "
+                       "accuracy minifier (TORCHDYNAMO_REPRO_LEVEL=4) cuts the graph"}
+    quantizer = "torch.compile (modules kept eager with torch.compiler.disable)"
+    #: what ``fix`` makes: the autocast dtype the model is compiled at (``fp32``: none), and the file it writes
+    fix_to = ("fp32", "bf16", "fp16")
+    fix_out = "keep-eager.json"
+
+    def __init__(self) -> None:
+        self.settings = RuntimeSettings()
+
+    def claims(self, source: Any) -> bool:
+        """An in-memory candidate this runtime runs: any ``nn.Module``."""
+        return is_module(source)
+
+    def open(self, settings: RuntimeSettings) -> CompiledRuntime:
+        settings.refuse(self.name, ("autocast", "compile_mode", "compile_backend"),
+                        "a compiled module runs in PyTorch, on the model's device")
+        self.settings = settings
+        return CompiledRuntime(precision=_precision(settings.autocast))
+
+    def fix_settings(self, to: str, settings: dict[str, Any]) -> dict[str, Any]:
+        """The settings a fix at ``to`` runs with: ``to`` is the autocast dtype."""
+        return {**settings, "autocast": None if to == "fp32" else to}
+
+    def candidate(self, model: Any) -> Any:
+        """The reference ``model`` compiled as the settings say (``--cand-runtime inductor``)."""
+        from ..pytorch.compiled import compiled
+
+        backend = self.settings.compile_backend or "inductor"
+        return compiled(model, backend=backend, mode=self.settings.compile_mode)
+
+    def engine(self, path: Any) -> PackageEngine:
+        return PackageEngine(Path(path))
+
+    def input_specs(self, path: Any) -> list[InputSpec]:
+        if is_module(path):
+            return []
+        engine = self.engine(path)
+        return [InputSpec(None, tuple(int(d) if isinstance(d, int) else 1 for d in i.shape or ()),
+                          _DTYPES.get(i.type, "float32")) for i in engine.get_inputs()]
+
+    def layers(self, path: Path) -> OnnxLayers:
+        return program_layers(path, self.engine(path), "AOTInductor package", PACKAGE_UNTAPPED)
+
+    def run(self, path: Path, inputs: Any, taps: Sequence[str], *, seed: int,
+            notify: Callable[[str], None] | None) -> dict[str, Any]:
+        return run_program(path, inputs, taps, seed=seed, notify=notify, engine=self.engine(path))
+
+    def tapped(self, model: Any, method: Any, path: Any, runs: list[tuple[tuple, dict]], work: Path,
+               wanted: Callable[[str], bool]) -> TappedProgram:
+        if not is_module(path):
+            return tapped_package(model, method, Path(path), runs, work, wanted)
+        return tapped_module(model, method, path, runs, wanted, self.settings.autocast)
+
+    def lower_kept(self, model: Any, method: Any, samples: list[tuple], calibration: list[tuple], to: str,
+                   kept: Sequence[str], out: Path) -> Any:
+        """The model with the modules ``kept`` eager, compiled as the settings say, as an engine (``out``: its
+        ``keep-eager.json``)."""
+        from ..pytorch.compiled import Compilation, copy_with, kept_json
+        from ..pytorch.wrapper import input_names
+
+        if to not in ("fp32", "bf16", "fp16"):
+            raise LayertapError(f"the inductor runtime keeps modules eager at fp32, bf16 or fp16 (--autocast), not "
+                                f"{to}: use --to fp32 (or bf16/fp16: the autocast dtype)")
+        autocast = None if to == "fp32" else to
+        trial = self.candidate(copy_with(model, kept))
+        compilation = Compilation(trial.dynamo_ctx, autocast)
+        atomic_write_bytes(out, (json.dumps(kept_json(kept, compilation), indent=1) + "\n").encode())
+        names = input_names(model, method, tuple(samples[0]), {})
+        inputs = [InputInfo(n, "tensor(float)", list(t.shape)) for n, t in zip(names, samples[0])]
+        engine = ModuleEngine(trial, inputs, compilation, None, ["output"])
+        engine.candidate = trial  # what compare takes for this set
+        return engine
+
+    def kept_recipe(self, kept: Sequence[str]) -> tuple[str, dict[str, Any]]:
+        """The kept set as ``keep-eager.json`` (what :func:`layertap.keep_eager` reads)."""
+        from ..pytorch.compiled import Compilation, kept_json
+
+        return "keep-eager.json", kept_json(kept, Compilation(None, self.settings.autocast))
+
+
+PLUGIN = _CompiledPlugin()
+
+
+def _precision(autocast: str | None) -> str:
+    return {"bf16": "bfloat16", "fp16": "float16"}.get(autocast or "", "float32")
+
+
+def tapped_module(model: Any, method: Any, candidate: Any, runs: list[tuple[tuple, dict]],
+                  wanted: Callable[[str], bool], autocast: str | None) -> TappedProgram:
+    """A module candidate beside a copy of it compiled the same way with a tap at every module ``wanted``: the
+    reference is ``model`` in float64, the ideal run the tapped copy run eagerly at the candidate's dtype."""
+    # the PyTorch side loads with a compiled candidate only
+    from ..pytorch.compiled import (
+        HookTaps,
+        compilation_of,
+        float64_args,
+        float64_twin,
+        graph_breaks,
+        own_frames,
+        tappable,
+    )
+    from ..pytorch.lowering import weight_record
+    from ..pytorch.wrapper import input_names
+
+    module, compilation = compilation_of(candidate, autocast)
+    args, kwargs = runs[0]
+    if kwargs:
+        raise LayertapError("a compiled candidate is compared on positional tensors; give the inputs without names")
+    names = input_names(module, method, tuple(args), {})
+    inputs = [InputInfo(n, "tensor(float)", list(a.shape)) for n, a in zip(names, args)]
+    twin = own_frames(copy.deepcopy(module))
+    taps = HookTaps(twin, method, tappable(twin, wanted))
+    with compilation.running():
+        taps.named(taps(*args))  # the eager run names the calls
+    own = list(taps._own)
+    plain = ModuleEngine(candidate if compilation.ctx is not None else module, inputs, compilation, None, own)
+    tapped = ModuleEngine(compilation.compile(taps), inputs, compilation, taps.named, own)
+    reference = float64_twin(model)
+
+    def ideal(sample: tuple) -> dict[str, np.ndarray]:
+        from ..pytorch.values import tensor_to_numpy
+
+        with compilation.running():
+            values = taps.named(taps(*sample))
+        return {n: tensor_to_numpy(v, copy=True) for n, v in values.items()}
+
+    breaks = graph_breaks(twin, taps, tuple(args), compilation.ctx)
+    notes: dict[str, str] = {}
+    for b in breaks:
+        for path in b.modules:
+            notes[path] = f"graph break in its forward ({b.reason}): the op there ran eager, between compiled graphs"
+    program = TappedProgram(Path(compilation.describe()), plain, CompiledRuntime(compilation.describe(),
+                            compilation.precision), own, tapped, dict(taps.names),
+                            formats=TensorFormats(default=Format(compilation.precision)), ideal=ideal,
+                            weights=weight_record(module) if module is not model else None)
+    program.reference = lambda a, k: (reference, *float64_args(a, k))
+    program.versus = ("compiled" if compilation.ctx is not None else "the candidate", f"eager {compilation.precision}",
+                      "float64")
+    program.row_notes = notes
+    program.shown = type(module).__name__
+    program.notes = [_breaks_note(breaks)] if breaks else []
+    return program
+
+
+def _breaks_note(breaks: list[Any]) -> str:
+    where = sorted({p for b in breaks for p in b.modules})
+    at = f" (in {', '.join(where[:5])}{'...' if len(where) > 5 else ''})" if where else ""
+    return (f"dynamo split the model into graphs at {len(breaks)} graph break{'s' if len(breaks) != 1 else ''}{at}; "
+            "those rows say why. torch.compile(model, fullgraph=True) names the first as an error")
+
+
+def pt2_suffix(path: str | os.PathLike) -> bool:
+    return str(path).lower().endswith(".pt2")
+
+
+# -- AOTInductor packages --------------------------------------------------------------------------
+
+#: why a package from elsewhere has no module rows, and how to get them
+PACKAGE_UNTAPPED = ("the package carries no layertap record (in its metadata), so only its outputs are compared; "
+                    "export it with layertap export MODEL -o m.pt2 (lt.export(model, args, 'm.pt2')) for module rows")
+_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor(float16)": "float16",
+           "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(bool)": "bool"}
+_TYPE_TEXT = {v: k for k, v in _DTYPES.items()}
+
+
+class PackageEngine:
+    """An AOTInductor package (``.pt2``) loaded in PyTorch (an :class:`~.protocol.Engine`): a feed by input name
+    in, every output by name out, named by layertap's record in the package's metadata (a package from
+    elsewhere: ``output_0``, ``output_1``, ...)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        from ..pytorch.compiled import PACKAGE_RECORD, load_package
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise LayertapError(f"no such AOTInductor package: '{path}'")
+        try:
+            self.loader = load_package(self.path)
+            meta = dict(self.loader.get_metadata())
+        except Exception as e:  # noqa: BLE001 - the loader's own error, as one line
+            raise OnnxFileError(f"PyTorch cannot load '{path}' as an AOTInductor package: "
+                                f"{one_line(e, first=True, limit=300)}") from None
+        record = meta.get(PACKAGE_RECORD)
+        try:
+            self.sidecar = Sidecar.from_text(record) if record else None
+        except (ValueError, KeyError, TypeError) as e:
+            raise OnnxFileError(f"'{path}' carries a layertap record that cannot be read ({one_line(e)})") from None
+        self._inputs = [InputInfo(i["name"], _TYPE_TEXT.get(str(i.get("dtype")), "tensor(float)"),
+                                  [int(d) for d in i["shape"]]) for i in (self.sidecar.inputs if self.sidecar else [])]
+        self._outputs = self.sidecar.program_outputs if self.sidecar is not None else []
+        self.runs = 0
+
+    def get_inputs(self) -> list[InputInfo]:
+        if self.sidecar is None:
+            raise LayertapError(f"'{self.path.name}' carries no layertap record of its inputs: give them in order "
+                                "(layertap run m.pt2 --input ...), or export it with layertap export MODEL -o m.pt2")
+        return list(self._inputs)
+
+    def output_infos(self) -> list[InputInfo]:
+        records = self.sidecar.outputs if self.sidecar is not None else []
+        return [InputInfo(str(r["name"]), "tensor(float)", r.get("shape")) for r in records
+                if "same_as" not in r and "input" not in r]
+
+    def output_names(self) -> list[str]:
+        return self.sidecar.output_names if self.sidecar is not None else list(self._outputs)
+
+    def run(self, names: Sequence[str] | None, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import torch
+
+        from ..pytorch.values import tensor_to_numpy
+
+        tensors = _tensors(feed, self.get_inputs())
+        try:
+            with torch.no_grad():
+                got = self.loader(*tensors)
+        except Exception as e:  # noqa: BLE001
+            shapes = ", ".join(f"{i.name}={list(i.shape or [])}" for i in self._inputs)
+            raise OnnxFileError(f"the AOTInductor package '{self.path}' failed to run: {one_line(e, first=True)} "
+                                f"(it was compiled for {shapes})") from None
+        self.runs += 1
+        got = got if isinstance(got, (list, tuple)) else [got]
+        own = self._outputs or [f"output_{i}" for i in range(len(got))]
+        values = {n: tensor_to_numpy(t, copy=True) for n, t in zip(own, got)}
+        return with_repeats(values, self.sidecar, feed, self._inputs, names)
+
+
+def package_record(names: Sequence[str], example: Sequence[Any], outputs: list[dict[str, Any]],
+                   weights: dict[str, Any], values: Sequence[Any] = ()) -> str:
+    """The record a package carries in its metadata (as an ExecuTorch program's sidecar holds it), each output
+    with the shape of its value in ``values`` (the eager run's)."""
+    records = [dict(o, **({"shape": list(v.shape)} if hasattr(v, "shape") else {}))
+               for o, v in zip(outputs, [*values, *[None] * (len(outputs) - len(values))])]
+    return Sidecar(Sidecar.input_records(names, example), records, {"compiler": "aotinductor"}, weights).text()
+
+
+def tapped_package(model: Any, method: Any, path: Path, runs: list[tuple[tuple, dict]], work: Path,
+                   wanted: Callable[[str], bool]) -> TappedProgram:
+    """The package at ``path`` and, where it carries layertap's record, the model compiled again by AOTInductor
+    in ``work`` with a tap at every module ``wanted``."""
+    from ..pytorch.compiled import aoti_package
+    from ..pytorch.lowering import module_taps, tapped_wrapper
+
+    engine = PackageEngine(path)
+    sidecar = engine.sidecar
+    runtime = CompiledRuntime("AOTInductor")
+    if sidecar is None:
+        return TappedProgram(path, engine, runtime, engine.output_names(), untapped=PACKAGE_UNTAPPED)
+    own = [n for n in engine.output_names() if n not in set(sidecar.taps)]
+    for info, a in zip(engine.get_inputs(), runs[0][0]):
+        check_static_shape(info, list(getattr(a, "shape", [])), path.name,
+                           f"give --input {'x'.join(str(d) for d in info.shape or [])}")
+    taps = module_taps(model, method, runs[0][0], runs[0][1], wanted)
+    tapped = tapped_wrapper(model, method, taps, runs[0][0], runs[0][1])
+    records = tapped.records()
+    for r in records:  # the model's outputs under the package's names
+        r["name"] = own[0] if r["path"] is None and len(own) == 1 else r["name"]
+    tapped_path = work / "tapped.pt2"
+    aoti_package(tapped.wrapper, tapped.example, tapped_path,
+                 package_record([i["name"] for i in sidecar.inputs], tapped.example, records, {}))
+    return TappedProgram(path, engine, runtime, own, PackageEngine(tapped_path), names_by_call(records),
+                         weights=sidecar.weights or None)

@@ -1,0 +1,206 @@
+"""Compiled PyTorch as a candidate (``--cand-runtime inductor``, ``lt.compare(model, x, torch.compile(model))``):
+rows by module path judged against float64 beside eager, graph breaks as rows, taps that change nothing, the
+fewest modules kept eager by ``fix``. Most cases hand torch.compile a backend that runs the FX graph in Python
+(fast, and able to break one op); the inductor runs are few and marked slow."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+import layertap as lt
+from _faults import faulty_backend
+from layertap.errors import LayertapError
+from layertap.options import RuntimeOptions, SearchOptions
+from layertap.pytorch.compiled import keep_eager
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    torch.manual_seed(0)
+    return torchvision.models.resnet18().eval(), torch.randn(1, 3, 64, 64)
+
+
+def test_a_wrong_op_in_the_compiled_graph_is_named_at_its_module(resnet):
+    model, x = resnet
+    report = lt.compare(model, x, torch.compile(model, backend=faulty_backend("layer3.0.conv1")))
+    assert not report.ok
+    assert report.first_divergence == "layer3.0.conv1"
+    assert all(r.ok for r in report.rows[: [r.name for r in report.rows].index("layer3.0.conv1")])
+    text = str(report)
+    assert "compiled loses" in text and "what eager float32 loses here against float64" in text
+    assert report.to_dict()["versus"] == {"candidate": "compiled", "ideal": "eager float32", "reference": "float64"}
+    assert any("tapping changed nothing" in n for n in report.notes)
+
+
+def test_a_healthy_compile_passes_with_rows_for_every_module(resnet):
+    model, x = resnet
+    report = lt.compare(model, x, torch.compile(model, backend="aot_eager"), samples=2)
+    assert report.ok, str(report)
+    assert {r.name for r in report.rows} >= {"layer3.0.conv1", "layer4.1", "fc", "output"}
+    row = next(r for r in report.rows if r.name == "layer4.1")
+    assert row.format_rel is not None and row.format_rel > 0  # eager float32 against float64
+    assert report.samples == 2
+
+
+def test_bf16_autocast_on_both_sides_passes_and_says_so():
+    torch.manual_seed(0)
+    block = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(2, 6, 32)
+    report = lt.compare(block, x, torch.compile(block, backend="aot_eager"),
+                        runtime_options=RuntimeOptions(autocast="bf16"))
+    assert report.ok, str(report)
+    assert report.versus == ("compiled", "eager bfloat16", "float64")
+    assert "bfloat16" in report.runtimes["candidate"]["precision"]
+    out = next(r for r in report.rows if r.name == "output")
+    assert out.format_rel > 1e-3  # bfloat16's own error against float64 is what the rows are judged beside
+
+
+class _Branchy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        if y.sum() > 0:  # data-dependent: dynamo breaks the graph here
+            y = y * 2
+        return y
+
+
+def test_a_graph_break_is_a_note_on_its_module_row():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), _Branchy(), nn.ReLU()).eval()
+    report = lt.compare(model, torch.randn(2, 4), torch.compile(model, backend="eager"))
+    assert report.ok
+    row = next(r for r in report.rows if r.name == "1")
+    assert "graph break" in row.note
+    assert any("graph break" in n for n in report.notes)
+    assert "graph break" not in (next(r for r in report.rows if r.name == "0").note or "")
+
+
+def test_another_checkpoint_as_candidate_names_the_weights():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    other = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    with pytest.raises(LayertapError, match="weights"):
+        lt.compare(model, torch.randn(2, 4), other)
+
+
+def test_fix_keeps_the_faulted_module_eager_and_writes_keep_eager_json(resnet, tmp_path):
+    model, x = resnet
+    out = tmp_path / "keep-eager.json"
+    report = lt.fix(model, x, to="fp32", out=out, target="cosine:0.99999", samples=2,
+                    search_options=SearchOptions(runtime="inductor",
+                                                 runtime_settings={"compile_backend": faulty_backend("layer3.0.conv1")}))
+    assert report.ok, str(report)
+    assert report.kept and all(k == "layer3.0.conv1" or "layer3.0.conv1".startswith(k + ".") for k in report.kept)
+    written = json.loads(out.read_text())
+    assert written["keep_eager"] == report.kept and "keep_eager" in written["apply"]
+    # the cure applied as the file says: the faulty backend no longer reaches the module
+    fixed = keep_eager(copy.deepcopy(model), out)
+    got = torch.compile(fixed, backend=faulty_backend("layer3.0.conv1"))(x)
+    assert torch.nn.functional.cosine_similarity(got.flatten(), model(x).flatten(), dim=0) > 0.99999
+
+
+def test_keep_eager_refuses_a_module_that_is_not_there():
+    with pytest.raises(LayertapError, match="unknown module 'fc2'"):
+        lt.keep_eager(nn.Sequential(nn.Linear(2, 2)), ["fc2"])
+
+
+def test_a_model_that_cannot_compile_is_one_line_naming_the_module():
+    model = nn.Sequential(nn.Linear(4, 4), _Branchy()).eval()
+    with pytest.raises(LayertapError, match=r"could not compile the model in 1\b"):
+        lt.compare(model, torch.randn(2, 4), torch.compile(model, backend="eager", fullgraph=True))
+
+
+def test_cli_compares_a_model_with_itself_compiled(cli):
+    done = cli("compare", "torchvision:resnet18", "--input", "1x3x32x32", "--cand-runtime", "inductor",
+               "--compile-backend", "aot_eager", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["ok"] and data["versus"]["ideal"] == "eager float32"
+
+
+def test_cli_refuses_autocast_for_an_onnx_candidate(cli, tmp_path):
+    model = nn.Sequential(nn.Linear(4, 4)).eval()
+    path = tmp_path / "m.onnx"
+    torch.onnx.export(model, (torch.randn(1, 4),), path, dynamo=False)
+    done = cli("compare", str(path), str(path), "--autocast", "bf16")
+    assert done.returncode == 2 and "--cand-runtime inductor" in done.stderr
+
+
+def test_cli_fix_writes_keep_eager_json(cli, tmp_path):
+    out = tmp_path / "keep-eager.json"
+    done = cli("fix", "torchvision:resnet18", "--input", "1x3x32x32", "--runtime", "inductor", "--compile-backend",
+               "aot_eager", "--samples", "2", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text())["keep_eager"] == []
+
+
+@pytest.mark.slow
+def test_inductor_resnet18_passes_at_float32_and_under_bf16_autocast(resnet):
+    model, x = resnet
+    report = lt.compare(model, x, torch.compile(model))
+    assert report.ok, str(report)
+    assert any("tapping changed nothing" in n or "differ from the program's" in n for n in report.notes)
+    bf16 = lt.compare(model, x, torch.compile(model), runtime_options=RuntimeOptions(autocast="bf16"))
+    assert bf16.ok, str(bf16)
+
+
+class _Small(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.act = nn.ReLU(inplace=True)  # overwrites bn's output: taps must clone
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.act(self.bn(self.conv(x))))
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    torch.manual_seed(0)
+    model = _Small().eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+    x = torch.randn(1, 3, 16, 16)
+    path = tmp_path_factory.mktemp("aoti") / "m.pt2"
+    report = lt.export(model, x, path, taps=["bn", "act", "head.1"])
+    return model, x, path, report
+
+
+def test_an_aotinductor_package_with_taps_equals_hooks(package):
+    model, x, path, report = package
+    assert report.ok and [r.name for r in report.rows] == ["output", "bn", "act", "head.1"]
+    hooks = lt.extract(model, x, taps=["bn", "act", "head.1"])
+    got = lt.run(path, [x.numpy()])
+    for name in ("bn", "act", "head.1"):
+        assert torch.allclose(torch.from_numpy(got[name]), hooks[name], atol=1e-5), name
+    table = lt.onnx_layers(path)
+    assert [(r.name, r.module) for r in table.rows if r.op == "tap"] == [("bn", "bn"), ("act", "act"), ("head.1", "head.1")]
+
+
+def test_compare_a_model_with_its_package_by_module(package):
+    model, x, path, _ = package
+    report = lt.compare(model, x, path)
+    assert report.ok, str(report)
+    assert {r.name for r in report.rows} >= {"conv", "bn", "act", "head.2", "output"}
+    assert any("tapping changed nothing" in n for n in report.notes)
+    other = _Small().eval()
+    with pytest.raises(LayertapError, match="weights"):
+        lt.compare(other, x, path)
+
+
+def test_a_package_that_is_not_one_is_one_line(tmp_path, cli):
+    bad = tmp_path / "bad.pt2"
+    bad.write_bytes(b"not a zip")
+    done = cli("layers", str(bad))
+    assert done.returncode == 2 and "cannot load" in done.stderr and len(done.stderr.strip().splitlines()) == 1
