@@ -219,6 +219,8 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
         raise LayertapError(f"unknown conversion --to {to!r}; use one of {', '.join(FORMATS)}")
     goal = Target.parse(target)
     sampling = SampleOptions.merged(sample_options, samples=samples)
+    if isinstance(sampling.samples, (str, os.PathLike)):  # samples= may name a folder / .npz, as inputs= does
+        sampling = replace(sampling, inputs=sampling.samples, samples=None)
     search_by = search_options or SearchOptions()
     runtime = _runtime(search_by, out)
     if runtime.form == "program":
@@ -372,9 +374,13 @@ def _load(path: Path) -> Any:
 
 
 def _samples(model: Any, path: Path, args: Any, sampling: SampleOptions) -> Samples:
-    """The samples for the float32 file (:func:`~layertap.samples.for_reference.samples_for`): given, read from
-    ``sampling.inputs`` (its first ``sampling.limit``), drawn from ``--input`` specs, or ``N`` random at its
-    declared inputs (default 1, seeds after ``sampling.seed``)."""
+    """The samples for the float32 file (:func:`~layertap.samples.for_reference.samples_for`): given (``args``, then
+    a list of samples after it), read from ``sampling.inputs`` (its first ``sampling.limit``), drawn from
+    ``--input`` specs, or ``N`` random at its declared inputs (default 1, seeds after ``sampling.seed``)."""
+    listed = sampling.samples
+    if args is not None and listed is not None and not isinstance(listed, int):
+        # the sample a PyTorch REF was exported with comes first: compare --fp16-block-list hands the rest after it
+        args, sampling = None, replace(sampling, samples=[args, *listed])
     return samples_for(path, args, sampling, shapes_from=model, folder=path.parent)
 
 
