@@ -19,7 +19,7 @@ ALLOWED = {
     "onnxfile": {"core"},
     "samples": {"core", "onnxfile"},
     "runtimes": {"core", "onnxfile"},
-    "exporting": {"core", "pytorch", "onnxfile", "runtimes"},
+    "exporting": {"core", "pytorch", "onnxfile", "runtimes", "samples"},
     "comparing": {"core", "pytorch", "onnxfile", "runtimes", "samples"},
     "reports": {"core", "onnxfile", "comparing"},  # comparing.words only (WORDS_OF below)
     "dataset": {"core", "pytorch", "onnxfile", "reports", "runtimes", "samples"},

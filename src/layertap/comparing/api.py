@@ -45,21 +45,19 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import LayertapError, unknown_name
 from ..heap import frozen_callers_objects
-from ..inputs import as_specs
 from ..metrics import METRICS, ROUNDING_RTOL, Criterion
 from ..numformats import PRECISIONS
-from ..onnxfile.kvcache import kv_layout
 from ..onnxfile.modelfile import ModelFile, is_onnx_source
 from ..options import DEFAULT_MEMORY_BUDGET, UNSET, RuntimeOptions, SampleOptions, current_progress, merged_criterion
 from ..runtimes import runtime_for
 from ..runtimes.choice import side_runtimes
 from ..runtimes.ort import FUSION_NOTE
 from ..runtimes.plugins import ProgramPlugin, RuntimeSettings, a_program, plugin_for
-from ..samples.drawn import given_samples, random_for_file, spec_samples, with_cache
+from ..samples.for_reference import samples_for
 from .driver import Progress, compare_sides
 from .ideal import candidate_formats
 from .judging import Judging, judging
@@ -68,7 +66,7 @@ from .rows import CompareReport
 from .torch_ref import TorchReference
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..samples.images import Preprocess
+    from ..pytorch.reference import Loaded
 
 __all__ = ["compare", "Progress", "FUSION_NOTE", "DEFAULT_MEMORY_BUDGET"]
 
@@ -215,29 +213,12 @@ def _compare(ref: Any, args: Any, cand: Any, runs: RuntimeOptions, sampling: Sam
     criterion, precision_note = rounding_criterion(plan.criterion, tolerance_chosen, ref_rt)
     plan = replace(plan, criterion=criterion)
     _check_steps_use(sampling.steps, onnx_ref or sampling.samples is not None or sampling.inputs is not None)
-    loaded = None
-    kwargs: dict[str, Any] = {}
-    specs = as_specs(args) if onnx_ref else None
-    if specs is not None and sampling.inputs is not None:  # the samples come from there; specs gave shapes
-        args = None
-    elif specs is not None:  # --input specs of an ONNX reference: drawn once per sample
-        n = sampling.samples if isinstance(sampling.samples, int) else 1
-        args, sampling = None, replace(sampling, samples=spec_samples(specs, n, sampling.seed))
-    if not onnx_ref:
-        from ..pytorch.reference import example_call, load
-
-        loaded = load(ref)
-        args, kwargs, sampling = example_call(loaded, args, sampling)
-        ref = loaded.module
-    samples = sampling.samples
-    if sampling.inputs is not None or sampling.save_inputs is not None:
-        ref, cand, args, samples = reference_samples(ref, cand, args, sampling)
-    given, n_random = given_samples(args if onnx_ref else _as_args(args), samples)
-    if loaded is None:
-        report = _compare_files(ref, cand, given, n_random, ref_rt, cand_rt, plan)
+    if onnx_ref:
+        report = _compare_files(ref, cand, args, sampling, ref_rt, cand_rt, plan)
     else:
-        report = _compare_torch(ref, cand, given, n_random, cand_rt, plan, loaded.method, kwargs, sampling.steps,
-                                ort_optimizations=runs.ort_optimizations)
+        from ..pytorch.reference import load
+
+        report = _compare_torch(load(ref), cand, args, sampling, cand_rt, plan, ort_optimizations=runs.ort_optimizations)
     report.notes[:0] = [precision_note] if precision_note else []
     return report
 
@@ -245,7 +226,7 @@ def _compare(ref: Any, args: Any, cand: Any, runs: RuntimeOptions, sampling: Sam
 def _compare_program(runtime: ProgramPlugin, ref: Any, args: Any, cand: Any, runs: RuntimeOptions,
                      sampling: SampleOptions, plan: _Plan) -> CompareReport:
     """A PyTorch model against a program ``runtime`` runs (:mod:`.mapped`), on the samples given or drawn."""
-    from ..pytorch.reference import example_call, load
+    from ..pytorch.reference import load
 
     if (cand is not None and plugin_for(cand) is not runtime) or is_onnx_source(ref):
         raise LayertapError(f"{a_program(runtime)} ({', '.join(runtime.suffixes)}) is compared with the PyTorch "
@@ -264,18 +245,13 @@ def _compare_program(runtime: ProgramPlugin, ref: Any, args: Any, cand: Any, run
                                  autocast=runs.autocast, compile_mode=runs.compile_mode,
                                  compile_backend=runs.compile_backend))
     loaded = load(ref)
-    in_memory = cand is None or not isinstance(cand, (str, os.PathLike))
     if cand is None:  # the reference made a candidate by the runtime (compiled)
         cand = runtime.candidate(loaded.module)  # type: ignore[attr-defined]
-    if args is None and sampling.inputs is None and (sampling.samples is None or isinstance(sampling.samples, int)) \
-            and not in_memory:
-        args = runtime.input_specs(Path(cand))  # drawn at the shapes the program was lowered for, not the zoo's
-    args, kwargs, sampling = example_call(loaded, args, sampling)
-    samples = sampling.samples
-    if sampling.inputs is not None:
-        samples = _program_samples(sampling, _declared_inputs(runtime, cand, loaded, args))
-    given, n_random = given_samples(_as_args(args), samples)
-    runs_ = _torch_samples(given, n_random, kwargs, plan.seed)
+    # drawn at the shapes the program was lowered for, not the zoo's; --inputs read as it declares its inputs (a
+    # module in memory declares none: its samples are the model's own)
+    shapes = (lambda: runtime.engine(Path(cand)).get_inputs()) if isinstance(cand, (str, os.PathLike)) else None
+    samples = samples_for(loaded, args, sampling, shapes_from=shapes)
+    runs_ = samples.calls()
     from .mapped import compare_mapped  # noqa: PLC0415 -- a program's compare only: a file's first call skips it
 
     report = compare_mapped(runtime, loaded.module, cand, runs_, plan, loaded.method)
@@ -291,31 +267,6 @@ def _named_plugin(name: str | None) -> Any:
     from ..runtimes.plugins import plugin  # noqa: PLC0415 -- a named candidate runtime only
 
     return plugin(name) if name is not None else None
-
-
-def _declared_inputs(runtime: ProgramPlugin, cand: Any, loaded: Any, args: Any) -> Sequence[Any]:
-    """What a program candidate takes (its declared inputs); an in-memory one takes the model's arguments."""
-    if isinstance(cand, (str, os.PathLike)):
-        return runtime.engine(Path(cand)).get_inputs()
-    from ..pytorch.wrapper import input_names
-    from ..runtimes.protocol import InputInfo  # noqa: PLC0415 -- with it
-
-    args = _as_args(args) if args is not None else ()
-    return [InputInfo(n, "tensor(float)", None) for n in input_names(loaded.module, loaded.method, args, {})] or \
-        [InputInfo("input", "tensor(float)", None)]
-
-
-def _program_samples(sampling: SampleOptions, declared: Sequence[Any]) -> list[Any]:
-    """``--inputs PATH`` read as a program's inputs (names and ranks as it declares them), in order, as tensors."""
-    from ..pytorch.example_inputs import sample_tensors
-
-    if sampling.inputs is None:
-        raise LayertapError("inputs= names the samples to read")
-    from ..samples.loading import load_samples  # noqa: PLC0415 -- only when samples are read from a path
-
-    read = load_samples(sampling.inputs, [i.name for i in declared], [len(i.shape or []) or None for i in declared],
-                        preprocess=lambda: sampling.preprocess, columns=sampling.columns, limit=sampling.limit)
-    return [sample_tensors(s) for s in read]
 
 
 def rounding_criterion(criterion: Criterion, given: bool, ref_runtime: Any) -> tuple[Criterion, str]:
@@ -337,20 +288,18 @@ def rounding_criterion(criterion: Criterion, given: bool, ref_runtime: Any) -> t
                     "(its rounding); pass --rtol (rtol=) to judge tighter")
 
 
-def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike | ModelFile, given: list[Any],
-                   n_random: int, ref_rt: Any, cand_rt: Any, plan: _Plan) -> CompareReport:
-    """An ONNX reference: both files in their runtimes, aligned by :func:`.onnx_ref.align_files`. Never imports torch."""
+def _compare_files(ref: str | os.PathLike | ModelFile, cand: str | os.PathLike | ModelFile, args: Any,
+                   sampling: SampleOptions, ref_rt: Any, cand_rt: Any, plan: _Plan) -> CompareReport:
+    """An ONNX reference: both files in their runtimes, aligned by :func:`.onnx_ref.align_files`, on the samples
+    for the reference file's inputs. Never imports torch."""
     from .onnx_ref import OnnxReference, refuse_same_run  # noqa: PLC0415 -- an ONNX reference only: a model's first call skips it
 
     refuse_same_run(_path(ref), _path(cand), ref_rt, cand_rt)
     ref_side = OrtSide(ref, ref_rt)
     cand_side = OrtSide(cand, cand_rt)
     judged = plan.judging(cand_side)
-    decoder, folder = kv_layout(ref_side.proto.graph), ref_side.path.parent
-    given = [with_cache(s, decoder, folder) if isinstance(s, dict) else s if isinstance(s, (list, tuple)) else [s]
-             for s in given]
-    reference = OnnxReference(ref_side, cand_side, given, n_random, random=random_for_file(plan.seed, decoder, folder),
-                              judging=judged, **plan.sides())
+    samples = samples_for(ref, args, sampling, shapes_from=ref_side.proto, folder=ref_side.path.parent)
+    reference = OnnxReference(ref_side, cand_side, samples.given(), judging=judged, **plan.sides())
     if plan.save_inputs is not None:
         from ..samples.loading import save_samples  # noqa: PLC0415 -- only when the samples are saved
 
@@ -389,29 +338,16 @@ def _checked(criterion: Criterion) -> Criterion:
                    allow_different_weights=bool(c.allow_different_weights))
 
 
-def _as_args(args: Any) -> tuple:
-    """A PyTorch sample's positional arguments as a tuple."""
-    return tuple(args) if isinstance(args, (tuple, list)) else (args,)
-
-
-def _torch_samples(given: list[Any], n_random: int, kwargs: dict, seed: int) -> list[tuple[tuple, dict]]:
-    """``(args, kwargs)`` per sample for a PyTorch reference: a dict sample is keyword arguments;
-    random ones are shaped like the first."""
-    out = [((), {**kwargs, **s}) if isinstance(s, dict) else (_as_args(s), kwargs) for s in given]
-    from ..pytorch.values import random_like
-
-    return out + [(random_like(out[0][0], seed + i), kwargs) for i in range(len(given), len(given) + n_random)]
-
-
-def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[Any], n_random: int, runtime: Any,
-                   plan: _Plan, method: str | Callable[..., Any], kwargs: dict, steps: int | None, *,
-                   ort_optimizations: bool) -> CompareReport:
-    """PyTorch reference: one hooked forward per sample (or decode step), the candidate's tensors in ORT batches."""
+def _compare_torch(loaded: Loaded, cand: str | os.PathLike | ModelFile, args: Any, sampling: SampleOptions,
+                   runtime: Any, plan: _Plan, *, ort_optimizations: bool) -> CompareReport:
+    """PyTorch reference: one hooked forward per sample (or decode step), the candidate's tensors in ORT batches;
+    the samples are the model's calls, ``--inputs`` read for the candidate's inputs."""
     from ..pytorch.taps import bound_method
 
+    model, method, steps = loaded.module, loaded.method, sampling.steps
     bound_method(model, method)  # a non-module or an unknown method fails before any work
-    runs = _torch_samples(given, n_random, kwargs, plan.seed)
     cand_side = OrtSide(cand, runtime)
+    runs = samples_for(loaded, args, sampling, shapes_from=cand_side.proto).calls()
     judged = plan.judging(cand_side)
     reference: TorchReference
     candidate: Any = cand_side
@@ -431,30 +367,6 @@ def _compare_torch(model: Any, cand: str | os.PathLike | ModelFile, given: list[
                            runtimes={"candidate": cand_side.describe().to_dict()}, judging=judged, **plan.driver())
     report.runtimes.update(candidate=cand_side.describe().to_dict())  # after the runs: what they ran on
     return report
-
-
-def reference_samples(ref: Any, cand: Any, args: Any, sampling: SampleOptions) -> tuple[Any, Any, Any, Any]:
-    """``(ref, cand, args, samples)`` with ``sampling.inputs`` read (:func:`~layertap.samples.declared.read_inputs`)
-    as the reference takes samples: dicts by input name for an ONNX reference, else tensors in the
-    candidate's input order. Without ``sampling.preprocess`` a PyTorch reference's zoo config (timm)
-    gives the image recipe."""
-    preprocess, onnx_ref = sampling.preprocess, is_onnx_source(ref)
-
-    def zoo() -> Preprocess | None:
-        if preprocess is not None or onnx_ref:
-            return preprocess
-        from ..pytorch.reference import recipe
-
-        return recipe(ref)
-
-    from ..samples.declared import read_inputs  # noqa: PLC0415 -- only when samples are read from a path
-
-    ref, cand, args, samples = read_inputs(ref, cand, onnx_ref, args, sampling, zoo)
-    if sampling.inputs is None or onnx_ref:
-        return ref, cand, args, samples
-    from ..pytorch.example_inputs import sample_tensors
-
-    return ref, cand, args, [sample_tensors(s) for s in samples]
 
 
 def _path(source: str | os.PathLike | ModelFile) -> Path:

@@ -32,7 +32,6 @@ import numpy as np
 from ..errors import InputSpecError, LayertapError, OnnxFileError, one_line
 from ..metrics import Criterion
 from ..onnxfile.branches import with_branches
-from ..onnxfile.feeds import integer_bounds
 from ..onnxfile.metadata import NAME_SCOPES_KEY, own_outputs
 from ..onnxfile.scopemap import GraphFacts, ScopeMap, stand_ins
 from ..onnxfile.scopemap.graph_facts import is_fusion
@@ -400,9 +399,7 @@ class OnnxReference:
     holds_values = False
     cand_scopes = None  # the candidate's scopes are read only for a tensor not found by name, inside align_files
 
-    def __init__(self, ref: OrtSide, cand: OrtSide, samples: Sequence[Given], n_random: int, *,
-                 random: Callable[[list[tuple[str, str]], dict[str, tuple], dict[str, int | None], int], list[Given]],
-                 criterion: Criterion,
+    def __init__(self, ref: OrtSide, cand: OrtSide, samples: Sequence[Given], *, criterion: Criterion,
                  modules: Sequence[str] | None, batch_outputs: int | None, memory_budget: int,
                  allow_different_weights: bool, judging: Judging | None = None) -> None:
         self.side, self.cand, self.own_runs = ref, cand, (ref,)
@@ -421,14 +418,11 @@ class OnnxReference:
         # other weights
         self._weights = PendingCheck(lambda stop: _weights(ref, cand, stop), allow_different_weights)
         with self._weights.named_first():
-            self._plan(samples, n_random, random, criterion, modules, batch_outputs, memory_budget)
+            self._plan(samples, criterion, modules, batch_outputs, memory_budget)
 
-    def _plan(self, samples: Sequence[Given], n_random: int, random: Callable[..., list[Given]], criterion: Criterion,
+    def _plan(self, samples: Sequence[Given], criterion: Criterion,
               modules: Sequence[str] | None, batch_outputs: int | None, memory_budget: int) -> None:
         ref, cand = self.side, self.cand
-        if n_random:
-            bounds = integer_bounds(ref.proto.graph, [name for name, _ in ref.inputs])  # ids below each table's size
-            samples = [*samples, *random(ref.inputs, ref.runner.input_shapes(), bounds, n_random)]
         self.feeds = [feed_for(ref, s) for s in samples]
         self.cand_feeds = [cand_feed(ref, cand, f) for f in self.feeds]
         self.n_samples = len(self.feeds)

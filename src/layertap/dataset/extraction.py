@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from ..errors import LayertapError
-from ..onnxfile.feeds import image_input_size
 from ..options import DatasetOptions, Model, RuntimeOptions, SampleOptions
 from ..runtimes import open_runtime, plugin_for
-from ..samples.images import Preprocess, choose_recipe
-from ..samples.sources import Bad, IterSource, MapSource, open_source, reference
+from ..samples.for_reference import samples_for
+from ..samples.images import Preprocess
+from ..samples.sources import Bad, IterSource, MapSource, reference
 from ..selectors import parse_taps
 from .backends import BackendSpec, check_device, is_file
 from .features import Features, load_features
@@ -96,11 +96,9 @@ def extract_dataset(
                        weights=None if loading["weights"] is None else str(Path(loading["weights"]).resolve()),
                        config=None if model.config is None else os.fspath(model.config), unsafe_pickle=model.unsafe_pickle,
                        weights_key=model.weights_key, weights_strict=model.weights_strict, runtime=_runtime(source, runs))
-    recipe: list[Preprocess | None] = []  # found once, when a sample needs it
-    source, out_dir = _open_data(data, out, _recipe_once(spec, sampling, recipe), sampling.columns,
-                                 same_shape=opts.pool == "none")
+    source, out_dir = _open_data(data, out, spec, sampling, same_shape=opts.pool == "none")
     count = (len(source) if opts.limit is None else min(opts.limit, len(source))) if isinstance(source, MapSource) else None
-    header = _header(spec, source, opts.recorded(tap_texts, device, _threads(spec)), recipe)
+    header = _header(spec, source, opts.recorded(tap_texts, device, _threads(spec)))
     ref = _reference(source, run.skip_bad)
     _check_device(spec, device)
     created = not out_dir.exists()
@@ -115,9 +113,9 @@ def extract_dataset(
     return feats
 
 
-def _header(spec: BackendSpec, source: MapSource | IterSource, options: dict, recipe: list[Preprocess | None]) -> dict:
+def _header(spec: BackendSpec, source: MapSource | IterSource, options: dict) -> dict:
     """The manifest's header: model, data, options and the preprocessing used (if the source applies one)."""
-    used = recipe[0].to_dict() if recipe and recipe[0] is not None and source.preprocess is not None else None
+    used = source.preprocess.to_dict() if source.preprocess is not None else None
     return {"model": spec.describe(), "data": source.describe(), "options": options, "preprocessing": used}
 
 
@@ -134,14 +132,19 @@ def _runtime(model: Any, runs: RuntimeOptions) -> dict[str, Any]:
     return given
 
 
-def _open_data(data: Any, out: str | os.PathLike, preprocess: Callable[[], Preprocess | None], columns: Sequence[str] | None,
-               same_shape: bool) -> tuple[MapSource | IterSource, Path]:
-    """The sample source and OUT_DIR resolved; an OUT_DIR inside the data folder is refused."""
+def _open_data(data: Any, out: str | os.PathLike, spec: BackendSpec, sampling: SampleOptions, same_shape: bool
+               ) -> tuple[MapSource | IterSource, Path]:
+    """The sample source (:func:`~layertap.samples.for_reference.samples_for`: images read by ``--image-size``,
+    else the model's zoo recipe, else the file's fixed input size) and OUT_DIR resolved; an OUT_DIR inside the
+    data folder is refused."""
     data_dir = Path(data).resolve() if isinstance(data, (str, os.PathLike)) else None
     out_dir = Path(out).resolve()
     if data_dir is not None and (out_dir == data_dir or data_dir in out_dir.parents):
         raise LayertapError(f"OUT_DIR '{out}' is inside the data folder '{data}'; its shards would be read as samples, write elsewhere")
-    return open_source(data_dir or data, preprocess, columns=columns, same_shape=same_shape), out_dir
+    samples = samples_for(_Zoo(spec), None, sampling, shapes_from=lambda: _declared(spec), data=data_dir or data,
+                          same_shape=same_shape)
+    assert samples.source is not None  # data given: the dataset itself
+    return samples.source, out_dir
 
 
 def _finish(job: Job, created: bool, engine: str, ray_address: str | None, progress: bool | None) -> None:
@@ -226,36 +229,30 @@ def _reference(source: Any, skip_bad: bool) -> Any:
     return ref
 
 
-def _recipe_once(spec: BackendSpec, sampling: SampleOptions, recipe: list[Preprocess | None]
-                 ) -> Callable[[], Preprocess | None]:
-    """The image recipe, looked up on the first call and kept in ``recipe`` (the manifest records it)."""
-    def preprocess() -> Preprocess | None:
-        if not recipe:
-            recipe.append(_preprocess(spec, sampling))
-        return recipe[0]
+class _Zoo:
+    """The image recipe a model spec's zoo records (an ONNX file or a program has none), asked only when images
+    turn up: the model is not loaded here (Ray workers build their own)."""
 
-    return preprocess
+    def __init__(self, spec: BackendSpec) -> None:
+        self.spec = spec
 
-
-def _preprocess(spec: BackendSpec, sampling: SampleOptions) -> Preprocess | None:
-    """The image recipe: --image-size if given, else the model's zoo config, else the ONNX input size."""
-    def zoo() -> Preprocess | None:
-        if spec.is_onnx:
+    def recipe(self) -> Preprocess | None:
+        if self.spec.is_onnx:
             return None
         from ..pytorch.reference import recipe
 
-        return recipe(spec.model)
-
-    return choose_recipe(sampling.image_size, sampling.mean, sampling.std, zoo,
-                         lambda: _onnx_image_size(Path(spec.model)) if spec.is_onnx else None)
+        return recipe(self.spec.model)
 
 
-def _onnx_image_size(path: Path) -> tuple[int, int] | None:
-    """H, W of a file's first input when it is a static N x C x H x W (a program: as it was lowered)."""
+def _declared(spec: BackendSpec) -> Any:
+    """The inputs an ONNX file or a program declares (the graph; a program: as it was lowered), for the
+    image size of a file's fixed N x C x H x W input; ``None`` for a PyTorch model."""
+    if not spec.is_onnx:
+        return None
+    path = Path(spec.model)
     program = plugin_for(path)
     if program is not None and program.form == "program":
-        shape = program.input_specs(path)[0].shape  # type: ignore[attr-defined]
-        return (int(shape[2]), int(shape[3])) if shape is not None and len(shape) == 4 else None
+        return program.input_specs(path)  # type: ignore[attr-defined]
     import onnx
 
-    return image_input_size(onnx.load(str(path), load_external_data=False).graph)
+    return onnx.load(str(path), load_external_data=False)

@@ -56,9 +56,8 @@ from ..onnxfile.metadata import TAPS_KEY
 from ..onnxfile.publish import external_locations, publish, publish_file
 from ..onnxfile.shape_inputs import SHAPE_INPUTS
 from ..options import ExportOptions
-from ..pytorch.example_inputs import positional_samples
 from ..pytorch.exporter import quiet
-from ..pytorch.lowering import Recipe, as_args, drawn_calibration
+from ..pytorch.lowering import Recipe, as_args
 from ..pytorch.values import random_tensor, tensor_to_numpy
 from ..pytorch.wrapper import MODEL_ATTRIBUTES, TapWrapper
 from ..pytorch.wrapper import input_names as signature_names
@@ -67,7 +66,7 @@ from ..selectors import Tap, parse_taps
 from . import _onnxedit as edit
 from . import llm
 from ._branches import branch_note, contrasting, traced_branches
-from .program import export_program
+from .program import calibration_samples, export_program
 from .verify import Check, ExportReport, ExportRow, check_output
 
 EXPORTERS = ("dynamo", "torchscript")
@@ -180,14 +179,8 @@ def _export_program(model: nn.Module, args: Any, path: str | os.PathLike, taps: 
                     opts: ExportOptions) -> ExportReport:
     """An ExecuTorch program (``.pte``): :func:`.executorch.export_program` by the options' recipe."""
 
-    calibration: list[tuple] = []
-    if isinstance(opts.calibration, int):
-        calibration = drawn_calibration(as_args(args), opts.calibration)
-    elif isinstance(opts.calibration, (str, os.PathLike)):  # read as --inputs reads: at the example's ranks
-        ranks = [a.dim() if isinstance(a, torch.Tensor) else None for a in as_args(args)]
-        calibration = positional_samples(opts.calibration, ranks)
-    elif opts.calibration is not None:
-        calibration = [as_args(s) for s in opts.calibration]
+    source = opts.calibration
+    calibration = [] if source is None else calibration_samples(model, as_args(args), source)
     recipe = Recipe(opts.backend, opts.quantize, calibration)
     return export_program(model, args, path, taps, method=method, kwargs=kwargs, recipe=recipe, verify=verify,
                           rtol=rtol, atol=atol)

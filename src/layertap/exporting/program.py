@@ -21,9 +21,12 @@ from torch import nn
 
 from ..files.writes import check_output_path
 from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL
-from ..pytorch.lowering import CALIB_SAMPLES, INT8_QUANTA, Recipe, as_args, drawn_calibration, lower, tapped_wrapper, weight_record
+from ..options import SampleOptions
+from ..pytorch.lowering import CALIB_SAMPLES, INT8_QUANTA, Recipe, as_args, lower, tapped_wrapper, weight_record
+from ..pytorch.reference import load
 from ..pytorch.wrapper import input_names
 from ..runtimes.executorch import ProgramEngine, Sidecar, publish_program
+from ..samples.for_reference import samples_for
 from ..selectors import Tap, parse_taps
 from .verify import ExportReport, ExportRow, check_output
 
@@ -56,7 +59,7 @@ def export_program(
     tapped = tapped_wrapper(model, method, parse_taps(taps), args, kwargs)
     wrapper, example, reference = tapped.wrapper, tapped.example, tapped.reference
     if recipe.quantize and not recipe.calibration:
-        recipe.calibration = drawn_calibration(example, CALIB_SAMPLES)
+        recipe.calibration = calibration_samples(model, example, CALIB_SAMPLES)
     lowered = lower(wrapper, example, recipe)
     names_in = input_names(model, method, as_args(args), dict(kwargs or {}))
     sidecar = Sidecar(Sidecar.input_records(names_in, example), tapped.records(), recipe.record(),
@@ -80,6 +83,28 @@ def export_program(
                           inputs={i["name"]: i["shape"] for i in sidecar.inputs}, rtol=rtol, atol=atol,
                           verified=verify, notes=notes, runtime="ExecuTorch")
     return report
+
+
+def calibration_samples(model: nn.Module, example: tuple, source: int | str | os.PathLike | Sequence[Any]) -> list[tuple]:
+    """An int8 program's calibration samples as the model's positional arguments, through
+    :func:`~layertap.samples.for_reference.samples_for`: ``N`` (the example, then random tensors like it, seeded
+    ``1 .. N-1``), a path read as ``--inputs`` reads it at the example's ranks (``export --calib``), or the
+    samples themselves.
+
+    Example:
+        >>> m = torch.nn.Linear(4, 3)
+        >>> [s[0].shape for s in calibration_samples(m, (torch.zeros(2, 4),), 3)]
+        [torch.Size([2, 4]), torch.Size([2, 4]), torch.Size([2, 4])]
+    """
+    loaded = load(model)
+    if isinstance(source, int):
+        samples = samples_for(loaded, tuple(example), SampleOptions(samples=source))
+    elif isinstance(source, (str, os.PathLike)):
+        ranks = [a.dim() if isinstance(a, torch.Tensor) else None for a in example]
+        samples = samples_for(loaded, None, SampleOptions(inputs=source), shapes_from=ranks)
+    else:
+        samples = samples_for(loaded, None, SampleOptions(samples=[as_args(s) for s in source]))
+    return [s.args for s in samples]
 
 
 def verify_program(path: Path, example: tuple, expected: list[torch.Tensor], rows: list[ExportRow], rtol: float,

@@ -18,12 +18,11 @@ from ..comparing import compare
 from ..errors import LayertapError, OnnxFileError, one_line
 from ..files.reads import note_input
 from ..files.writes import atomic_path, atomic_write_bytes, check_output_path, copy_data
-from ..inputs import as_specs
 from ..onnxfile.modelfile import is_onnx_source, read_model
 from ..options import UNSET, RuntimeOptions, SampleOptions, SearchOptions
 from ..runtimes.plugins import YES, ProgramPlugin, RuntimePlugin, RuntimeSettings, a_program, plugin, plugin_for
-from ..samples.declared import Declared, as_feeds, random_feeds, read_samples
-from ..samples.drawn import spec_samples
+from ..samples.declared import Declared
+from ..samples.for_reference import Samples, samples_for
 from ..tables import Column, Report
 from .configs import Target, check_config_out, check_script, write_configs
 from .convert import FORMATS, Converter
@@ -218,6 +217,8 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
     """
     goal = Target.parse(target)
     sampling = SampleOptions.merged(sample_options, samples=samples)
+    if isinstance(sampling.samples, (str, os.PathLike)):  # samples= may name a folder / .npz, as inputs= does
+        sampling = replace(sampling, inputs=sampling.samples, samples=None)
     search_by = search_options or SearchOptions()
     runtime = _runtime(search_by, out)
     if runtime.form == "program":
@@ -225,8 +226,6 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
                             search_by)
     if to not in FORMATS:
         raise LayertapError(f"unknown conversion --to {to!r}; use one of {', '.join(FORMATS)}")
-    args = _drawn(ref, args, sampling)
-    given: Any = sampling.inputs if sampling.inputs is not None else sampling.samples
     if max_float is not None and (not isinstance(max_float, int) or max_float < 0):
         raise LayertapError(f"--max-float must be a number of modules (nodes, in a file without module scopes) >= 0, "
                             f"got {max_float!r}")
@@ -236,8 +235,8 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
         out_path = _check_out(out, ref_path, config_out)
         model = _load(ref_path)
         declared = Declared.of(model)
-        feeds = _feeds(model, declared, args, given, sampling)
-        calib_feeds = _calib(calib, declared, feeds) if to == "int8" else []
+        feeds = _samples(model, ref_path, args, sampling).feeds(declared, "--inputs" if sampling.inputs else "input")
+        calib_feeds = _calib(calib, model, declared, feeds) if to == "int8" else []
         modules = units_of(model)
         notes = _unit_notes(modules)
         forced = modules.check(list(keep))
@@ -334,12 +333,6 @@ def _retyped_note(names: list[str]) -> str:
     return f"types onnxconverter-common wrote and ONNX Runtime refuses, repaired (as by convert.py): {', '.join(names[:3])}{more}"
 
 
-def _drawn(ref: Any, args: Any, sampling: SampleOptions) -> Any:
-    """``--input`` specs of an ONNX reference drawn as its first sample (a PyTorch one draws its own)."""
-    specs = as_specs(args) if is_onnx_source(ref) else None
-    return args if specs is None else spec_samples(specs, 1, sampling.seed)[0]
-
-
 def _reference_file(ref: Any, args: Any, sampling: SampleOptions, folder: Path, exporter: str) -> tuple[Path, Any]:
     """The float32 ONNX file and the sample ``args`` stand for: ``ref`` itself, or a PyTorch model loaded and
     exported into ``folder`` (with ``args``, ``--input`` specs drawn, a spec's default input, else the first
@@ -388,28 +381,23 @@ def _load(path: Path) -> Any:
     return mf.model
 
 
-def _feeds(model: Any, declared: list[Declared], args: Any, samples: Any, sampling: SampleOptions) -> list[dict[str, Any]]:
-    """The comparison samples: given ones, a folder / ``.npz`` (its first ``sampling.limit``), or ``N``
-    random (default 1, seeds after ``sampling.seed``)."""
-    if isinstance(samples, (str, os.PathLike)):
-        return read_samples(samples, declared, "--inputs", limit=sampling.limit)
-    given = [args] if args is not None else []
-    if samples is not None and not isinstance(samples, int):
-        given += list(samples)
-    feeds = as_feeds(given, declared, "input")
-    n = samples if isinstance(samples, int) else (0 if feeds else 1)
-    feeds += random_feeds(model, declared, max(n - len(feeds), 0), sampling.seed + len(feeds))
-    if not feeds:
-        raise LayertapError("no samples to compare on; give samples=N or a samples folder")
-    return feeds
+def _samples(model: Any, path: Path, args: Any, sampling: SampleOptions) -> Samples:
+    """The samples for the float32 file (:func:`~layertap.samples.for_reference.samples_for`): given (``args``, then
+    a list of samples after it), read from ``sampling.inputs`` (its first ``sampling.limit``), drawn from
+    ``--input`` specs, or ``N`` random at its declared inputs (default 1, seeds after ``sampling.seed``)."""
+    listed = sampling.samples
+    if args is not None and listed is not None and not isinstance(listed, int):
+        # the sample a PyTorch REF was exported with comes first: compare --fp16-block-list hands the rest after it
+        args, sampling = None, replace(sampling, samples=[args, *listed])
+    return samples_for(path, args, sampling, shapes_from=model, folder=path.parent)
 
 
-def _calib(calib: Any, declared: list[Declared], feeds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _calib(calib: Any, model: Any, declared: list[Declared], feeds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """int8 calibration feeds: a folder / ``.npz`` read as ``--inputs`` is, or samples given; default ``feeds``."""
     if calib is None:
         return feeds
-    if isinstance(calib, (str, os.PathLike)):
-        return read_samples(calib, declared, "--calib")
-    return as_feeds(list(calib), declared, "--calib")
+    source = SampleOptions(inputs=calib) if isinstance(calib, (str, os.PathLike)) else SampleOptions(samples=list(calib))
+    return samples_for(None, None, source, shapes_from=model).feeds(declared, "--calib")
 
 
 def _rank_report(ref: Path, plain: Path, feeds: list[dict[str, Any]], runtime: str) -> Any:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -22,13 +23,12 @@ import torch
 from ..comparing import compare
 from ..errors import LayertapError, unknown_name
 from ..files.writes import atomic_write_bytes
+from ..inputs import as_specs
 from ..options import Model, RuntimeOptions, SampleOptions
-from ..pytorch.example_inputs import positional_samples
 from ..pytorch.lowering import as_args, tapped_wrapper
-from ..pytorch.reference import example_call, load
-from ..pytorch.values import random_like
+from ..pytorch.reference import load
 from ..runtimes.plugins import ProgramPlugin
-from ..samples.drawn import given_samples
+from ..samples.for_reference import samples_for
 from .configs import Target
 from .search import FixStep, StepLog, rank_by_growth, run_latency, search
 
@@ -77,20 +77,7 @@ def fix_program(runtime: ProgramPlugin, ref: Any, args: Any, *, to: str = "int8"
     if out is not None and not str(out).lower().endswith(suffix):
         raise LayertapError(f"a fix in {runtime.title} writes a {suffix}: give -o {name}")
     loaded = load(ref)
-    args, kwargs, sampling = example_call(loaded, args, sampling)
-    if kwargs:
-        raise LayertapError(f"{runtime.title} programs take positional tensors; give the inputs without names")
-    if sampling.inputs is not None:
-        n_in = len(as_args(args)) if args is not None else 1
-        given, n_random = positional_samples(sampling.inputs, [None] * n_in, limit=sampling.limit), 0
-    elif args is None:  # the samples were drawn (or given) as a list
-        drawn = sampling.samples
-        given, n_random = (list(drawn) if drawn is not None and not isinstance(drawn, int) else []), 0
-    else:
-        given, n_random = given_samples(as_args(args), sampling.samples if sampling.samples is not None else 8)
-    samples = [as_args(s) for s in given]
-    samples += [tuple(random_like(samples[0], sampling.seed + i)) for i in range(len(samples), len(samples) + n_random)]
-    calibration = _calibration(calib, samples)
+    samples, calibration = _samples(runtime, loaded, args, sampling, calib)
     model, method = loaded.module, loaded.method
     known = {p for p, _ in model.named_modules() if p}
     unknown = [k for k in keep if k not in known]
@@ -116,13 +103,22 @@ def fix_program(runtime: ProgramPlugin, ref: Any, args: Any, *, to: str = "int8"
     return trials.steps, notes, runtime.quantizer
 
 
-def _calibration(calib: Any, samples: list[tuple]) -> list[tuple]:
-    """``calib`` as the model's positional arguments (a path: as ``export --calib`` reads it); default the samples."""
+def _samples(runtime: ProgramPlugin, loaded: Any, args: Any, sampling: SampleOptions, calib: Any
+             ) -> tuple[list[tuple], list[tuple]]:
+    """The samples (default 8) and the calibration samples (``calib``: a path read as ``export --calib`` reads
+    it, or samples; default the samples) as the model's positional arguments, through
+    :func:`~layertap.samples.for_reference.samples_for`."""
+    n_in = 1 if args is None or as_specs(args) is not None else len(as_args(args))
+    if sampling.samples is None and sampling.inputs is None:
+        sampling = replace(sampling, samples=8)
+    samples = samples_for(loaded, args, sampling, shapes_from=[None] * n_in)
+    if any(s.kwargs for s in samples):
+        raise LayertapError(f"{runtime.title} programs take positional tensors; give the inputs without names")
+    runs = [s.args for s in samples]
     if calib is None:
-        return samples
-    if isinstance(calib, (str, os.PathLike)):
-        return positional_samples(calib, [None] * len(samples[0]))
-    return [as_args(s) for s in calib]
+        return runs, runs
+    source = SampleOptions(inputs=calib) if isinstance(calib, (str, os.PathLike)) else SampleOptions(samples=list(calib))
+    return runs, [s.args for s in samples_for(loaded, None, source, shapes_from=[None] * len(runs[0]))]
 
 
 def _write_configs(folder: Path, kept: Sequence[str], runtime: ProgramPlugin) -> None:

@@ -189,6 +189,31 @@ def integer_bounds(graph: "onnx.GraphProto", names: Sequence[str]) -> dict[str, 
     return {name: bounds.high(name) for name in names}
 
 
+def input_types(graph: "onnx.GraphProto") -> list[tuple[str, str]]:
+    """``(name, numpy dtype name)`` of the graph's inputs (initializers left out); ``""`` for a type numpy
+    lacks (bfloat16, float8), which is fed as given.
+
+    Example:
+        >>> import onnx.helper as h
+        >>> input_types(h.make_graph([], "g", [h.make_tensor_value_info("x", 7, [1])], []))
+        [('x', 'int64')]
+    """
+    import onnx
+
+    inits = {i.name for i in graph.initializer}
+    out = []
+    for i in graph.input:
+        if i.name in inits:
+            continue
+        et = i.type.tensor_type.elem_type
+        try:
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(et).name if et else ""
+        except (KeyError, ValueError, TypeError):
+            dtype = ""
+        out.append((i.name, dtype))
+    return out
+
+
 def declared_inputs(graph: "onnx.GraphProto") -> tuple[list[str], list[int | None]]:
     """The graph's input names (initializers left out) and their ranks (None: no declared shape).
 

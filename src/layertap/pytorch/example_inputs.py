@@ -1,6 +1,6 @@
 """Example inputs for a model run: tensors from ``--input`` specs or the spec's
-defaults, their one-line description, and the error for a run that failed on them; the tensors
-``--inputs``' samples give (``example_from_samples``, ``sample_tensors``)."""
+defaults, their one-line description, and the error for a run that failed on them; the example a
+model is exported with from ``--inputs``' first sample (``example_from_samples``)."""
 
 from __future__ import annotations
 
@@ -180,30 +180,3 @@ def example_from_samples(model: Any, path: str | os.PathLike) -> tuple[Any, ...]
         return args
     raise LayertapError(f"--inputs '{p}': the model runs on its first sample neither with a batch axis nor as stored: "
                         f"{'; '.join(errors)}; give --input SHAPE")
-
-
-def positional_samples(path: str | os.PathLike, ranks: Sequence[int | None], *,
-                       limit: int | None = None) -> list[tuple[torch.Tensor, ...]]:
-    """Samples read from ``path`` (a ``.npz``, a folder: as ``--inputs`` reads them) as a call's positional
-    arguments, one per rank in ``ranks`` (``None``: any), each named after its position (``input_0``, ...).
-
-    Example:
-        >>> import tempfile
-        >>> f = Path(tempfile.mkdtemp()) / "s.npz"
-        >>> np.savez(f, input_0=np.zeros((2, 1, 3), np.float32))
-        >>> [s[0].shape for s in positional_samples(f, [2])]
-        [torch.Size([1, 3]), torch.Size([1, 3])]
-    """
-    names = [f"input_{i}" for i in range(len(ranks))]
-    return [sample_tensors(s) for s in load_samples(path, names, list(ranks), limit=limit)]
-
-
-def sample_tensors(sample: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
-    """A sample read for a file's inputs (a dict in its input order) as a PyTorch model's positional
-    arguments.
-
-    Example:
-        >>> [t.shape for t in sample_tensors({"x": np.zeros((1, 2), np.float32)})]
-        [torch.Size([1, 2])]
-    """
-    return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in sample.values())

@@ -29,7 +29,6 @@ from ..noise import quiet_registrations
 from ..selectors import Tap
 from .callhooks import CallHooks
 from .taps import bound_method
-from .values import random_like
 from .wrapper import MODEL_ATTRIBUTES, TapWrapper
 
 #: backends a program is lowered for
@@ -142,12 +141,6 @@ def repeats(program: Any, names: list[str]) -> list[dict[str, Any] | None]:
             seen[node] = name
             same.append(None)
     return same
-
-
-def drawn_calibration(example: tuple, n: int, seed: int = 0) -> list[tuple]:
-    """``n`` seeded random samples shaped like ``example`` (the example first)."""
-
-    return [tuple(example)] + [tuple(random_like(example, seed + i)) for i in range(1, n)]
 
 
 def lower(module: nn.Module, example: tuple, recipe: Recipe) -> Lowered:

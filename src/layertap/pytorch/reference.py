@@ -7,8 +7,10 @@ PyTorch-only commands all go through here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+import numpy as np
+import torch
 from torch import nn
 
 from ..errors import LayertapError
@@ -18,6 +20,7 @@ from ..samples.images import Preprocess
 from .example_inputs import draw_samples, make_inputs
 from .models import ModelInfo, load_model
 from .preprocessing import zoo_recipe
+from .values import random_like
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,33 @@ class Loaded:
     def name(self) -> str:
         """How messages name the model: its spec, else its class."""
         return self.model.spec or type(self.module).__name__
+
+    # what its samples borrow from it (samples.for_reference.ModelReference): the parts that need torch
+    def example(self, args: Any, sampling: SampleOptions) -> tuple[Any, dict[str, Any], SampleOptions]:
+        """Its example call (:func:`example_call`)."""
+        return example_call(self, args, sampling)
+
+    def like(self, args: tuple, seed: int) -> tuple:
+        """Random tensors shaped and typed like ``args`` (:func:`~layertap.pytorch.values.random_like`)."""
+        return random_like(args, seed)
+
+    def tensors(self, arrays: Sequence[np.ndarray]) -> tuple[torch.Tensor, ...]:
+        """Arrays read for the inputs a file declares, in its input order, as positional tensors."""
+        return as_tensors(arrays)
+
+    def recipe(self) -> Preprocess | None:
+        """The image recipe its zoo records (:func:`recipe`)."""
+        return recipe(self)
+
+
+def as_tensors(arrays: Sequence[np.ndarray]) -> tuple[torch.Tensor, ...]:
+    """Arrays (a sample read for a file's inputs, in its input order) as a model's positional tensors.
+
+    Example:
+        >>> [t.shape for t in as_tensors([np.zeros((1, 2), np.float32)])]
+        [torch.Size([1, 2])]
+    """
+    return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
 
 
 def load(model: Model | nn.Module | str, *, device: str = "cpu", max_bytes: int | None = None) -> Loaded:

@@ -20,14 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..comparing.api import compare, reference_samples
+from ..comparing.api import compare
 from ..comparing.local_errors import keep_part
 from ..errors import LayertapError, printable, unknown_name
 from ..files.signals import raise_if_stopped
 from ..metrics import DEFAULT_ATOL, DEFAULT_RTOL, FORMAT_MULTIPLE, Criterion
-from ..onnxfile.modelfile import ModelFile, is_onnx_source, read_model
+from ..onnxfile.modelfile import ModelFile, is_onnx_source, model_file, read_model
 from ..onnxfile.scopemap import ScopeMap
 from ..options import UNSET, Model, RuntimeOptions, SampleOptions, given, merged_criterion
+from ..samples.for_reference import samples_for
 from .repro_files import MARKER, check_package, finish_package, write_package
 
 
@@ -140,18 +141,16 @@ def repro(ref: Any, args: Any = None, cand: str | os.PathLike | ModelFile | None
     ref, cand = _read_onnx(ref), _read_onnx(cand)
     target = _check_out(out, [p for p in (_source_path(ref), _source_path(cand)) if p is not None])
     rule, chosen = merged_criterion(criterion, rtol=rtol, atol=atol)
-    ref, args, sampling = _loaded(ref, args, SampleOptions.merged(sample_options, samples=samples))
+    ref, loaded = _loaded(ref)
     if path is not None:
         path = _check_known(ref, cand, path)
-    ref, cand, samples = _samples(ref, cand, sampling)
+    samples = _samples(loaded or ref, cand, args, SampleOptions.merged(sample_options, samples=samples))
     options = dict(criterion=rule, runtime_options=runtime_options, **given(rtol=rtol, atol=atol))
     rtol, atol = (rule.rtol, rule.atol) if chosen else (None, None)
     sample = None
-    if samples is not None and len(samples) > 1:
+    if len(samples) > 1:
         ref, cand, path, call, sample = _worst_sample(compare, ref, cand, samples, path, call, options)
-        args = samples[sample]
-    elif samples is not None:
-        args = samples[0]
+    args = samples[sample or 0]
     report, part = _kept(compare, ref, args, cand, path, call, options)
     first = report.first_divergence_row
     if path is None and (part is None or (part.path, part.call) != _call_of(first)):
@@ -204,29 +203,27 @@ def package_tolerance(report: Any, row: Any, rtol: float | None, atol: float | N
                          f"against the reference) = {wider:.3g}; pass --rtol to hold it to another tolerance"]
 
 
-def _loaded(ref: Any, args: Any, sampling: SampleOptions) -> tuple[Any, Any, SampleOptions]:
-    """A PyTorch reference loaded once for every comparison repro runs (a MODEL spec built, its example
-    call made from ``--input`` specs), as a :class:`~layertap.options.Model` of the loaded module; an
-    ONNX reference as it is."""
+def _loaded(ref: Any) -> tuple[Any, Any]:
+    """``(ref, loaded)``: a PyTorch reference loaded once for every comparison repro runs, as a
+    :class:`~layertap.options.Model` of the loaded module (and the :class:`~layertap.pytorch.reference.Loaded`
+    its samples come from); an ONNX reference as it is."""
     if is_onnx_source(ref):
-        return ref, args, sampling
-    from ..pytorch.reference import example_call, load
+        return ref, None
+    from ..pytorch.reference import load
 
     loaded = load(ref)
-    args, kwargs, sampling = example_call(loaded, args, sampling)
-    return Model(loaded.module, method=loaded.method, kwargs=kwargs), args, sampling
+    return Model(loaded.module, method=loaded.method, kwargs=loaded.kwargs), loaded
 
 
-def _samples(ref: Any, cand: Any, sampling: SampleOptions) -> tuple[Any, Any, list[Any] | None]:
-    """``(ref, cand, samples)``: the samples given, or those ``sampling.inputs`` holds, read as
-    ``lt.compare`` reads them; a number of random samples is refused (one sample is packaged)."""
-    if sampling.inputs is not None:
-        ref, cand, _, read = reference_samples(ref, cand, None, sampling)
-        return ref, cand, list(read)
-    given = sampling.samples
-    if isinstance(given, int):
+def _samples(ref: Any, cand: Any, args: Any, sampling: SampleOptions) -> list[Any]:
+    """The samples compared, as ``lt.compare`` takes them (:func:`~layertap.samples.for_reference.samples_for`:
+    given, read from ``sampling.inputs`` for the reference's inputs, drawn from ``--input`` specs); an ONNX
+    reference's number of random samples is refused (one sample is packaged)."""
+    onnx_ref = is_onnx_source(ref)
+    if onnx_ref and isinstance(sampling.samples, int):
         raise LayertapError("repro packages one sample; pass it as args (--input) or as samples= (--inputs)")
-    return ref, cand, None if given is None else list(given)
+    shapes = ref if onnx_ref else cand
+    return samples_for(ref, args, sampling, shapes_from=lambda: model_file(shapes).model).given()
 
 
 def _worst_sample(compare: Any, ref: Any, cand: Any, samples: Sequence[Any], path: str | None, call: int,

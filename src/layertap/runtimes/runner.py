@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import InputSpecError, LayertapError, OnnxFileError, SelectorError, one_line, unknown_name
 from ..onnxfile.branches import Carrier, branch_tensors, has_subgraphs
-from ..onnxfile.feeds import make_feeds
+from ..onnxfile.feeds import input_types, make_feeds
 from ..onnxfile.modelfile import ModelFile
 from ..onnxfile.outputs import OutputAdder, dedupe
 from ..onnxfile.scopemap import expose_fused_values_in_place, is_fused_llm
@@ -94,21 +94,8 @@ class ModelRunner:
         return self.runtime.exposable(self.file or self.source)
 
     def input_names(self) -> list[tuple[str, str]]:
-        """(name, element type) of the graph's real inputs (not initializers)."""
-        import onnx
-
-        inits = {i.name for i in self.proto.graph.initializer}
-        out = []
-        for i in self.proto.graph.input:
-            if i.name in inits:
-                continue
-            et = i.type.tensor_type.elem_type
-            try:
-                dtype = onnx.helper.tensor_dtype_to_np_dtype(et).name if et else ""
-            except (KeyError, ValueError, TypeError):
-                dtype = ""  # a type numpy lacks (bfloat16, float8): feed as given
-            out.append((i.name, dtype))
-        return out
+        """(name, element type) of the graph's real inputs (not initializers; ``""``: a type numpy lacks)."""
+        return input_types(self.proto.graph)
 
     def input_shapes(self) -> dict[str, tuple[int | str, ...]]:
         """Declared shape of each graph input: a fixed size as an int, a symbolic one as its

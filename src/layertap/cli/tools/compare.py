@@ -224,9 +224,16 @@ class _UsedInputs:
     def load(self, ref: Any, cand: Any) -> list[Any]:
         """The samples as compare's ``inputs=`` reads them (dicts by input name for an ONNX
         reference, else arguments in the candidate's input order)."""
-        from ...comparing.api import reference_samples
+        from ...onnxfile.modelfile import is_onnx_source, model_file
+        from ...samples.for_reference import samples_for
 
-        return list(reference_samples(ref, cand, None, SampleOptions(inputs=self.path))[3])
+        onnx_ref = is_onnx_source(ref)
+        read = samples_for(ref, None, SampleOptions(inputs=self.path), shapes_from=model_file(ref if onnx_ref else cand))
+        if onnx_ref:
+            return read.given()
+        from ...pytorch.reference import as_tensors  # a PyTorch REF: the model is loaded by fix, not here
+
+        return [as_tensors(list(s.kwargs.values())) for s in read]
 
     def close(self) -> None:
         if self.folder is not None:
