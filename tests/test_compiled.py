@@ -61,6 +61,18 @@ def test_bf16_autocast_on_both_sides_passes_and_says_so():
     assert out.format_rel > 1e-3  # bfloat16's own error against float64 is what the rows are judged beside
 
 
+@pytest.mark.parametrize("autocast", [None, "bf16"])
+def test_a_timm_vit_passes_at_float32_and_under_bf16_autocast(autocast):
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2).eval()
+    x = torch.randn(2, 3, 32, 32)
+    report = lt.compare(model, x, torch.compile(model, backend="aot_eager"),
+                        runtime_options=RuntimeOptions(autocast=autocast))
+    assert report.ok, str(report)
+    assert {r.name for r in report.rows} >= {"blocks.0.attn.qkv", "blocks.1.mlp.fc2", "head", "output"}
+
+
 class _Branchy(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -100,6 +112,7 @@ def test_fix_keeps_the_faulted_module_eager_and_writes_keep_eager_json(resnet, t
                                                  runtime_settings={"compile_backend": faulty_backend("layer3.0.conv1")}))
     assert report.ok, str(report)
     assert report.kept and all(k == "layer3.0.conv1" or "layer3.0.conv1".startswith(k + ".") for k in report.kept)
+    assert "kept eager: 1 module" in str(report) or "kept eager:" in str(report)
     written = json.loads(out.read_text())
     assert written["keep_eager"] == report.kept and "keep_eager" in written["apply"]
     # the cure applied as the file says: the faulty backend no longer reaches the module

@@ -80,9 +80,12 @@ class FixReport(Report):
 
     def __init__(self, steps: Sequence[FixStep], *, target: Any, to: str, nodes: Sequence[str] = (),
                  float32: FixStep | None = None, notes: Sequence[str] = (), tool: str = "", runtime: str = "ORT",
-                 out_name: str = "FIXED.onnx") -> None:
+                 out_name: str = "FIXED.onnx", kept_as: str = "kept in float32") -> None:
         super().__init__(steps, notes)
         self.out_name = out_name  # the file the footer speaks of
+        self.kept_as = kept_as  # what keeping a module means here (compiled PyTorch: "kept eager")
+        if kept_as != "kept in float32":
+            self.__dict__["title"] = f"modules {kept_as}, step by step"
         if runtime != "ORT":  # the trials' latency is measured in the runtime they ran in
             self.columns = [replace(c, header=f"{runtime} ms") if c.key == "latency_ms" else c for c in self.columns]
         self.target, self.to, self.tool, self.float32 = Target.parse(target), to, tool, float32
@@ -126,10 +129,10 @@ class FixReport(Report):
         if self.float32 is not None:
             lines.append(f"float32 file: {_size(self.float32.size)}, {self.float32.latency_ms:.2f} ms")
         if self.ok:
-            lines += [f"target {self.target} met ({tried})", f"kept in float32: {what}"]
+            lines += [f"target {self.target} met ({tried})", f"{self.kept_as}: {what}"]
         else:
             lines += [f"no set within the limit meets target {self.target} ({tried})",
-                      f"{self.out_name} holds the best set found, kept in float32: {what}"]
+                      f"{self.out_name} holds the best set found, {self.kept_as}: {what}"]
         return lines
 
     def _counted(self, step: FixStep) -> str:
@@ -299,7 +302,8 @@ def _fix_program(runtime: ProgramPlugin, ref: Any, args: Any, to: str, out: Any,
                                      keep=keep, max_float=max_float, config_out=config_out, on_step=search_by.on_step,
                                      settings=settings)
     return FixReport(steps, target=goal, to=to, nodes=[], notes=notes, tool=tool, runtime=runtime.title,
-                     out_name=getattr(runtime, "fix_out", f"FIXED{runtime.suffixes[0]}"))
+                     out_name=getattr(runtime, "fix_out", f"FIXED{runtime.suffixes[0]}"),
+                     kept_as=getattr(runtime, "kept_as", "kept in float32"))
 
 
 def _unit_notes(units: Units) -> list[str]:

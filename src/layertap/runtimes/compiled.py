@@ -150,6 +150,7 @@ class _CompiledPlugin:
     #: what ``fix`` makes: the autocast dtype the model is compiled at (``fp32``: none), and the file it writes
     fix_to = ("fp32", "bf16", "fp16")
     fix_out = "keep-eager.json"
+    kept_as = "kept eager"
 
     def __init__(self) -> None:
         self.settings = RuntimeSettings()
