@@ -149,7 +149,9 @@ def export(
 
         return export_package(model, args, path, taps, method=method, kwargs=kwargs, verify=verify, rtol=rtol,
                               atol=atol)
-    out = check_output_path(path, suffixes=(".onnx", ".pte", ".pt2"))
+    if str(path).lower().endswith(".tflite"):
+        return _export_litert(model, args, path, taps, method, kwargs, verify, rtol, atol, opts)
+    out = check_output_path(path, suffixes=(".onnx", ".pte", ".pt2", ".tflite"))
     _check_options(model, exporter)
     input_names, kv_cache = opts.input_names, opts.kv_cache
     if kv_cache:
@@ -179,7 +181,29 @@ def _export_program(model: nn.Module, args: Any, path: str | os.PathLike, taps: 
                     method: str | Callable[..., Any], kwargs: dict | None, verify: bool, rtol: float, atol: float,
                     opts: ExportOptions) -> ExportReport:
     """An ExecuTorch program (``.pte``): :func:`.executorch.export_program` by the options' recipe."""
+    recipe = Recipe(opts.backend, opts.quantize, _calibration(args, opts))
+    return export_program(model, args, path, taps, method=method, kwargs=kwargs, recipe=recipe, verify=verify,
+                          rtol=rtol, atol=atol)
 
+
+def _export_litert(model: nn.Module, args: Any, path: str | os.PathLike, taps: Sequence[str | Tap],
+                   method: str | Callable[..., Any], kwargs: dict | None, verify: bool, rtol: float, atol: float,
+                   opts: ExportOptions) -> ExportReport:
+    """A LiteRT program (``.tflite``): converted by litert-torch, quantised by AI Edge Quantizer as the options say
+    (imported only here: the litert extra)."""
+    from ..pytorch.litert import Conversion  # noqa: PLC0415 -- optional: the litert extra
+    from .litert import export_litert  # noqa: PLC0415 -- optional: the litert extra
+
+    if opts.backend not in (None, "xnnpack"):
+        raise LayertapError("--backend picks an ExecuTorch backend; a LiteRT program runs on LiteRT's own delegate")
+    calibration = _calibration(args, opts) if opts.quantize == "int8" else []
+    return export_litert(model, args, path, taps, method=method, kwargs=kwargs,
+                         conversion=Conversion(opts.quantize, calibration), verify=verify, rtol=rtol, atol=atol)
+
+
+def _calibration(args: Any, opts: ExportOptions) -> list[tuple]:
+    """The calibration samples the options name: N drawn like the example, read from a path (at the example's
+    ranks, as --inputs reads them), or given."""
     calibration: list[tuple] = []
     if isinstance(opts.calibration, int):
         calibration = drawn_calibration(as_args(args), opts.calibration)
@@ -188,9 +212,7 @@ def _export_program(model: nn.Module, args: Any, path: str | os.PathLike, taps: 
         calibration = positional_samples(opts.calibration, ranks)
     elif opts.calibration is not None:
         calibration = [as_args(s) for s in opts.calibration]
-    recipe = Recipe(opts.backend, opts.quantize, calibration)
-    return export_program(model, args, path, taps, method=method, kwargs=kwargs, recipe=recipe, verify=verify,
-                          rtol=rtol, atol=atol)
+    return calibration
 
 
 # -- preparation -------------------------------------------------------------
