@@ -40,12 +40,13 @@ WORDS_OF = {"reports": {"comparing": "layertap.comparing.words"}}
 NEVER = {"comparing": {"reports"}}  # not even inside a function
 # The runtimes' own libraries: every session and run of a file is made in runtimes/ (a new runtime
 # is a module there). The one exception is a converter: fix's int8 conversion is ORT's quantize_static.
-RUNTIME_LIBRARIES = {"onnxruntime", "openvino", "executorch"}
-#: modules that convert models with those libraries' own tools (quantize_static; ExecuTorch's lowering)
-CONVERTERS = {"layertap.fixing.convert", "layertap.pytorch.lowering"}
+RUNTIME_LIBRARIES = {"onnxruntime", "openvino", "executorch", "ai_edge_litert"}
+#: modules that convert models with those libraries' own tools (quantize_static; ExecuTorch's lowering; LiteRT's
+#: converter and AI Edge Quantizer, whose calibration reads the program's signature)
+CONVERTERS = {"layertap.fixing.convert", "layertap.pytorch.lowering", "layertap.pytorch.litert"}
 #: a runtime whose Python bindings take and hand out torch tensors (ExecuTorch's) converts its feeds there; a
 #: "program" runtime's plug-in lowers the PyTorch model itself, so it may reach the PyTorch side (inside functions)
-TORCH_RUNTIMES = {"layertap.runtimes.executorch", "layertap.runtimes.compiled"}
+TORCH_RUNTIMES = {"layertap.runtimes.executorch", "layertap.runtimes.compiled", "layertap.runtimes.litert"}
 
 
 def _name(path: Path) -> str:

@@ -29,6 +29,21 @@ def missing_executorch() -> "LayertapError":
     return LayertapError(f"ExecuTorch programs (.pte) need ExecuTorch, which is not installed: {EXECUTORCH_INSTALL}")
 
 
+#: what a missing LiteRT names (``.tflite`` programs are an optional extra)
+LITERT_INSTALL = "pip install 'layertap[litert]'"
+
+
+def missing_litert() -> "LayertapError":
+    """The one-line error for a LiteRT program without LiteRT's packages installed.
+
+    Example:
+        >>> str(missing_litert()).endswith("pip install 'layertap[litert]'")
+        True
+    """
+    return LayertapError("LiteRT programs (.tflite) need litert-torch, ai-edge-litert and ai-edge-quantizer, which "
+                         f"are not installed: {LITERT_INSTALL}")
+
+
 class LayertapError(ValueError):
     """A problem with the user's input: bad name, bad file, bad option.
 

@@ -258,7 +258,9 @@ class ExportOptions:
     axis), ``kv_cache`` (a decoder's cache as inputs and outputs); for an ExecuTorch program (``.pte``):
     ``backend`` (``xnnpack`` or ``portable``), ``quantize`` (``int8``: the XNNPACK quantizer, pt2e) and
     ``calibration`` (its samples: a list of samples like ``args``, ``N`` random ones, or a path read as
-    ``--inputs`` reads one: a ``.npz`` or a folder; default 16 random).
+    ``--inputs`` reads one: a ``.npz`` or a folder; default 16 random); for a LiteRT program (``.tflite``):
+    ``quantize`` (``int8``: AI Edge Quantizer's static int8, calibrated on ``calibration``; ``dynamic``: int8
+    weights, activations quantised as the kernels run).
 
     Example:
         >>> ExportOptions.merged(ExportOptions(opset=17), fallback=True).fallback

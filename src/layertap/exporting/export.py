@@ -148,7 +148,9 @@ def export(
 
         return export_package(model, args, path, taps, method=method, kwargs=kwargs, verify=verify, rtol=rtol,
                               atol=atol)
-    out = check_output_path(path, suffixes=(".onnx", ".pte", ".pt2"))
+    if str(path).lower().endswith(".tflite"):
+        return _export_litert(model, args, path, taps, method, kwargs, verify, rtol, atol, opts)
+    out = check_output_path(path, suffixes=(".onnx", ".pte", ".pt2", ".tflite"))
     _check_options(model, exporter)
     input_names, kv_cache = opts.input_names, opts.kv_cache
     if kv_cache:
@@ -178,12 +180,27 @@ def _export_program(model: nn.Module, args: Any, path: str | os.PathLike, taps: 
                     method: str | Callable[..., Any], kwargs: dict | None, verify: bool, rtol: float, atol: float,
                     opts: ExportOptions) -> ExportReport:
     """An ExecuTorch program (``.pte``): :func:`.executorch.export_program` by the options' recipe."""
-
     source = opts.calibration
     calibration = [] if source is None else calibration_samples(model, as_args(args), source)
     recipe = Recipe(opts.backend, opts.quantize, calibration)
     return export_program(model, args, path, taps, method=method, kwargs=kwargs, recipe=recipe, verify=verify,
                           rtol=rtol, atol=atol)
+
+
+def _export_litert(model: nn.Module, args: Any, path: str | os.PathLike, taps: Sequence[str | Tap],
+                   method: str | Callable[..., Any], kwargs: dict | None, verify: bool, rtol: float, atol: float,
+                   opts: ExportOptions) -> ExportReport:
+    """A LiteRT program (``.tflite``): converted by litert-torch, quantised by AI Edge Quantizer as the options say
+    (imported only here: the litert extra)."""
+    from ..pytorch.litert import Conversion  # noqa: PLC0415 -- optional: the litert extra
+    from .litert import export_litert  # noqa: PLC0415 -- optional: the litert extra
+
+    if opts.backend not in (None, "xnnpack"):
+        raise LayertapError("--backend picks an ExecuTorch backend; a LiteRT program runs on LiteRT's own delegate")
+    source = opts.calibration if opts.quantize == "int8" else None
+    calibration = [] if source is None else calibration_samples(model, as_args(args), source)
+    return export_litert(model, args, path, taps, method=method, kwargs=kwargs,
+                         conversion=Conversion(opts.quantize, calibration), verify=verify, rtol=rtol, atol=atol)
 
 
 # -- preparation -------------------------------------------------------------

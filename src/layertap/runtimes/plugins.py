@@ -130,8 +130,9 @@ class ProgramPlugin(RuntimePlugin, Protocol):
         ``kept`` at float32 (kept eager) to ``out``, as ``export`` writes it (with its record), for ``fix``;
         return the engine that runs it."""
 
-    def kept_recipe(self, kept: Sequence[str]) -> tuple[str, dict[str, Any]]:
-        """The kept set in the toolchain's own form: a file name and its JSON (``fix --config-out``)."""
+    def kept_recipe(self, kept: Sequence[str]) -> tuple[str, Any]:
+        """The kept set in the toolchain's own form: a file name and its JSON, an object or a list as the
+        toolchain reads it (``fix --config-out``)."""
 
     # A runtime that runs objects in memory (compiled PyTorch: a module) also has ``claims(source) -> bool``
     # (the objects it runs: :func:`plugin_for` asks it) and ``candidate(model)`` (the reference made a
@@ -183,7 +184,8 @@ class TappedProgram:
 
 # name -> "module:attribute" of a built-in plug-in, imported on first use
 _BUILTIN = {"ort": "layertap.runtimes.ort:PLUGIN", "openvino": "layertap.runtimes.openvino:PLUGIN",
-            "executorch": "layertap.runtimes.executorch:PLUGIN", "inductor": "layertap.runtimes.compiled:PLUGIN"}
+            "executorch": "layertap.runtimes.executorch:PLUGIN", "inductor": "layertap.runtimes.compiled:PLUGIN",
+            "litert": "layertap.runtimes.litert:PLUGIN"}
 _REGISTERED: dict[str, RuntimePlugin] = {}
 _ENTRY_POINTS = "layertap.runtimes"
 
@@ -326,7 +328,7 @@ def runtime_matrix() -> str:
 
     Example:
         >>> print(runtime_matrix().splitlines()[5])
-        | verb | ort | openvino | executorch | inductor |
+        | verb | ort | openvino | executorch | inductor | litert |
     """
     names = list(_BUILTIN)
     plugins = [plugin(n) for n in names]

@@ -40,9 +40,12 @@ class ExportTool(Tool):
         "layertap export torchvision:resnet18 --input 1x3x64x64 -o r18.pte --tap layer1  # ExecuTorch, XNNPACK",
         "layertap export torchvision:resnet18 --input 1x3x64x64 -o r18-int8.pte --quantize int8 --samples 16",
         "layertap export torchvision:resnet18 --input 1x3x64x64 -o r18.pt2 --tap layer1  # AOTInductor package",
+        "layertap export torchvision:resnet18 --input 1x3x64x64 -o r18.tflite --tap layer1  # LiteRT, litert-torch",
+        "layertap export torchvision:resnet18 --input 1x3x64x64 -o r18-int8.tflite --quantize int8 --samples 16",
     )
-    output = OutputArgs(required=True, suffixes=(".onnx", ".pte", ".pt2"),
-                        help="FILE.onnx, FILE.pte (an ExecuTorch program) or FILE.pt2 (an AOTInductor package)")
+    output = OutputArgs(required=True, suffixes=(".onnx", ".pte", ".pt2", ".tflite"),
+                        help="FILE.onnx, FILE.pte (an ExecuTorch program), FILE.pt2 (an AOTInductor package) or "
+                             "FILE.tflite (a LiteRT program)")
     groups = (
         ModelArgs(),
         TapArgs(),
@@ -66,11 +69,13 @@ class ExportTool(Tool):
                                  "present.N.key/value out (Optimum's names), verified over decode steps")
         g = parser.add_argument_group("advanced")
         g.add_argument("--opset", type=int, default=None, metavar="N", help="ONNX opset version (exporter default)")
-        et = parser.add_argument_group("ExecuTorch (-o FILE.pte)")
+        et = parser.add_argument_group("ExecuTorch and LiteRT programs (-o FILE.pte, -o FILE.tflite)")
         et.add_argument("--backend", choices=("xnnpack", "portable"), default=None,
-                        help="lower for XNNPACK (default) or ExecuTorch's portable kernels")
-        et.add_argument("--quantize", choices=("int8",), default=None,
-                        help="int8 with the XNNPACK quantizer (pt2e), calibrated on --calib/--inputs or --samples")
+                        help="lower for XNNPACK (default) or ExecuTorch's portable kernels (.pte only)")
+        et.add_argument("--quantize", choices=("int8", "dynamic"), default=None,
+                        help="int8: the XNNPACK quantizer (pt2e; .pte) or AI Edge Quantizer's static int8 (.tflite), "
+                             "calibrated on --calib/--inputs or --samples; dynamic (.tflite): int8 weights, "
+                             "activations quantised as the kernels run")
         et.add_argument("--calib", "--inputs", dest="calib", default=None, metavar="PATH",
                         help="calibration samples: one .npz or a folder of .npy/.npz/images (as compare --inputs)")
         et.add_argument("--samples", type=int, default=None, metavar="N",
@@ -79,12 +84,20 @@ class ExportTool(Tool):
     def parse_own(self, ns: argparse.Namespace, args: Args) -> ExportChoice:
         from ...errors import LayertapError
 
-        program = str(ns.output or "").lower().endswith(".pte")
+        suffix = Path(str(ns.output or "")).suffix.lower()
+        program = suffix in (".pte", ".tflite")
         asked = [f for f, v in (("--backend", ns.backend), ("--quantize", ns.quantize), ("--calib", ns.calib),
                                 ("--samples", ns.samples)) if v is not None]
         if asked and not program:
-            raise LayertapError(f"{asked[0]} applies to ExecuTorch programs: write -o FILE.pte")
-        if (ns.calib is not None or ns.samples is not None) and not ns.quantize:
+            raise LayertapError(f"{asked[0]} applies to ExecuTorch programs (-o FILE.pte) and LiteRT programs "
+                                "(-o FILE.tflite)")
+        if suffix == ".tflite" and ns.backend is not None:
+            raise LayertapError("--backend picks an ExecuTorch backend (-o FILE.pte); a LiteRT program runs on "
+                                "LiteRT's own delegate")
+        if suffix == ".pte" and ns.quantize == "dynamic":
+            raise LayertapError("--quantize dynamic makes a LiteRT program (-o FILE.tflite); ExecuTorch programs are "
+                                "quantised with --quantize int8")
+        if (ns.calib is not None or ns.samples is not None) and ns.quantize != "int8":
             raise LayertapError("--calib/--inputs and --samples calibrate an int8 program: add --quantize int8")
         if ns.calib is not None and ns.samples is not None:
             raise LayertapError("give --calib/--inputs PATH or --samples N, not both")
@@ -107,7 +120,7 @@ class ExportTool(Tool):
         if opts.calib is not None:  # lt.export reads it, at the example's ranks
             opts = replace(opts, options=replace(opts.options, calibration=opts.calib))
         if sys.stderr.isatty():  # progress only for a person watching
-            how = {".pte": "ExecuTorch", ".pt2": "AOTInductor"}.get(out.suffix.lower(), f"{opts.exporter} exporter")
+            how = {".pte": "ExecuTorch", ".pt2": "AOTInductor", ".tflite": "LiteRT"}.get(out.suffix.lower(), f"{opts.exporter} exporter")
             self.say(f"exporting {args.model.text} ({how}) to {out} ...")
         with running(info, method, sample_args, kwargs, spinner=False):  # export runs the model first: its errors, one line
             report = export(

@@ -45,13 +45,15 @@ class FixTool(Tool):
         "layertap fix torchvision:resnet50 --to int8 -o r50-int8.onnx --calib images/ --target top1:0.99",
         "layertap fix m.onnx --to fp16 -o m16.onnx --keep layer4.2 --max-float 8  # layer4.2 always kept in float32",
         "layertap fix torchvision:mobilenet_v3_small --input 1x3x64x64 --to int8 --runtime executorch -o m.pte",
+        "layertap fix torchvision:resnet18 --input 1x3x64x64 --to int8 --runtime litert -o r18.tflite --config-out cfg"
+        "  # + cfg/ai_edge_quantizer_recipe.json",
         "layertap fix torchvision:resnet18 --runtime inductor --autocast bf16 --target cosine:0.9999 -o keep-eager.json"
         "  # the fewest modules kept eager in torch.compile",
     )
     groups = (ModelArgs(onnx_ok=True), InputArgs(),
-              OutputArgs(required=True, suffixes=(".onnx", ".pte", ".json"),
-                         help="FIXED.onnx (FIXED.pte with --runtime executorch, keep-eager.json with --runtime "
-                              "inductor): the conversion with the kept set"),
+              OutputArgs(required=True, suffixes=(".onnx", ".pte", ".tflite", ".json"),
+                         help="FIXED.onnx (FIXED.pte with --runtime executorch, FIXED.tflite with --runtime litert, "
+                              "keep-eager.json with --runtime inductor): the conversion with the kept set"),
               JsonArgs(), ReportArgs(),
               SampleArgs(inputs_help="samples to judge on: a folder of images, .npy/.npz files or a datasets folder, "
                                      "or one .npz",
@@ -74,7 +76,9 @@ class FixTool(Tool):
                             "module scopes (paddle2onnx, tf2onnx) a node name or the tensor name it makes")
         g.add_argument("--runtime", default=None, metavar="NAME",
                        help="ort (default): an ONNX file, run in ONNX Runtime; executorch: an int8 ExecuTorch program "
-                            "(XNNPACK quantizer), each set lowered and run in ExecuTorch (-o FIXED.pte); inductor: "
+                            "(XNNPACK quantizer), each set lowered and run in ExecuTorch (-o FIXED.pte); litert: an int8 LiteRT "
+                            "program (AI Edge Quantizer), each set converted and run in LiteRT (-o FIXED.tflite); "
+                            "inductor: "
                             "modules kept eager in torch.compile (-o keep-eager.json); or a runtime plug-in's name")
         RuntimeArgs.add_compiled(parser)
         g.add_argument("--config-out", metavar="DIR",

@@ -1,0 +1,250 @@
+"""LiteRT programs (.tflite): export with taps, run, compare module by module, judged at int8, fix."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("litert_torch", reason="LiteRT is not installed: pip install 'layertap[litert]'")
+pytest.importorskip("ai_edge_quantizer", reason="LiteRT is not installed: pip install 'layertap[litert]'")
+
+import torch
+from torch import nn
+
+import layertap as lt
+from layertap.cli.main import main
+from layertap.options import ExportOptions
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from test_executorch import outlier_net, small_net  # the same small nets as the ExecuTorch tests
+
+TAPS = ["conv1", "relu", "fc:input"]
+
+
+@pytest.fixture(scope="module")
+def net_program(tmp_path_factory):
+    """SmallNet exported once to a float32 LiteRT program with taps."""
+    path = tmp_path_factory.mktemp("tflite") / "net.tflite"
+    model, x = small_net(), torch.randn(1, 3, 16, 16)
+    report = lt.export(model, x, path, taps=TAPS)
+    return model, x, path, report
+
+
+def test_export_taps_equal_forward_hooks_in_litert(net_program):
+    model, x, path, report = net_program
+    assert report.ok and [r.name for r in report.rows] == ["output", "conv1", "relu#0", "relu#1", "fc:input"]
+    side = json.loads(Path(str(path) + ".json").read_text())
+    assert side["recipe"]["converter"] == "litert-torch" and side["inputs"][0]["shape"] == [1, 3, 16, 16]
+    values = lt.run(path, [x.numpy()])
+    with lt.tap(model, TAPS) as taps:
+        want = model(x)
+    assert list(values) == ["output", "conv1", "relu#0", "relu#1", "fc:input"]
+    np.testing.assert_allclose(values["output"], want.detach().numpy(), rtol=1e-4, atol=1e-5)
+    for name, t in taps.outputs.items():  # NCHW as PyTorch has them
+        np.testing.assert_allclose(values[name], t.numpy(), rtol=1e-4, atol=1e-5)
+    assert list(lt.run(path, [x.numpy()], taps=["relu#1"])) == ["output", "relu#1"]
+    # the program's own signature names its outputs by layertap's names (readable without the sidecar)
+    from ai_edge_litert.interpreter import Interpreter
+
+    outputs = Interpreter(model_path=str(path)).get_signature_list()["serving_default"]["outputs"]
+    assert sorted(outputs) == sorted(["output", "conv1", "relu#0", "relu#1", "fc:input"])
+
+
+def test_compare_faithful_program_passes_with_every_module_row(net_program):
+    model, x, path, _ = net_program
+    report = lt.compare(model, x, path, samples=2)
+    assert report.ok and report.first_divergence is None
+    assert [r.name for r in report.rows] == ["conv1", "bn1", "relu#0", "conv2", "bn2", "relu#1", "pool", "fc",
+                                               "output"]
+    assert all(r.status == "pass" for r in report.rows)
+    assert any("LiteRT" in n for n in report.notes)
+
+
+def test_layers_and_cli_run_of_a_program(net_program, tmp_path, capsys):
+    _, x, path, _ = net_program
+    assert main(["layers", str(path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["name"], r["op"], r["module"], r["call"]) for r in rows] == [
+        ("x", "input", None, None), ("output", "output", None, None), ("conv1", "tap", "conv1", 0),
+        ("relu#0", "tap", "relu", 0), ("relu#1", "tap", "relu", 1), ("fc:input", "tap", "fc", 0)]
+    out = tmp_path / "acts.npz"
+    assert main(["run", str(path), "--tap", "relu#1", "-o", str(out)]) == 0
+    assert sorted(np.load(out).files) == ["output", "relu#1"]
+    assert main(["run", str(path), "--tap", "relu#7"]) == 2
+    assert "relu#1" in capsys.readouterr().err
+
+
+def test_a_program_converted_from_other_weights_is_named_at_its_module(net_program):
+    model, x, path, _ = net_program
+    assert lt.compare(model, x, path).summary()["weights"]["matched"] == 10
+    changed = small_net()
+    with torch.no_grad():
+        changed.fc.weight[0] *= 3
+    report = lt.compare(changed, x, path)
+    assert "fc.weight differs" in next(r for r in report.rows if r.path == "fc").weights
+    with pytest.raises(lt.LayertapError, match="the program's weights are not the model's"):
+        lt.compare(small_net(seed=1), x, path)
+
+
+@pytest.fixture
+def faulty_converter(monkeypatch):
+    """A conversion that breaks conv2 (its output scaled by 1.05 in the program), as a faulty toolchain would."""
+    import layertap.exporting.litert as exporting
+    import layertap.pytorch.litert as conversion
+
+    real = conversion.convert
+
+    def broken(wrapper, example, names, conv, input_names):
+        handle = wrapper.model.conv2.register_forward_hook(lambda m, i, o: o * 1.05)
+        try:
+            return real(wrapper, example, names, conv, input_names)
+        finally:
+            handle.remove()
+
+    monkeypatch.setattr(conversion, "convert", broken)
+    monkeypatch.setattr(exporting, "convert", broken)
+
+
+def test_fault_in_one_module_is_found_at_that_module(tmp_path, faulty_converter):
+    model, x = small_net(), torch.randn(1, 3, 16, 16)
+    path = tmp_path / "bad.tflite"
+    assert not lt.export(model, x, path).ok  # the check sees it at the output; the file is still written
+    report = lt.compare(model, x, path)
+    assert not report.ok and report.first_divergence == "conv2"
+    assert [r.status for r in report.rows[:3]] == ["pass", "pass", "pass"]
+
+
+def test_program_from_elsewhere_compares_its_outputs_only(tmp_path):
+    import litert_torch
+
+    model, x = small_net(), torch.randn(1, 3, 16, 16)
+    path = tmp_path / "plain.tflite"
+    litert_torch.convert(model, (x,)).export(str(path))
+    assert lt.run(path, [x.numpy()]).keys() == {"output_0"}
+    report = lt.compare(model, x, path)
+    assert report.ok and [r.status for r in report.rows if r.status == "pass"] == ["pass"]
+    assert any("only its outputs are compared" in n and "-o m.tflite" in n for n in report.notes)
+
+
+@pytest.fixture(scope="module")
+def int8_program(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tflite8") / "net-int8.tflite"
+    model, x = small_net(), torch.randn(1, 3, 16, 16)
+    report = lt.export(model, x, path, export_options=ExportOptions(quantize="int8", calibration=8))
+    return model, x, path, report
+
+
+def test_static_int8_program_is_judged_healthy_at_int8(int8_program):
+    model, x, path, export_report = int8_program
+    assert export_report.ok and Path(str(path) + ".calib.npz").exists()
+    recipe = json.loads(Path(str(path) + ".aeq.json").read_text())  # AI Edge Quantizer's own recipe
+    assert recipe[0]["algorithm_key"] == "min_max_uniform_quantize"
+    from ai_edge_litert.interpreter import Interpreter
+
+    assert Interpreter(model_path=str(path)).get_input_details()[0]["dtype"] == np.int8  # int8 in, int8 out
+    got, want = lt.run(path, [x.numpy()])["output"], model(x).detach().numpy()  # quantised in, dequantised out
+    assert float((got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want)) > 0.999
+    report = lt.compare(model, x, path, samples=2)
+    assert report.ok and report.precision == "int8" and report.first_divergence is None
+    assert all(r.format_rel is not None for r in report.rows if r.status == "pass")
+    # at float32's fixed tolerance the same rows fail: the format, not the program
+    assert not lt.compare(model, x, path, rtol=1e-3).ok
+
+
+def test_cli_dynamic_int8_program_passes_and_options_are_checked(tmp_path, capsys):
+    out = tmp_path / "dyn.tflite"
+    spec = f"{Path(__file__).parent / 'test_executorch.py'}:small_net"
+    assert main(["export", spec, "--input", "1x3x16x16", "-o", str(out), "--quantize", "dynamic", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["compare", spec, str(out), "--input", "1x3x16x16", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["precision"] == "int8" and len(report["rows"]) == 9
+    assert main(["export", spec, "-o", str(tmp_path / "b.tflite"), "--backend", "portable"]) == 2
+    assert main(["export", spec, "-o", str(tmp_path / "b.pte"), "--quantize", "dynamic"]) == 2
+    assert "--quantize dynamic makes a LiteRT program" in capsys.readouterr().err
+
+
+def test_corrupt_program_and_missing_extra_are_one_line(net_program, tmp_path, monkeypatch, capsys):
+    _, _, path, _ = net_program
+    cut = tmp_path / "cut.tflite"
+    cut.write_bytes(path.read_bytes()[:4000])
+    assert main(["run", str(cut)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("layertap: error: LiteRT cannot load") and err.count("\n") == 1
+    (tmp_path / "text.tflite").write_text("not a program")
+    assert main(["layers", str(tmp_path / "text.tflite")]) == 2
+    assert "TFL3" in capsys.readouterr().err
+    for name in ("ai_edge_litert.interpreter", "litert_torch"):
+        monkeypatch.setitem(sys.modules, name, None)  # as if the extra were not installed
+    assert main(["run", str(path)]) == 2
+    assert "pip install 'layertap[litert]'" in capsys.readouterr().err
+    with pytest.raises(lt.LayertapError, match=r"layertap\[litert\]"):
+        lt.export(small_net(), torch.randn(1, 3, 8, 8), tmp_path / "n.tflite")
+    assert not (tmp_path / "n.tflite").exists()
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: LayerNorm, self-attention, LayerNorm, MLP."""
+
+    def __init__(self, d: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+def test_transformer_block_taps_and_module_rows(tmp_path):
+    torch.manual_seed(0)
+    model, x = Block().eval(), torch.randn(1, 7, 32)
+    path = tmp_path / "block.tflite"
+    report = lt.export(model, x, path, taps=["norm1", "mlp.1", "attn[0]"])
+    assert report.ok, report
+    with lt.tap(model, ["norm1", "mlp.1", "attn[0]"]) as taps:
+        model(x)
+    values = lt.run(path, [x.numpy()])
+    for name, t in taps.outputs.items():
+        np.testing.assert_allclose(values[name], t.numpy(), rtol=1e-4, atol=1e-5)
+    rows = lt.compare(model, x, path).rows
+    assert {"norm1", "norm2", "mlp.0", "mlp.1", "mlp.2", "output"} <= {r.name for r in rows if r.status == "pass"}
+    assert all(r.status != "FAIL" for r in rows)
+
+
+@pytest.mark.slow
+def test_torchvision_model_program_compares_every_module(tmp_path, capsys):
+    out = tmp_path / "r18.tflite"
+    assert main(["export", "torchvision:resnet18", "--input", "1x3x64x64", "-o", str(out), "--tap", "layer1",
+                 "--tap", "layer2.0.relu", "--json"]) == 0
+    assert [r["name"] for r in json.loads(capsys.readouterr().out)["rows"]] == [
+        "output", "layer1", "layer2.0.relu#0", "layer2.0.relu#1"]
+    assert main(["compare", "torchvision:resnet18", str(out), "--input", "1x3x64x64", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and sum(r["status"] == "pass" for r in report["rows"]) > 60
+
+
+@pytest.mark.slow
+def test_fix_meets_its_target_in_litert(tmp_path, capsys):
+    out, cfg = tmp_path / "fixed.tflite", tmp_path / "cfg"
+    code = main(["fix", f"{Path(__file__).parent / 'test_executorch.py'}:outlier_net", "--input", "1x3x16x16", "--to",
+                 "int8", "--runtime", "litert", "-o", str(out), "--target", "sqnr:30", "--samples", "4",
+                 "--config-out", str(cfg), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["ok"] and report["metric"] >= 30 and 0 < len(report["kept"]) <= 3
+    assert report["rows"][0]["metric"] < 30  # the plain int8 program misses it
+    recipe = json.loads((cfg / "ai_edge_quantizer_recipe.json").read_text())
+    assert [e["algorithm_key"] for e in recipe[1:]] == ["no_quantize"] * len(report["kept"])
+    assert json.loads(Path(str(out) + ".aeq.json").read_text()) == recipe
+    # the kept set, run again in LiteRT: the target holds there
+    model, x = outlier_net(), torch.randn(1, 3, 16, 16)
+    got = lt.run(out, [x.numpy()])["output"]
+    want = model(x).detach().numpy()
+    assert 10 * np.log10((want ** 2).sum() / ((want - got) ** 2).sum()) >= 30
