@@ -32,7 +32,7 @@ from ..inputs import InputSpec
 from ..numformats import Format
 from ..onnxfile.formats import TensorFormats
 from ..onnxfile.tensor_table import OnnxLayers
-from .executorch import Sidecar, check_static_shape, names_by_call, program_layers, run_program, with_repeats
+from .executorch import Sidecar, names_by_call, program_layers, retapped, run_program, with_repeats
 from .plugins import VERBS, YES, RuntimeSettings, TappedProgram
 from .protocol import InputInfo, RuntimeInfo
 
@@ -386,7 +386,6 @@ def tapped_package(model: Any, method: Any, path: Path, runs: list[tuple[tuple, 
     """The package at ``path`` and, where it carries layertap's record, the model compiled again by AOTInductor
     in ``work`` with a tap at every module ``wanted``."""
     from ..pytorch.compiled import aoti_package
-    from ..pytorch.lowering import module_taps, tapped_wrapper
 
     engine = PackageEngine(path)
     sidecar = engine.sidecar
@@ -394,14 +393,7 @@ def tapped_package(model: Any, method: Any, path: Path, runs: list[tuple[tuple, 
     if sidecar is None:
         return TappedProgram(path, engine, runtime, engine.output_names(), untapped=PACKAGE_UNTAPPED)
     own = [n for n in engine.output_names() if n not in set(sidecar.taps)]
-    for info, a in zip(engine.get_inputs(), runs[0][0]):
-        check_static_shape(info, list(getattr(a, "shape", [])), path.name,
-                           f"give --input {'x'.join(str(d) for d in info.shape or [])}")
-    taps = module_taps(model, method, runs[0][0], runs[0][1], wanted)
-    tapped = tapped_wrapper(model, method, taps, runs[0][0], runs[0][1])
-    records = tapped.records()
-    for r in records:  # the model's outputs under the package's names
-        r["name"] = own[0] if r["path"] is None and len(own) == 1 else r["name"]
+    tapped, records = retapped(engine, model, method, runs, wanted, own)
     tapped_path = work / "tapped.pt2"
     aoti_package(tapped.wrapper, tapped.example, tapped_path,
                  package_record([i["name"] for i in sidecar.inputs], tapped.example, records, {}))

@@ -508,7 +508,7 @@ def tapped_program(model: Any, method: Any, path: str | Path, runs: list[tuple[t
                    wanted: Callable[[str], bool]) -> TappedProgram:
     """The program at ``path`` and, where it carries layertap's record, the model lowered again by its recipe
     in ``work`` with a tap at every module ``wanted`` (:class:`~.plugins.TappedProgram`)."""
-    from ..pytorch.lowering import Recipe, lower, module_taps, read_calibration, tapped_wrapper
+    from ..pytorch.lowering import Recipe, lower, read_calibration
 
     engine = ProgramEngine(path)
     sidecar = engine.sidecar
@@ -518,19 +518,12 @@ def tapped_program(model: Any, method: Any, path: str | Path, runs: list[tuple[t
     if sidecar is None:
         return TappedProgram(Path(path), engine, runtime, own, untapped=UNTAPPED)
 
-    for info, a in zip(engine.get_inputs(), runs[0][0]):
-        shape = list(getattr(a, "shape", []))
-        check_static_shape(info, shape, engine.path.name, f"give --input {'x'.join(str(d) for d in info.shape or [])}")
-    taps = module_taps(model, method, runs[0][0], runs[0][1], wanted)
-    tapped_model = tapped_wrapper(model, method, taps, runs[0][0], runs[0][1])
+    tapped_model, records = retapped(engine, model, method, runs, wanted, own)
     plan = Recipe(recipe.get("backend", "xnnpack"), recipe.get("quantize"),
                   read_calibration(path) or [tuple(tapped_model.example)], recipe.get("keep_float", []))
     lowered = lower(tapped_model.wrapper, tapped_model.example, plan.check())
     tapped_path = work / "tapped.pte"
     tapped_path.write_bytes(lowered.buffer)
-    records = tapped_model.records()
-    for r in records:  # the model's outputs under the program's names
-        r["name"] = own[0] if r["path"] is None and len(own) == 1 else r["name"]
     sidecar_path(tapped_path).write_text(Sidecar(sidecar.inputs, records, sidecar.recipe).text())
     side = TappedProgram(Path(path), engine, runtime, own, ProgramEngine(tapped_path), names_by_call(records),
                          weights=sidecar.weights or None)
@@ -539,6 +532,24 @@ def tapped_program(model: Any, method: Any, path: str | Path, runs: list[tuple[t
         side.formats = int8_formats(lowered.quantized, kept)
         side.ideal = _ideal_run(lowered.quantized, kept, records)
     return side
+
+
+def retapped(engine: Any, model: Any, method: Any, runs: list[tuple[tuple, dict]], wanted: Callable[[str], bool],
+             own: Sequence[str]) -> tuple[Any, list[dict[str, Any]]]:
+    """The model wrapped with a tap at every module ``wanted`` (what a program runtime lowers again for module
+    rows; :func:`layertap.pytorch.lowering.tapped_wrapper`) and its output records, the model's outputs under the
+    program's own names ``own``; the first sample checked against the shapes ``engine`` was made for."""
+    from ..pytorch.lowering import module_taps, tapped_wrapper
+
+    args, kwargs = runs[0]
+    for info, a in zip(engine.get_inputs(), args):
+        check_static_shape(info, list(getattr(a, "shape", [])), engine.path.name,
+                           f"give --input {'x'.join(str(d) for d in info.shape or [])}")
+    tapped = tapped_wrapper(model, method, module_taps(model, method, args, kwargs, wanted), args, kwargs)
+    records = tapped.records()
+    for r in records:
+        r["name"] = own[0] if r["path"] is None and len(own) == 1 else r["name"]
+    return tapped, records
 
 
 def names_by_call(records: list[dict[str, Any]]) -> dict[tuple[str, int], tuple[str, ...]]:

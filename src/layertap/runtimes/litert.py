@@ -39,11 +39,11 @@ from ..onnxfile.tensor_table import OnnxLayers
 from .executorch import (
     ExecuTorchRuntime,
     Sidecar,
-    check_static_shape,
     names_by_call,
     program_layers,
     publish_program,
     read_sidecar,
+    retapped,
     run_program,
     sidecar_path,
     with_repeats,
@@ -356,7 +356,7 @@ def tapped_program(model: Any, method: Any, path: str | Path, runs: list[tuple[t
     """The program at ``path`` and, where it carries layertap's record, the model converted again by its recipe
     in ``work`` with a tap at every module ``wanted`` (:class:`~.plugins.TappedProgram`)."""
     from ..pytorch.litert import Conversion, convert
-    from ..pytorch.lowering import module_taps, read_calibration, tapped_wrapper
+    from ..pytorch.lowering import read_calibration
 
     engine = LiteRTEngine(path)
     sidecar = engine.sidecar
@@ -366,14 +366,7 @@ def tapped_program(model: Any, method: Any, path: str | Path, runs: list[tuple[t
     runtime = LiteRTRuntime(precision_of(quantize))
     if sidecar is None:
         return TappedProgram(Path(path), engine, runtime, own, untapped=UNTAPPED)
-    for info, a in zip(engine.get_inputs(), runs[0][0]):
-        check_static_shape(info, list(getattr(a, "shape", [])), engine.path.name,
-                           f"give --input {'x'.join(str(d) for d in info.shape or [])}")
-    taps = module_taps(model, method, runs[0][0], runs[0][1], wanted)
-    tapped = tapped_wrapper(model, method, taps, runs[0][0], runs[0][1])
-    records = tapped.records()
-    for r in records:  # the model's outputs under the program's names
-        r["name"] = own[0] if r["path"] is None and len(own) == 1 else r["name"]
+    tapped, records = retapped(engine, model, method, runs, wanted, own)
     kept = [r["name"] for r, s in zip(records, tapped.same) if s is None]
     conversion = Conversion(quantize, read_calibration(path) or [tuple(tapped.example)], recipe.get("keep_float", []))
     tapped_path = work / "tapped.tflite"
