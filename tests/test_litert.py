@@ -248,3 +248,19 @@ def test_fix_meets_its_target_in_litert(tmp_path, capsys):
     got = lt.run(out, [x.numpy()])["output"]
     want = model(x).detach().numpy()
     assert 10 * np.log10((want ** 2).sum() / ((want - got) ** 2).sum()) >= 30
+
+
+def test_extract_over_a_dataset_runs_the_program_in_litert(net_program, tmp_path):
+    model, x, path, _ = net_program
+    data = tmp_path / "data"
+    data.mkdir()
+    xs = np.random.default_rng(0).standard_normal((3, 3, 16, 16)).astype(np.float32)
+    for i, sample in enumerate(xs):
+        np.save(data / f"s{i:02d}.npy", sample)
+    assert main(["extract", str(path), "--tap", "conv1", "--tap", "fc:input", "--data", str(data), "-o",
+                 str(tmp_path / "feats")]) == 0
+    feats = lt.load_features(tmp_path / "feats")
+    with lt.tap(model, ["conv1", "fc:input"]) as taps:
+        model(torch.from_numpy(xs))
+    for name in ("conv1", "fc:input"):
+        np.testing.assert_allclose(np.asarray(feats[name]), taps[name].numpy(), rtol=1e-4, atol=1e-5)
