@@ -223,3 +223,22 @@ def test_a_package_that_is_not_one_is_one_line(tmp_path, cli):
     bad.write_bytes(b"not a zip")
     done = cli("layers", str(bad))
     assert done.returncode == 2 and "cannot load" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+class _CastsToFloat32(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.scale = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).float() * self.scale.float()  # float32 whatever came in
+
+
+def test_a_model_that_does_not_run_in_float64_is_compared_against_itself_and_says_so():
+    torch.manual_seed(0)
+    model = _CastsToFloat32().eval()
+    report = lt.compare(model, torch.randn(2, 4), torch.compile(model, backend="aot_eager"))
+    assert report.ok, str(report)
+    assert report.versus is None
+    assert any("does not run in float64" in n for n in report.notes)

@@ -241,8 +241,6 @@ def tapped_module(model: Any, method: Any, candidate: Any, runs: list[tuple[tupl
     from ..pytorch.compiled import (
         HookTaps,
         compilation_of,
-        float64_args,
-        float64_twin,
         graph_breaks,
         own_frames,
         tappable,
@@ -263,7 +261,6 @@ def tapped_module(model: Any, method: Any, candidate: Any, runs: list[tuple[tupl
     own = list(taps._own)
     plain = ModuleEngine(candidate if compilation.ctx is not None else module, inputs, compilation, None, own)
     tapped = ModuleEngine(compilation.compile(taps), inputs, compilation, taps.named, own)
-    reference = float64_twin(model)
 
     def ideal(sample: tuple) -> dict[str, np.ndarray]:
         from ..pytorch.values import tensor_to_numpy
@@ -281,13 +278,41 @@ def tapped_module(model: Any, method: Any, candidate: Any, runs: list[tuple[tupl
                             compilation.precision), own, tapped, dict(taps.names),
                             formats=TensorFormats(default=Format(compilation.precision)), ideal=ideal,
                             weights=weight_record(module) if module is not model else None)
+    _judge_against_float64(program, model, method, tuple(args), compilation)
+    program.row_notes = notes
+    program.shown = type(module).__name__
+    program.notes = [_breaks_note(breaks), *program.notes] if breaks else program.notes
+    return program
+
+
+def _judge_against_float64(program: TappedProgram, model: Any, method: Any, args: tuple, compilation: Any) -> None:
+    """The reference run of a module candidate: the model in float64 (``versus`` names the three runs). A model
+    that does not run in float64 (a cast to float32 inside it) is the reference as given, and a note says so."""
+    import torch
+
+    from ..pytorch.compiled import float64_args, float64_twin
+    from ..pytorch.taps import (
+        bound_method,
+        output_tensors,
+    )
+
+    reference = float64_twin(model)
+    try:
+        with torch.no_grad():
+            out = output_tensors(bound_method(reference, method)(*float64_args(args, {})[0]))
+        lower = [n for n, t in out.items() if t.is_floating_point() and t.dtype != torch.float64]
+        why = f"its float64 run returns {', '.join(lower[:2])} in {out[lower[0]].dtype}: it casts inside" if lower else ""
+    except (RuntimeError, TypeError, ValueError) as e:
+        why = one_line(e, limit=160)
+    if why:
+        program.notes.append(f"the model does not run in float64 ({why}): the reference is the model as given, and "
+                             "rows are judged against it")
+        if compilation.precision == "float32":
+            program.formats, program.ideal = None, None
+        return
     program.reference = lambda a, k: (reference, *float64_args(a, k))
     program.versus = ("compiled" if compilation.ctx is not None else "the candidate", f"eager {compilation.precision}",
                       "float64")
-    program.row_notes = notes
-    program.shown = type(module).__name__
-    program.notes = [_breaks_note(breaks)] if breaks else []
-    return program
 
 
 def _breaks_note(breaks: list[Any]) -> str:
