@@ -40,11 +40,12 @@ test: $(STAMP) trained lint
 	$(PY) -m pytest -q -n 2 --dist loadfile --doctest-modules tests src/layertap
 
 # LiteRT (layertap[litert]) pins typing-extensions<4.13 through a dependency, which the main environment cannot
-# take: an overlay environment that sees .venv's packages (a .pth) and holds only LiteRT's own, for its tests
+# take: an overlay environment that sees .venv's packages (a .pth that adds .venv's site-packages as a site
+# directory, so its own .pth files, layertap's editable install among them, load too) and holds only LiteRT's own
 LITERT := .venv-litert
 test-litert: $(STAMP) trained
 	test -x $(LITERT)/bin/python || $(PY) -m venv $(LITERT)
-	$(LITERT)/bin/python -c "import sysconfig; open(sysconfig.get_paths()['purelib'] + '/zz_layertap_venv.pth', 'w').write('$(abspath $(VENV))/lib/python' + sysconfig.get_python_version() + '/site-packages\\n')"
+	$(LITERT)/bin/python -c "import sysconfig; open(sysconfig.get_paths()['purelib'] + '/zz_layertap_venv.pth', 'w').write('import site; site.addsitedir(\'$(abspath $(VENV))/lib/python' + sysconfig.get_python_version() + '/site-packages\')\\n')"
 	$(LITERT)/bin/python -m pip install -q 'litert-torch==0.10.*' 'ai-edge-litert==2.3.*' 'ai-edge-quantizer==0.10.*'
 	LAYERTAP_TRAINED=$(abspath $(TRAINED)) $(LITERT)/bin/python -m pytest -q -p no:cacheprovider tests/test_litert.py
 
