@@ -33,6 +33,7 @@ from torch import nn
 
 from ..errors import LayertapError, one_line, unknown_name
 from ..noise import COMPILE_LOGGERS, quiet_loggers
+from ..numformats import PRECISIONS
 from .taps import bound_method, output_tensors
 
 #: ``--autocast`` names -> the dtype both sides compute in
@@ -57,7 +58,7 @@ class Compilation:
     @property
     def precision(self) -> str:
         """The format the candidate computes in (its autocast dtype, else float32)."""
-        return {"bf16": "bfloat16", "fp16": "float16"}.get(self.autocast or "", "float32")
+        return PRECISIONS[self.autocast or "fp32"]
 
     def compile(self, module: nn.Module) -> nn.Module:
         """``module`` compiled as the candidate was (eager: itself), its compiled frames kept apart from every

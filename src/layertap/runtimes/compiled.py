@@ -26,10 +26,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import LayertapError, OnnxFileError, one_line
+from ..errors import LayertapError, OnnxFileError, one_line, unknown_name
 from ..files.writes import atomic_write_bytes
 from ..inputs import InputSpec
-from ..numformats import Format
+from ..numformats import PRECISIONS, Format
 from ..onnxfile.formats import TensorFormats
 from ..onnxfile.tensor_table import OnnxLayers
 from .executorch import Sidecar, names_by_call, program_layers, retapped, run_program, with_repeats
@@ -163,7 +163,9 @@ class _CompiledPlugin:
         settings.refuse(self.name, ("autocast", "compile_mode", "compile_backend"),
                         "a compiled module runs in PyTorch, on the model's device")
         self.settings = settings
-        return CompiledRuntime(precision=_precision(settings.autocast))
+        if settings.autocast not in (None, "bf16", "fp16"):
+            raise LayertapError(unknown_name("autocast dtype", str(settings.autocast), ["bf16", "fp16"]))
+        return CompiledRuntime(precision=PRECISIONS[settings.autocast or "fp32"])
 
     def fix_settings(self, to: str, settings: dict[str, Any]) -> dict[str, Any]:
         """The settings a fix at ``to`` runs with: ``to`` is the autocast dtype."""
@@ -227,10 +229,6 @@ class _CompiledPlugin:
 
 
 PLUGIN = _CompiledPlugin()
-
-
-def _precision(autocast: str | None) -> str:
-    return {"bf16": "bfloat16", "fp16": "float16"}.get(autocast or "", "float32")
 
 
 def tapped_module(model: Any, method: Any, candidate: Any, runs: list[tuple[tuple, dict]],
