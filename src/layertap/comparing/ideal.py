@@ -40,7 +40,7 @@ from ..onnxfile.rounded import rounded_model
 from ..onnxfile.scopemap import GraphFacts, ScopeMap
 from ..onnxfile.tensor_types import element_type
 from ..onnxfile.walk import holds_graphs
-from ..runtimes import open_runtime
+from ..runtimes import exact_runtime
 from ..runtimes.ort_kernels import rounded_through
 from ..runtimes.runner import ModelRunner
 from ..runtimes.source import SessionSource
@@ -106,7 +106,7 @@ class OnnxIdeal:
             wanted = reference_formats(self.ref.proto, self.formats)
             ref = self.ref.runner.source
             model, held = rounded_model(ref.model, ref.folder, ref.held, wanted, _grid(self.formats), cast_round=rounded_through)
-            self._runner = ModelRunner(SessionSource(model, ref.folder, held=held), open_runtime("ort", optimize=False),
+            self._runner = ModelRunner(SessionSource(model, ref.folder, held=held), exact_runtime(),
                                        label=f"the ideal run of {self.ref.path}")
         return self._runner
 
@@ -136,7 +136,7 @@ class OnnxIdealParts:
         self.facts = GraphFacts(source.model.graph)
         self.smap = ScopeMap.from_model(source.model)
         self.wanted = reference_formats(source.model, formats)
-        self.runtime = open_runtime("ort", optimize=False)
+        self.runtime = exact_runtime()
         self._made: tuple[Any, Any, Any] | None = None  # the last batch's parts: (rows and their feeds, shapes, plan)
 
     def nodes(self, item: Any, entering: Collection[str]) -> list[int]:

@@ -20,7 +20,17 @@ from ..files.reads import note_input
 from ..files.writes import atomic_path, atomic_write_bytes, check_output_path, copy_data
 from ..onnxfile.modelfile import is_onnx_source, read_model
 from ..options import UNSET, RuntimeOptions, SampleOptions, SearchOptions
-from ..runtimes.plugins import YES, ProgramPlugin, RuntimePlugin, RuntimeSettings, a_program, plugin, plugin_for
+from ..runtimes.plugins import (
+    DEFAULT_RUNTIME,
+    YES,
+    ProgramPlugin,
+    RuntimePlugin,
+    RuntimeSettings,
+    a_program,
+    default_plugin,
+    plugin,
+    plugin_for,
+)
 from ..samples.declared import Declared
 from ..samples.for_reference import Samples, samples_for
 from ..tables import Column, Report
@@ -75,18 +85,18 @@ class FixReport(Report):
         Column("verdict", "Target"),
         Column("size", "MB", fmt=lambda n: "-" if n is None else f"{n / 1e6:.2f}", justify="right", no_wrap=True,
                drop=1),
-        Column("latency_ms", "ORT ms", fmt=lambda v: f"{v:.2f}", justify="right", no_wrap=True, drop=1),
+        Column("latency_ms", "ms", fmt=lambda v: f"{v:.2f}", justify="right", no_wrap=True, drop=1),
     ]
 
     def __init__(self, steps: Sequence[FixStep], *, target: Any, to: str, nodes: Sequence[str] = (),
-                 float32: FixStep | None = None, notes: Sequence[str] = (), tool: str = "", runtime: str = "ORT",
+                 float32: FixStep | None = None, notes: Sequence[str] = (), tool: str = "", runtime: str = "",
                  out_name: str = "FIXED.onnx", kept_as: str = "kept in float32") -> None:
         super().__init__(steps, notes)
         self.out_name = out_name  # the file the footer speaks of
         self.kept_as = kept_as  # what keeping a module means here (compiled PyTorch: "kept eager")
         if kept_as != "kept in float32":
             self.__dict__["title"] = f"modules {kept_as}, step by step"
-        if runtime != "ORT":  # the trials' latency is measured in the runtime they ran in
+        if runtime:  # the trials' latency is measured in the runtime they ran in
             self.columns = [replace(c, header=f"{runtime} ms") if c.key == "latency_ms" else c for c in self.columns]
         self.target, self.to, self.tool, self.float32 = Target.parse(target), to, tool, float32
         self.best = next((s for s in steps if s.chosen), steps[0] if steps else None)
@@ -270,13 +280,14 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
             if to == "fp16":
                 notes.append(check_script(config_out, ref_path, trials.files[best.step], folder))
         kind = NodeFixReport if modules.kind == "node" else FixReport
-        return kind(trials.steps, target=goal, to=to, nodes=nodes, float32=base, tool=trials.converter.tool, notes=notes)
+        return kind(trials.steps, target=goal, to=to, nodes=nodes, float32=base, tool=trials.converter.tool, notes=notes,
+                    runtime=getattr(runtime, "short", runtime.title))
 
 
 def _runtime(search_by: SearchOptions, out: Any) -> RuntimePlugin:
     """The runtime the conversions run in: the one named, else the one that runs ``out`` (a ``.pte``), else
     ONNX Runtime; a runtime that declares no fix is refused with why."""
-    runtime = plugin(search_by.runtime) if search_by.runtime is not None else plugin_for(out) or plugin("ort")
+    runtime = plugin(search_by.runtime) if search_by.runtime is not None else plugin_for(out) or default_plugin()
     if runtime.matrix.get("fix") != YES:
         raise LayertapError(f"fix does not run in {runtime.title}: {runtime.matrix.get('fix', 'not declared')}")
     return runtime
@@ -301,7 +312,7 @@ def _fix_program(runtime: ProgramPlugin, ref: Any, args: Any, to: str, out: Any,
     steps, notes, tool = fix_program(runtime, ref, args, to=to, out=out, target=goal, sampling=sampling, calib=calib,
                                      keep=keep, max_float=max_float, config_out=config_out, on_step=search_by.on_step,
                                      settings=settings)
-    return FixReport(steps, target=goal, to=to, nodes=[], notes=notes, tool=tool, runtime=runtime.title,
+    return FixReport(steps, target=goal, to=to, nodes=[], notes=notes, tool=tool, runtime=getattr(runtime, "short", runtime.title),
                      out_name=getattr(runtime, "fix_out", f"FIXED{runtime.suffixes[0]}"),
                      kept_as=getattr(runtime, "kept_as", "kept in float32"))
 
@@ -410,7 +421,7 @@ def _rank_report(ref: Path, plain: Path, feeds: list[dict[str, Any]], runtime: s
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # float16 overflow in the parts run locally: expected here
         return compare(ref, None, plain, samples=feeds[:RANK_SAMPLES], local=True,
-                       runtime_options=RuntimeOptions(runtime="ort", cand_runtime=runtime))
+                       runtime_options=RuntimeOptions(runtime=DEFAULT_RUNTIME, cand_runtime=runtime))
 
 
 def _publish(src: Path, out: Path) -> None:

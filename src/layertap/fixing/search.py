@@ -268,7 +268,7 @@ class Trials(StepLog):
         super().__init__(target, on_step)
         self.model, self.converter, self.modules, self.feeds = model, converter, modules, feeds
         #: what runs every file (a :class:`~layertap.runtimes.Runtime`; default ONNX Runtime)
-        self.runtime = runtime if runtime is not None else open_runtime("ort")
+        self.runtime = runtime if runtime is not None else open_runtime()
         self.folder = Path(folder)
         self.required: set[str] = set()  # modules every acceptable set keeps (values beyond float16's range)
         # saved once under a name of its own: the caller's files share the folder (an exported REF is

@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..errors import LayertapError
 from .plugins import (
+    DEFAULT_RUNTIME,
     ProgramPlugin,
     RuntimePlugin,
     RuntimeSettings,
     TappedProgram,
     a_program,
+    default_plugin,
     is_ir,
     plugin,
     plugin_for,
@@ -33,12 +35,24 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..onnxfile.modelfile import ModelFile
     from ..onnxfile.tensor_table import OnnxLayers
 
-__all__ = ["Engine", "InputInfo", "ProgramPlugin", "Runtime", "RuntimeInfo", "RuntimePlugin", "RuntimeSettings",
-           "TappedProgram", "add_outputs", "is_ir", "onnx_layers", "open_runtime", "plugin", "plugin_for",
-           "register_runtime", "run", "runtime_for", "runtime_names"]
+__all__ = ["DEFAULT_RUNTIME", "Engine", "InputInfo", "ProgramPlugin", "Runtime", "RuntimeInfo", "RuntimePlugin",
+           "RuntimeSettings", "TappedProgram", "add_outputs", "default_plugin", "exact_runtime", "is_ir", "onnx_layers",
+           "open_runtime", "plugin", "plugin_for", "register_runtime", "run", "runtime_for", "runtime_names"]
 
 
-def open_runtime(runtime: str = "ort", *, providers: Sequence[str] | str | None = None, optimize: bool | None = None,
+def exact_runtime() -> Runtime:
+    """The runtime an ideal run computes a graph in: every node as the file writes it, no fusion
+    (ONNX Runtime with its graph optimisations off), so that the ideal's only rounding is the one
+    it was given.
+
+    Example:
+        >>> exact_runtime().settings()
+        'with graph optimisations disabled (ORT_DISABLE_ALL)'
+    """
+    return open_runtime(DEFAULT_RUNTIME, optimize=False)
+
+
+def open_runtime(runtime: str = DEFAULT_RUNTIME, *, providers: Sequence[str] | str | None = None, optimize: bool | None = None,
                  ov_precision: str | None = None, ov_device: str | None = None) -> Runtime:
     """The runtime named ``runtime`` (``ort``, ``openvino``, ``executorch``: ExecuTorch programs, or one
     registered with :func:`register_runtime`) with its settings checked by its plug-in.

@@ -432,6 +432,7 @@ class _OrtPlugin:
 
     name = "ort"
     title = "ONNX Runtime"
+    short = "ORT"  # where a column header has little room (fix's latency)
     form = "graph"
     suffixes: tuple[str, ...] = ()
     matrix = {verb: YES for verb in VERBS}

@@ -15,6 +15,11 @@ A runtime runs its candidates in one of two *forms*:
   (:meth:`ProgramPlugin.lower_kept`) and writes its artifact itself. ExecuTorch; compiled PyTorch
   (``inductor``: a ``torch.compile`` module, judged against the model in float64, or an AOTInductor package).
 
+Beside the protocol's members a plug-in may declare what only some runtimes have, read where they are
+used: ``short`` (its name where a column header has little room), ``claims(obj)`` (an in-memory object it
+runs), ``candidate(model)`` (a candidate made from the model alone), and for ``fix`` ``fix_to``,
+``fix_out``, ``kept_as`` and ``fix_settings``.
+
 A runtime from outside registers itself (:func:`register_runtime`, or a ``layertap.runtimes`` entry
 point naming the plug-in object) and is then a ``--runtime`` like the built-in ones.
 """
@@ -186,6 +191,8 @@ class TappedProgram:
 _BUILTIN = {"ort": "layertap.runtimes.ort:PLUGIN", "openvino": "layertap.runtimes.openvino:PLUGIN",
             "executorch": "layertap.runtimes.executorch:PLUGIN", "inductor": "layertap.runtimes.compiled:PLUGIN",
             "litert": "layertap.runtimes.litert:PLUGIN"}
+#: the runtime an ONNX file runs in when no runtime is named
+DEFAULT_RUNTIME = "ort"
 _REGISTERED: dict[str, RuntimePlugin] = {}
 _ENTRY_POINTS = "layertap.runtimes"
 
@@ -242,6 +249,16 @@ def plugin(name: str) -> RuntimePlugin:
                                          hint="ONNX Runtime's execution providers are picked with --providers; a "
                                               "runtime of your own is added with lt.register_runtime"))
     return _REGISTERED[name]
+
+
+def default_plugin() -> RuntimePlugin:
+    """The plug-in of the runtime an ONNX file runs in when no runtime is named.
+
+    Example:
+        >>> default_plugin().title
+        'ONNX Runtime'
+    """
+    return plugin(DEFAULT_RUNTIME)
 
 
 def plugin_for(source: Any) -> RuntimePlugin | None:
