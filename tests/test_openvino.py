@@ -380,3 +380,36 @@ def test_layers_lists_an_openvino_irs_tensors_with_their_module_paths(files, tmp
     bad.write_text("<net/>")
     r = _cli("layers", str(bad))
     assert r.returncode == 2 and "OpenVINO cannot read" in r.stderr and "not an ONNX file" not in r.stderr, r.stderr
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="oneDNN's ISA cap is for x86 CPUs")
+def test_fix_in_openvino_keeps_what_its_int8_kernels_lose_where_onnx_runtime_keeps_nothing(files, tmp_path):
+    """The same int8 conversion, searched in the runtime it will run in: on a CPU without VNNI (oneDNN capped
+    at AVX2) OpenVINO's int8 kernels saturate and miss the target that ONNX Runtime's exact sums meet, so
+    ``fix --runtime openvino`` keeps a module in float where ``fix`` in ONNX Runtime keeps none; the file it
+    writes meets the target in OpenVINO."""
+    import torch
+
+    path = tmp_path / "cnn.onnx"
+    torch.onnx.export(files["model"], (files["x"][:1],), str(path), dynamo=False, input_names=["x"])
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i in range(2):
+        np.save(calib / f"s{i}.npy", np.random.default_rng(i).standard_normal((3, 16, 16)).astype(np.float32))
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2")
+    outs = {}
+    for runtime in ("ort", "openvino"):
+        out = tmp_path / f"fixed-{runtime}.onnx"
+        cmd = [sys.executable, "-m", "layertap", "fix", str(path), "--to", "int8", "--calib", str(calib),
+               "--inputs", str(calib), "--target", "sqnr:45", "-o", str(out), "--runtime", runtime, "--json"]
+        cmd += ["--ov-precision", "f32"] if runtime == "openvino" else []
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+        outs[runtime] = json.loads(r.stdout)
+    assert outs["ort"]["kept"] == [] and outs["ort"]["ok"]
+    assert outs["openvino"]["kept"] and outs["openvino"]["ok"], outs["openvino"]
+    plain = outs["openvino"]["rows"][0]
+    assert plain["action"] == "plain" and plain["metric"] < 45 <= outs["ort"]["rows"][0]["metric"]
+    r = subprocess.run([sys.executable, "-m", "layertap", "fix", str(path), "--to", "int8", "-o",
+                        str(tmp_path / "x.onnx"), "--ov-precision", "f32"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--ov-precision" in r.stderr and r.stderr.count("\n") == 1, r.stderr

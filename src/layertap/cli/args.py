@@ -443,12 +443,17 @@ class RuntimeArgs(ArgGroup):
         if self.cand:
             g.add_argument("--cand-runtime", default=None, metavar="NAME",
                            help="what runs the candidate (default: the reference's runtime)")
-        g.add_argument("--ov-precision", choices=("f32", "bf16", "f16"), default=None,
-                       help="OpenVINO's inference precision (default: the device's own, bf16 on CPUs with AMX)")
-        g.add_argument("--ov-device", default=None, metavar="DEVICE", help="OpenVINO device: CPU (default), GPU, NPU")
+        self.add_openvino(g)
         if self.cand:
             self._add_ort(g)
             self.add_compiled(parser)
+
+    @staticmethod
+    def add_openvino(g: Any) -> None:
+        """OpenVINO's flags (``--runtime openvino``; ``fix --runtime openvino`` too)."""
+        g.add_argument("--ov-precision", choices=("f32", "bf16", "f16"), default=None,
+                       help="OpenVINO's inference precision (default: the device's own, bf16 on CPUs with AMX)")
+        g.add_argument("--ov-device", default=None, metavar="DEVICE", help="OpenVINO device: CPU (default), GPU, NPU")
 
     @staticmethod
     def add_compiled(parser: argparse.ArgumentParser) -> None:

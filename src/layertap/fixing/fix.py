@@ -254,11 +254,12 @@ def fix(ref: Any, args: Any = None, *, to: str = "fp16", out: str | os.PathLike 
         notes = _unit_notes(modules)
         forced = modules.check(list(keep))
         trials = Trials(model, Converter(to, folder, calib_feeds), modules, feeds, goal, folder, search_by.on_step,
-                        runtime.open(RuntimeSettings()))
+                        runtime.open(RuntimeSettings(**search_by.runtime_settings)))
         base = trials.baseline()
         plain = trials.trial(forced, "keep" if forced else "plain", forced)
         if not plain.ok or to == "fp16":
-            report = search_by.rank_report or _rank_report(ref_path, trials.files[plain.step], feeds, runtime.name)
+            report = search_by.rank_report or _rank_report(ref_path, trials.files[plain.step], feeds, runtime.name,
+                                                           search_by.runtime_settings)
             constants = constants_beyond(model, modules) if to == "fp16" else set()
             groups = rank(report, to, modules, constants)
             required = beyond_range(report, to, modules, constants)
@@ -415,13 +416,15 @@ def _calib(calib: Any, model: Any, declared: list[Declared], feeds: list[dict[st
     return samples_for(None, None, source, shapes_from=model).feeds(declared, "--calib")
 
 
-def _rank_report(ref: Path, plain: Path, feeds: list[dict[str, Any]], runtime: str) -> Any:
-    """The plain conversion (run in ``runtime``) vs REF (in ONNX Runtime), module by module, with each module's own
-    error (``local_rel``)."""
+def _rank_report(ref: Path, plain: Path, feeds: list[dict[str, Any]], runtime: str, settings: dict[str, Any]) -> Any:
+    """The plain conversion (run in ``runtime`` with its ``settings``) vs REF (in the default runtime), module by
+    module, with each module's own error (``local_rel``)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # float16 overflow in the parts run locally: expected here
         return compare(ref, None, plain, samples=feeds[:RANK_SAMPLES], local=True,
-                       runtime_options=RuntimeOptions(runtime=DEFAULT_RUNTIME, cand_runtime=runtime))
+                       runtime_options=RuntimeOptions(runtime=DEFAULT_RUNTIME, cand_runtime=runtime,
+                                                      ov_precision=settings.get("ov_precision"),
+                                                      ov_device=settings.get("ov_device")))
 
 
 def _publish(src: Path, out: Path) -> None:

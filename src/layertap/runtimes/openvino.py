@@ -356,8 +356,6 @@ class _OpenVinoPlugin:
     matrix = {**{verb: YES for verb in VERBS},
               "export": "layertap export writes ONNX, which OpenVINO reads as it is; an IR (.xml) is OpenVINO's own "
                         "conversion of it (ovc m.onnx), which every other verb reads",
-              "fix": "fix measures its fp16/int8 conversions of an ONNX file in ONNX Runtime; OpenVINO picks its "
-                     "precision itself (--ov-precision), with no block list a converter writes",
               "repro": "repro.py runs the packaged part in ONNX Runtime (numpy, onnx, onnxruntime only); a "
                        "divergence of OpenVINO's own kernels is shown call by call by compare --local"}
 

@@ -77,9 +77,11 @@ class FixTool(Tool):
         g.add_argument("--runtime", default=None, metavar="NAME",
                        help="ort (default): an ONNX file, run in ONNX Runtime; executorch: an int8 ExecuTorch program "
                             "(XNNPACK quantizer), each set lowered and run in ExecuTorch (-o FIXED.pte); litert: an int8 LiteRT "
-                            "program (AI Edge Quantizer), each set converted and run in LiteRT (-o FIXED.tflite); "
+                            "program (AI Edge Quantizer), each set converted and run in LiteRT (-o FIXED.tflite); openvino: "
+                            "an ONNX file, each set converted and run in OpenVINO (--ov-precision, --ov-device); "
                             "inductor: "
                             "modules kept eager in torch.compile (-o keep-eager.json); or a runtime plug-in's name")
+        RuntimeArgs.add_openvino(g)
         RuntimeArgs.add_compiled(parser)
         g.add_argument("--config-out", metavar="DIR",
                        help="write the kept set for each toolchain: modules.json (nodes.json in a file without "
@@ -115,8 +117,8 @@ class FixTool(Tool):
             out_name = getattr(chosen, "fix_out", f"FIXED{chosen.suffixes[0]}")
             if not str(ns.output).lower().endswith(Path(out_name).suffix):
                 raise LayertapError(f"--runtime {chosen.name} writes {out_name}: give -o {out_name}")
-        settings = {k: v for k, v in (("compile_mode", ns.compile_mode), ("compile_backend", ns.compile_backend))
-                    if v is not None}
+        settings = {k: v for k, v in (("compile_mode", ns.compile_mode), ("compile_backend", ns.compile_backend),
+                                      ("ov_precision", ns.ov_precision), ("ov_device", ns.ov_device)) if v is not None}
         return FixOptions(to, ns.calib, target, ns.max_float, ns.keep, ns.config_out,
                           chosen.name if chosen is not None else None, settings)
 
