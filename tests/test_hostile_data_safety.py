@@ -919,3 +919,21 @@ def test_compiled_model_is_tapped_through_the_original(tmp_path, capsys):
     line = refused(tmp_path, ["extract", spec, "--tap", "_orig_mod.body.0", "--input", "2x4", "-o", str(tmp_path / "b.npz")],
                    capsys, expect="'body.0'")
     assert "_orig_mod" in line
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_during_the_publishing_rename_names_the_output_it_wrote(tmp_path, sig):
+    """A signal that lands while the output is renamed into place runs its handler only once the rename
+    returned: the command still stops with 128+N, and its one line says the output was written in full
+    (never that no output changed), and that output is complete."""
+    src = matmul_model(tmp_path / "a", seed=1)
+    out = tmp_path / "t.onnx"
+    code, stdout, err = _signalled_inside(tmp_path, "os", "replace", sig, True,
+                                          ["add-outputs", str(src), "-o", str(out), "--tensor", "H"])
+    assert code == 128 + getattr(signal, sig), err
+    line = err.strip().splitlines()[-1]  # after the command's own "wrote ..." line
+    assert line.startswith("layertap: error: ") and ("interrupted" if sig == "SIGINT" else sig) in line, err
+    assert f"{out} had been written in full" in line and "no output was changed" not in line, line
+    assert "Traceback" not in err
+    assert not leftovers(tmp_path), leftovers(tmp_path)
+    _pair_ok(out, src)

@@ -21,7 +21,7 @@ from typing import Iterator, NoReturn, Sequence
 from .. import __version__
 from ..errors import LayertapError, LayertapWarning, one_line, printable
 from ..files.reads import operation
-from ..files.signals import Terminated, raise_if_stopped, signals_stop, stopped_by
+from ..files.signals import Terminated, published, raise_if_stopped, signals_stop, stopped_by
 from .console import quiet_exit, stdout_closed
 
 # subcommand -> "module:Class" under layertap.cli.tools; imported when the parser is built
@@ -206,11 +206,16 @@ def interrupt_in(e: BaseException) -> BaseException | None:
 
 
 def _stopped(e: BaseException) -> int:
-    """A command stopped by a signal: one line, and 128 + the signal's number (130 for SIGINT)."""
+    """A command stopped by a signal: one line, and 128 + the signal's number (130 for SIGINT). An output
+    published before the signal was handled is complete, and the line names it."""
+    written, kept = published(), _kept(e)
+    done = f"{', '.join(written)} had been written in full when it arrived" if written else ""
     if isinstance(e, Terminated):
-        _error(f"stopped by {e.name}; {_kept(e) or 'temporary files were removed and no output was changed'}")
+        base = kept or "temporary files were removed" + ("" if written else " and no output was changed")
+        _error(f"stopped by {e.name}; " + "; ".join(w for w in (base, done) if w))
         return 128 + e.signum
-    _error(f"interrupted; {_kept(e)}" if _kept(e) else "interrupted")
+    said = "; ".join(w for w in (kept, done) if w)
+    _error(f"interrupted; {said}" if said else "interrupted")
     return 130
 
 

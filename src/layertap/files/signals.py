@@ -14,6 +14,7 @@ capture strategy, which succeeds), and Python prints and drops any exception rai
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from typing import Iterator, NoReturn
@@ -23,6 +24,8 @@ STOPPING = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if 
 
 #: the signals received while :func:`signals_stop` is active, in order
 _received: list[int] = []
+#: (temporary file, output) of each publishing rename begun while :func:`signals_stop` is active
+_publishing: list[tuple[str, str]] = []
 
 
 class Terminated(BaseException):
@@ -65,7 +68,7 @@ def signals_stop() -> Iterator[None]:
         ...         e.name
         'SIGTERM'
     """
-    start = len(_received)
+    start, begun = len(_received), len(_publishing)
     old = {}
     try:
         for s in STOPPING:
@@ -79,6 +82,35 @@ def signals_stop() -> Iterator[None]:
         for s, h in old.items():
             signal.signal(s, h)
         del _received[start:]
+        del _publishing[begun:]
+
+
+def publishing(tmp: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Note a publishing rename of ``tmp`` onto ``target`` about to begin, so that a command a signal stops
+    afterwards can tell whether that output was written (:func:`published`): a signal landing during or
+    right after the rename has its handler run only once the rename returned."""
+    _publishing.append((os.fspath(tmp), os.fspath(target)))
+
+
+def published() -> list[str]:
+    """The outputs the command wrote: those of its noted renames that took place and stayed (the temporary
+    file is gone, the output is there: a data file placed for a pair the signal then stopped is removed).
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> (d / "t").write_text("x")
+        1
+        >>> with signals_stop():
+        ...     publishing(d / "t", d / "out.txt")
+        ...     before = published()
+        ...     _ = (d / "t").rename(d / "out.txt")
+        ...     after = published()
+        >>> before, [pathlib.Path(p).name for p in after]
+        ([], ['out.txt'])
+    """
+    return list(dict.fromkeys(target for tmp, target in _publishing
+                              if not os.path.lexists(tmp) and os.path.lexists(target)))
 
 
 def stopped_by() -> BaseException | None:

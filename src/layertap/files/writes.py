@@ -19,7 +19,7 @@ from typing import Iterator
 
 from ..errors import LayertapError
 from .reads import refuse_inputs
-from .signals import raise_if_stopped
+from .signals import publishing, raise_if_stopped
 
 #: temporary names keep at most this much of the target's name (NAME_MAX is 255 bytes)
 _TMP_NAME_KEEP = 120
@@ -114,6 +114,7 @@ def replace_keeping_mode(tmp: Path, target: Path, like: Path | None = None) -> N
     except OSError:
         mode = 0o666 & ~_umask()
     tmp.chmod(mode)
+    publishing(tmp, target)  # a signal from here on may find the output written: the stop message says so
     os.replace(tmp, target)
 
 
