@@ -44,13 +44,15 @@ class ProgramTrials(StepLog):
         #: per step, what compare takes as that set's candidate (the file written, or the module it runs)
         self.candidates: dict[int, Any] = {}
         self.samples, self.calibration, self.folder = samples, calibration, folder
+        self.memo: dict[str, Any] = {}  # what the plug-in keeps for every set (its float export)
         wrapper = tapped_wrapper(model, method, [], samples[0], None).wrapper
         with torch.no_grad():
             self.refs = [[v.detach().numpy().copy() for v in wrapper(*s)] for s in samples]
 
     def _measure(self, n: int, kept: Sequence[str], action: str, changed: Sequence[str]) -> FixStep:
         path = self.folder / f"step{n}{_suffix(self.runtime)}"
-        engine = self.runtime.lower_kept(self.model, self.method, self.samples, self.calibration, self.to, kept, path)
+        engine = self.runtime.lower_kept(self.model, self.method, self.samples, self.calibration, self.to, kept, path,
+                                         self.memo)
         names = [i.name for i in engine.get_inputs()]
         feeds = [{nm: t.numpy() for nm, t in zip(names, s)} for s in self.samples]
         outs = [list(engine.run(None, f).values()) for f in feeds]
@@ -97,7 +99,7 @@ def fix_program(runtime: ProgramPlugin, ref: Any, args: Any, *, to: str = "int8"
         best = trials.best()
         best.chosen = True
         if out is not None:  # lowered as the trial that measured it was
-            runtime.lower_kept(model, method, samples, calibration, to, best.kept, Path(out))
+            runtime.lower_kept(model, method, samples, calibration, to, best.kept, Path(out), trials.memo)
         if config_out is not None:
             _write_configs(Path(config_out), best.kept, runtime)
     return trials.steps, notes, runtime.quantizer

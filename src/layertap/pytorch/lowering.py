@@ -143,8 +143,9 @@ def repeats(program: Any, names: list[str]) -> list[dict[str, Any] | None]:
     return same
 
 
-def lower(module: nn.Module, example: tuple, recipe: Recipe) -> Lowered:
-    """``module(*example)`` exported, quantised as ``recipe`` says, lowered and serialized.
+def lower(module: nn.Module, example: tuple, recipe: Recipe, exported: Any = None) -> Lowered:
+    """``module(*example)`` exported (``exported``: that export, made already), quantised as ``recipe`` says,
+    lowered and serialized.
 
     Raises:
         LayertapError: ExecuTorch is missing, or a step failed (one line naming the step, the
@@ -156,7 +157,7 @@ def lower(module: nn.Module, example: tuple, recipe: Recipe) -> Lowered:
     except ImportError:
         raise missing_executorch() from None
     with torch.no_grad():
-        program = _step("torch.export", lambda: torch.export.export(module, example, strict=False))
+        program = exported if exported is not None else export_float(module, example)
         quantized = None
         if recipe.quantize:
             quantized = _step("int8 quantisation (pt2e)", lambda: quantize_int8(program.module(), recipe))
@@ -169,6 +170,13 @@ def lower(module: nn.Module, example: tuple, recipe: Recipe) -> Lowered:
                      if recipe.backend == "xnnpack" and not recipe.quantize else "")
         buffer = _step("serializing the program", lambda: edge.to_executorch().buffer)
     return Lowered(bytes(buffer), quantized)
+
+
+def export_float(module: nn.Module, example: tuple) -> Any:
+    """``torch.export`` of ``module(*example)`` as :func:`lower` exports it before quantising (its
+    ``.module()`` is a fresh graph each call, so one export serves every recipe)."""
+    with torch.no_grad():
+        return _step("torch.export", lambda: torch.export.export(module, example, strict=False))
 
 
 def quantize_int8(graph: Any, recipe: Recipe) -> Any:

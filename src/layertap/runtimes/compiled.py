@@ -202,7 +202,7 @@ class _CompiledPlugin:
         return tapped_module(model, method, path, runs, wanted, self.settings.autocast)
 
     def lower_kept(self, model: Any, method: Any, samples: list[tuple], calibration: list[tuple], to: str,
-                   kept: Sequence[str], out: Path) -> Any:
+                   kept: Sequence[str], out: Path, memo: dict[str, Any] | None = None) -> Any:
         """The model with the modules ``kept`` eager, compiled as the settings say, as an engine (``out``: its
         ``keep-eager.json``)."""
         from ..pytorch.compiled import Compilation, copy_with, kept_json
@@ -238,7 +238,9 @@ def tapped_module(model: Any, method: Any, candidate: Any, runs: list[tuple[tupl
     # the PyTorch side loads with a compiled candidate only
     from ..pytorch.compiled import (
         HookTaps,
+        breaks_in,
         compilation_of,
+        explained,
         graph_breaks,
         own_frames,
         tappable,
@@ -258,7 +260,13 @@ def tapped_module(model: Any, method: Any, candidate: Any, runs: list[tuple[tupl
         taps.named(taps(*args))  # the eager run names the calls
     own = list(taps._own)
     plain = ModuleEngine(candidate if compilation.ctx is not None else module, inputs, compilation, None, own)
-    tapped = ModuleEngine(compilation.compile(taps), inputs, compilation, taps.named, own)
+    made, collected = explained(compilation, taps)
+    tapped = ModuleEngine(made, inputs, compilation, taps.named, own)
+    if collected is not None:  # its compile collects the graph breaks: compiled now, before the rows are planned
+        tapped.run(None, {i.name: a.detach().cpu().numpy() for i, a in zip(inputs, args)})
+        breaks = breaks_in(twin, collected())
+    else:
+        breaks = graph_breaks(twin, taps, tuple(args), compilation.ctx)
 
     def ideal(sample: tuple) -> dict[str, np.ndarray]:
         from ..pytorch.values import tensor_to_numpy
@@ -267,7 +275,6 @@ def tapped_module(model: Any, method: Any, candidate: Any, runs: list[tuple[tupl
             values = taps.named(taps(*sample))
         return {n: tensor_to_numpy(v, copy=True) for n, v in values.items()}
 
-    breaks = graph_breaks(twin, taps, tuple(args), compilation.ctx)
     notes: dict[str, str] = {}
     for b in breaks:
         for path in b.modules:

@@ -435,19 +435,19 @@ class _ExecuTorchPlugin:
         return program_layers(path)
 
     def lower_kept(self, model: Any, method: Any, samples: list[tuple], calibration: list[tuple], to: str,
-                   kept: Sequence[str], out: Path) -> ProgramEngine:
-        from ..pytorch.lowering import Recipe, lower, tapped_wrapper, weight_record
+                   kept: Sequence[str], out: Path, memo: dict[str, Any] | None = None) -> ProgramEngine:
+        from ..pytorch.lowering import Recipe, lower, weight_record
         from ..pytorch.wrapper import input_names
 
         if to != "int8":
             raise LayertapError(f"ExecuTorch programs are made at int8 (XNNPACK quantizer), not {to}: use --to int8")
-        tapped = tapped_wrapper(model, method, [], samples[0], None)
+        tapped, exported = _float_program(model, method, samples[0], {} if memo is None else memo)
         recipe = Recipe("xnnpack", "int8", calibration, list(kept))
         names = input_names(model, method, tuple(samples[0]), {})
         sidecar = Sidecar(Sidecar.input_records(names, tapped.example), tapped.records(), recipe.record(),
                           weight_record(model))
         # with its record and calibration beside it, as lt.export writes it: compare lowers it again
-        publish_program(out, lower(tapped.wrapper, tapped.example, recipe).buffer, sidecar, recipe)
+        publish_program(out, lower(tapped.wrapper, tapped.example, recipe, exported).buffer, sidecar, recipe)
         return ProgramEngine(out)
 
     def kept_recipe(self, kept: Sequence[str]) -> tuple[str, dict[str, Any]]:
@@ -461,6 +461,17 @@ class _ExecuTorchPlugin:
 
 
 PLUGIN = _ExecuTorchPlugin()
+
+
+def _float_program(model: Any, method: Any, sample: tuple, memo: dict[str, Any]) -> tuple[Any, Any]:
+    """The model's wrapper without taps and its float export, made once per ``fix`` (``memo``) for every set
+    it lowers: each set only quantises that export anew."""
+    from ..pytorch.lowering import export_float, tapped_wrapper
+
+    if "float" not in memo:
+        tapped = tapped_wrapper(model, method, [], sample, None)
+        memo["float"] = (tapped, export_float(tapped.wrapper, tapped.example))
+    return memo["float"]
 
 
 def program_layers(path: str | os.PathLike, engine: Any = None, title: str = "ExecuTorch program",

@@ -297,7 +297,7 @@ class _LiteRTPlugin:
         return tapped_program(model, method, path, runs, work, wanted)
 
     def lower_kept(self, model: Any, method: Any, samples: list[tuple], calibration: list[tuple], to: str,
-                   kept: Sequence[str], out: Path) -> LiteRTEngine:
+                   kept: Sequence[str], out: Path, memo: dict[str, Any] | None = None) -> LiteRTEngine:
         from ..pytorch.litert import Conversion, aeq_recipe, convert, output_owners
         from ..pytorch.lowering import tapped_wrapper, weight_record
         from ..pytorch.wrapper import input_names

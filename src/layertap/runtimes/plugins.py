@@ -130,10 +130,11 @@ class ProgramPlugin(RuntimePlugin, Protocol):
         module ``wanted`` (written under ``work``)."""
 
     def lower_kept(self, model: Any, method: Any, samples: list[tuple], calibration: list[tuple], to: str,
-                   kept: Sequence[str], out: Path) -> "Engine":
+                   kept: Sequence[str], out: Path, memo: dict[str, Any] | None = None) -> "Engine":
         """Write the model lowered at ``to`` (``int8``; compiled PyTorch: the autocast dtype) with the modules
         ``kept`` at float32 (kept eager) to ``out``, as ``export`` writes it (with its record), for ``fix``;
-        return the engine that runs it."""
+        return the engine that runs it. ``memo``: a dict one ``fix`` hands to every set it lowers (the same
+        model, samples and calibration), where the plug-in may keep what the sets share (a float export)."""
 
     def kept_recipe(self, kept: Sequence[str]) -> tuple[str, Any]:
         """The kept set in the toolchain's own form: a file name and its JSON, an object or a list as the
