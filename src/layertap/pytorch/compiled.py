@@ -295,21 +295,46 @@ class GraphBreak:
     reason: str
 
 
+def explained(compilation: Compilation, wrapper: nn.Module) -> tuple[nn.Module, Callable[[], list[Any]] | None]:
+    """``wrapper`` compiled as ``compilation`` compiles, its backend wrapped in dynamo's ``ExplainWithBackend``, so
+    that the compile itself collects its graph breaks (no second trace, as ``dynamo.explain`` would make), and
+    the function that returns them once it ran (``None``: eager, fullgraph, or a context that cannot be rebuilt
+    around another backend: :func:`graph_breaks` traces instead)."""
+    ctx = compilation.ctx
+    if ctx is None or compilation.fullgraph:
+        return compilation.compile(wrapper), None
+    from torch._dynamo.backends.debugging import ExplainWithBackend  # noqa: PLC0415 -- dynamo loads with the first compile
+
+    try:
+        explainer = ExplainWithBackend(_backend_object(ctx))
+        made: Any = torch.compile(nn.Identity(), backend=explainer, dynamic=getattr(ctx, "_dynamic", None))
+    except Exception:  # noqa: BLE001 - another torch's context: the breaks are traced apart (graph_breaks)
+        return compilation.compile(wrapper), None
+    return Compilation(made.dynamo_ctx, compilation.autocast).compile(wrapper), lambda: list(explainer.break_reasons)
+
+
 def graph_breaks(module: nn.Module, wrapper: nn.Module, args: tuple, ctx: Any) -> list[GraphBreak]:
     """The graph breaks compiling ``wrapper`` takes (nothing when it compiled whole), each with the modules of
-    ``module`` whose ``forward`` code holds it. Traced with dynamo's ``explain`` (its eager backend)."""
+    ``module`` whose ``forward`` code holds it. Traced with dynamo's ``explain`` (its eager backend), where the
+    compile could not collect them itself (:func:`explained`)."""
     if ctx is None or getattr(ctx, "fullgraph", False):
         return []
     import torch._dynamo as dynamo  # noqa: PLC0415 -- dynamo loads with the first compile, not with layertap
 
     try:
         with torch.no_grad():
-            explained = dynamo.explain(wrapper)(*args)
+            found = dynamo.explain(wrapper)(*args)
     except Exception as e:  # noqa: BLE001 - a failed explain leaves the compare as it is; compile errors surface there
         return [GraphBreak((), f"dynamo's explain failed: {one_line(e)}")]
+    return breaks_in(module, found.break_reasons)
+
+
+def breaks_in(module: nn.Module, reasons: Sequence[Any]) -> list[GraphBreak]:
+    """Dynamo's break ``reasons`` (``GraphCompileReason``s), each with the modules of ``module`` whose ``forward``
+    code holds it (the innermost frame of its user stack that falls in one)."""
     codes = _forward_codes(module)
     out = []
-    for b in explained.break_reasons:
+    for b in reasons:
         frames = list(getattr(b, "user_stack", []) or [])
         where: tuple[str, ...] = ()
         for frame in reversed(frames):
@@ -394,7 +419,7 @@ def compile_error(error: BaseException, module: nn.Module) -> LayertapError | No
     if "CxxCompiler" in kind.__name__ or "C++ compiler" in str(error):
         return LayertapError("torch.compile's inductor backend needs a C++ compiler and found none: install one "
                              "(apt-get install g++; or set CXX), or compare with --compile-backend aot_eager")
-    codes = _forward_codes(module)
+    codes = _forward_codes(module.model if isinstance(module, HookTaps) else module)  # a tapped copy: the model's paths
     where: tuple[str, ...] = ()
     for frame in reversed(list(getattr(error, "real_stack", None) or [])):
         where = tuple(p for p, (file, first, last) in codes.items()
