@@ -18,34 +18,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 FAULT = "layer3.0.conv1"
-
-
-@contextlib.contextmanager
-def faulty_conversion(module: str, factor: float) -> Iterator[None]:
-    """litert-torch converts the model with ``module``'s output scaled by ``factor`` (the eager model untouched)."""
-    import layertap.exporting.litert as exporting
-    import layertap.pytorch.litert as conversion
-
-    real = conversion.convert
-
-    def broken(wrapper: Any, example: Any, names: Any, conv: Any, input_names: Any) -> Any:
-        handle = wrapper.model.get_submodule(module).register_forward_hook(lambda m, i, o: o * factor)
-        try:
-            return real(wrapper, example, names, conv, input_names)
-        finally:
-            handle.remove()
-
-    conversion.convert, exporting.convert = broken, broken
-    try:
-        yield
-    finally:
-        conversion.convert, exporting.convert = real, real
 
 
 def validate(float_path: Path, samples: list[Any]) -> tuple[float, int, str]:
@@ -84,6 +63,9 @@ def main() -> None:
     import torchvision
 
     import layertap as lt
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from _faults import faulty_conversion  # the fault the tests inject
 
     torch.manual_seed(0)
     model = getattr(torchvision.models, opts.model)().eval()

@@ -1,6 +1,10 @@
-"""Faults injected into exported ONNX files (the model itself stays as exported)."""
+"""Faults injected into exported ONNX files and into the toolchains that make programs (a torch.compile backend,
+litert-torch's conversion); the model itself stays as it was."""
 
 from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -110,3 +114,27 @@ def faulty_backend(path: str, factor: float = 1.05):
         return gm  # a GraphModule: what torch's accuracy minifier runs a backend's result as
 
     return backend
+
+
+@contextlib.contextmanager
+def faulty_conversion(module: str, factor: float) -> Iterator[None]:
+    """litert-torch converts the model with ``module``'s output scaled by ``factor`` (the eager model untouched), as a
+    faulty toolchain would: for every LiteRT program layertap converts inside the block (``lt.export``, and
+    ``compare``'s conversion with a tap at every module)."""
+    import layertap.exporting.litert as exporting
+    import layertap.pytorch.litert as conversion
+
+    real = conversion.convert
+
+    def broken(wrapper: Any, example: Any, names: Any, conv: Any, input_names: Any) -> Any:
+        handle = wrapper.model.get_submodule(module).register_forward_hook(lambda m, i, o: o * factor)
+        try:
+            return real(wrapper, example, names, conv, input_names)
+        finally:
+            handle.remove()
+
+    conversion.convert, exporting.convert = broken, broken
+    try:
+        yield
+    finally:
+        conversion.convert, exporting.convert = real, real

@@ -21,6 +21,7 @@ from layertap.options import ExportOptions
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from _faults import faulty_conversion
 from test_executorch import outlier_net, small_net  # the same small nets as the ExecuTorch tests
 
 TAPS = ["conv1", "relu", "fc:input"]
@@ -92,22 +93,10 @@ def test_a_program_converted_from_other_weights_is_named_at_its_module(net_progr
 
 
 @pytest.fixture
-def faulty_converter(monkeypatch):
+def faulty_converter():
     """A conversion that breaks conv2 (its output scaled by 1.05 in the program), as a faulty toolchain would."""
-    import layertap.exporting.litert as exporting
-    import layertap.pytorch.litert as conversion
-
-    real = conversion.convert
-
-    def broken(wrapper, example, names, conv, input_names):
-        handle = wrapper.model.conv2.register_forward_hook(lambda m, i, o: o * 1.05)
-        try:
-            return real(wrapper, example, names, conv, input_names)
-        finally:
-            handle.remove()
-
-    monkeypatch.setattr(conversion, "convert", broken)
-    monkeypatch.setattr(exporting, "convert", broken)
+    with faulty_conversion("conv2", 1.05):
+        yield
 
 
 def test_fault_in_one_module_is_found_at_that_module(tmp_path, faulty_converter):
