@@ -1,10 +1,12 @@
-"""Faults injected into exported ONNX files and into the toolchains that make programs (a torch.compile backend,
-litert-torch's conversion); the model itself stays as it was."""
+"""Faults injected into exported files (ONNX files, LiteRT programs) and into the toolchains that make them (a
+torch.compile backend, litert-torch's conversion); the model itself stays as it was."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -138,3 +140,27 @@ def faulty_conversion(module: str, factor: float) -> Iterator[None]:
         yield
     finally:
         conversion.convert, exporting.convert = real, real
+
+
+def edit_litert_constant(src, dst, where: str, change: Callable[[np.ndarray], np.ndarray]) -> str:
+    """Write ``dst`` (with copies of the files layertap keeps beside ``src``: its record, calibration, recipe):
+    the LiteRT program ``src`` with the largest constant tensor whose name holds ``where`` (litert-torch names a
+    constant by the modules of the op reading it: ``Linear_fc``, ``Conv2d_conv2``) replaced by ``change`` of its
+    stored values (int8 for a quantised weight), found in the file by its exact bytes; returns its name."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(src))  # not allocated: only constant tensors have data
+    held = []
+    for d in interpreter.get_tensor_details():
+        if where in d["name"]:
+            with contextlib.suppress(ValueError):
+                held.append((d["name"], interpreter.get_tensor(d["index"])))
+    name, old = max(held, key=lambda h: h[1].size)
+    data = Path(src).read_bytes()
+    at = data.find(old.tobytes())
+    assert at > 0 and data.find(old.tobytes(), at + 1) == -1, f"{name}'s bytes are not in {src} once"
+    new = np.asarray(change(old.copy())).astype(old.dtype)
+    Path(dst).write_bytes(data[:at] + new.tobytes() + data[at + old.nbytes:])
+    for side in Path(src).parent.glob(Path(src).name + ".*"):
+        shutil.copy(side, Path(dst).parent / (Path(dst).name + side.name[len(Path(src).name):]))
+    return name

@@ -21,7 +21,7 @@ from layertap.options import ExportOptions
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _faults import faulty_conversion
+from _faults import edit_litert_constant, faulty_conversion
 from test_executorch import outlier_net, small_net  # the same small nets as the ExecuTorch tests
 
 TAPS = ["conv1", "relu", "fc:input"]
@@ -64,6 +64,8 @@ def test_compare_faithful_program_passes_with_every_module_row(net_program):
                                                "output"]
     assert all(r.status == "pass" for r in report.rows)
     assert any("LiteRT" in n for n in report.notes)
+    # the weights inside the program are the model's (conv weights with their BatchNorm folded in)
+    assert report.summary()["weights"] == {"matched": 10, "compared_anyway": False, "differing": {}}
 
 
 def test_layers_and_cli_run_of_a_program(net_program, tmp_path, capsys):
@@ -90,6 +92,31 @@ def test_a_program_converted_from_other_weights_is_named_at_its_module(net_progr
     assert "fc.weight differs" in next(r for r in report.rows if r.path == "fc").weights
     with pytest.raises(lt.LayertapError, match="the program's weights are not the model's"):
         lt.compare(small_net(seed=1), x, path)
+
+
+def test_a_weight_changed_inside_the_program_is_named_at_its_module(net_program, int8_program, tmp_path):
+    model, x, path, _ = net_program
+    edited = tmp_path / "edited.tflite"
+    edit_litert_constant(path, tmp_path / "step.tflite", "Linear_fc", lambda w: w * np.float32(1.5))
+
+    def flip_one(w):
+        w.flat[5] = -w.flat[5]
+        return w
+
+    edit_litert_constant(tmp_path / "step.tflite", edited, "Conv2d_conv2", flip_one)  # its BatchNorm folded in
+    report = lt.compare(model, x, edited)
+    rows = {r.path: r for r in report.rows}
+    assert rows["fc"].weights == "fc.weight differs (rel 0.5)"
+    assert rows["conv2"].weights.startswith("conv2.weight differs (rel ")
+    assert set(report.summary()["weights"]["differing"]) == {"conv2.weight", "fc.weight"}
+    # the program's own outputs show it (relu#1 is a tap it was exported with); the rows of the model converted
+    # again with a tap at every module hold the model's weights
+    assert report.first_divergence == "relu#1" and rows["conv2"].status == "pass"
+    model8, x8, path8, _ = int8_program
+    edit_litert_constant(path8, tmp_path / "edited8.tflite", "Linear_fc", lambda q: -q)  # int8 values
+    report = lt.compare(model8, x8, tmp_path / "edited8.tflite")
+    assert next(r for r in report.rows if r.path == "fc").weights.startswith("fc.weight differs (rel 2")
+    assert not report.ok
 
 
 @pytest.fixture
@@ -141,6 +168,7 @@ def test_static_int8_program_is_judged_healthy_at_int8(int8_program):
     report = lt.compare(model, x, path, samples=2)
     assert report.ok and report.precision == "int8" and report.first_divergence is None
     assert all(r.format_rel is not None for r in report.rows if r.status == "pass")
+    assert report.summary()["weights"]["differing"] == {}  # int8 weights within half a step of their channel's scale
     # at float32's fixed tolerance the same rows fail: the format, not the program
     assert not lt.compare(model, x, path, rtol=1e-3).ok
 

@@ -184,7 +184,8 @@ class MappedReference:
 
     def checked_weights(self, beside: Callable[[], Any] | None = None) -> WeightCheck:
         """The model's parameters against the record the program carries of those it was lowered from (none
-        recorded: nothing matched); raises :class:`~.weight_check.DifferentWeightsError` for another checkpoint."""
+        recorded: nothing matched) and, where its runtime reads them, against the weights inside the program;
+        raises :class:`~.weight_check.DifferentWeightsError` for another checkpoint."""
         if beside is not None:
             beside()
         record = self.cand.program.weights
@@ -192,7 +193,9 @@ class MappedReference:
             return WeightCheck(cand="program")
         from ..pytorch.lowering import weight_record
 
-        return check_recorded(record, weight_record(self.model)).enforce(self.allow_different_weights)
+        held = self.cand.program.held_weights
+        return check_recorded(record, weight_record(self.model), held() if held is not None else None).enforce(
+            self.allow_different_weights)
 
     def notes(self, candidate: Any, rounding: bool) -> list[str]:
         notes = candidate.notes(None, rounding)

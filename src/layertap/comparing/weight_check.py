@@ -374,23 +374,33 @@ def _same_finite(r: np.ndarray, c: np.ndarray) -> bool:
 # ---------------------------------------------------------------------------
 # the two kinds of reference
 # ---------------------------------------------------------------------------
-def check_recorded(record: Mapping[str, Mapping[str, Any]], now: Mapping[str, Mapping[str, Any]]) -> WeightCheck:
+def check_recorded(record: Mapping[str, Mapping[str, Any]], now: Mapping[str, Mapping[str, Any]],
+                   held: Mapping[str, float | None] | None = None) -> WeightCheck:
     """The model's parameters (``now``: :func:`~layertap.pytorch.lowering.weight_record` of ``model``) against the
     record a program carries of those it was lowered from, matched by name: a shape or a digest that differs is a
     :class:`Mismatch` (its ``rel`` a lower bound, from the largest magnitudes). ``record`` is what the program was
-    lowered from, ``now`` the model's.
+    lowered from, ``now`` the model's. ``held``: the weights inside the program against the model's, where its
+    runtime reads them (:attr:`~layertap.runtimes.plugins.TappedProgram.held_weights`): a parameter the program
+    holds another value of differs by that ``rel`` (a weight changed in the program after it was written, which
+    its record cannot show).
 
     Example:
         >>> rec = {"fc.weight": {"shape": [2, 2], "absmax": 1.0, "digest": "a"}}
         >>> check_recorded(rec, {"fc.weight": {"shape": [2, 2], "absmax": 1.5, "digest": "b"}}).differing[0].words()
         'fc.weight differs (rel >= 0.5)'
+        >>> check_recorded(rec, {"fc.weight": dict(rec["fc.weight"])}, {"fc.weight": 0.25}).differing[0].words("model", "program")
+        'fc.weight differs (rel 0.25)'
     """
     differing = []
+    held = held or {}
     matched = [n for n in now if n in record]
     for name in matched:
         r, c = now[name], record[name]
         module = name.rsplit(".", 1)[0] if "." in name else ""
-        if list(r["shape"]) != list(c["shape"]):
+        rel = held.get(name)
+        if rel is not None:
+            differing.append(Mismatch(name, module, float(rel)))
+        elif list(r["shape"]) != list(c["shape"]):
             differing.append(Mismatch(name, module, math.inf, (tuple(r["shape"]), tuple(c["shape"]))))
         elif r["digest"] != c["digest"]:
             top = max(float(c["absmax"]), 1e-30)

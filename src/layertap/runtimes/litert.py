@@ -25,7 +25,7 @@ import os
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -375,10 +375,78 @@ def tapped_program(model: Any, method: Any, path: str | Path, runs: list[tuple[t
     sidecar_path(tapped_path).write_text(Sidecar(sidecar.inputs, records, sidecar.recipe).text())
     tapped_engine = LiteRTEngine(tapped_path)
     side = TappedProgram(Path(path), engine, runtime, own, tapped_engine, names_by_call(records),
-                         weights=sidecar.weights or None)
+                         weights=sidecar.weights or None, held_weights=_held(model, Path(path), sidecar.weights))
     if quantize:
         side.formats, side.ideal = int8_judging(model, tapped, records, tapped_engine, quantize)
     return side
+
+
+def _held(model: Any, path: Path, names: Collection[str]) -> Callable[[], Mapping[str, float | None]] | None:
+    """The weight check of the constants inside the program against the model's parameters recorded as the ones
+    it was converted from (:func:`layertap.pytorch.litert_weights.held_weights`), run when compare asks."""
+    if not names:
+        return None
+
+    def check() -> Mapping[str, float | None]:
+        from ..pytorch.litert_weights import held_weights
+
+        return held_weights(model, program_constants(path), names)
+
+    return check
+
+
+def program_constants(path: str | os.PathLike) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """The constant tensors of a LiteRT program (its weights among them), each as its name (litert-torch names it
+    by the locations of the op reading it), its values as float32 and the rounding its format allows each value:
+    half a step of the scale (per channel or per tensor) of an integer tensor with one, which is dequantised;
+    float16's rounding; none for float32. Integer tensors without a scale (shapes, indices) are left out.
+
+    Example:
+        >>> program_constants("missing.tflite")
+        Traceback (most recent call last):
+        ...
+        layertap.errors.LayertapError: no such LiteRT program: 'missing.tflite'
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise LayertapError(f"no such LiteRT program: '{path}'")
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:
+        raise missing_litert() from None
+    with quiet_native_stderr():
+        interpreter = Interpreter(model_path=str(path))  # not allocated: only constant tensors have data
+    out = []
+    for details in interpreter.get_tensor_details():
+        try:
+            raw = interpreter.get_tensor(details["index"])
+        except ValueError:
+            continue  # no data before tensors are allocated: not a constant
+        held = _constant_values(raw, details)
+        if held is not None:
+            out.append((str(details["name"]), *held))
+    return out
+
+
+def _constant_values(raw: np.ndarray, details: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """A constant's values as float32 and the rounding its format allows each (broadcast against the values);
+    ``None`` for an integer tensor without a scale."""
+    if raw.dtype.kind == "f":
+        value = raw.astype(np.float32)
+        if raw.dtype != np.float16:
+            return value, np.zeros(1, np.float32)
+        return value, np.abs(value) * np.float32(2.0 ** -11)  # half a float16 ulp
+    quant = details.get("quantization_parameters") or {}
+    scales = np.asarray(quant.get("scales", ()), np.float32)
+    if raw.dtype.kind not in "iu" or not scales.size or not np.all(scales > 0):
+        return None
+    zeros = np.asarray(quant.get("zero_points", ()), np.float32)
+    shape = [1] * raw.ndim
+    if scales.size > 1:  # per channel of one axis
+        shape[int(quant.get("quantized_dimension", 0))] = scales.size
+    zero = zeros.reshape(shape) if zeros.size == scales.size else np.float32(0)
+    step = scales.reshape(shape)
+    return (raw.astype(np.float32) - zero) * step, step / np.float32(2)
 
 
 def int8_judging(model: Any, tapped: Any, records: list[dict[str, Any]], engine: LiteRTEngine,

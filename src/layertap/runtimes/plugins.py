@@ -156,7 +156,10 @@ class TappedProgram:
     format each tapped output is computed in, ``ideal(args)`` the recipe's arithmetic run in float on one
     sample's arguments (``None``: float32). ``runtime`` describes what ran; ``untapped`` says why a program has
     no module rows and how to get them; ``weights`` the program's parameters by module path (``None``: not
-    read).
+    read); ``held_weights()`` the weights inside the program against the model's, by parameter name (``None``
+    where the program holds the model's value within its format, else the relative difference of what it
+    holds; parameters it cannot tell are left out), for a runtime that reads them (``None``: only the record
+    ``weights`` is checked).
     """
 
     path: Path
@@ -169,6 +172,7 @@ class TappedProgram:
     ideal: Callable[[tuple], dict[str, Any]] | None = None
     untapped: str = ""
     weights: Mapping[str, Any] | None = None
+    held_weights: Callable[[], Mapping[str, float | None]] | None = None
     #: the reference run for this candidate, when it is not the model as given: ``(model, args, kwargs)`` from
     #: one sample's arguments (a compiled module: the model and the sample in float64)
     reference: Callable[[tuple, dict], tuple[Any, tuple, dict]] | None = None
