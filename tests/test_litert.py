@@ -267,6 +267,55 @@ def test_fix_meets_its_target_in_litert(tmp_path, capsys):
     assert 10 * np.log10((want ** 2).sum() / ((want - got) ** 2).sum()) >= 30
 
 
+def _taps_equal_forward_hooks(model, x, path, taps):
+    """The program's taps, run in LiteRT's interpreter, against forward hooks on the model (within float32's
+    rounding of sums as long as a 512-tap convolution's, relative to each tensor's largest value)."""
+    values = lt.run(path, [x.numpy()])
+    with lt.tap(model, taps) as hooked, torch.no_grad():
+        want = model(x)
+    assert list(hooked.outputs) == list(values)[1:]
+    for name, t in {"output": want, **hooked.outputs}.items():
+        np.testing.assert_allclose(values[name], t.numpy(), rtol=1e-4, atol=1e-5 * float(t.abs().max()), err_msg=name)
+
+
+def test_timm_model_taps_and_module_rows_in_litert(tmp_path):
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model("resnet10t", pretrained=False).eval()
+    with torch.no_grad():  # BatchNorms as trained ones are: timm zeroes each block's last, and the converter would drop the branch
+        for bn in (m for m in model.modules() if isinstance(m, nn.BatchNorm2d)):
+            bn.running_mean.uniform_(-0.1, 0.1), bn.running_var.uniform_(0.5, 1.5)
+            bn.weight.uniform_(0.5, 1.5), bn.bias.uniform_(-0.1, 0.1)
+    x, path, taps = torch.randn(1, 3, 64, 64), tmp_path / "r10t.tflite", ["layer1", "layer2.0.act1", "fc:input"]
+    assert lt.export(model, x, path, taps=taps).ok
+    _taps_equal_forward_hooks(model, x, path, taps)
+    report = lt.compare(model, x, path)
+    assert report.ok and sum(r.status == "pass" for r in report.rows) > 60
+    # every weight inside the program is the model's; those with a BatchNorm folded in, through the fold
+    assert report.summary()["weights"] == {"matched": 44, "compared_anyway": False, "differing": {}}
+
+
+def test_trained_crepe_taps_module_rows_and_static_int8_in_litert(tmp_path):
+    import _trained
+
+    model = _trained.crepe_tiny()  # skipped without the trained weights (make install)
+    frames, taps = torch.from_numpy(_trained.tone_frames(1)), ["conv1", "conv3_BN", "classifier"]
+    path = tmp_path / "crepe.tflite"
+    assert lt.export(model, frames, path, taps=taps).ok
+    _taps_equal_forward_hooks(model, frames, path, taps)
+    report = lt.compare(model, frames, path)
+    assert report.ok and [r.name for r in report.rows][:3] == ["conv1", "conv1_BN", "conv2"]
+    assert report.summary()["weights"]["differing"] == {}
+    calibration = [(torch.from_numpy(_trained.tone_frames(1, seed=100 + i)),) for i in range(4)]
+    int8 = tmp_path / "crepe-int8.tflite"
+    assert lt.export(model, frames, int8, export_options=ExportOptions(quantize="int8", calibration=calibration)).ok
+    report = lt.compare(model, frames, int8)
+    assert report.ok and report.precision == "int8" and report.first_divergence is None
+    assert all(r.format_rel is not None for r in report.rows if r.status == "pass")
+    # int8 weights (a standalone BatchNorm's weight and bias among them) within half a step of their scales
+    assert report.summary()["weights"] == {"matched": 26, "compared_anyway": False, "differing": {}}
+
+
 def test_extract_over_a_dataset_runs_the_program_in_litert(net_program, tmp_path):
     model, x, path, _ = net_program
     data = tmp_path / "data"
