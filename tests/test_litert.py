@@ -264,6 +264,18 @@ def test_static_int8_program_is_judged_healthy_at_int8(int8_program):
     assert not lt.compare(model, x, path, rtol=1e-3).ok
 
 
+def test_int8_program_from_elsewhere_is_judged_at_int8(int8_program, tmp_path):
+    model, x, path, _ = int8_program
+    plain = tmp_path / "plain-int8.tflite"  # the same program without layertap's record beside it
+    plain.write_bytes(path.read_bytes())
+    report = lt.compare(model, x, plain)
+    # its int8 tensors are read dequantised and judged at int8's rounding: the quantisation alone fails nothing
+    assert report.ok and report.precision == "int8"
+    assert {r.status for r in report.rows} == {"pass", "absorbed"} and report.rows[-1].status == "pass"
+    assert any("fixed rule at int8" in n for n in report.notes)
+    assert not lt.compare(model, x, plain, rtol=1e-4).ok  # at float32's tolerance the int8 rows fail
+
+
 def test_cli_dynamic_int8_program_passes_and_options_are_checked(tmp_path, capsys):
     out = tmp_path / "dyn.tflite"
     spec = f"{Path(__file__).parent / 'test_executorch.py'}:small_net"

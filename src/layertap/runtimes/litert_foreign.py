@@ -23,6 +23,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import LayertapError, SelectorError, unknown_name
+from ..numformats import Format
+from ..onnxfile.formats import TensorFormats
 from ..onnxfile.tensor_table import OnnxLayers, TensorRow
 from ..selectors import Tap
 from .executorch import check_static_shape, program_feed
@@ -90,10 +92,16 @@ class KeptTensors:
     def __init__(self, engine: Any, picks: Mapping[str, Pick], subgraph: int = 0) -> None:
         self.engine, self.path, self.picks, self.subgraph = engine, engine.path, dict(picks), subgraph
         details = {d["index"]: d for d in engine.interpreter.get_tensor_details(subgraph)}
-        self._scales = {n: _scale(details.get(p.tensor, {})) for n, p in self.picks.items()}
+        self._scales = {n: (_scale(d), np.dtype(d.get("dtype", np.float32)).name)
+                        for n, d in ((n, details.get(p.tensor, {})) for n, p in self.picks.items())}
 
     def get_inputs(self) -> list[Any]:
         return self.engine.get_inputs()
+
+    def formats(self) -> dict[str, Format]:
+        """The integer format each quantised tensor handed out is held in (its scale and zero point)."""
+        return {n: Format.quantised(dtype, np.float32(q[0]), np.int64(q[1])) for n, (q, dtype) in self._scales.items()
+                if q is not None}
 
     def output_names(self) -> list[str]:
         own = self.engine.output_names()
@@ -104,7 +112,7 @@ class KeptTensors:
         for name, pick in self.picks.items():
             if name not in values and (names is None or name in names):
                 raw = self.engine.interpreter.get_tensor(pick.tensor, self.subgraph)
-                scale = self._scales[name]
+                scale = self._scales[name][0]
                 if scale is not None:  # an int8 tensor, as float
                     raw = ((raw.astype(np.float32) - np.float32(scale[1])) * np.float32(scale[0])).astype(np.float32)
                 values[name] = pick.apply(np.array(raw, copy=True))
@@ -413,12 +421,18 @@ def foreign_program(path: str | os.PathLike, runs: list[tuple[tuple, dict]], wan
                 calls.missing.pop(key, None)
                 calls.absorbed.pop(key, None)
     tapped = KeptTensors(keeping(), calls.picks, located.graph.subgraph)
+    formats = {**tapped.formats(), **{n: f for n in own for f in [engine.output_format(n)] if f is not None}}
     held = sum(1 for k in shapes if k in calls.names)
     rows_from = (f"module rows come from the program's own tensors, kept by LiteRT's interpreter "
                  f"(experimental_preserve_all_tensors) and found by the module locations litert-torch writes into "
                  f"tensor names: {held} of {len(shapes)} module calls have one, {len(calls.absorbed)} were fused into "
                  "another module's op (absorbed); channels-last (NHWC) tensors are compared in PyTorch's layout")
+    if formats:  # int8 tensors: judged at int8 by the fixed rule (no ideal run: no recipe to run the model by)
+        runtime.precision = "int8"
+        rows_from += ("; its int8 tensors are judged by the fixed rule at int8's rounding, with no ideal run (a "
+                      "program layertap exports is judged against the model run at the program's own scales)")
     return TappedProgram(Path(path), engine, runtime, own, tapped, calls.names, untapped=EXPORT_ADVICE,
+                         formats=TensorFormats(formats) if formats else None,
                          absorbed=calls.absorbed, missing=calls.missing, rows_from=rows_from,
                          unmatched="no tensor of the program carries its location: the converter fused it away, or "
                                    "it computes nothing of its own")
