@@ -135,16 +135,124 @@ def test_fault_in_one_module_is_found_at_that_module(tmp_path, faulty_converter)
     assert [r.status for r in report.rows[:3]] == ["pass", "pass", "pass"]
 
 
-def test_program_from_elsewhere_compares_its_outputs_only(tmp_path):
+def _convert(model: nn.Module, x: torch.Tensor, path: Path) -> Path:
+    """``model`` converted by litert-torch itself: a program layertap did not write (no m.tflite.json)."""
     import litert_torch
 
+    from layertap.pytorch.litert import quiet_converter
+
+    with quiet_converter():
+        litert_torch.convert(model, (x,)).export(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def plain_program(tmp_path_factory):
     model, x = small_net(), torch.randn(1, 3, 16, 16)
-    path = tmp_path / "plain.tflite"
-    litert_torch.convert(model, (x,)).export(str(path))
-    assert lt.run(path, [x.numpy()]).keys() == {"output_0"}
+    return model, x, _convert(model, x, tmp_path_factory.mktemp("plain") / "plain.tflite")
+
+
+def test_program_from_elsewhere_is_compared_by_module_path(plain_program):
+    model, x, path = plain_program
+    report = lt.compare(model, x, path, samples=2)
+    # each ReLU call is the Conv+BatchNorm+ReLU op its location leads; the Conv and BatchNorm went into it
+    assert report.ok and {r.name: (r.status, r.fused_into) for r in report.rows} == {
+        "conv1": ("absorbed", "relu#0"), "bn1": ("absorbed", "relu#0"), "relu#0": ("pass", None),
+        "conv2": ("absorbed", "relu#1"), "bn2": ("absorbed", "relu#1"), "relu#1": ("pass", None),
+        "pool": ("pass", None), "fc": ("pass", None), "output": ("pass", None)}
+    relu = next(r for r in report.rows if r.name == "relu#1")
+    assert relu.shape == [1, 16, 16, 16] and relu.onnx == ["relu;bn2;conv2;2"]  # NHWC compared as NCHW
+    notes = " ".join(report.notes)
+    assert "experimental_preserve_all_tensors" in notes and "layertap export MODEL -o m.tflite" in notes
+    assert "--tap" in notes
+
+
+def test_program_from_elsewhere_layers_and_taps_by_module_path(plain_program, capsys):
+    model, x, path = plain_program
+    assert main(["layers", str(path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    held = {(r["module"], r["call"]): (r["name"], r["shape"], r["node"]) for r in rows if r["module"]}
+    assert held == {("relu", 0): ("relu;bn1;conv1;2", [1, 8, 16, 16], "1"),
+                    ("relu", 1): ("relu;bn2;conv2;2", [1, 16, 16, 16], "2"), ("pool", 0): ("pool;1", [1, 16], "3")}
+    with lt.tap(model, ["relu", "pool"]) as taps:
+        model(x)
+    values = lt.run(path, [x.numpy()], taps=["relu", "pool", "relu;bn2;conv2;2"])
+    assert list(values) == ["output_0", "relu#0", "relu#1", "pool", "relu;bn2;conv2;2"]
+    for name in ("relu#0", "relu#1"):  # in PyTorch's layout
+        np.testing.assert_allclose(values[name], taps[name].numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(values["relu;bn2;conv2;2"], values["relu#1"])
+    np.testing.assert_allclose(values["pool"], taps["pool"].numpy().reshape(1, 16), rtol=1e-4, atol=1e-5)
+    assert main(["run", str(path), "--tap", "conv1"]) == 2
+    assert "fused it into relu's op" in capsys.readouterr().err
+    assert main(["run", str(path), "--tap", "relu#5"]) == 2 and main(["run", str(path), "--tap", "fc2"]) == 2
+
+
+def test_fault_in_a_program_from_elsewhere_is_found_at_its_first_tensor(tmp_path):
+    model, x = small_net(), torch.randn(1, 3, 16, 16)
+    handle = model.conv2.register_forward_hook(lambda m, i, o: o * 1.05)  # a faulty toolchain breaks conv2
+    try:
+        path = _convert(model, x, tmp_path / "bad.tflite")
+    finally:
+        handle.remove()
     report = lt.compare(model, x, path)
-    assert report.ok and [r.status for r in report.rows if r.status == "pass"] == ["pass"]
-    assert any("only its outputs are compared" in n and "-o m.tflite" in n for n in report.notes)
+    # conv2 and bn2 went into the second ReLU's op: the first tensor after the fault names it
+    assert not report.ok and report.first_divergence == "relu#1"
+    assert [r.status for r in report.rows[:3]] == ["absorbed", "absorbed", "pass"]
+
+
+class Stack(nn.Module):
+    """Two transformer blocks in an nn.ModuleList: the list is never called, so litert-torch's locations skip it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([Block(), Block()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_transformer_program_from_elsewhere_resolves_module_list_paths(tmp_path):
+    torch.manual_seed(0)
+    model, x = Stack().eval(), torch.randn(1, 7, 32)
+    path = _convert(model, x, tmp_path / "stack.tflite")
+    rows = {r.name: r for r in lt.compare(model, x, path).rows}
+    for block in ("layers.0", "layers.1"):
+        assert all(rows[f"{block}.{m}"].status == "pass" for m in ("norm1", "norm2", "mlp.0", "mlp.1", "mlp.2"))
+    assert rows["layers.1"].status == rows["output"].status == "pass"
+    assert rows["layers.0.attn"].status == "no counterpart"  # nn.MultiheadAttention returns (value, None)
+    with lt.tap(model, ["layers.1.mlp.0"]) as taps:
+        model(x)
+    got = lt.run(path, [x.numpy()], taps=["layers.1.mlp.0"])["layers.1.mlp.0"]  # by the model's own path
+    np.testing.assert_allclose(got.reshape(1, 7, 128), taps["layers.1.mlp.0"].numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_torchvision_program_from_elsewhere_and_its_model_explorer_overlay(tmp_path, capsys):
+    adapter = pytest.importorskip("ai_edge_model_explorer_adapter", reason="ai-edge-model-explorer not installed")
+    import torchvision
+
+    torch.manual_seed(0)
+    model, x = torchvision.models.resnet18().eval(), torch.randn(1, 3, 32, 32)
+    path = _convert(model, x, tmp_path / "r18.tflite")
+    torch.save(model.state_dict(), tmp_path / "r18.pt")
+    nd = tmp_path / "nd.json"
+    assert main(["compare", "torchvision:resnet18", str(path), "--weights", str(tmp_path / "r18.pt"), "--input",
+                 "1x3x32x32", "--node-data", str(nd), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    statuses = [r["status"] for r in report["rows"]]
+    assert statuses.count("pass") == 47 and statuses.count("absorbed") == 29 and "FAIL" not in statuses
+    # Model Explorer's own TFLite adapter reads the program: every key is one of its op nodes, every op has one
+    graph = json.loads(adapter.ConvertFlatbufferDirectlyToJson(adapter.VisualizeConfig(), str(path)))[0]
+    nodes = {n["id"]: n for n in graph["subgraphs"][0]["nodes"]}
+    module = json.loads(nd.with_name("nd.module.json").read_text())["results"]
+    status = json.loads(nd.with_name("nd.status.json").read_text())["results"]
+    ops = {k for k, n in nodes.items() if n["label"] not in ("GraphInputs", "GraphOutputs", "pseudo_const")}
+    assert set(module) == ops and set(status) <= ops
+    by_label = {(nodes[k]["label"], module[k]["value"]) for k in module}
+    assert {("conv_2d", "relu"), ("max_pool_2d", "maxpool"), ("add", "layer4.1.relu#1"), ("sum", "avgpool"),
+            ("fully_connected", "fc")} <= by_label
+    assert {status[k]["value"] for k in status} == {"pass", "absorbed"}  # the stem's transpose and pad: conv1's
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +279,18 @@ def test_static_int8_program_is_judged_healthy_at_int8(int8_program):
     assert report.summary()["weights"]["differing"] == {}  # int8 weights within half a step of their channel's scale
     # at float32's fixed tolerance the same rows fail: the format, not the program
     assert not lt.compare(model, x, path, rtol=1e-3).ok
+
+
+def test_int8_program_from_elsewhere_is_judged_at_int8(int8_program, tmp_path):
+    model, x, path, _ = int8_program
+    plain = tmp_path / "plain-int8.tflite"  # the same program without layertap's record beside it
+    plain.write_bytes(path.read_bytes())
+    report = lt.compare(model, x, plain)
+    # its int8 tensors are read dequantised and judged at int8's rounding: the quantisation alone fails nothing
+    assert report.ok and report.precision == "int8"
+    assert {r.status for r in report.rows} == {"pass", "absorbed"} and report.rows[-1].status == "pass"
+    assert any("fixed rule at int8" in n for n in report.notes)
+    assert not lt.compare(model, x, plain, rtol=1e-4).ok  # at float32's tolerance the int8 rows fail
 
 
 def test_cli_dynamic_int8_program_passes_and_options_are_checked(tmp_path, capsys):

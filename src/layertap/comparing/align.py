@@ -44,6 +44,7 @@ class Item:
     unverified: str | None = None
     ref_tensors: tuple[str, ...] = ()  # an ONNX reference's own tensors for this row
     fused_into: str | None = None  # an absorbed call: the module path whose value holds it
+    fused_call: int | None = None  # ... and that module's call, where it is not this call's number
     onnx_call: int | None = None  # the candidate's own number of the call (its graph's order), where it differs
     #: the tensors are the call's flattened outputs in order (a program's taps by index): paired by position
     ordered: bool = False
@@ -335,7 +336,8 @@ class RowBuilder:
                 return CompareRow(**base, **stat_fields(got), status=PASS if got.ok else FAIL,
                                   ok=got.ok, onnx=onnx_names, note=f"compared at {donor}'s ONNX tensor (fused)")
             # a fused call is fused into the same call of its absorber (conv1#k into bn1#k)
-            into = self.call_name(item.fused_into, mc.call) if item.fused_into else None
+            into = self.call_name(item.fused_into, mc.call if item.fused_call is None else item.fused_call) \
+                if item.fused_into else None
             return CompareRow(**base, max_abs=None, rel_err=None, status=item.status, ok=None, note=item.note,
                               fused_into=into)
         onnx_arrays = [values[n] for n in item.tensors]

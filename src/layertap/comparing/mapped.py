@@ -83,8 +83,10 @@ class MappedSide:
         notes = [f"the candidate {self.name} ran in {ran}", *self.program.notes]
         if self.tapped is None:
             return [*notes, self.program.untapped]
-        notes.append("module rows come from the candidate made again with a tap at every module (it hands out only "
-                     "its outputs); the output row is the candidate's own")
+        notes.append(self.program.rows_from or "module rows come from the candidate made again with a tap at every "
+                     "module (it hands out only its outputs); the output row is the candidate's own")
+        if self.program.rows_from and self.program.untapped:
+            notes.append(self.program.untapped)
         if self.program.versus is not None:
             cand, ideal, ref = self.program.versus
             notes.append(f"the reference is the model run in {ref}; each row sets {cand}'s error against it beside "
@@ -133,7 +135,7 @@ class MappedReference:
             model, a, k = self.cand.program.reference(a, k)
         calls, root = run_torch(model, a, k, self.method, store, self.wanted)
         prog.advance()
-        items = []
+        items, counts = [], call_counts(calls)
         for mc in calls:
             if not self.wanted(mc.path):
                 continue
@@ -142,18 +144,30 @@ class MappedReference:
             if mc.path in self.cand.program.row_notes:
                 item.note = self.cand.program.row_notes[mc.path]
             if not names:
-                item.status = NO_COUNTERPART
-                item.note = mc.note or (NOT_ONE_TENSOR if self.cand.tapped is not None else
-                                        "the program carries no taps layertap recorded")
+                self._without_value(item, counts)
             items.append(item)
         items.append(Item(root, tuple(self.cand.own)))
         ideal = self._ideal_store(index, items, budget) if self.ideal is not None else None
-        builder = RowBuilder(items, store, self.criterion, call_counts(calls), judging=self.judging, ideal=ideal)
+        builder = RowBuilder(items, store, self.criterion, counts, judging=self.judging, ideal=ideal)
 
         def cost(item: Item) -> tuple[int, int]:
             return len(item.tensors), store.nbytes(item.mc.key) if item.tensors else 0
 
         return Sample(items, builder, plan_batches(items, cost, self.batch_outputs, self.budget), self.feeds[index])
+
+    def _without_value(self, item: Item, counts: dict[str, int]) -> None:
+        """A call the candidate holds no value of: absorbed where the program fused it into another module's op,
+        else no counterpart, with why."""
+        program, key = self.cand.program, (item.mc.path, item.mc.call)
+        holder = program.absorbed.get(key)
+        if holder is not None:
+            item.status, (item.fused_into, item.fused_call) = ABSORBED, holder
+            shown = f"{holder[0]}#{holder[1]}" if counts.get(holder[0], 1) > 1 else holder[0]
+            item.note = f"the converter fused it into {shown}'s op: no tensor of the program holds its value"
+            return
+        item.status = NO_COUNTERPART
+        item.note = item.mc.note or program.missing.get(key) or program.unmatched or (
+            NOT_ONE_TENSOR if self.cand.tapped is not None else "the program carries no taps layertap recorded")
 
     def _ideal_store(self, index: int, items: list[Item], budget: int) -> ArrayStore:
         """The ideal run of one sample (the quantised model in PyTorch), keyed as the reference's store."""

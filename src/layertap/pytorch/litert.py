@@ -131,6 +131,32 @@ def output_owners(model: nn.Module, method: Any, args: tuple) -> dict[str, list[
     return owners
 
 
+def module_outputs(model: nn.Module, method: Any, args: tuple, kwargs: Mapping[str, Any] | None = None
+                   ) -> tuple[dict[tuple[str, int], tuple[int, ...] | None], dict[str, str]]:
+    """What a program's tensors are matched against: each module call's output shape (``None``: not one floating
+    tensor), in the order calls return, and each module's class as litert-torch writes it in its location names
+    (the class's module and qualified name).
+
+    Example:
+        >>> m = nn.Sequential(nn.Linear(4, 3), nn.ReLU()).eval()
+        >>> shapes, classes = module_outputs(m, "forward", (torch.ones(2, 4),))
+        >>> shapes, classes["1"]
+        ({('0', 0): (2, 3), ('1', 0): (2, 3)}, 'torch.nn.modules.activation.ReLU')
+    """
+    shapes: dict[tuple[str, int], tuple[int, ...] | None] = {}
+
+    class _Shapes(CallHooks):
+        def on_return(self, mod: Any, path: str, call: int, output: Any) -> None:
+            one = isinstance(output, torch.Tensor) and output.is_floating_point()
+            shapes[(path, call)] = tuple(output.shape) if one else None
+
+    hooks = _Shapes(model)
+    with hooks.hooks(), torch.no_grad():
+        bound_method(model, method)(*args, **dict(kwargs or {}))
+    classes = {p: f"{type(m).__module__}.{type(m).__qualname__}" for p, m in model.named_modules()}
+    return shapes, classes
+
+
 class _Named(nn.Module):
     """The tap wrapper returning a dict by output name: ``litert-torch`` names signature outputs by its keys."""
 

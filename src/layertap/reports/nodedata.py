@@ -3,7 +3,10 @@
 Model Explorer (``ai-edge-model-explorer``) overlays "node data" on a graph: a
 JSON ``GraphNodeData`` (``{"name", "results": {node id: {"value", "bgColor"}},
 ...}``, see ``model_explorer.node_data_builder``). Its ONNX adapter uses the
-ONNX node names as node ids, so the keys here are the file's node names.
+ONNX node names as node ids, so the keys here are the file's node names. For a
+program a runtime reads (a LiteRT ``.tflite``: its TFLite adapter's ids are the
+ops' indices), the caller hands in the program's nodes as that adapter keys
+them, each with the tensors it writes and its module call.
 
 Three overlays are written, because one overlay holds one value per node:
 ``FILE.json`` the relative error (numeric; coloured by status), and beside
@@ -17,7 +20,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..files.writes import atomic_write_bytes, check_output_path
 from ..onnxfile.modelfile import model_file
@@ -53,7 +56,8 @@ def check_node_data_path(path: str | os.PathLike, *, inputs: tuple = ()) -> dict
     return paths
 
 
-def node_data(report: Any, onnx_path: str | os.PathLike | ModelFile) -> dict[str, dict]:
+def node_data(report: Any, onnx_path: str | os.PathLike | ModelFile, nodes: Sequence[Any] | None = None
+              ) -> dict[str, dict]:
     """The three ``GraphNodeData`` overlays (``error``, ``status``, ``module``) as dicts.
 
     Each node gets the row of the tensor it produces when that tensor was
@@ -62,7 +66,9 @@ def node_data(report: Any, onnx_path: str | os.PathLike | ModelFile) -> dict[str
     carry its values: nodes that compute weights (a TorchScript ``Identity``
     copying a shared weight, a quantised weight's ``DequantizeLinear``) get
     nothing, and nodes of the model's own code outside every module call only
-    their module, ``(root)``, never the model output's error.
+    their module, ``(root)``, never the model output's error. ``nodes``: a program's
+    nodes (each with ``id``, ``outputs``, ``module`` and ``call``; a runtime plug-in's
+    ``explorer_nodes``) in place of the ONNX file's.
 
     Example:
         >>> import onnx, tempfile, os
@@ -76,7 +82,7 @@ def node_data(report: Any, onnx_path: str | os.PathLike | ModelFile) -> dict[str
         >>> data["error"]["results"], data["module"]["results"]["relu_node"]["value"]
         ({'relu_node': {'value': 0.5, 'bgColor': '#c0262d', 'textColor': '#ffffff'}}, 'act')
     """
-    rows_of = _node_rows(report, onnx_path)
+    rows_of = _node_rows(report, onnx_path) if nodes is None else _program_node_rows(report, nodes)
     first = next((r for r in report.rows if field(r, "ok") is False), None)
     error: dict[str, dict] = {}
     status: dict[str, dict] = {}
@@ -120,15 +126,37 @@ def _result(value: Any, color: str | None, white_text: bool = False) -> dict:
     return out
 
 
+def _rows_by_tensor(rows: Any) -> dict[str, Any]:
+    """Tensor name -> the row that compared it; a tensor several module calls share (a block's last ReLU) goes
+    to the innermost."""
+    by_tensor: dict[str, Any] = {}
+    for r in rows:
+        for t in field(r, "onnx") or []:
+            if t not in by_tensor or len(field(r, "path") or "") > len(field(by_tensor[t], "path") or ""):
+                by_tensor[t] = r
+    return by_tensor
+
+
+def _program_node_rows(report: Any, nodes: Sequence[Any]) -> dict[str, Any]:
+    """A program's node id -> the row of the tensor it writes, else of its module call (or the nearest enclosing
+    module that ran once); ``None``: in no module call."""
+    by_tensor = _rows_by_tensor(report.rows)
+    by_call = {(field(r, "path"), field(r, "call")): r for r in report.rows}
+    single = _single_call_rows(report.rows)
+    out: dict[str, Any] = {}
+    for node in nodes:
+        row = next((by_tensor[t] for t in node.outputs if t in by_tensor), None)
+        if row is None and node.module is not None:
+            row = _enclosing_row((node.module, node.call or 0), by_call, single)
+        out[node.id] = row
+    return out
+
+
 def _node_rows(report: Any, onnx_path: str | os.PathLike | ModelFile) -> dict[str, Any]:
     """ONNX node name -> the compare row that describes it (``None``: in no module call's scope)."""
     model = model_file(onnx_path).model
     graph = model.graph
-    by_tensor: dict[str, Any] = {}
-    for r in report.rows:  # a tensor several module calls share (a block's last ReLU) goes to the innermost
-        for t in field(r, "onnx") or []:
-            if t not in by_tensor or len(field(r, "path") or "") > len(field(by_tensor[t], "path") or ""):
-                by_tensor[t] = r
+    by_tensor = _rows_by_tensor(report.rows)
     by_call = {(field(r, "path"), field(r, "call")): r for r in report.rows}
     single = _single_call_rows(report.rows)
     owners = _owners(model, getattr(report, "scope_map", None)) if by_call else {}
@@ -179,10 +207,12 @@ def _enclosing_row(owner: tuple[str, int], by_call: dict, single: dict) -> Any:
     return row
 
 
-def write_node_data(report: Any, onnx_path: str | os.PathLike | ModelFile, path: str | os.PathLike) -> list[Path]:
-    """Write the three overlays atomically (``onnx_path`` may be the file already read); returns the paths written."""
+def write_node_data(report: Any, onnx_path: str | os.PathLike | ModelFile, path: str | os.PathLike,
+                    nodes: Sequence[Any] | None = None) -> list[Path]:
+    """Write the three overlays atomically (``onnx_path`` may be the file already read; ``nodes``: a program's, as
+    :func:`node_data` takes them); returns the paths written."""
     paths = check_node_data_path(path, inputs=(getattr(onnx_path, "path", onnx_path),))
-    data = node_data(report, onnx_path)
+    data = node_data(report, onnx_path, nodes)
     for kind, p in paths.items():
         atomic_write_bytes(p, (json.dumps(data[kind], indent=1) + "\n").encode("utf-8"))
     return list(paths.values())

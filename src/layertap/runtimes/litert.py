@@ -8,7 +8,8 @@ program has (``m.tflite.json``: inputs, each output's module path and call, the 
 ``compare`` converts the model again by that recipe with a tap at every module (:func:`tapped_program`); an
 int8 program is judged at int8: the formats are the program's own output scales and zero points, the ideal run
 the model in PyTorch with those outputs fake-quantised and its Conv/Linear weights on the int8 grid per channel
-(:mod:`layertap.pytorch.rounding`). A ``.tflite`` from elsewhere runs by its signature's names.
+(:mod:`layertap.pytorch.rounding`). A ``.tflite`` from elsewhere runs by its signature's names, and its inner
+tensors are read by the module paths litert-torch writes into their names (:mod:`.litert_foreign`).
 
 A static int8 program takes and returns int8 tensors: the engine quantises float inputs and dequantises
 outputs with the interpreter's scale and zero point, so every caller sees float values. Outputs keep the
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import SimpleNamespace
@@ -48,7 +50,8 @@ from .executorch import (
     sidecar_path,
     with_repeats,
 )
-from .plugins import VERBS, YES, RuntimeSettings, TappedProgram
+from .litert_foreign import ModelCalls, explorer_nodes, foreign_layers, foreign_program, run_foreign
+from .plugins import VERBS, YES, ExplorerNode, RuntimeSettings, TappedProgram
 from .protocol import InputInfo, RuntimeInfo
 
 #: numpy dtype names -> the type text engines name inputs by
@@ -81,8 +84,9 @@ def recipe_path(path: str | os.PathLike) -> Path:
     return Path(str(path) + ".aeq.json")
 
 
-def _interpreter(path: Path) -> Any:
-    """LiteRT's interpreter on the program at ``path`` (one-line errors: no such file, not a program, no extra)."""
+def _interpreter(path: Path, preserve_all: bool = False) -> Any:
+    """LiteRT's interpreter on the program at ``path`` (one-line errors: no such file, not a program, no extra);
+    ``preserve_all``: every tensor kept after a run (LiteRT's ``experimental_preserve_all_tensors``)."""
     if not path.is_file():
         raise LayertapError(f"no such LiteRT program: '{path}'")
     with open(path, "rb") as f:
@@ -95,8 +99,10 @@ def _interpreter(path: Path) -> Any:
     except ImportError:
         raise missing_litert() from None
     try:
-        with quiet_native_stderr():  # the XNNPACK delegate's INFO line
-            interpreter = Interpreter(model_path=str(path))
+        with quiet_native_stderr(), warnings.catch_warnings():  # the XNNPACK delegate's INFO line
+            # keeping every tensor is what reading a program's inner tensors asks for; LiteRT warns about it
+            warnings.filterwarnings("ignore", message=".*experimental_preserve_all_tensors.*")
+            interpreter = Interpreter(model_path=str(path), experimental_preserve_all_tensors=preserve_all)
             interpreter.allocate_tensors()
     except Exception as e:  # noqa: BLE001 - the runtime's own error, as one line
         raise OnnxFileError(f"LiteRT cannot load '{path}': {one_line(e, first=True)}") from None
@@ -116,9 +122,9 @@ class LiteRTEngine:
     """One LiteRT program's signature in LiteRT's interpreter (an :class:`~.protocol.Engine`): a feed by input
     name in, every output by name out, float (int8 values quantised in and dequantised out)."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, *, preserve_all: bool = False) -> None:
         self.path = Path(path)
-        self.interpreter = _interpreter(self.path)
+        self.interpreter = _interpreter(self.path, preserve_all)
         signatures = self.interpreter.get_signature_list()
         if not signatures:
             raise OnnxFileError(f"'{path}' has no signature to run (LiteRT programs layertap runs have one)")
@@ -285,10 +291,16 @@ class _LiteRTPlugin:
 
     def run(self, path: Path, inputs: Any, taps: Sequence[str], *, seed: int,
             notify: Callable[[str], None] | None) -> dict[str, Any]:
-        return run_program(path, inputs, taps, seed=seed, notify=notify, engine=LiteRTEngine(path))
+        engine = LiteRTEngine(path)
+        if engine.sidecar is None and taps:  # a program from elsewhere: its tensors by name or module path
+            return run_foreign(LiteRTEngine(path, preserve_all=True), inputs, taps, seed=seed, notify=notify)
+        return run_program(path, inputs, taps, seed=seed, notify=notify, engine=engine)
 
     def layers(self, path: Path) -> OnnxLayers:
-        table = program_layers(path, LiteRTEngine(path), "LiteRT program", UNTAPPED)
+        engine = LiteRTEngine(path)
+        if engine.sidecar is None:  # a program from elsewhere: every tensor, by the module call it holds
+            return foreign_layers(path, engine)
+        table = program_layers(path, engine, "LiteRT program", UNTAPPED)
         table.notes[:] = [n.replace("lowers the model", "converts the model") for n in table.notes]
         return table
 
@@ -315,6 +327,10 @@ class _LiteRTPlugin:
         publish(out, convert(tapped.wrapper, tapped.example, kept_out, conversion, names), sidecar, conversion, recipe)
         self._recipes[tuple(kept)] = recipe
         return LiteRTEngine(out)
+
+    def explorer_nodes(self, path: Path, paths: Sequence[str]) -> list[ExplorerNode]:
+        """The program's ops as Model Explorer's TFLite adapter keys them, each with its module call."""
+        return explorer_nodes(path, paths)
 
     def kept_recipe(self, kept: Sequence[str]) -> tuple[str, Any]:
         """The kept set as an AI Edge Quantizer recipe (its own JSON: ``Quantizer.load_quantization_recipe``)."""
@@ -364,8 +380,9 @@ def tapped_program(model: Any, method: Any, path: str | Path, runs: list[tuple[t
     recipe = sidecar.recipe if sidecar is not None else {}
     quantize = recipe.get("quantize")
     runtime = LiteRTRuntime(precision_of(quantize))
-    if sidecar is None:
-        return TappedProgram(Path(path), engine, runtime, own, untapped=UNTAPPED)
+    if sidecar is None:  # a program from elsewhere: its own tensors, by the module locations in their names
+        return foreign_program(path, runs, wanted, (engine, lambda: LiteRTEngine(path, preserve_all=True)), runtime,
+                               own, lambda args, kwargs: _model_calls(model, method, args, kwargs))
     tapped, records = retapped(engine, model, method, runs, wanted, own)
     kept = [r["name"] for r, s in zip(records, tapped.same) if s is None]
     conversion = Conversion(quantize, read_calibration(path) or [tuple(tapped.example)], recipe.get("keep_float", []))
@@ -447,6 +464,14 @@ def _constant_values(raw: np.ndarray, details: Mapping[str, Any]) -> tuple[np.nd
     zero = zeros.reshape(shape) if zeros.size == scales.size else np.float32(0)
     step = scales.reshape(shape)
     return (raw.astype(np.float32) - zero) * step, step / np.float32(2)
+
+
+def _model_calls(model: Any, method: Any, args: tuple, kwargs: dict) -> ModelCalls:
+    """The model's forward on one sample, as a program from elsewhere is matched against it."""
+    from ..pytorch.litert import module_outputs, output_owners
+
+    shapes, classes = module_outputs(model, method, args, kwargs)
+    return ModelCalls(shapes, classes, output_owners(model, method, args))
 
 
 def int8_judging(model: Any, tapped: Any, records: list[dict[str, Any]], engine: LiteRTEngine,

@@ -140,6 +140,10 @@ class ProgramPlugin(RuntimePlugin, Protocol):
         """The kept set in the toolchain's own form: a file name and its JSON, an object or a list as the
         toolchain reads it (``fix --config-out``)."""
 
+    # A program runtime whose files Model Explorer reads also has ``explorer_nodes(path, paths) ->
+    # list[ExplorerNode]`` (its ops as the adapter keys them, each with its module call among ``paths``):
+    # ``compare --node-data`` for such a candidate.
+
     # A runtime that runs objects in memory (compiled PyTorch: a module) also has ``claims(source) -> bool``
     # (the objects it runs: :func:`plugin_for` asks it) and ``candidate(model)`` (the reference made a
     # candidate by the runtime: ``compare MODEL --cand-runtime NAME`` without a candidate file).
@@ -150,7 +154,8 @@ class TappedProgram:
     """A program candidate as a ``"program"`` runtime makes it for ``compare``.
 
     ``engine`` runs the program (its own outputs ``own``); ``tapped`` (``None`` when the program carries no
-    record to lower it again by) runs the model lowered with a tap at every module: ``names`` maps
+    record to lower it again by, nor tensors named by module) runs the model lowered with a tap at every module
+    (or the program itself with its inner tensors kept: ``rows_from``): ``names`` maps
     ``(module path, call)`` to the outputs that hold that call's value (a tuple-returning module's, in
     order). ``formats`` (``None``: float32) is the
     format each tapped output is computed in, ``ideal(args)`` the recipe's arithmetic run in float on one
@@ -185,11 +190,38 @@ class TappedProgram:
     shown: str = ""
     #: notes the report carries about the candidate
     notes: list[str] = field(default_factory=list)
+    #: module calls the program holds no value of because the converter fused them into another module's op:
+    #: ``(path, call)`` -> that module's path and call (their rows are ``absorbed`` there)
+    absorbed: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)
+    #: why a module call has no counterpart, by ``(path, call)``; ``unmatched``: the note of every other call
+    #: without one (default: its output is not floating tensors)
+    missing: dict[tuple[str, int], str] = field(default_factory=dict)
+    unmatched: str = ""
+    #: where the module rows come from, when not from the program made again with a tap at every module (a
+    #: program's own tensors, read as it runs)
+    rows_from: str = ""
 
     @property
     def name(self) -> str:
         """The candidate as reports name it."""
         return self.shown or self.path.name
+
+
+@dataclass(frozen=True)
+class ExplorerNode:
+    """One node of a program as Model Explorer's adapter for it reads the file (``compare --node-data``): its id,
+    the tensors it writes (by the names rows give them), and the module call it belongs to (``module``: one of the
+    report's paths; ``None``: none).
+
+    Example:
+        >>> ExplorerNode("2", ("relu;bn1;conv1;1",), "relu", 0).id
+        '2'
+    """
+
+    id: str
+    outputs: tuple[str, ...]
+    module: str | None
+    call: int | None
 
 
 # name -> "module:attribute" of a built-in plug-in, imported on first use

@@ -91,8 +91,9 @@ class CompareTool(Tool):
                             "reference's tokens, each side its own cache); rows per module and token, a layer x token grid")
         g.add_argument("--plot", metavar="FILE.png", help="write a PNG of the error per module (log scale)")
         g.add_argument("--node-data", metavar="FILE.json",
-                       help="write Model Explorer node data keyed by the ONNX file's node names: the error in FILE.json, "
-                            "status in FILE.status.json, module path in FILE.module.json")
+                       help="write Model Explorer node data keyed by the candidate's node ids (an ONNX file's node names, "
+                            "a LiteRT program's op indices): the error in FILE.json, status in FILE.status.json, "
+                            "module path in FILE.module.json")
 
     def parse_own(self, ns: argparse.Namespace, args: Args) -> CompareOptions:
         # Cheap checks first: a typo in a path should not cost a model load.
@@ -105,6 +106,8 @@ class CompareTool(Tool):
         if ref_onnx and not Path(ns.model).is_file():
             raise OnnxFileError(f"ONNX file '{ns.model}' does not exist")
         args.reads = (ns.onnx, ns.model) if ref_onnx else (ns.onnx,)
+        if ns.node_data is not None:
+            _explorer_nodes(ns.onnx, None)  # a candidate Model Explorer reads no nodes of is refused before any work
         return CompareOptions(ns.onnx, _check_outputs(ns, args.reads), ns.node_data, ns.module, ns.local)
 
     def _compiled(self, ns: argparse.Namespace, args: Args, ref_onnx: bool) -> CompareOptions:
@@ -164,8 +167,26 @@ class CompareTool(Tool):
         if opts.node_data:
             from ...reports.nodedata import write_node_data
 
-            written = write_node_data(report, cand, opts.node_data)
+            paths = sorted({str(p) for p in (getattr(r, "path", None) for r in report.rows) if p})
+            written = write_node_data(report, cand, opts.node_data, _explorer_nodes(cand, paths))
             sys.stderr.write(f"wrote Model Explorer node data {', '.join(map(str, written))}\n")
+
+
+def _explorer_nodes(cand: Any, paths: list[str] | None) -> list[Any] | None:
+    """The candidate's nodes as Model Explorer's adapter for it keys them, each with its module call among ``paths``
+    (``None`` for an ONNX file: its node names); a candidate whose nodes Model Explorer does not read is refused
+    (``paths`` ``None``: only checked)."""
+    from ...runtimes.plugins import a_program, plugin_for
+
+    runtime = plugin_for(cand)
+    if runtime is None:
+        return None
+    explorer = getattr(runtime, "explorer_nodes", None)
+    if explorer is None:
+        what = a_program(runtime) if runtime.form == "program" else f"a file {runtime.title} runs"
+        raise LayertapError(f"--node-data keys Model Explorer's nodes of an ONNX file or a LiteRT program (.tflite); "
+                            f"{cand} is {what}, whose nodes it does not read")
+    return None if paths is None else explorer(Path(cand), paths)
 
 
 def reference(args: Args) -> Any:
