@@ -167,6 +167,21 @@ def test_program_from_elsewhere_is_compared_by_module_path(plain_program):
     assert "--tap" in notes
 
 
+def test_a_program_from_elsewhere_has_its_weights_checked_by_module_path(plain_program):
+    """No record beside it: the constants inside the program, found by the module locations in their names, are
+    the model's (every weight matched, none differing); a model of other weights is named at its modules."""
+    model, x, path = plain_program
+    weights = lt.compare(model, x, path).summary()["weights"]
+    assert weights["matched"] >= 3 and not weights.get("differing"), weights
+    changed = small_net()
+    with torch.no_grad():
+        changed.fc.weight[0] *= 3
+    report = lt.compare(changed, x, path)
+    assert "fc.weight differs" in (next(r for r in report.rows if r.path == "fc").weights or ""), report.summary()
+    with pytest.raises(lt.LayertapError, match="the program's weights are not the model's"):
+        lt.compare(small_net(seed=1), x, path)
+
+
 def test_program_from_elsewhere_layers_and_taps_by_module_path(plain_program, capsys):
     model, x, path = plain_program
     assert main(["layers", str(path), "--json"]) == 0

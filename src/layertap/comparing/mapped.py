@@ -202,13 +202,12 @@ class MappedReference:
         raises :class:`~.weight_check.DifferentWeightsError` for another checkpoint."""
         if beside is not None:
             beside()
-        record = self.cand.program.weights
-        if not record:
+        record, held = self.cand.program.weights, self.cand.program.held_weights
+        if not record and held is None:
             return WeightCheck(cand="program")
         from ..pytorch.lowering import weight_record
 
-        held = self.cand.program.held_weights
-        return check_recorded(record, weight_record(self.model), held() if held is not None else None).enforce(
+        return check_recorded(record or {}, weight_record(self.model), held() if held is not None else None).enforce(
             self.allow_different_weights)
 
     def notes(self, candidate: Any, rounding: bool) -> list[str]:

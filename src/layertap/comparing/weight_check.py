@@ -390,16 +390,20 @@ def check_recorded(record: Mapping[str, Mapping[str, Any]], now: Mapping[str, Ma
         'fc.weight differs (rel >= 0.5)'
         >>> check_recorded(rec, {"fc.weight": dict(rec["fc.weight"])}, {"fc.weight": 0.25}).differing[0].words("model", "program")
         'fc.weight differs (rel 0.25)'
+        >>> check_recorded({}, {"fc.weight": {}, "fc.bias": {}}, {"fc.weight": None}).matched
+        1
     """
     differing = []
     held = held or {}
-    matched = [n for n in now if n in record]
+    matched = [n for n in now if n in record or n in held]  # a program without a record: its held weights alone
     for name in matched:
-        r, c = now[name], record[name]
+        r, c = now[name], record.get(name)
         module = name.rsplit(".", 1)[0] if "." in name else ""
         rel = held.get(name)
         if rel is not None:
             differing.append(Mismatch(name, module, float(rel)))
+        elif c is None:
+            continue
         elif list(r["shape"]) != list(c["shape"]):
             differing.append(Mismatch(name, module, math.inf, (tuple(r["shape"]), tuple(c["shape"]))))
         elif r["digest"] != c["digest"]:

@@ -22,7 +22,7 @@ weights). Those are left out: never a finding on a healthy program.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Collection, Iterable, Iterator
+from typing import Any, Callable, Collection, Iterable, Iterator
 
 import numpy as np
 from torch import nn
@@ -40,11 +40,13 @@ _RECOMPUTED = 1e-5
 _WRAPPER, _MODEL = "wrapper", "model"
 
 
-def held_weights(model: nn.Module, constants: Iterable[Constant], names: Collection[str]) -> dict[str, float | None]:
+def held_weights(model: nn.Module, constants: Iterable[Constant], names: Collection[str],
+                 locate: Callable[[str], list[str]] | None = None) -> dict[str, float | None]:
     """The parameters ``names`` of ``model`` found among a program's ``constants``: ``None`` where the program holds
     the parameter's value (within its format), else the relative difference (``max|held - model| / max|model|``)
     of the constant that can only be that parameter. Parameters not found, or not told apart from a converter's
-    fold, are left out.
+    fold, are left out. ``locate``: a constant's name -> the module paths it names (default: as litert-torch names
+    them under layertap's tap wrapper, :func:`located`; a program converted from elsewhere names them otherwise).
 
     Example:
         >>> import torch
@@ -62,11 +64,11 @@ def held_weights(model: nn.Module, constants: Iterable[Constant], names: Collect
     owned: dict[str, list[str]] = {}
     for n in params:
         owned.setdefault(n.rpartition(".")[0], []).append(n)
-    locations = module_locations(model)
+    locate = locate or _under_wrapper(model)
     found: dict[str, float | None] = {}
     unexplained = []
     for name, value, allow in constants:
-        modules = located(name, locations)
+        modules = locate(name)
         candidates = [n for m in modules for n in owned.get(m, ()) if _same_axes(params[n].shape, value.shape)]
         hit = next((n for n in candidates if any(_within(e, value, allow) for e in _expected(model, n, params[n], modules)
                                                  )), None)
@@ -110,6 +112,12 @@ def module_locations(model: nn.Module) -> dict[str, str]:
 
     walk(model, "", "")
     return out
+
+
+def _under_wrapper(model: nn.Module) -> Callable[[str], list[str]]:
+    """A constant's name -> the module paths it names, as litert-torch names them under layertap's tap wrapper."""
+    locations = module_locations(model)
+    return lambda name: located(name, locations)
 
 
 def located(name: str, locations: dict[str, str]) -> list[str]:

@@ -50,7 +50,7 @@ from .executorch import (
     sidecar_path,
     with_repeats,
 )
-from .litert_foreign import ModelCalls, explorer_nodes, foreign_layers, foreign_program, run_foreign
+from .litert_foreign import ModelCalls, chain_locator, explorer_nodes, foreign_layers, foreign_program, run_foreign
 from .plugins import VERBS, YES, ExplorerNode, RuntimeSettings, TappedProgram
 from .protocol import InputInfo, RuntimeInfo
 
@@ -381,8 +381,11 @@ def tapped_program(model: Any, method: Any, path: str | Path, runs: list[tuple[t
     quantize = recipe.get("quantize")
     runtime = LiteRTRuntime(precision_of(quantize))
     if sidecar is None:  # a program from elsewhere: its own tensors, by the module locations in their names
-        return foreign_program(path, runs, wanted, (engine, lambda: LiteRTEngine(path, preserve_all=True)), runtime,
-                               own, lambda args, kwargs: _model_calls(model, method, args, kwargs))
+        program = foreign_program(path, runs, wanted, (engine, lambda: LiteRTEngine(path, preserve_all=True)), runtime,
+                                  own, lambda args, kwargs: _model_calls(model, method, args, kwargs))
+        params = [n for n, p in model.named_parameters() if p.is_floating_point()]
+        program.held_weights = _held(model, Path(path), params, chain_locator([p for p, _ in model.named_modules()]))
+        return program
     tapped, records = retapped(engine, model, method, runs, wanted, own)
     kept = [r["name"] for r, s in zip(records, tapped.same) if s is None]
     conversion = Conversion(quantize, read_calibration(path) or [tuple(tapped.example)], recipe.get("keep_float", []))
@@ -398,16 +401,18 @@ def tapped_program(model: Any, method: Any, path: str | Path, runs: list[tuple[t
     return side
 
 
-def _held(model: Any, path: Path, names: Collection[str]) -> Callable[[], Mapping[str, float | None]] | None:
-    """The weight check of the constants inside the program against the model's parameters recorded as the ones
-    it was converted from (:func:`layertap.pytorch.litert_weights.held_weights`), run when compare asks."""
+def _held(model: Any, path: Path, names: Collection[str],
+          locate: Callable[[str], list[str]] | None = None) -> Callable[[], Mapping[str, float | None]] | None:
+    """The weight check of the constants inside the program against the model's parameters ``names`` (those recorded
+    as the ones it was converted from; a program from elsewhere: all, its constants' names read by ``locate``):
+    :func:`layertap.pytorch.litert_weights.held_weights`, run when compare asks."""
     if not names:
         return None
 
     def check() -> Mapping[str, float | None]:
         from ..pytorch.litert_weights import held_weights
 
-        return held_weights(model, program_constants(path), names)
+        return held_weights(model, program_constants(path), names, locate)
 
     return check
 

@@ -34,6 +34,7 @@ from .litert_graph import (
     chain_for,
     channels_first,
     module_values,
+    parse_locations,
     resolve_chain,
     resolve_location,
     segment_index,
@@ -436,6 +437,27 @@ def foreign_program(path: str | os.PathLike, runs: list[tuple[tuple, dict]], wan
                          absorbed=calls.absorbed, missing=calls.missing, rows_from=rows_from,
                          unmatched="no tensor of the program carries its location: the converter fused it away, or "
                                    "it computes nothing of its own")
+
+
+def chain_locator(paths: Sequence[str]) -> Callable[[str], list[str]]:
+    """A constant's name in a program converted from elsewhere -> the module paths (of ``paths``, the model's) its
+    locations name, the producing op's first (:func:`~.litert_graph.parse_locations`, each chain resolved by
+    :func:`~.litert_graph.resolve_chain`): the weight check's reading of a name.
+
+    Example:
+        >>> name = "m.Net/torch.nn.modules.linear.Linear_fc;1"
+        >>> chain_locator(["fc", "head.fc"])(name), chain_locator(["body"])(name)
+        (['fc'], [])
+    """
+    def locate(name: str) -> list[str]:
+        out: list[str] = []
+        for loc in parse_locations(name):
+            found = resolve_chain(loc.chain, paths)
+            if found is not None and found not in out:
+                out.append(found)
+        return out
+
+    return locate
 
 
 def explorer_nodes(path: str | os.PathLike, paths: Sequence[str]) -> list[ExplorerNode]:
