@@ -208,8 +208,10 @@ def interrupt_in(e: BaseException) -> BaseException | None:
 def _stopped(e: BaseException) -> int:
     """A command stopped by a signal: one line, and 128 + the signal's number (130 for SIGINT). An output
     published before the signal was handled is complete, and the line names it."""
-    written, kept = published(), _kept(e)
-    done = f"{', '.join(written)} had been written in full when it arrived" if written else ""
+    kept = _kept(e)
+    written = [] if kept else published()  # a command that keeps partial results says what it kept itself
+    shown = ", ".join(written[:3]) + (f" and {len(written) - 3} more" if len(written) > 3 else "")
+    done = f"{shown} had been written in full when it arrived" if written else ""
     if isinstance(e, Terminated):
         base = kept or "temporary files were removed" + ("" if written else " and no output was changed")
         _error(f"stopped by {e.name}; " + "; ".join(w for w in (base, done) if w))

@@ -56,7 +56,7 @@ from ..options import DEFAULT_MEMORY_BUDGET, UNSET, RuntimeOptions, SampleOption
 from ..runtimes import runtime_for
 from ..runtimes.choice import side_runtimes
 from ..runtimes.ort import FUSION_NOTE
-from ..runtimes.plugins import ProgramPlugin, RuntimeSettings, a_program, plugin_for
+from ..runtimes.plugins import ProgramPlugin, RuntimeSettings, a_program, plugin, plugin_for, runtime_names
 from ..samples.for_reference import samples_for
 from .driver import Progress, compare_sides
 from .ideal import candidate_formats
@@ -158,8 +158,10 @@ def compare(
     """
     runs = RuntimeOptions.merged(runtime_options)
     if cand is None and not callable(getattr(_named_plugin(runs.cand_runtime), "candidate", None)):
+        makers = [n for n in runtime_names() if callable(getattr(plugin(n), "candidate", None))]
         raise LayertapError("compare needs a candidate: a file (the third argument), a module (torch.compile(model)), "
-                            "or cand_runtime='inductor' (--cand-runtime inductor) to compile the reference")
+                            + "".join(f"or cand_runtime='{n}' (--cand-runtime {n}) " for n in makers)
+                            + "to make one from the reference")
     sampling = SampleOptions.merged(sample_options, samples=samples)
     rule, tolerance_chosen = merged_criterion(criterion, metric=metric, rtol=rtol, atol=atol)
     _check_memory(runs.batch_outputs, runs.memory_budget)

@@ -26,6 +26,8 @@ STOPPING = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if 
 _received: list[int] = []
 #: (temporary file, output) of each publishing rename begun while :func:`signals_stop` is active
 _publishing: list[tuple[str, str]] = []
+#: how many :func:`signals_stop` blocks are active (outside them, in a library call, nothing is noted)
+_active = [0]
 
 
 class Terminated(BaseException):
@@ -69,6 +71,7 @@ def signals_stop() -> Iterator[None]:
         'SIGTERM'
     """
     start, begun = len(_received), len(_publishing)
+    _active[0] += 1
     old = {}
     try:
         for s in STOPPING:
@@ -83,13 +86,15 @@ def signals_stop() -> Iterator[None]:
             signal.signal(s, h)
         del _received[start:]
         del _publishing[begun:]
+        _active[0] -= 1
 
 
 def publishing(tmp: str | os.PathLike, target: str | os.PathLike) -> None:
     """Note a publishing rename of ``tmp`` onto ``target`` about to begin, so that a command a signal stops
     afterwards can tell whether that output was written (:func:`published`): a signal landing during or
     right after the rename has its handler run only once the rename returned."""
-    _publishing.append((os.fspath(tmp), os.fspath(target)))
+    if _active[0]:
+        _publishing.append((os.fspath(tmp), os.fspath(target)))
 
 
 def published() -> list[str]:

@@ -139,7 +139,7 @@ def check_package(folder: Path, *, rtol: float, atol: float, timeout: float = 90
 
 def _run_ref(folder: Path, rtol: float, atol: float) -> tuple[float, bool]:
     """The reference's part on ``inputs.npz`` against ``expected.npz``: worst rel error, agreement."""
-    engine = open_runtime("ort").open_file(folder / "ref.onnx")
+    engine = open_runtime().open_file(folder / "ref.onnx")  # what repro.py runs it in
     with np.load(folder / "inputs.npz") as inputs, np.load(folder / "expected.npz") as expected:
         feed = {i.name: inputs[npz_member(i.name)] for i in engine.get_inputs()}
         names = engine.output_names()
