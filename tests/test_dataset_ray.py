@@ -104,3 +104,37 @@ def test_ray_refuses_an_iterator(cluster, tmp_path):
     with pytest.raises(LayertapError, match="engine='ray' needs data it can split"):
         lt.extract_dataset(torch.nn.Linear(2, 2), (np.zeros(2, np.float32) for _ in range(3)), taps=[""],
                            out=tmp_path / "o", dataset_options=lt.DatasetOptions(engine="ray", progress=False))
+
+
+def test_a_driver_stopped_between_shards_leaves_only_shards_its_manifest_lists(cluster, tmp_path, monkeypatch):
+    """Workers write each shard under a temporary name and the driver publishes it as it records it: a stop that
+    lands as the second shard is recorded (the manifest write refused, as a signal makes it) leaves no shard on
+    disk the manifest does not list (a worker still busy may leave a temporary one, which the resume removes),
+    and a resume equals a fresh run."""
+    from layertap.dataset.manifest import Manifest
+
+    data = npy_folder(tmp_path / "data", n=10, shape=(3, 8, 8))
+    kw = dict(taps=["layer1"], batch_size=2, pool="mean")
+    opts = lt.DatasetOptions(shard_size=2, progress=False)
+    recorded = Manifest.add_shard
+    calls = []
+
+    def stopped_at_the_second(self, record):
+        calls.append(record["index"])
+        if len(calls) == 2:
+            self.shards[record["index"]] = record  # as add_shard does, before its write: then the stop
+            raise KeyboardInterrupt
+        recorded(self, record)
+
+    monkeypatch.setattr(Manifest, "add_shard", stopped_at_the_second)
+    out = tmp_path / "ray"
+    with pytest.raises(KeyboardInterrupt):
+        lt.extract_dataset("torchvision:resnet18", data, out=out, **kw, dataset_options=replace(opts, engine="ray"))
+    monkeypatch.setattr(Manifest, "add_shard", recorded)
+    listed = {s["file"] for s in json.loads((out / "manifest.json").read_text())["shards"]}
+    shards = {p.name for p in out.iterdir() if p.name != "manifest.json" and not p.name.startswith(".")}
+    assert shards == listed and len(listed) == 1
+    resumed = lt.extract_dataset("torchvision:resnet18", data, out=out, resume=True, **kw,
+                                 dataset_options=replace(opts, engine="ray"))
+    fresh = lt.extract_dataset("torchvision:resnet18", data, out=tmp_path / "fresh", **kw, dataset_options=opts)
+    assert resumed.ids == fresh.ids and same_tree(tmp_path / "fresh", out) == []

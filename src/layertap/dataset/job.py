@@ -20,7 +20,7 @@ from .backends import BackendSpec
 from .batches import BatchRunner, Collated, ShardData, collate, keyed_layout
 from .manifest import NAME, Manifest
 from .pooling import numpy_dtype
-from .shards import remove_leftovers, write_shard
+from .shards import remove_leftovers, shard_name, write_shard
 
 DEFAULT_SHARD_SIZE = DatasetOptions().shard_size
 
@@ -124,8 +124,11 @@ class Job:
     def runner(self, backend: Any) -> BatchRunner:
         return BatchRunner(backend, self.options.pool, self.options.dtype)
 
-    def write(self, shard: ShardData) -> dict:
-        """Write one shard file; return the manifest record (the manifest is not touched)."""
+    def write(self, shard: ShardData, publish: bool = True) -> dict:
+        """Write one shard file; return the manifest record (the manifest is not touched). ``publish=False``
+        (a Ray worker): the shard stays under a temporary name, the record's ``tmp``, which the driver renames
+        into place (:func:`~.shards.publish_shard`) as it records it, so that a stopped driver leaves no shard
+        its manifest does not list."""
         taps = self.manifest.taps or []
         arrays, dtypes = {}, {}
         for t in taps:
@@ -133,8 +136,10 @@ class Job:
             if rows is None:  # every sample of this shard was skipped
                 rows = np.empty((0, *t["shape"]), numpy_dtype(t["dtype"]))
             arrays[t["key"]], dtypes[t["key"]] = rows, t["dtype"]
-        file = write_shard(self.out, shard.index, self.options.format, arrays, dtypes)
+        file = write_shard(self.out, shard.index, self.options.format, arrays, dtypes, publish)
         record = {"index": shard.index, "file": file, "source": list(shard.source), "ids": list(shard.ids), "skipped": list(shard.skipped)}
+        if not publish:
+            record["tmp"], record["file"] = file, shard_name(shard.index, self.options.format)
         labels = getattr(self.source, "labels", None)
         if labels is not None:
             a, b = shard.source

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 import sys
 from typing import Any
 
@@ -29,6 +30,8 @@ from .backends import pin_threads
 from .batches import ShardAssembler, ShardData, batch_ranges, shard_count
 from .job import Job
 from .local_engine import progress_bar
+from .manifest import Manifest
+from .shards import publish_shard, remove_leftovers
 
 
 def run_ray(job: Job, address: str | None, progress: bool | None) -> int:
@@ -110,14 +113,36 @@ def _run_shards(ray: Any, job: Job, todo: list[int], progress: bool | None) -> N
                 errors.append((rec["index"], rec["error"]))
                 continue
             job.manifest.set_taps(rec.pop("taps"))
-            job.manifest.add_shard(rec)
+            _record(job, rec)
             if bar is not None:
                 bar.advance(task, rec["source"][1] - rec["source"][0])
+    except BaseException:
+        remove_leftovers(job.out)  # the workers' shards the driver will not publish now (a resume redoes them)
+        raise
     finally:
         if bar is not None:
             bar.stop()
     if errors:
         raise LayertapError(min(errors)[1])
+
+
+def _record(job: Job, rec: dict) -> None:
+    """Publish a worker's shard and record it in the manifest. A stop between the two (a signal, whose handler runs
+    when a rename returns) takes the shard away again unless the manifest on disk lists it: the folder never holds
+    a shard its manifest does not."""
+    name = publish_shard(job.out, rec.pop("tmp"), rec["index"], job.options.format)
+    try:
+        job.manifest.add_shard(rec)
+    except BaseException:
+        try:
+            listed = rec["index"] in Manifest.read(job.out).shards
+        except LayertapError:
+            listed = False
+        if not listed:
+            job.manifest.shards.pop(rec["index"], None)
+            shard = job.out / name
+            shutil.rmtree(shard, ignore_errors=True) if shard.is_dir() else shard.unlink(missing_ok=True)
+        raise
 
 
 def _cpus_per_actor(ray: Any, threads: int | None) -> int:
@@ -159,6 +184,6 @@ class ShardWorker:
             job.set_layout(self.runner)
             asm.add(result)
         asm.close(stop)
-        record = job.write(done[0])
+        record = job.write(done[0], publish=False)  # the driver publishes it as it records it
         record["taps"] = job.manifest.taps
         return record

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..errors import LayertapError
+from ..files.signals import publishing, raise_if_stopped
 from .pooling import numpy_dtype
 
 FORMATS = ("safetensors", "npy", "zarr")
@@ -42,14 +43,16 @@ def shard_name(index: int, fmt: str) -> str:
     return {"safetensors": f"{stem}.safetensors", "npy": stem, "zarr": f"{stem}.zarr"}[fmt]
 
 
-def write_shard(out: Path, index: int, fmt: str, arrays: dict[str, np.ndarray], dtypes: dict[str, str]) -> str:
-    """Write ``arrays`` (key -> rows) as shard ``index``; return its file name.
+def write_shard(out: Path, index: int, fmt: str, arrays: dict[str, np.ndarray], dtypes: dict[str, str],
+                publish: bool = True) -> str:
+    """Write ``arrays`` (key -> rows) as shard ``index``; return its file name (``publish=False``: the name of
+    the temporary file or folder it stays in until :func:`publish_shard` renames it into place).
 
     ``dtypes`` gives each key's manifest dtype (``bfloat16`` is stored as bits
     where the format has no such type).
     """
     name = shard_name(index, fmt)
-    with _atomic(out / name, is_dir=fmt != "safetensors") as tmp:
+    with _atomic(out / name, is_dir=fmt != "safetensors", publish=publish) as tmp:
         if fmt == "safetensors":
             _write_safetensors(tmp, arrays, dtypes)
         elif fmt == "npy":
@@ -57,6 +60,30 @@ def write_shard(out: Path, index: int, fmt: str, arrays: dict[str, np.ndarray], 
                 _write_npy(tmp / f"{key}.npy", a)
         else:
             _write_zarr(tmp, arrays, dtypes)
+    return name if publish else tmp.name
+
+
+def publish_shard(out: Path, tmp: str, index: int, fmt: str) -> str:
+    """Rename the shard ``index`` a worker left unpublished (``tmp``, in ``out``) into place; return its name.
+    A command a signal has stopped publishes nothing (:func:`~layertap.files.signals.raise_if_stopped`): the
+    temporary shard stays for :func:`remove_leftovers`.
+
+    Example:
+        >>> import tempfile
+        >>> out = Path(tempfile.mkdtemp())
+        >>> tmp = write_shard(out, 0, "safetensors", {"a": np.zeros((2, 3), np.float32)}, {"a": "float32"}, publish=False)
+        >>> tmp.startswith(TMP_PREFIX), publish_shard(out, tmp, 0, "safetensors"), sorted(p.name for p in out.iterdir())
+        (True, 'shard-00000.safetensors', ['shard-00000.safetensors'])
+    """
+    name = shard_name(index, fmt)
+    source, target = out / tmp, out / name
+    if not (tmp.startswith(TMP_PREFIX) and source.parent == out and source.exists()):
+        raise LayertapError(f"shard {index}: the worker's temporary shard {tmp!r} is not in '{out}'")
+    raise_if_stopped()
+    if source.is_dir() and target.exists():  # left by a run killed before it recorded this shard
+        shutil.rmtree(target)
+    publishing(source, target)
+    os.replace(source, target)
     return name
 
 
@@ -76,8 +103,9 @@ def _bits(a: np.ndarray, dtype: str) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def _atomic(target: Path, *, is_dir: bool) -> Iterator[Path]:
-    """A temporary file or folder beside ``target``, renamed onto it when the block succeeds."""
+def _atomic(target: Path, *, is_dir: bool, publish: bool = True) -> Iterator[Path]:
+    """A temporary file or folder beside ``target``, renamed onto it when the block succeeds (``publish=False``:
+    kept under its temporary name, for the caller to publish)."""
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}.", suffix=".tmp", dir=target.parent)) if is_dir else None
     if tmp is None:
         fd, name = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{target.name}.", suffix=".tmp", dir=target.parent)
@@ -85,15 +113,18 @@ def _atomic(target: Path, *, is_dir: bool) -> Iterator[Path]:
         tmp = Path(name)
     try:
         yield tmp
-        if is_dir:
-            tmp.chmod(0o777 & ~_umask())
-            if target.exists():  # left by a run killed before it recorded this shard
-                shutil.rmtree(target)
-        else:
-            tmp.chmod(0o666 & ~_umask())
+        tmp.chmod((0o777 if is_dir else 0o666) & ~_umask())
+        if not publish:
+            return
+        if is_dir and target.exists():  # left by a run killed before it recorded this shard
+            shutil.rmtree(target)
         os.replace(tmp, target)
-    finally:
+    except BaseException:
         if tmp.exists():
+            shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
+        raise
+    finally:
+        if publish and tmp.exists():
             shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
 
 
