@@ -64,6 +64,22 @@ def test_a_transformer_block_passes_at_float32_and_under_bf16_autocast(autocast)
     assert (out.format_rel > 1e-3) if autocast else (0 < out.format_rel < 1e-5)
 
 
+def test_a_candidate_called_with_keyword_tensors_gets_them_as_the_model_does():
+    """A padding mask given by keyword reaches the compiled candidate, its tapped copy and the float64 reference
+    alike: the block's output depends on it, and every row passes."""
+    torch.manual_seed(0)
+    block = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(2, 6, 32)
+    mask = torch.zeros(2, 6, dtype=torch.bool)
+    mask[1, 3:] = True
+    with torch.no_grad():
+        assert not torch.allclose(block(x, src_key_padding_mask=mask)[1], block(x)[1], atol=1e-3)  # the mask matters
+    report = lt.compare(block, None, torch.compile(block, backend="aot_eager"),
+                        samples=[{"src": x, "src_key_padding_mask": mask}])
+    assert report.ok, str(report)
+    assert {r.name: r.status for r in report.rows}["linear2"] == "pass" and report.versus[2] == "float64"
+
+
 def test_no_cxx_compiler_says_how_to_get_one(tmp_path):
     import os
     import subprocess

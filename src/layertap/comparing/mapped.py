@@ -121,7 +121,9 @@ class MappedReference:
         self.allow_different_weights = allow_different_weights
         self.wanted, self.include_root = module_filter(modules, [p for p, _ in model.named_modules()])
         inputs = [i.name for i in cand.engine.get_inputs()]
-        self.feeds = [{n: to_numpy(t) for n, t in zip(inputs, a)} for a, _ in runs]
+        # the tensors of each call, positional then keyword (as the candidate's inputs are named and lowered)
+        self.feeds = [{n: to_numpy(t) for n, t in zip(inputs, [v for v in (*a, *k.values()) if hasattr(v, "detach")])}
+                      for a, k in runs]
         self._stores: list[ArrayStore] = []
 
     def sample(self, index: int, budget: int) -> Sample:
@@ -173,7 +175,7 @@ class MappedReference:
         """The ideal run of one sample (the quantised model in PyTorch), keyed as the reference's store."""
         store = ArrayStore(budget)
         self._stores.append(store)
-        values = self.ideal(self.runs_args[index][0])
+        values = self.ideal(*self.runs_args[index])
         if self.cand.program.versus is None:  # a quantizer's ideal run folds modules; an eager one folds none
             absorb_folded(items, values)
         for it in items:

@@ -238,10 +238,10 @@ class HookTaps(nn.Module):
 
         return hook
 
-    def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
+    def forward(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, ...]:
         self._values.clear()
         self._sources.clear()
-        own = output_tensors(self._fn(*args), detach=False)
+        own = output_tensors(self._fn(*args, **kwargs), detach=False)
         self._own[:] = list(own)
         return (*own.values(), *self._values)
 

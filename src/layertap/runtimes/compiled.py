@@ -46,13 +46,41 @@ def is_module(source: Any) -> bool:
     return torch is not None and isinstance(source, torch.nn.Module)
 
 
+class CallForm:
+    """How a module is called: its positional and keyword arguments, the tensors among them (in
+    :func:`~layertap.pytorch.wrapper.input_names`' order: positional, then keyword) filled from a feed, everything
+    else (a flag, ``None``) as the first sample gave it.
+
+    Example:
+        >>> form = CallForm((1, None), {"mask": 2, "causal": True}, is_tensor=lambda v: type(v) is int)
+        >>> form.fill([10, 20])
+        ((10, None), {'mask': 20, 'causal': True})
+    """
+
+    def __init__(self, args: tuple, kwargs: dict, is_tensor: Callable[[Any], bool] | None = None) -> None:
+        self.args, self.kwargs = tuple(args), dict(kwargs)
+        self.is_tensor = is_tensor or (lambda v: hasattr(v, "detach") and hasattr(v, "shape"))
+
+    def tensors(self, args: tuple, kwargs: dict) -> list[Any]:
+        """The tensors of one call's arguments, in fill order."""
+        return [v for v in (*args, *kwargs.values()) if self.is_tensor(v)]
+
+    def fill(self, tensors: Sequence[Any]) -> tuple[tuple, dict]:
+        """The arguments of a call on ``tensors`` (one per tensor argument, in order)."""
+        it = iter(tensors)
+        args = tuple(next(it) if self.is_tensor(a) else a for a in self.args)
+        return args, {k: next(it) if self.is_tensor(v) else v for k, v in self.kwargs.items()}
+
+
 class ModuleEngine:
     """A module run as a candidate (an :class:`~.protocol.Engine`): a feed by input name in, its flattened
-    tensors by name out (``named``: the names of one call's values, from a :class:`HookTaps`)."""
+    tensors by name out (``named``: the names of one call's values, from a :class:`HookTaps`); ``form``: how its
+    arguments are made from the feed (default: the inputs in order, positionally)."""
 
     def __init__(self, module: Any, inputs: list[InputInfo], compilation: Any, named: Callable[[Any], dict] | None,
-                 own: list[str]) -> None:
+                 own: list[str], form: CallForm | None = None) -> None:
         self.module, self._inputs, self.compilation, self.named, self.own = module, inputs, compilation, named, own
+        self.form = form
         self.runs = 0
         self.candidate: Any = module
 
@@ -66,10 +94,11 @@ class ModuleEngine:
         from ..pytorch.taps import output_tensors
         from ..pytorch.values import tensor_to_numpy
 
-        args = _tensors(feed, self._inputs)
+        tensors = _tensors(feed, self._inputs)
+        args, kwargs = self.form.fill(tensors) if self.form is not None else (tuple(tensors), {})
         try:
             with self.compilation.running():
-                got = self.module(*args)
+                got = self.module(*args, **kwargs)
         except Exception as e:
             from ..pytorch.compiled import compile_error
 
@@ -250,29 +279,28 @@ def tapped_module(model: Any, method: Any, candidate: Any, runs: list[tuple[tupl
 
     module, compilation = compilation_of(candidate, autocast)
     args, kwargs = runs[0]
-    if kwargs:
-        raise LayertapError("a compiled candidate is compared on positional tensors; give the inputs without names")
-    names = input_names(module, method, tuple(args), {})
-    inputs = [InputInfo(n, "tensor(float)", list(a.shape)) for n, a in zip(names, args)]
+    form = CallForm(tuple(args), kwargs)
+    names = input_names(module, method, tuple(args), kwargs)
+    inputs = [InputInfo(n, "tensor(float)", list(a.shape)) for n, a in zip(names, form.tensors(tuple(args), kwargs))]
     twin = own_frames(copy.deepcopy(module))
     taps = HookTaps(twin, method, tappable(twin, wanted))
     with compilation.running():
-        taps.named(taps(*args))  # the eager run names the calls
+        taps.named(taps(*args, **kwargs))  # the eager run names the calls
     own = list(taps._own)
-    plain = ModuleEngine(candidate if compilation.ctx is not None else module, inputs, compilation, None, own)
+    plain = ModuleEngine(candidate if compilation.ctx is not None else module, inputs, compilation, None, own, form)
     made, collected = explained(compilation, taps)
-    tapped = ModuleEngine(made, inputs, compilation, taps.named, own)
+    tapped = ModuleEngine(made, inputs, compilation, taps.named, own, form)
     if collected is not None:  # its compile collects the graph breaks: compiled now, before the rows are planned
-        tapped.run(None, {i.name: a.detach().cpu().numpy() for i, a in zip(inputs, args)})
+        tapped.run(None, {i.name: t.detach().cpu().numpy() for i, t in zip(inputs, form.tensors(tuple(args), kwargs))})
         breaks = breaks_in(twin, collected())
     else:
         breaks = graph_breaks(twin, taps, tuple(args), compilation.ctx)
 
-    def ideal(sample: tuple) -> dict[str, np.ndarray]:
+    def ideal(sample: tuple, sample_kwargs: dict | None = None) -> dict[str, np.ndarray]:
         from ..pytorch.values import tensor_to_numpy
 
         with compilation.running():
-            values = taps.named(taps(*sample))
+            values = taps.named(taps(*sample, **(sample_kwargs or {})))
         return {n: tensor_to_numpy(v, copy=True) for n, v in values.items()}
 
     notes: dict[str, str] = {}
@@ -283,14 +311,15 @@ def tapped_module(model: Any, method: Any, candidate: Any, runs: list[tuple[tupl
                             compilation.precision), own, tapped, dict(taps.names),
                             formats=TensorFormats(default=Format(compilation.precision)), ideal=ideal,
                             weights=weight_record(module) if module is not model else None)
-    _judge_against_float64(program, model, method, tuple(args), compilation)
+    _judge_against_float64(program, model, method, tuple(args), kwargs, compilation)
     program.row_notes = notes
     program.shown = type(module).__name__
     program.notes = [_breaks_note(breaks), *program.notes] if breaks else program.notes
     return program
 
 
-def _judge_against_float64(program: TappedProgram, model: Any, method: Any, args: tuple, compilation: Any) -> None:
+def _judge_against_float64(program: TappedProgram, model: Any, method: Any, args: tuple, kwargs: dict,
+                           compilation: Any) -> None:
     """The reference run of a module candidate: the model in float64 (``versus`` names the three runs). A model
     that does not run in float64 (a cast to float32 inside it) is the reference as given, and a note says so."""
     import torch
@@ -304,7 +333,8 @@ def _judge_against_float64(program: TappedProgram, model: Any, method: Any, args
     reference = float64_twin(model)
     try:
         with torch.no_grad():
-            out = output_tensors(bound_method(reference, method)(*float64_args(args, {})[0]))
+            a, k = float64_args(args, kwargs)
+            out = output_tensors(bound_method(reference, method)(*a, **k))
         lower = [n for n, t in out.items() if t.is_floating_point() and t.dtype != torch.float64]
         why = f"its float64 run returns {', '.join(lower[:2])} in {out[lower[0]].dtype}: it casts inside" if lower else ""
     except (RuntimeError, TypeError, ValueError) as e:

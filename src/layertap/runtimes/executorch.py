@@ -588,11 +588,11 @@ def _ideal_run(quantized: Any, kept: list[str], records: list[dict[str, Any]]) -
     """The int8 recipe's arithmetic in float (the pt2e-quantised model run in PyTorch) on one sample's arguments,
     by the tapped program's output names."""
 
-    def ideal(args: tuple) -> dict[str, np.ndarray]:
+    def ideal(args: tuple, kwargs: dict | None = None) -> dict[str, np.ndarray]:
         import torch
 
         with torch.no_grad():
-            got = dict(zip(kept, quantized(*args)))
+            got = dict(zip(kept, quantized(*args)))  # a program is lowered on positional tensors
         for r in records:  # repeats, from what they repeat
             if "same_as" in r:
                 got[r["name"]] = got[r["same_as"]]

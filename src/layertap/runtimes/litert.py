@@ -508,14 +508,14 @@ def _ideal_run(model: Any, tapped: Any, records: list[dict[str, Any]], plan: Any
     """The recipe's arithmetic in float: the tapped model run inside ``plan``'s rounding, by output name (the
     model's own outputs rounded to their formats in ``final``)."""
 
-    def ideal(args: tuple) -> dict[str, np.ndarray]:
+    def ideal(args: tuple, kwargs: dict | None = None) -> dict[str, np.ndarray]:
         import torch
 
         from ..pytorch.rounding import rounded
         from ..pytorch.values import tensor_to_numpy
 
         with torch.no_grad(), rounded(model, plan) as (round_inputs, _):
-            values = tapped.wrapper.run(list(round_inputs(tuple(args))))
+            values = tapped.wrapper.run(list(round_inputs(tuple(args))))  # a program is converted on positional tensors
         out = {r["name"]: tensor_to_numpy(v, copy=True) for r, v in zip(records, values) if hasattr(v, "detach")}
         for name, fmt in (final or {}).items():
             out[name] = fmt.rounded(out[name])

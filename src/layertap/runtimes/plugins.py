@@ -174,7 +174,7 @@ class TappedProgram:
     tapped: "Engine | None" = None
     names: dict[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
     formats: "TensorFormats | None" = None
-    ideal: Callable[[tuple], dict[str, Any]] | None = None
+    ideal: Callable[..., dict[str, Any]] | None = None
     untapped: str = ""
     weights: Mapping[str, Any] | None = None
     held_weights: Callable[[], Mapping[str, float | None]] | None = None
