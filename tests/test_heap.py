@@ -24,7 +24,9 @@ def test_a_freeze_of_someone_else_is_left_alone():
         frozen = gc.get_freeze_count()
         with callers_objects_frozen():
             pass
-        assert gc.get_freeze_count() == frozen
+        # not unfrozen (that would empty the permanent generation); another thread freeing a frozen object
+        # meanwhile (a worker letting go of its job) lowers the count by that much
+        assert gc.get_freeze_count() > frozen // 2
     finally:
         gc.unfreeze()
 
