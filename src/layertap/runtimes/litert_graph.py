@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from ..errors import LayertapError, missing_litert
+from ..onnxfile.walk import linked_groups
 
 #: ops that only rearrange values: a module call whose ops are only these has no value of its own in the program
 #: (a Conv's NHWC transpose of its input, left when the Conv itself was fused into the op after it)
@@ -361,26 +362,13 @@ def _groups(graph: ProgramGraph, loc: Location, ops: Sequence[int]) -> list[list
     """``loc``'s ``ops`` split into its calls: the groups connected by data flow among themselves, in the order
     they first run. An op that also fused a module outside ``loc`` seen first there (a Conv+BatchNorm that ran
     between two calls of a ReLU, fused into the second's op) starts another call."""
-    parent = {k: k for k in ops}
+    def starts_a_call(k: int) -> bool:
+        return any(graph.first_seen[other] == k and not other.within(loc) and not loc.within(other)
+                   for other in graph.locations[k][1:])
 
-    def root(k: int) -> int:
-        while parent[k] != k:
-            parent[k] = parent[parent[k]]
-            k = parent[k]
-        return k
-
-    for k in ops:
-        if any(graph.first_seen[other] == k and not other.within(loc) and not loc.within(other)
-               for other in graph.locations[k][1:]):
-            continue
-        for t in graph.ops[k].inputs:
-            p = graph.producer.get(t)
-            if p is not None and p in parent:
-                parent[root(k)] = root(p)
-    groups: dict[int, list[int]] = {}
-    for k in ops:
-        groups.setdefault(root(k), []).append(k)
-    return sorted(groups.values(), key=min)
+    links = ((k, p) for k in ops if not starts_a_call(k) for t in graph.ops[k].inputs
+             if (p := graph.producer.get(t)) is not None)
+    return linked_groups(ops, links)
 
 
 def _call_value(graph: ProgramGraph, loc: Location, call: int, group: list[int],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Collection, Iterable
 
-from ..walk import subgraph_reads
+from ..walk import linked_groups, subgraph_reads
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -154,23 +154,8 @@ def connected_groups(graph: "onnx.GraphProto", nodes: Iterable[int], facts: Grap
         >>> connected_groups(g, [0, 1, 2], GraphFacts(g))
         [[0, 1], [2]]
     """
-    parent = {i: i for i in nodes}
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for i in list(parent):
-        for t in graph.node[i].output:
-            for u in facts.uses.get(t, ()):
-                if u in parent:
-                    parent[find(u)] = find(i)
-    groups: dict[int, list[int]] = {}
-    for i in sorted(parent):
-        groups.setdefault(find(i), []).append(i)
-    return sorted(groups.values(), key=lambda g: g[0])
+    ordered = sorted(set(nodes))
+    return linked_groups(ordered, ((i, u) for i in ordered for t in graph.node[i].output for u in facts.uses.get(t, ())))
 
 
 def rules(node: "onnx.NodeProto") -> list[str]:
