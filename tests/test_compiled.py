@@ -12,6 +12,7 @@ import pytest
 import torch
 import torchvision
 from torch import nn
+from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import layertap as lt
 from _faults import faulty_backend
@@ -258,3 +259,126 @@ def test_a_model_that_does_not_run_in_float64_is_compared_against_itself_and_say
     assert report.ok, str(report)
     assert report.versus is None
     assert any("does not run in float64" in n for n in report.notes)
+
+
+class _Net(nn.Module):
+    """A small CNN whose ReLU runs twice (calls ``relu#0``, ``relu#1``), whose BatchNorms inductor fuses into the
+    ReLU's kernel, and whose ``Flatten`` is a view of a convolution's buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.head = nn.Sequential(nn.Conv2d(8, 4, 16), nn.Flatten(), nn.Linear(4, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.relu(self.bn1(self.conv1(x)))
+        return self.head(self.relu(self.bn2(self.conv2(y)) + y))
+
+
+def _counting_builds(monkeypatch) -> list[int]:
+    """Every C++ build inductor starts from here on (a kernel it has not built yet)."""
+    from torch._inductor import cpp_builder
+
+    builds: list[int] = []
+    original = cpp_builder.CppBuilder.build
+
+    def build(self, *args, **kwargs):
+        builds.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cpp_builder.CppBuilder, "build", build)
+    return builds
+
+
+@pytest.mark.slow
+def test_an_inductor_candidate_is_compiled_once_and_its_rows_are_its_own_buffers(monkeypatch):
+    """No copy compiled with taps inside: the rows are the buffers of the program a plain compile makes (a plain
+    compile after the compare builds no kernel), a BatchNorm inductor fused into the ReLU's kernel is absorbed
+    there, a module called twice has a row per call, and a Flatten reads its convolution's buffer reshaped."""
+    from torch._inductor.utils import fresh_cache
+
+    torch.manual_seed(0)
+    model, x = _Net().eval(), torch.randn(1, 3, 16, 16)
+    builds = _counting_builds(monkeypatch)
+    with fresh_cache():
+        report = lt.compare(model, x, torch.compile(model))
+        compared = len(builds)
+        with torch.no_grad():
+            torch.compile(copy.deepcopy(model))(x)
+    assert report.ok, str(report)
+    assert compared > 0 and len(builds) == compared
+    rows = {r.name: r for r in report.rows}
+    assert rows["bn1"].status == "absorbed" and "inductor fused it into relu#0's kernel" in rows["bn1"].note
+    assert rows["bn2"].status == "absorbed" and "relu#1's kernel" in rows["bn2"].note
+    assert {rows[n].status for n in ("conv1", "relu#0", "conv2", "relu#1", "head.0", "head.1", "head.2", "output")} == {"pass"}
+    assert rows["head.1"].shape == [1, 4]
+    assert any("buffers the compiled program itself writes" in n for n in report.notes)
+    assert any("tapping changed nothing" in n for n in report.notes)
+
+
+class _ScaledWeight(CustomGraphPass):
+    """An inductor post-grad pass (a ``CustomGraphPass``) that scales the weight the convolution of the module
+    named ``path`` reads: a wrong kernel input inside an inductor program."""
+
+    def __init__(self, path: str, factor: float = 1.05) -> None:
+        self.path, self.factor = path, factor
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        for node in graph.nodes:
+            stack = node.meta.get("nn_module_stack") or {}
+            if node.target is torch.ops.aten.convolution.default and any(
+                    str(v[0]).split(".")[-1] == self.path for v in stack.values()):
+                weight = node.args[1]
+                with graph.inserting_before(node):
+                    scaled = graph.call_function(torch.ops.aten.mul.Tensor, (weight, self.factor))
+                scaled.meta["val"] = weight.meta["val"]
+                node.replace_input_with(weight, scaled)
+                return
+
+    def uuid(self) -> tuple:
+        return ("layertap-test-scaled-weight", self.path, self.factor)
+
+
+@pytest.mark.slow
+def test_a_wrong_kernel_input_in_an_inductor_program_is_named_at_its_module():
+    torch.manual_seed(0)
+    model, x = _Net().eval(), torch.randn(1, 3, 16, 16)
+    report = lt.compare(model, x, torch.compile(model, options={"post_grad_custom_post_pass": _ScaledWeight("conv2")}))
+    assert not report.ok
+    assert report.first_divergence == "conv2"
+    names = [r.name for r in report.rows]
+    assert "FAIL" not in {r.status for r in report.rows[: names.index("conv2")]}
+
+
+def test_the_wrapper_gets_a_store_after_the_kernel_that_writes_each_buffer_and_nowhere_else():
+    from layertap.pytorch.inductor_taps import rewrite
+
+    code = "\n".join([
+        "cpp_fused_0 = async_compile.cpp_pybinding(['float*'], '''",
+        "extern \"C\" void kernel(float* buf1) {}",  # a kernel's source: never touched
+        "''')",
+        "class Runner:",
+        "    def call(self, args):",
+        "        arg0_1, = args",
+        "        buf0 = empty_strided_cpu((8, ), (1, ), torch.float32)",
+        "        # Topologically Sorted Source Nodes: [x], Original ATen: [aten.convolution]",
+        "        buf1 = extern_kernels.convolution(arg0_1, buf0, stride=(1, 1))",
+        "        del buf0",
+        "        buf2 = buf1; del buf1  # reuse",
+        "        cpp_fused_relu_1(buf2, arg0_1)",
+        "        assert_size_stride(buf2, (8, ), (1, ))",
+        "        cpp_fused_add_2(buf2, buf3)",
+        "        return (buf2, )",
+        "",
+        "runner = Runner()",
+    ])
+    got = rewrite(code, {"buf1": (("conv", 0),), "buf2": (("act", 0), ("block", 0))}).split("\n")
+    assert got[:4] == code.split("\n")[:4]
+    assert got[8].endswith("stride=(1, 1)); _layertap_store((('conv', 0),), buf1)")
+    assert got[10] == "        buf2 = buf1; del buf1  # reuse"
+    assert got[11] == "        cpp_fused_relu_1(buf2, arg0_1); _layertap_store((('act', 0), ('block', 0)), buf2)"
+    assert got[13] == "        cpp_fused_add_2(buf2, buf3)"  # read after: stored once, where it was written
+    assert got[-2:] == ["from layertap.pytorch.inductor_taps import store as _layertap_store", ""]
+    assert len(got) == len(code.split("\n")) + 2  # the import goes at the end: every line keeps its number

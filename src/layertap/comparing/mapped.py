@@ -165,7 +165,8 @@ class MappedReference:
         if holder is not None:
             item.status, (item.fused_into, item.fused_call) = ABSORBED, holder
             shown = f"{holder[0]}#{holder[1]}" if counts.get(holder[0], 1) > 1 else holder[0]
-            item.note = f"the converter fused it into {shown}'s op: no tensor of the program holds its value"
+            by, unit = program.fused_by
+            item.note = f"{by} fused it into {shown}'s {unit}: no tensor of the program holds its value"
             return
         item.status = NO_COUNTERPART
         item.note = item.mc.note or program.missing.get(key) or program.unmatched or (

@@ -21,6 +21,7 @@ import copy
 import json
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -262,18 +263,13 @@ PLUGIN = _CompiledPlugin()
 
 def tapped_module(model: Any, method: Any, candidate: Any, runs: list[tuple[tuple, dict]],
                   wanted: Callable[[str], bool], autocast: str | None) -> TappedProgram:
-    """A module candidate beside a copy of it compiled the same way with a tap at every module ``wanted``: the
-    reference is ``model`` in float64, the ideal run the tapped copy run eagerly at the candidate's dtype."""
+    """A module candidate with a value for every module ``wanted``: the reference is ``model`` in float64, the
+    ideal run a copy of the candidate's module with a tap at every such module, run eagerly at the candidate's
+    dtype. Under inductor the rows are the buffers the compiled program writes (:func:`_rows_from_buffers`:
+    one compile); under another backend, or where dynamo broke the graph, a copy compiled with the taps inside
+    (:func:`_rows_from_hooks`)."""
     # the PyTorch side loads with a compiled candidate only
-    from ..pytorch.compiled import (
-        HookTaps,
-        breaks_in,
-        compilation_of,
-        explained,
-        graph_breaks,
-        own_frames,
-        tappable,
-    )
+    from ..pytorch.compiled import HookTaps, compilation_of, own_frames, tappable
     from ..pytorch.lowering import weight_record
     from ..pytorch.wrapper import input_names
 
@@ -283,18 +279,14 @@ def tapped_module(model: Any, method: Any, candidate: Any, runs: list[tuple[tupl
     names = input_names(module, method, tuple(args), kwargs)
     inputs = [InputInfo(n, "tensor(float)", list(a.shape)) for n, a in zip(names, form.tensors(tuple(args), kwargs))]
     twin = own_frames(copy.deepcopy(module))
-    taps = HookTaps(twin, method, tappable(twin, wanted))
+    paths = tappable(twin, wanted)
+    taps = HookTaps(twin, method, paths)
     with compilation.running():
-        taps.named(taps(*args, **kwargs))  # the eager run names the calls
-    own = list(taps._own)
-    plain = ModuleEngine(candidate if compilation.ctx is not None else module, inputs, compilation, None, own, form)
-    made, collected = explained(compilation, taps)
-    tapped = ModuleEngine(made, inputs, compilation, taps.named, own, form)
-    if collected is not None:  # its compile collects the graph breaks: compiled now, before the rows are planned
-        tapped.run(None, {i.name: t.detach().cpu().numpy() for i, t in zip(inputs, form.tensors(tuple(args), kwargs))})
-        breaks = breaks_in(twin, collected())
-    else:
-        breaks = graph_breaks(twin, taps, tuple(args), compilation.ctx)
+        eager = taps.named(taps(*args, **kwargs))  # the eager run names the calls
+    feed = {i.name: t.detach().cpu().numpy() for i, t in zip(inputs, form.tensors(tuple(args), kwargs))}
+    rows = _rows_from_buffers(module, method, compilation, taps, eager, paths, inputs, form, feed)
+    if rows is None or rows.tapped is None:
+        rows = _rows_from_hooks(candidate, module, compilation, taps, inputs, form, feed, rows)
 
     def ideal(sample: tuple, sample_kwargs: dict | None = None) -> dict[str, np.ndarray]:
         from ..pytorch.values import tensor_to_numpy
@@ -304,18 +296,111 @@ def tapped_module(model: Any, method: Any, candidate: Any, runs: list[tuple[tupl
         return {n: tensor_to_numpy(v, copy=True) for n, v in values.items()}
 
     notes: dict[str, str] = {}
-    for b in breaks:
+    for b in rows.breaks:
         for path in b.modules:
             notes[path] = f"graph break in its forward ({b.reason}): the op there ran eager, between compiled graphs"
-    program = TappedProgram(Path(compilation.describe()), plain, CompiledRuntime(compilation.describe(),
-                            compilation.precision), own, tapped, dict(taps.names),
+    program = TappedProgram(Path(compilation.describe()), rows.plain, CompiledRuntime(compilation.describe(),
+                            compilation.precision), list(taps._own), rows.tapped, rows.names,
                             formats=TensorFormats(default=Format(compilation.precision)), ideal=ideal,
-                            weights=weight_record(module) if module is not model else None)
+                            weights=weight_record(module) if module is not model else None,
+                            absorbed=rows.absorbed, missing=rows.missing, rows_from=rows.rows_from,
+                            fused_by=("inductor", "kernel"))
     _judge_against_float64(program, model, method, tuple(args), kwargs, compilation)
     program.row_notes = notes
     program.shown = type(module).__name__
-    program.notes = [_breaks_note(breaks), *program.notes] if breaks else program.notes
+    program.notes = [_breaks_note(rows.breaks), *program.notes] if rows.breaks else program.notes
     return program
+
+
+@dataclass
+class _Rows:
+    """Where a module candidate's rows come from: the program (``plain``), the program that hands out module
+    values (``tapped``; ``None`` until made), their names by module call, and the calls without one."""
+
+    plain: ModuleEngine
+    tapped: ModuleEngine | None = None
+    names: dict[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
+    breaks: list[Any] = field(default_factory=list)
+    absorbed: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)
+    missing: dict[tuple[str, int], str] = field(default_factory=dict)
+    rows_from: str = ""
+
+
+#: how rows read an inductor program's own buffers
+ROWS_FROM_BUFFERS = ("module rows are the buffers the compiled program itself writes, read as it runs (its kernels "
+                     "are those of a plain compile: compiled once); a module inductor fused into a later kernel is "
+                     "absorbed there; the output row is the candidate's own")
+
+
+def _rows_from_buffers(module: Any, method: Any, compilation: Any, taps: Any, eager: dict[str, Any], paths: set[str],
+                       inputs: list[InputInfo], form: CallForm, feed: dict[str, np.ndarray]) -> _Rows | None:
+    """Rows from the buffers of ``module`` compiled once by inductor, its wrapper storing each module's value
+    (``None``: another backend, or a torch whose inductor this cannot read); with graph breaks, only the
+    program (``tapped`` is ``None``: the breaks' modules ran eager, outside any buffer)."""
+    from ..pytorch import inductor_taps
+    from ..pytorch.compiled import breaks_in
+
+    if compilation.ctx is None or compilation.backend() != "inductor" or not inductor_taps.available():
+        return None
+    made = inductor_taps.BufferTaps(module, method, compilation, paths)
+    own = list(taps._own)
+    plain = ModuleEngine(made.runner(record=False), inputs, compilation, made.wrapper.named, own, form)
+    tapped = ModuleEngine(made.runner(record=True), inputs, compilation, made.named, own, form)
+    tapped.run(None, feed)  # compiled here, once: the plain engine runs the same program
+    breaks = breaks_in(made.wrapper.model, made.collected()) if made.collected is not None else []
+    if breaks or made.plan.unread or (taps.names and not made.last):  # rows from hooks, beside this program
+        return _Rows(plain, breaks=breaks)
+    rows = _Rows(plain, tapped, rows_from=ROWS_FROM_BUFFERS)
+    for key, names in taps.names.items():
+        got, shape = made.last.get(key), tuple(eager[names[0]].shape)
+        if len(names) != 1 or got is None:
+            continue
+        if key in made.plan.reshaped and got.numel() == eager[names[0]].numel():
+            made.shapes[key] = shape
+        if tuple(got.shape) == shape or key in made.shapes:
+            rows.names[key] = names
+    for key, names in taps.names.items():
+        holder = made.plan.absorbed.get(key)
+        if key in rows.names:
+            continue
+        if holder in rows.names:
+            rows.absorbed[key] = holder
+        else:
+            rows.missing[key] = _no_buffer(names, made.last.get(key), eager)
+    return rows
+
+
+def _no_buffer(names: tuple[str, ...], got: Any, eager: dict[str, Any]) -> str:
+    """Why a module call has no buffer of an inductor program to read."""
+    if len(names) != 1:
+        return "it returns several tensors: an inductor program's buffers are read for modules returning one"
+    if got is not None:
+        return (f"the buffer inductor wrote for it has shape {list(got.shape)}, not the module's "
+                f"{list(eager[names[0]].shape)}")
+    return ("no buffer of the compiled program holds its value: it returns its input or a view of another value, or "
+            "inductor computed it inside a kernel that writes no module's value")
+
+
+def _rows_from_hooks(candidate: Any, module: Any, compilation: Any, taps: Any, inputs: list[InputInfo],
+                     form: CallForm, feed: dict[str, np.ndarray], rows: _Rows | None) -> _Rows:
+    """Rows from a copy of the candidate compiled with ``taps`` inside its graph (a second compile), beside the
+    program ``rows`` already made (default: the candidate itself)."""
+    from ..pytorch.compiled import breaks_in, explained, graph_breaks
+
+    own = list(taps._own)
+    plain = rows.plain if rows is not None else ModuleEngine(candidate if compilation.ctx is not None else module,
+                                                             inputs, compilation, None, own, form)
+    made, collected = explained(compilation, taps)
+    tapped = ModuleEngine(made, inputs, compilation, taps.named, own, form)
+    if rows is not None and rows.breaks:
+        breaks = rows.breaks
+    elif collected is not None:  # its compile collects the graph breaks: compiled now, before the rows are planned
+        tapped.run(None, feed)
+        breaks = breaks_in(taps.model, collected())
+    else:
+        args, _ = form.fill(_tensors(feed, inputs))
+        breaks = graph_breaks(taps.model, taps, tuple(args), compilation.ctx)
+    return _Rows(plain, tapped, dict(taps.names), breaks)
 
 
 def _judge_against_float64(program: TappedProgram, model: Any, method: Any, args: tuple, kwargs: dict,

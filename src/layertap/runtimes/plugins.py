@@ -193,6 +193,8 @@ class TappedProgram:
     #: module calls the program holds no value of because the converter fused them into another module's op:
     #: ``(path, call)`` -> that module's path and call (their rows are ``absorbed`` there)
     absorbed: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)
+    #: what fused an absorbed call, and into what of the holder's (its row's note)
+    fused_by: tuple[str, str] = ("the converter", "op")
     #: why a module call has no counterpart, by ``(path, call)``; ``unmatched``: the note of every other call
     #: without one (default: its output is not floating tensors)
     missing: dict[tuple[str, int], str] = field(default_factory=dict)
