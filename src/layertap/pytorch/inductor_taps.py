@@ -83,6 +83,8 @@ class Plan:
     absorbed: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)
     #: calls whose value is a buffer's read in another shape (a ``Flatten`` of a pooled value)
     reshaped: set[tuple[str, int]] = field(default_factory=set)
+    #: calls with a node of their own in some graph (the others compute nothing: an ``Identity``)
+    seen: set[tuple[str, int]] = field(default_factory=set)
     graphs: int = 0
     #: graphs whose wrapper could not be rewritten (they store nothing)
     unread: int = 0
@@ -112,12 +114,15 @@ def _calls_of(node: fx.Node, paths: dict[int, str]) -> dict[str, tuple[str, int]
     return out
 
 
-def plan_buffers(lowering: Any, paths: dict[int, str], plan: Plan) -> dict[str, tuple[tuple[str, int], ...]]:
-    """The buffers of one lowered graph to store, by name -> the module calls whose value each holds (``plan``
-    gains them, the calls read through a reshape of a buffer, and the calls their kernels absorbed: each into
-    the first stored buffer from the first one whose kernel computed it on)."""
+def plan_buffers(lowering: Any, paths: dict[int, str], plan: Plan,
+                 written: set[str]) -> dict[str, tuple[tuple[str, int], ...]]:
+    """The buffers of one lowered graph to store, by name -> the module calls whose value each holds, among the
+    buffers ``written`` by a kernel line of its wrapper (one a kernel keeps to itself is never written out).
+    ``plan`` gains them, the calls read through a reshape of a buffer, and the calls their kernels absorbed:
+    each into the first stored buffer from the first one whose kernel computed it on."""
     outputs = module_outputs(lowering.graph, paths)
-    held = _held_nodes(lowering)
+    plan.seen.update(call for node in lowering.graph.nodes for call in _calls_of(node, paths).values())
+    held = {node: name for node, name in _held_nodes(lowering).items() if name in written}
     stored: dict[str, tuple[tuple[str, int], ...]] = {}
     for node, calls in outputs.items():
         base = node
@@ -170,10 +175,29 @@ def _is_reshape(node: fx.Node) -> bool:
         isinstance(node.args[0], fx.Node)
 
 
-#: wrapper lines that write no buffer: allocations, reuses, frees, checks, returns, comments
-_NOT_A_KERNEL = re.compile(r"^\s*(?:#|del\b|assert_|return\b|buf\d+ = (?:empty_strided|alloc_from_pool|buf\d+;|"
-                           r"reinterpret_tensor\(buf\d+, [^;]*; del buf\d+))")
+#: wrapper lines that write no buffer: allocations, aliases and reuses, frees, checks, returns, comments
+_NOT_A_KERNEL = re.compile(r"^\s*(?:#|del\b|assert_|return\b|buf\d+ = (?:empty\w*\(|torch\.empty\w*\(|"
+                           r"alloc_from_pool\(|reinterpret_tensor\(|buf\d+\b))")
 _BUF = re.compile(r"\bbuf\d+\b")
+
+
+def _kernel_lines(lines: list[str]) -> Iterator[tuple[int, list[str]]]:
+    """The lines of a wrapper's ``call`` function that launch a kernel, each with the buffers it names."""
+    start = next((i for i, line in enumerate(lines) if re.match(r"\s*def call\(", line)), None)
+    if start is None:
+        return
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    for i in range(start + 1, len(lines)):
+        line = lines[i]
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            return
+        if not _NOT_A_KERNEL.match(line) and not line.rstrip().endswith((":", "(", ",", "\\")):
+            yield i, list(dict.fromkeys(_BUF.findall(line)))
+
+
+def written_buffers(code: str) -> set[str]:
+    """The buffers a kernel line of the wrapper ``code`` names (a buffer a kernel keeps to itself is not one)."""
+    return {b for _, names in _kernel_lines(code.split("\n")) for b in names}
 
 
 def rewrite(code: str, stored: dict[str, tuple[tuple[str, int], ...]]) -> str:
@@ -192,23 +216,16 @@ def rewrite(code: str, stored: dict[str, tuple[tuple[str, int], ...]]) -> str:
         from layertap.pytorch.inductor_taps import store as _layertap_store
     """
     lines = code.split("\n")
-    start = next((i for i, line in enumerate(lines) if re.match(r"\s*def call\(", line)), None)
-    if start is None or not stored:
-        return code
-    indent = len(lines[start]) - len(lines[start].lstrip())
     done: set[str] = set()
-    for i in range(start + 1, len(lines)):
-        line = lines[i]
-        if line.strip() and len(line) - len(line.lstrip()) <= indent:
-            break
-        if _NOT_A_KERNEL.match(line) or line.rstrip().endswith((":", "(", ",", "\\")):
-            continue
-        new = [b for b in dict.fromkeys(_BUF.findall(line)) if b in stored and b not in done]
+    for i, names in _kernel_lines(lines):
+        new = [b for b in names if b in stored and b not in done]
         if new:
             done.update(new)
-            body, hash_, comment = line.partition("  #")
+            body, hash_, comment = lines[i].partition("  #")
             calls = "".join(f"; _layertap_store({stored[b]!r}, {b})" for b in new)
             lines[i] = body.rstrip() + calls + (f"  #{comment}" if hash_ else "")
+    if not done:
+        return code
     return "\n".join(lines) + "\nfrom layertap.pytorch.inductor_taps import store as _layertap_store\n"
 
 
@@ -223,7 +240,7 @@ def rewriting(paths: dict[int, str], plan: Plan) -> Iterator[None]:
     original = GraphLowering._compile_to_module_lines
 
     def compile_lines(self: Any, wrapper_code: Any) -> Any:
-        code = rewrite(wrapper_code.value, plan_buffers(self, paths, plan))
+        code = rewrite(wrapper_code.value, plan_buffers(self, paths, plan, written_buffers(wrapper_code.value)))
         try:
             compile(code, "<inductor wrapper>", "exec")
         except SyntaxError:  # a wrapper this cannot read: it runs as inductor wrote it, and stores nothing

@@ -351,7 +351,18 @@ def _rows_from_buffers(module: Any, method: Any, compilation: Any, taps: Any, ea
     if breaks or made.plan.unread or (taps.names and not made.last):  # rows from hooks, beside this program
         return _Rows(plain, breaks=breaks)
     rows = _Rows(plain, tapped, rows_from=ROWS_FROM_BUFFERS)
-    for key, names in taps.names.items():
+    _buffer_rows(rows, taps.names, eager, made)
+    return rows
+
+
+def _buffer_rows(rows: _Rows, calls: dict[tuple[str, int], tuple[str, ...]], eager: dict[str, Any], made: Any) -> None:
+    """Name each module call's value among the buffers ``made`` stored (one the module's shape, or a reshape of
+    one); a call that computes nothing in the program (an ``Identity``) reads the last earlier call whose eager
+    value it is; the others are absorbed into the call whose buffer the kernel that computed them writes, or
+    missing, with why."""
+    import torch
+
+    for key, names in calls.items():
         got, shape = made.last.get(key), tuple(eager[names[0]].shape)
         if len(names) != 1 or got is None:
             continue
@@ -359,26 +370,34 @@ def _rows_from_buffers(module: Any, method: Any, compilation: Any, taps: Any, ea
             made.shapes[key] = shape
         if tuple(got.shape) == shape or key in made.shapes:
             rows.names[key] = names
-    for key, names in taps.names.items():
+    order = list(calls)
+    for i, (key, names) in enumerate(calls.items()):
         holder = made.plan.absorbed.get(key)
         if key in rows.names:
             continue
         if holder in rows.names:
             rows.absorbed[key] = holder
+            continue
+        same = next((k for k in reversed(order[:i]) if k in rows.names and len(names) == 1 and key not in made.plan.seen
+                     and eager[rows.names[k][0]].shape == eager[names[0]].shape
+                     and torch.equal(eager[rows.names[k][0]], eager[names[0]])), None)
+        if same is not None:
+            rows.names[key] = rows.names[same]
         else:
-            rows.missing[key] = _no_buffer(names, made.last.get(key), eager)
-    return rows
+            rows.missing[key] = _no_buffer(names, made.last.get(key), eager, key in made.plan.seen)
 
 
-def _no_buffer(names: tuple[str, ...], got: Any, eager: dict[str, Any]) -> str:
+def _no_buffer(names: tuple[str, ...], got: Any, eager: dict[str, Any], seen: bool) -> str:
     """Why a module call has no buffer of an inductor program to read."""
     if len(names) != 1:
         return "it returns several tensors: an inductor program's buffers are read for modules returning one"
     if got is not None:
         return (f"the buffer inductor wrote for it has shape {list(got.shape)}, not the module's "
                 f"{list(eager[names[0]].shape)}")
-    return ("no buffer of the compiled program holds its value: it returns its input or a view of another value, or "
-            "inductor computed it inside a kernel that writes no module's value")
+    if not seen:
+        return "it computes nothing in the compiled program: it returns its input (as Identity, and Dropout in eval)"
+    return ("no buffer of the compiled program holds its value: it is a view of another value, or inductor computed "
+            "it inside a kernel that writes no module's value")
 
 
 def _rows_from_hooks(candidate: Any, module: Any, compilation: Any, taps: Any, inputs: list[InputInfo],
