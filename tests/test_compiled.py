@@ -382,3 +382,20 @@ def test_the_wrapper_gets_a_store_after_the_kernel_that_writes_each_buffer_and_n
     assert got[13] == "        cpp_fused_add_2(buf2, buf3)"  # read after: stored once, where it was written
     assert got[-2:] == ["from layertap.pytorch.inductor_taps import store as _layertap_store", ""]
     assert len(got) == len(code.split("\n")) + 2  # the import goes at the end: every line keeps its number
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("autocast", [None, "bf16"])
+def test_an_inductor_timm_vision_transformer_passes_at_float32_and_under_bf16_autocast(autocast):
+    """Attention under inductor: the fused kernels' buffers are the rows; a LayerScale or DropPath that computes
+    nothing in the program reads the value it returns (its block's attention output)."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=10).eval()
+    x = torch.randn(1, 3, 32, 32)
+    report = lt.compare(model, x, torch.compile(model), runtime_options=RuntimeOptions(autocast=autocast))
+    assert report.ok, str(report)
+    rows = {r.name: r for r in report.rows}
+    assert {rows[n].status for n in ("blocks.0.attn.qkv", "blocks.1.mlp.fc2", "blocks.1.ls2", "head")} == {"pass"}
+    assert rows["blocks.1.ls2"].format_rel == rows["blocks.1.mlp.drop2"].format_rel  # the value it returns
+    assert report.versus == ("compiled", f"eager {'bfloat16' if autocast else 'float32'}", "float64")
