@@ -399,3 +399,36 @@ def test_an_inductor_timm_vision_transformer_passes_at_float32_and_under_bf16_au
     assert {rows[n].status for n in ("blocks.0.attn.qkv", "blocks.1.mlp.fc2", "blocks.1.ls2", "head")} == {"pass"}
     assert rows["blocks.1.ls2"].format_rel == rows["blocks.1.mlp.drop2"].format_rel  # the value it returns
     assert report.versus == ("compiled", f"eager {'bfloat16' if autocast else 'float32'}", "float64")
+
+
+class _Two(nn.Module):
+    """A module returning two values of different shapes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tanh(self.a(x)), self.b(x).relu()
+
+
+class _TwoHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.two, self.head = _Two(), nn.Linear(20, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.two(x)
+        return self.head(torch.cat([a, b], -1))
+
+
+@pytest.mark.slow
+def test_a_module_returning_two_values_has_its_row_from_an_inductor_program():
+    """Each value of the tuple is read from the buffer the program writes for it, matched to the module's values
+    by shape."""
+    torch.manual_seed(0)
+    model, x = _TwoHead().eval(), torch.randn(2, 8)
+    report = lt.compare(model, x, torch.compile(model))
+    assert report.ok, str(report)
+    assert {r.name: r.status for r in report.rows}["two"] == "pass"
+    assert any("buffers the compiled program itself writes" in n for n in report.notes)

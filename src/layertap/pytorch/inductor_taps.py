@@ -33,12 +33,13 @@ import torch
 from torch import fx
 
 #: the stores of the runs being recorded (innermost last): ``(path, call)`` -> the value
-_RECORDING: list[dict[tuple[str, int], torch.Tensor]] = []
+_RECORDING: list[dict[tuple, torch.Tensor]] = []
 
 
-def store(calls: tuple[tuple[str, int], ...], value: torch.Tensor) -> None:
+def store(calls: tuple[tuple, ...], value: torch.Tensor) -> None:
     """Called by a rewritten wrapper after the kernel that wrote ``value``, the value of the module ``calls``
-    (``(path, call)``): kept while a run is recorded.
+    (``(path, call)``, or ``(path, call, k)``: the k-th value of a call returning several): kept while a run is
+    recorded.
 
     The clone is needed: a later kernel may reuse the buffer's memory in place."""
     if _RECORDING:
@@ -48,9 +49,10 @@ def store(calls: tuple[tuple[str, int], ...], value: torch.Tensor) -> None:
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[dict[tuple[str, int], torch.Tensor]]:
-    """The values the rewritten wrappers store while the block runs, by ``(module path, call)``."""
-    got: dict[tuple[str, int], torch.Tensor] = {}
+def recording() -> Iterator[dict[tuple, torch.Tensor]]:
+    """The values the rewritten wrappers store while the block runs, by ``(module path, call)`` (and
+    ``(path, call, k)``)."""
+    got: dict[tuple, torch.Tensor] = {}
     _RECORDING.append(got)
     try:
         yield got
@@ -79,8 +81,8 @@ class Plan:
     stored (by graph, buffer name -> module call), and the calls whose value a later module call's buffer
     absorbed."""
 
-    stored: set[tuple[str, int]] = field(default_factory=set)
-    absorbed: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)
+    stored: set[tuple] = field(default_factory=set)
+    absorbed: dict[tuple, tuple] = field(default_factory=dict)
     #: calls whose value is a buffer's read in another shape (a ``Flatten`` of a pooled value)
     reshaped: set[tuple[str, int]] = field(default_factory=set)
     #: calls with a node of their own in some graph (the others compute nothing: an ``Identity``)
@@ -90,18 +92,22 @@ class Plan:
     unread: int = 0
 
 
-def module_outputs(graph: fx.Graph, paths: dict[int, str]) -> dict[fx.Node, tuple[tuple[str, int], ...]]:
+def module_outputs(graph: fx.Graph, paths: dict[int, str]) -> dict[fx.Node, tuple[tuple, ...]]:
     """The module calls each node holds the value of, for the modules in ``paths`` (by ``id``): a call's value
-    is the last node inside it that a node outside it uses (or the graph returns). A block's value is often
-    its last child's: one node, several calls."""
-    found: dict[tuple[str, int], fx.Node] = {}
+    is the last node inside it that a node outside it uses (or the graph returns), keyed ``(path, call)``. A
+    block's value is often its last child's: one node, several calls. A call with several such nodes (a
+    module returning a tuple) also keys each ``(path, call, k)``, in graph order."""
+    escaping: dict[tuple[str, int], list[fx.Node]] = {}
     for node in graph.nodes:
         for key, call in _calls_of(node, paths).items():
             if any(u.op == "output" or key not in _calls_of(u, paths) for u in node.users):
-                found[call] = node
-    out: dict[fx.Node, tuple[tuple[str, int], ...]] = {}
-    for call, node in found.items():
-        out[node] = (*out.get(node, ()), call)
+                escaping.setdefault(call, []).append(node)
+    out: dict[fx.Node, tuple[tuple, ...]] = {}
+    for call, nodes in escaping.items():
+        out[nodes[-1]] = (*out.get(nodes[-1], ()), call)
+        if len(nodes) > 1:
+            for k, node in enumerate(nodes):
+                out[node] = (*out.get(node, ()), (*call, k))
     return out
 
 
@@ -115,7 +121,7 @@ def _calls_of(node: fx.Node, paths: dict[int, str]) -> dict[str, tuple[str, int]
 
 
 def plan_buffers(lowering: Any, paths: dict[int, str], plan: Plan,
-                 written: set[str]) -> dict[str, tuple[tuple[str, int], ...]]:
+                 written: set[str]) -> dict[str, tuple[tuple, ...]]:
     """The buffers of one lowered graph to store, by name -> the module calls whose value each holds, among the
     buffers ``written`` by a kernel line of its wrapper (one a kernel keeps to itself is never written out).
     ``plan`` gains them, the calls read through a reshape of a buffer, and the calls their kernels absorbed:
@@ -123,7 +129,7 @@ def plan_buffers(lowering: Any, paths: dict[int, str], plan: Plan,
     outputs = module_outputs(lowering.graph, paths)
     plan.seen.update(call for node in lowering.graph.nodes for call in _calls_of(node, paths).values())
     held = {node: name for node, name in _held_nodes(lowering).items() if name in written}
-    stored: dict[str, tuple[tuple[str, int], ...]] = {}
+    stored: dict[str, tuple[tuple, ...]] = {}
     for node, calls in outputs.items():
         base = node
         while base not in held and _is_reshape(base):
@@ -132,8 +138,8 @@ def plan_buffers(lowering: Any, paths: dict[int, str], plan: Plan,
             stored[held[base]] = (*stored.get(held[base], ()), *calls)
             if base is not node:
                 plan.reshaped.update(calls)
-    for name, calls in stored.items():  # the innermost module first: the one absorbed calls are named after
-        stored[name] = tuple(sorted(calls, key=lambda c: -c[0].count(".")))
+    for name, calls in stored.items():  # the innermost whole call first: the one absorbed calls are named after
+        stored[name] = tuple(sorted(calls, key=lambda c: (len(c) != 2, -c[0].count("."))))
         plan.stored.update(calls)
     holder = None
     for name in reversed(list(lowering.name_to_buffer)):  # each buffer's first stored buffer, from it on
@@ -200,7 +206,7 @@ def written_buffers(code: str) -> set[str]:
     return {b for _, names in _kernel_lines(code.split("\n")) for b in names}
 
 
-def rewrite(code: str, stored: dict[str, tuple[tuple[str, int], ...]]) -> str:
+def rewrite(code: str, stored: dict[str, tuple[tuple, ...]]) -> str:
     """The wrapper ``code`` with a store after the first kernel line that writes each buffer in ``stored``.
 
     Stores go on the kernel's own line (``kernel(...); _layertap_store(...)``) so the wrapper's line map
@@ -270,9 +276,11 @@ class BufferTaps:
         self.plan = Plan()
         self.wrapper = HookTaps(twin, method, set())  # the method as a module's forward, with no hook
         self.compiled, self.collected = explained(compilation, self.wrapper)
-        self.last: dict[tuple[str, int], torch.Tensor] = {}
+        self.last: dict[tuple, torch.Tensor] = {}
         #: the module's shape of each call in :attr:`Plan.reshaped` (its buffer is read in that shape)
-        self.shapes: dict[tuple[str, int], tuple[int, ...]] = {}
+        self.shapes: dict[tuple, tuple[int, ...]] = {}
+        #: the name of each value of a call returning several, by its store key ``(path, call, k)``
+        self.items: dict[tuple, str] = {}
 
     def runner(self, record: bool) -> Any:
         """The compiled program as a callable (``_orig_mod``: what compile errors name modules by)."""
@@ -293,9 +301,14 @@ class BufferTaps:
         return Run()
 
     def named(self, values: Any) -> dict[str, torch.Tensor]:
-        """The program's outputs by name, and the last recorded run's stores as ``PATH#CALL``."""
+        """The program's outputs by name, and the last recorded run's stores as ``PATH#CALL`` (``PATH#CALL[i]``:
+        the i-th value of a call returning several, as :attr:`items` names it)."""
         out = self.wrapper.named(values)
         for key, v in self.last.items():
+            if len(key) != 2:
+                if key in self.items:
+                    out[self.items[key]] = v
+                continue
             shape = self.shapes.get(key)
             out[f"{key[0]}#{key[1]}"] = v.reshape(shape) if shape is not None else v
         return out

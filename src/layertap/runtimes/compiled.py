@@ -364,6 +364,10 @@ def _buffer_rows(rows: _Rows, calls: dict[tuple[str, int], tuple[str, ...]], eag
 
     for key, names in calls.items():
         got, shape = made.last.get(key), tuple(eager[names[0]].shape)
+        items = _tuple_items(key, names, eager, made.last) if len(names) > 1 else {}
+        if items:
+            made.items.update(items)
+            rows.names[key] = names
         if len(names) != 1 or got is None:
             continue
         if key in made.plan.reshaped and got.numel() == eager[names[0]].numel():
@@ -385,6 +389,23 @@ def _buffer_rows(rows: _Rows, calls: dict[tuple[str, int], tuple[str, ...]], eag
             rows.names[key] = rows.names[same]
         else:
             rows.missing[key] = _no_buffer(names, made.last.get(key), eager, key in made.plan.seen)
+
+
+def _tuple_items(call: tuple[str, int], names: tuple[str, ...], eager: dict[str, Any],
+                 last: dict[tuple, Any]) -> dict[tuple, str]:
+    """The name of each value a call returning several stored (``(path, call, k)`` -> ``PATH#CALL[i]``): matched
+    by shape where the module's values differ in shape, else in order where the shapes agree in order; none
+    where a value has no buffer or the match is not certain."""
+    got = sorted(((k, v) for k, v in last.items() if len(k) == 3 and k[:2] == call), key=lambda kv: kv[0][2])
+    shapes = [tuple(eager[n].shape) for n in names]
+    if len(got) != len(names):
+        return {}
+    if len(set(shapes)) == len(shapes):
+        by_shape = {tuple(v.shape): k for k, v in got}
+        return {by_shape[s]: n for s, n in zip(shapes, names)} if set(by_shape) == set(shapes) else {}
+    if [tuple(v.shape) for _, v in got] == shapes:
+        return {k: n for (k, _), n in zip(got, names)}
+    return {}
 
 
 def _no_buffer(names: tuple[str, ...], got: Any, eager: dict[str, Any], seen: bool) -> str:
