@@ -166,7 +166,7 @@ class MappedReference:
             item.status, (item.fused_into, item.fused_call) = ABSORBED, holder
             shown = f"{holder[0]}#{holder[1]}" if counts.get(holder[0], 1) > 1 else holder[0]
             by, unit = program.fused_by
-            item.note = f"{by} fused it into {shown}'s {unit}: no tensor of the program holds its value"
+            item.note = f"{by} fused it into {shown}'s {unit}; compared there"
             return
         item.status = NO_COUNTERPART
         item.note = item.mc.note or program.missing.get(key) or program.unmatched or (
