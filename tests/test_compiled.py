@@ -432,3 +432,24 @@ def test_a_module_returning_two_values_has_its_row_from_an_inductor_program():
     assert report.ok, str(report)
     assert {r.name: r.status for r in report.rows}["two"] == "pass"
     assert any("buffers the compiled program itself writes" in n for n in report.notes)
+
+
+class _Recurrent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc, self.gru, self.head = nn.Linear(8, 16), nn.GRU(16, 32, batch_first=True), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, h = self.gru(torch.tanh(self.enc(x)))
+        return self.head(out[:, -1] + h[-1])
+
+
+def test_a_model_dynamo_compiles_nothing_of_says_its_rows_are_eager():
+    """Dynamo skips RNN modules (``allow_rnn`` off) and so runs the whole frame eagerly: the rows are right,
+    and the report says they are eager PyTorch's, not compiled kernels'."""
+    torch.manual_seed(0)
+    model, x = _Recurrent().eval(), torch.randn(2, 5, 8)
+    report = lt.compare(model, x, torch.compile(model))
+    assert report.ok, str(report)
+    assert {r.name: r.status for r in report.rows}["gru"] == "pass"
+    assert any(n.startswith("dynamo compiled no graph of the model") for n in report.notes)

@@ -308,7 +308,7 @@ def tapped_module(model: Any, method: Any, candidate: Any, runs: list[tuple[tupl
     _judge_against_float64(program, model, method, tuple(args), kwargs, compilation)
     program.row_notes = notes
     program.shown = type(module).__name__
-    program.notes = [_breaks_note(rows.breaks), *program.notes] if rows.breaks else program.notes
+    program.notes = [*([_breaks_note(rows.breaks)] if rows.breaks else []), *rows.notes, *program.notes]
     return program
 
 
@@ -324,6 +324,13 @@ class _Rows:
     absorbed: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)
     missing: dict[tuple[str, int], str] = field(default_factory=dict)
     rows_from: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+#: what a report says when dynamo compiled no graph of the candidate's module at all
+NOTHING_COMPILED = ("dynamo compiled no graph of the model: it ran eagerly, so the compiled rows are eager PyTorch's "
+                    "(dynamo skips nn.RNN/LSTM/GRU modules unless torch._dynamo.config.allow_rnn = True, and frames "
+                    "it cannot trace)")
 
 
 #: how rows read an inductor program's own buffers
@@ -349,7 +356,7 @@ def _rows_from_buffers(module: Any, method: Any, compilation: Any, taps: Any, ea
     tapped.run(None, feed)  # compiled here, once: the plain engine runs the same program
     breaks = breaks_in(made.wrapper.model, made.collected()) if made.collected is not None else []
     if breaks or made.plan.unread or (taps.names and not made.last):  # rows from hooks, beside this program
-        return _Rows(plain, breaks=breaks)
+        return _Rows(plain, breaks=breaks, notes=[] if made.plan.graphs else [NOTHING_COMPILED])
     rows = _Rows(plain, tapped, rows_from=ROWS_FROM_BUFFERS)
     _buffer_rows(rows, taps.names, eager, made)
     return rows
@@ -440,7 +447,7 @@ def _rows_from_hooks(candidate: Any, module: Any, compilation: Any, taps: Any, i
     else:
         args, _ = form.fill(_tensors(feed, inputs))
         breaks = graph_breaks(taps.model, taps, tuple(args), compilation.ctx)
-    return _Rows(plain, tapped, dict(taps.names), breaks)
+    return _Rows(plain, tapped, dict(taps.names), breaks, notes=rows.notes if rows is not None else [])
 
 
 def _judge_against_float64(program: TappedProgram, model: Any, method: Any, args: tuple, kwargs: dict,
