@@ -41,7 +41,15 @@ def store(calls: tuple[tuple, ...], value: torch.Tensor) -> None:
     (``(path, call)``, or ``(path, call, k)``: the k-th value of a call returning several): kept while a run is
     recorded.
 
-    The clone is needed: a later kernel may reuse the buffer's memory in place."""
+    The clone is needed: a later kernel may reuse the buffer's memory in place.
+
+    Example:
+        >>> store((("fc", 0),), torch.ones(2))  # no run recorded: nothing kept
+        >>> with recording() as got:
+        ...     store((("fc", 0), ("head", 0)), torch.ones(2))
+        >>> sorted(got), got[("fc", 0)] is got[("head", 0)]
+        ([('fc', 0), ('head', 0)], True)
+    """
     if _RECORDING:
         kept = value.clone()
         for call in calls:
@@ -61,7 +69,12 @@ def recording() -> Iterator[dict[tuple, torch.Tensor]]:
 
 
 def available() -> bool:
-    """Whether this torch's inductor writes the Python wrapper this module rewrites."""
+    """Whether this torch's inductor writes the Python wrapper this module rewrites.
+
+    Example:
+        >>> available()
+        True
+    """
     from torch._inductor.graph import GraphLowering  # noqa: PLC0415 -- inductor loads with a compiled candidate
 
     return callable(getattr(GraphLowering, "_compile_to_module_lines", None))
@@ -96,7 +109,17 @@ def module_outputs(graph: fx.Graph, paths: dict[int, str]) -> dict[fx.Node, tupl
     """The module calls each node holds the value of, for the modules in ``paths`` (by ``id``): a call's value
     is the last node inside it that a node outside it uses (or the graph returns), keyed ``(path, call)``. A
     block's value is often its last child's: one node, several calls. A call with several such nodes (a
-    module returning a tuple) also keys each ``(path, call, k)``, in graph order."""
+    module returning a tuple) also keys each ``(path, call, k)``, in graph order.
+
+    Example:
+        >>> g = fx.Graph()
+        >>> x = g.placeholder("x")
+        >>> y = g.call_function(torch.relu, (x,))
+        >>> y.meta["nn_module_stack"] = {"7": ("L['self'].block", torch.nn.Module), "9": ("L['self'].block.act", torch.nn.ReLU)}
+        >>> _ = g.output(y)
+        >>> module_outputs(g, {7: "block", 9: "block.act"})
+        {relu: (('block', 0), ('block.act', 0))}
+    """
     escaping: dict[tuple[str, int], list[fx.Node]] = {}
     for node in graph.nodes:
         for key, call in _calls_of(node, paths).items():
@@ -202,7 +225,13 @@ def _kernel_lines(lines: list[str]) -> Iterator[tuple[int, list[str]]]:
 
 
 def written_buffers(code: str) -> set[str]:
-    """The buffers a kernel line of the wrapper ``code`` names (a buffer a kernel keeps to itself is not one)."""
+    """The buffers a kernel line of the wrapper ``code`` names (a buffer a kernel keeps to itself is not one).
+
+    Example:
+        >>> sorted(written_buffers("def call(args):\\n    buf0 = empty_strided_cpu((2,), (1,))\\n"
+        ...                        "    kernel_0(arg0_1, buf0)\\n    buf1 = buf0; del buf0  # reuse\\n"))
+        ['buf0']
+    """
     return {b for _, names in _kernel_lines(code.split("\n")) for b in names}
 
 
