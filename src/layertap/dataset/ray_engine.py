@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import shutil
 import sys
 from typing import Any
 
@@ -31,7 +30,7 @@ from .batches import ShardAssembler, ShardData, batch_ranges, shard_count
 from .job import Job
 from .local_engine import progress_bar
 from .manifest import Manifest
-from .shards import publish_shard, remove_leftovers
+from .shards import discard, publish_shard, remove_leftovers
 
 
 def run_ray(job: Job, address: str | None, progress: bool | None) -> int:
@@ -140,8 +139,7 @@ def _record(job: Job, rec: dict) -> None:
             listed = False
         if not listed:
             job.manifest.shards.pop(rec["index"], None)
-            shard = job.out / name
-            shutil.rmtree(shard, ignore_errors=True) if shard.is_dir() else shard.unlink(missing_ok=True)
+            discard(job.out / name)
         raise
 
 

@@ -120,12 +120,8 @@ def _atomic(target: Path, *, is_dir: bool, publish: bool = True) -> Iterator[Pat
             shutil.rmtree(target)
         os.replace(tmp, target)
     except BaseException:
-        if tmp.exists():
-            shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
+        discard(tmp)
         raise
-    finally:
-        if publish and tmp.exists():
-            shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
 
 
 def _umask() -> int:
@@ -137,7 +133,12 @@ def _umask() -> int:
 def remove_leftovers(out: Path) -> None:
     """Delete temporary shards a killed run left behind (only layertap's own names)."""
     for p in out.glob(f"{TMP_PREFIX}*.tmp"):
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        discard(p)
+
+
+def discard(path: Path) -> None:
+    """Delete a shard file or folder (a temporary one, or one its manifest does not list), if it is there."""
+    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 # -- safetensors (written by hand: memory-mappable, bfloat16 kept as BF16) ------

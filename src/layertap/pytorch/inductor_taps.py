@@ -105,7 +105,7 @@ class Plan:
     unread: int = 0
 
 
-def module_outputs(graph: fx.Graph, paths: dict[int, str]) -> dict[fx.Node, tuple[tuple, ...]]:
+def call_nodes(graph: fx.Graph, paths: dict[int, str]) -> dict[fx.Node, tuple[tuple, ...]]:
     """The module calls each node holds the value of, for the modules in ``paths`` (by ``id``): a call's value
     is the last node inside it that a node outside it uses (or the graph returns), keyed ``(path, call)``. A
     block's value is often its last child's: one node, several calls. A call with several such nodes (a
@@ -117,13 +117,29 @@ def module_outputs(graph: fx.Graph, paths: dict[int, str]) -> dict[fx.Node, tupl
         >>> y = g.call_function(torch.relu, (x,))
         >>> y.meta["nn_module_stack"] = {"7": ("L['self'].block", torch.nn.Module), "9": ("L['self'].block.act", torch.nn.ReLU)}
         >>> _ = g.output(y)
-        >>> module_outputs(g, {7: "block", 9: "block.act"})
+        >>> call_nodes(g, {7: "block", 9: "block.act"})
         {relu: (('block', 0), ('block.act', 0))}
     """
-    escaping: dict[tuple[str, int], list[fx.Node]] = {}
+    return _call_nodes(_scopes(graph, paths))
+
+
+def _scopes(graph: fx.Graph, paths: dict[int, str]) -> dict[fx.Node, dict[str, tuple[str, int]]]:
+    """Each node's module calls among ``paths``: its ``nn_module_stack`` key -> ``(path, call)``."""
+    out: dict[fx.Node, dict[str, tuple[str, int]]] = {}
     for node in graph.nodes:
-        for key, call in _calls_of(node, paths).items():
-            if any(u.op == "output" or key not in _calls_of(u, paths) for u in node.users):
+        out[node] = {}
+        for key in (node.meta.get("nn_module_stack") or {}):
+            parsed = call_key(str(key))
+            if parsed is not None and parsed[0] in paths:
+                out[node][str(key)] = (paths[parsed[0]], parsed[1])
+    return out
+
+
+def _call_nodes(scopes: dict[fx.Node, dict[str, tuple[str, int]]]) -> dict[fx.Node, tuple[tuple, ...]]:
+    escaping: dict[tuple[str, int], list[fx.Node]] = {}
+    for node, calls in scopes.items():
+        for key, call in calls.items():
+            if any(u.op == "output" or key not in scopes[u] for u in node.users):
                 escaping.setdefault(call, []).append(node)
     out: dict[fx.Node, tuple[tuple, ...]] = {}
     for call, nodes in escaping.items():
@@ -134,23 +150,15 @@ def module_outputs(graph: fx.Graph, paths: dict[int, str]) -> dict[fx.Node, tupl
     return out
 
 
-def _calls_of(node: fx.Node, paths: dict[int, str]) -> dict[str, tuple[str, int]]:
-    out = {}
-    for key in (node.meta.get("nn_module_stack") or {}):
-        parsed = call_key(str(key))
-        if parsed is not None and parsed[0] in paths:
-            out[str(key)] = (paths[parsed[0]], parsed[1])
-    return out
-
-
 def plan_buffers(lowering: Any, paths: dict[int, str], plan: Plan,
                  written: set[str]) -> dict[str, tuple[tuple, ...]]:
     """The buffers of one lowered graph to store, by name -> the module calls whose value each holds, among the
     buffers ``written`` by a kernel line of its wrapper (one a kernel keeps to itself is never written out).
     ``plan`` gains them, the calls read through a reshape of a buffer, and the calls their kernels absorbed:
     each into the first stored buffer from the first one whose kernel computed it on."""
-    outputs = module_outputs(lowering.graph, paths)
-    plan.seen.update(call for node in lowering.graph.nodes for call in _calls_of(node, paths).values())
+    scopes = _scopes(lowering.graph, paths)
+    outputs = _call_nodes(scopes)
+    plan.seen.update(call for calls in scopes.values() for call in calls.values())
     held = {node: name for node, name in _held_nodes(lowering).items() if name in written}
     stored: dict[str, tuple[tuple, ...]] = {}
     for node, calls in outputs.items():

@@ -383,15 +383,16 @@ def _buffer_rows(rows: _Rows, calls: dict[tuple[str, int], tuple[str, ...]], eag
             rows.names[key] = names
     order = list(calls)
     for i, (key, names) in enumerate(calls.items()):
-        holder = made.plan.absorbed.get(key)
         if key in rows.names:
             continue
+        holder = made.plan.absorbed.get(key)
         if holder in rows.names:
             rows.absorbed[key] = holder
             continue
-        same = next((k for k in reversed(order[:i]) if k in rows.names and len(names) == 1 and key not in made.plan.seen
-                     and eager[rows.names[k][0]].shape == eager[names[0]].shape
-                     and torch.equal(eager[rows.names[k][0]], eager[names[0]])), None)
+        value = eager[names[0]]
+        same = None if len(names) != 1 or key in made.plan.seen else next(
+            (k for k in reversed(order[:i]) if k in rows.names and eager[rows.names[k][0]].shape == value.shape
+             and torch.equal(eager[rows.names[k][0]], value)), None)
         if same is not None:
             rows.names[key] = rows.names[same]
         else:
