@@ -111,50 +111,58 @@ def aeq_recipe(quantize: str, keep_float: Sequence[str] = (), outputs: Mapping[s
 def output_owners(model: nn.Module, method: Any, args: tuple) -> dict[str, list[str]]:
     """Module path -> the model's outputs (by name: ``output``, ``output[0]``) that are that module's own output
     tensor (the last module a value came out of)."""
-    returned: dict[tuple[int, tuple[int, ...]], str] = {}  # by storage and shape: outputs come back as views
-
-    def key(t: torch.Tensor) -> tuple[int, tuple[int, ...]]:
-        return t.data_ptr(), tuple(t.shape)
-
-    class _Returns(CallHooks):
-        def on_return(self, mod: Any, path: str, call: int, output: Any) -> None:
-            if isinstance(output, torch.Tensor) and path:
-                returned[key(output)] = path  # the last module to return it: the outermost
-
-    hooks = _Returns(model)
-    with hooks.hooks(), torch.no_grad():
-        out = bound_method(model, method)(*args)
-    owners: dict[str, list[str]] = {}
-    for name, value in output_tensors(out).items():
-        if key(value) in returned:
-            owners.setdefault(returned[key(value)], []).append(name)
-    return owners
+    return _Returns.run(model, method, args, {}).owners
 
 
 def module_outputs(model: nn.Module, method: Any, args: tuple, kwargs: Mapping[str, Any] | None = None
-                   ) -> tuple[dict[tuple[str, int], tuple[int, ...] | None], dict[str, str]]:
-    """What a program's tensors are matched against: each module call's output shape (``None``: not one floating
-    tensor), in the order calls return, and each module's class as litert-torch writes it in its location names
-    (the class's module and qualified name).
+                   ) -> tuple[dict[tuple[str, int], tuple[int, ...] | None], dict[str, str], dict[str, list[str]]]:
+    """What a program's tensors are matched against, from one forward: each module call's output shape (``None``:
+    not one floating tensor), in the order calls return; each module's class as litert-torch writes it in its
+    location names (the class's module and qualified name); and the model's outputs each module owns
+    (:func:`output_owners`).
 
     Example:
         >>> m = nn.Sequential(nn.Linear(4, 3), nn.ReLU()).eval()
-        >>> shapes, classes = module_outputs(m, "forward", (torch.ones(2, 4),))
-        >>> shapes, classes["1"]
-        ({('0', 0): (2, 3), ('1', 0): (2, 3)}, 'torch.nn.modules.activation.ReLU')
+        >>> shapes, classes, owners = module_outputs(m, "forward", (torch.ones(2, 4),))
+        >>> shapes, classes["1"], owners
+        ({('0', 0): (2, 3), ('1', 0): (2, 3)}, 'torch.nn.modules.activation.ReLU', {'1': ['output']})
     """
-    shapes: dict[tuple[str, int], tuple[int, ...] | None] = {}
-
-    class _Shapes(CallHooks):
-        def on_return(self, mod: Any, path: str, call: int, output: Any) -> None:
-            one = isinstance(output, torch.Tensor) and output.is_floating_point()
-            shapes[(path, call)] = tuple(output.shape) if one else None
-
-    hooks = _Shapes(model)
-    with hooks.hooks(), torch.no_grad():
-        bound_method(model, method)(*args, **dict(kwargs or {}))
+    seen = _Returns.run(model, method, args, dict(kwargs or {}))
     classes = {p: f"{type(m).__module__}.{type(m).__qualname__}" for p, m in model.named_modules()}
-    return shapes, classes
+    return seen.shapes, classes, seen.owners
+
+
+class _Returns(CallHooks):
+    """What one forward's module calls returned: each call's output shape (one floating tensor, else ``None``),
+    and the last module to return each tensor (the outermost), by storage and shape: outputs come back as
+    views."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.shapes: dict[tuple[str, int], tuple[int, ...] | None] = {}
+        self.returned: dict[tuple[int, tuple[int, ...]], str] = {}
+        self.owners: dict[str, list[str]] = {}
+
+    @staticmethod
+    def key(t: torch.Tensor) -> tuple[int, tuple[int, ...]]:
+        return t.data_ptr(), tuple(t.shape)
+
+    def on_return(self, mod: Any, path: str, call: int, output: Any) -> None:
+        one = isinstance(output, torch.Tensor) and output.is_floating_point()
+        self.shapes[(path, call)] = tuple(output.shape) if one else None
+        if isinstance(output, torch.Tensor) and path:
+            self.returned[self.key(output)] = path
+
+    @classmethod
+    def run(cls, model: nn.Module, method: Any, args: tuple, kwargs: dict[str, Any]) -> "_Returns":
+        """The model run once with these hooks, the owners of its outputs filled."""
+        seen = cls(model)
+        with seen.hooks(), torch.no_grad():
+            out = bound_method(model, method)(*args, **kwargs)
+        for name, value in output_tensors(out).items():
+            if seen.key(value) in seen.returned:
+                seen.owners.setdefault(seen.returned[seen.key(value)], []).append(name)
+        return seen
 
 
 class _Named(nn.Module):

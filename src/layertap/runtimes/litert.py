@@ -84,9 +84,10 @@ def recipe_path(path: str | os.PathLike) -> Path:
     return Path(str(path) + ".aeq.json")
 
 
-def _interpreter(path: Path, preserve_all: bool = False) -> Any:
+def _interpreter(path: Path, preserve_all: bool = False, allocate: bool = True) -> Any:
     """LiteRT's interpreter on the program at ``path`` (one-line errors: no such file, not a program, no extra);
-    ``preserve_all``: every tensor kept after a run (LiteRT's ``experimental_preserve_all_tensors``)."""
+    ``preserve_all``: every tensor kept after a run (LiteRT's ``experimental_preserve_all_tensors``);
+    ``allocate=False``: tensors left unallocated, so only the constants have data."""
     if not path.is_file():
         raise LayertapError(f"no such LiteRT program: '{path}'")
     with open(path, "rb") as f:
@@ -103,7 +104,8 @@ def _interpreter(path: Path, preserve_all: bool = False) -> Any:
             # keeping every tensor is what reading a program's inner tensors asks for; LiteRT warns about it
             warnings.filterwarnings("ignore", message=".*experimental_preserve_all_tensors.*")
             interpreter = Interpreter(model_path=str(path), experimental_preserve_all_tensors=preserve_all)
-            interpreter.allocate_tensors()
+            if allocate:
+                interpreter.allocate_tensors()
     except Exception as e:  # noqa: BLE001 - the runtime's own error, as one line
         raise OnnxFileError(f"LiteRT cannot load '{path}': {one_line(e, first=True)}") from None
     return interpreter
@@ -429,15 +431,7 @@ def program_constants(path: str | os.PathLike) -> list[tuple[str, np.ndarray, np
         ...
         layertap.errors.LayertapError: no such LiteRT program: 'missing.tflite'
     """
-    path = Path(path)
-    if not path.is_file():
-        raise LayertapError(f"no such LiteRT program: '{path}'")
-    try:
-        from ai_edge_litert.interpreter import Interpreter
-    except ImportError:
-        raise missing_litert() from None
-    with quiet_native_stderr():
-        interpreter = Interpreter(model_path=str(path))  # not allocated: only constant tensors have data
+    interpreter = _interpreter(Path(path), allocate=False)
     out = []
     for details in interpreter.get_tensor_details():
         try:
@@ -473,10 +467,9 @@ def _constant_values(raw: np.ndarray, details: Mapping[str, Any]) -> tuple[np.nd
 
 def _model_calls(model: Any, method: Any, args: tuple, kwargs: dict) -> ModelCalls:
     """The model's forward on one sample, as a program from elsewhere is matched against it."""
-    from ..pytorch.litert import module_outputs, output_owners
+    from ..pytorch.litert import module_outputs
 
-    shapes, classes = module_outputs(model, method, args, kwargs)
-    return ModelCalls(shapes, classes, output_owners(model, method, args))
+    return ModelCalls(*module_outputs(model, method, args, kwargs))
 
 
 def int8_judging(model: Any, tapped: Any, records: list[dict[str, Any]], engine: LiteRTEngine,
