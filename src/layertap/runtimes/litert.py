@@ -50,7 +50,16 @@ from .executorch import (
     sidecar_path,
     with_repeats,
 )
-from .litert_foreign import ModelCalls, chain_locator, explorer_nodes, foreign_layers, foreign_program, run_foreign
+from .litert_foreign import (
+    ModelCalls,
+    chain_locator,
+    dequantised,
+    explorer_nodes,
+    foreign_layers,
+    foreign_program,
+    quantised_format,
+    run_foreign,
+)
 from .plugins import VERBS, YES, ExplorerNode, RuntimeSettings, TappedProgram
 from .protocol import InputInfo, RuntimeInfo
 
@@ -162,10 +171,10 @@ class LiteRTEngine:
 
     def output_format(self, name: str) -> Format | None:
         """The int8 format an output is held in (its scale and zero point), ``None`` for a float output."""
-        return _quantised(self._out_details[name])
+        return quantised_format(self._out_details[name])
 
     def input_format(self, index: int) -> Format | None:
-        return _quantised(self._in_details[index])
+        return quantised_format(self._in_details[index])
 
     def run(self, names: Sequence[str] | None, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One run of the program on ``feed`` (by input name); ``names``: the outputs to hand back."""
@@ -182,42 +191,26 @@ class LiteRTEngine:
             raise OnnxFileError(f"LiteRT failed to run '{self.path}': {one_line(e, first=True)} "
                                 f"(it was converted for {shapes})") from None
         self.runs += 1
-        values = {n: _from_program(got[n], self._out_details[n]) for n in self._outputs}
+        values = {n: dequantised(got[n], self._out_details[n]) for n in self._outputs}
         return with_repeats(values, self.sidecar, feed, self._inputs, names)
 
 
 def _type_text(details: Mapping[str, Any]) -> str:
     """The type a value has for callers: float for a quantised one (the engine converts it both ways)."""
-    if _quantised(details) is not None:
+    if quantised_format(details) is not None:
         return "tensor(float)"
     return _TYPE_TEXT.get(np.dtype(details["dtype"]).name, "tensor(float)")
 
 
-def _quantised(details: Mapping[str, Any]) -> Format | None:
-    dtype = np.dtype(details["dtype"])
-    scale, zero = details.get("quantization", (0.0, 0))
-    if dtype.kind not in "iu" or not scale:
-        return None
-    return Format.quantised(dtype.name, np.float32(scale), np.int64(zero))
-
-
 def _to_program(value: np.ndarray, details: Mapping[str, Any]) -> np.ndarray:
     """A value as the program takes it: float quantised with the input's scale and zero point for an int8 input."""
-    fmt = _quantised(details)
+    fmt = quantised_format(details)
     dtype = np.dtype(details["dtype"])
     if fmt is not None and value.dtype.kind == "f":
         info = np.iinfo(dtype)
         q = np.round(value / np.float32(fmt.scale)) + np.float32(fmt.zero_point)
         return np.clip(q, info.min, info.max).astype(dtype)
     return np.ascontiguousarray(value.astype(dtype, copy=False))
-
-
-def _from_program(value: np.ndarray, details: Mapping[str, Any]) -> np.ndarray:
-    """An output as float: an int8 one dequantised with its scale and zero point."""
-    fmt = _quantised(details)
-    if fmt is None:
-        return np.array(value, copy=True)
-    return ((value.astype(np.float32) - np.float32(fmt.zero_point)) * np.float32(fmt.scale)).astype(np.float32)
 
 
 class LiteRTRuntime(ExecuTorchRuntime):

@@ -93,16 +93,14 @@ class KeptTensors:
     def __init__(self, engine: Any, picks: Mapping[str, Pick], subgraph: int = 0) -> None:
         self.engine, self.path, self.picks, self.subgraph = engine, engine.path, dict(picks), subgraph
         details = {d["index"]: d for d in engine.interpreter.get_tensor_details(subgraph)}
-        self._scales = {n: (_scale(d), np.dtype(d.get("dtype", np.float32)).name)
-                        for n, d in ((n, details.get(p.tensor, {})) for n, p in self.picks.items())}
+        self._details = {n: details.get(p.tensor, {}) for n, p in self.picks.items()}
 
     def get_inputs(self) -> list[Any]:
         return self.engine.get_inputs()
 
     def formats(self) -> dict[str, Format]:
         """The integer format each quantised tensor handed out is held in (its scale and zero point)."""
-        return {n: Format.quantised(dtype, np.float32(q[0]), np.int64(q[1])) for n, (q, dtype) in self._scales.items()
-                if q is not None}
+        return {n: f for n, d in self._details.items() if (f := quantised_format(d)) is not None}
 
     def output_names(self) -> list[str]:
         own = self.engine.output_names()
@@ -113,18 +111,37 @@ class KeptTensors:
         for name, pick in self.picks.items():
             if name not in values and (names is None or name in names):
                 raw = self.engine.interpreter.get_tensor(pick.tensor, self.subgraph)
-                scale = self._scales[name][0]
-                if scale is not None:  # an int8 tensor, as float
-                    raw = ((raw.astype(np.float32) - np.float32(scale[1])) * np.float32(scale[0])).astype(np.float32)
-                values[name] = pick.apply(np.array(raw, copy=True))
+                values[name] = pick.apply(dequantised(raw, self._details[name]))
         return values if names is None else {n: values[n] for n in names}
 
 
-def _scale(details: Mapping[str, Any]) -> tuple[float, int] | None:
-    """An integer tensor's scale and zero point (``None``: a float one, or integers that are not quantised)."""
+def quantised_format(details: Mapping[str, Any]) -> Format | None:
+    """The integer format an interpreter tensor is held in (its scale and zero point; ``None``: a float tensor, or
+    integers that are not quantised).
+
+    Example:
+        >>> fmt = quantised_format({"dtype": np.int8, "quantization": (0.5, 1)})
+        >>> float(fmt.scale), int(fmt.zero_point), quantised_format({"dtype": np.float32})
+        (0.5, 1, None)
+    """
+    dtype = np.dtype(details.get("dtype", np.float32))
     scale, zero = details.get("quantization", (0.0, 0))
-    kind = np.dtype(details.get("dtype", np.float32)).kind
-    return (float(scale), int(zero)) if kind in "iu" and scale else None
+    if dtype.kind not in "iu" or not scale:
+        return None
+    return Format.quantised(dtype.name, np.float32(scale), np.int64(zero))
+
+
+def dequantised(value: np.ndarray, details: Mapping[str, Any]) -> np.ndarray:
+    """An interpreter tensor's value as float (an int8 one dequantised with its scale and zero point), a copy.
+
+    Example:
+        >>> dequantised(np.array([3], np.int8), {"dtype": np.int8, "quantization": (0.5, 1)}).tolist()
+        [1.0]
+    """
+    fmt = quantised_format(details)
+    if fmt is None:
+        return np.array(value, copy=True)
+    return ((value.astype(np.float32) - np.float32(fmt.zero_point)) * np.float32(fmt.scale)).astype(np.float32)
 
 
 @dataclass
