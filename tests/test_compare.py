@@ -145,6 +145,29 @@ def test_batches_and_spill_give_the_same_rows(clean_reports, resnet18, resnet_in
             assert a.max_abs == pytest.approx(b.max_abs, abs=1e-5)
 
 
+@pytest.mark.parametrize("fixture", EXPORTERS)
+def test_values_the_file_folded_away_are_not_kept(request, monkeypatch, resnet18, resnet_input, fixture):
+    """A Conv whose BatchNorm the exporter folded in has no value in the file: the forward keeps its shape,
+    not a copy of its value, and every row is as when every value was kept."""
+    import layertap as lt
+    from layertap.comparing import torch_ref, torch_side
+
+    path = request.getfixturevalue(fixture)
+    copies: list[tuple[int, ...]] = []
+    to_numpy = torch_side.to_numpy
+    monkeypatch.setattr(torch_side, "to_numpy", lambda t: copies.append(tuple(t.shape)) or to_numpy(t))
+    lean = lt.compare(resnet18, resnet_input, path)
+    kept_lean = len(copies)
+    copies.clear()
+    monkeypatch.setattr(torch_ref, "absorbed_modules", lambda view: frozenset())
+    full = lt.compare(resnet18, resnet_input, path)
+    absorbed = [r for r in full.rows if r.status == "absorbed"]
+    assert len(absorbed) >= 10, [r.name for r in absorbed]
+    assert kept_lean == len(copies) - len(absorbed), (kept_lean, len(copies), len(absorbed))
+    assert lean.rows == full.rows
+    assert all(r.shape for r in absorbed)
+
+
 def test_fold_not_reported_by_scopes_is_still_absorbed(monkeypatch, resnet18, resnet_input, resnet_onnx_torchscript):
     """A Conv mapped to the fused tensor (scopes unaware of the fold) must not fail."""
     import layertap as lt

@@ -117,6 +117,24 @@ def plan_items(calls: list[ModuleCall], root: ModuleCall, smap: Any, outputs: li
     return items
 
 
+def absorbed_modules(smap: Any) -> frozenset[str]:
+    """The modules whose every call the file holds no value of (fused into a later node: a Conv whose
+    BatchNorm was folded in): their rows say so and compare nothing, so a forward keeps only their shapes.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> cp = lambda path, tensors, absorbed_by: NS(path=path, tensors=tensors, unverified=None, absorbed_by=absorbed_by, note=None)
+        >>> sorted(absorbed_modules(NS(counterparts=lambda: [cp("conv", [], "bn"), cp("bn", ["t"], None),
+        ...                                                  cp("head", [], "norm"), cp("head", ["u"], None)])))
+        ['conv']
+    """
+    paths: dict[str, bool] = {}
+    for cp in smap.counterparts():
+        gone = not cp.tensors and not cp.unverified and bool(cp.absorbed_by or (cp.note and _is_absorption(cp.note)))
+        paths[cp.path] = paths.get(cp.path, True) and gone
+    return frozenset(p for p, gone in paths.items() if gone and p)
+
+
 def in_call_order(counterparts: dict[tuple[str, int], Any], calls: list[ModuleCall], torch_shape: Callable[[ModuleCall], Any],
                   onnx_shape: Callable[[str], Any]) -> dict[tuple[str, int], Any]:
     """``counterparts`` with the calls of a module PyTorch ran several times put in PyTorch's order, where the

@@ -462,14 +462,16 @@ class TorchIdeal:
     def __init__(self, plan: "RoundingPlan") -> None:
         self.plan = plan
 
-    def run(self, model: Any, args: tuple, kwargs: dict, method: Any, store: Any, wanted: Any) -> Any:
+    def run(self, model: Any, args: tuple, kwargs: dict, method: Any, store: Any, wanted: Any,
+            shapes_only: Collection[str] = ()) -> Any:
         """The rounded forward's module calls, recorded into ``store`` (see :func:`.torch_side.run_torch`)."""
         from ..pytorch.rounding import rounded
         from ..pytorch.taps import bound_method
 
         fn = bound_method(model, method)
         with rounded(model, self.plan) as (round_inputs, round_result):
-            return run_torch(model, round_inputs(args), kwargs, lambda m, *a, **k: round_result(fn(*a, **k)), store, wanted)
+            return run_torch(model, round_inputs(args), kwargs, lambda m, *a, **k: round_result(fn(*a, **k)), store, wanted,
+                             shapes_only=shapes_only)
 
     def local(self, model: Any, kept: Mapping[int, Any], items: Sequence[Any], store: Any) -> None:
         """Each compared call run alone at the candidate's format on the reference's own arguments (``kept``:

@@ -18,8 +18,8 @@ from ..onnxfile.metadata import own_outputs
 from ..onnxfile.scopemap import ScopeMap, is_fused_llm, skip_norm_inputs
 from ..onnxfile.scopemap.lent import Exported, Lending, lend_scopes
 from ..onnxfile.shapes import declared_dims
-from ..onnxfile.tensor_types import inferred_types
-from .align import Item, RowBuilder, call_counts, plan_items
+from ..onnxfile.tensor_types import inferred_types, is_typed
+from .align import Item, RowBuilder, absorbed_modules, call_counts, plan_items
 from .driver import Sample, Silent, module_filter, plan_batches
 from .ideal import TorchIdeal, in_torch_order, rounding_plan
 from .judging import Judging
@@ -33,6 +33,11 @@ from .weight_check import PendingCheck, WeightCheck, check_model_weights
 NCHWC_NOTE = ("the file holds ONNX Runtime's NCHWc kernels (saved at ORT_ENABLE_ALL), whose tensors are in a blocked "
               "layout: compare it with the file it was optimised from as the reference (compare SRC.onnx THIS.onnx), "
               "or save it at ORT_ENABLE_EXTENDED")
+
+
+def _static(dims: Any) -> tuple[int, ...] | None:
+    """``dims`` when every one is a fixed size, else ``None``."""
+    return tuple(dims) if dims is not None and all(isinstance(d, int) for d in dims) else None
 
 
 def _lend_scopes(model: Any, method: str | Callable[..., Any], runs: list[tuple[tuple, dict]],
@@ -75,9 +80,12 @@ class TorchReference:
             check_config(self.layout, getattr(model, "config", None))
         check_same_model(self.view, model, cand.path)
         self.wanted, self.include_root = module_filter(modules, [p for p, _ in model.named_modules()])
+        self.absorbed = absorbed_modules(self.view)  # their values are not in the file: the forward keeps shapes only
         self.outputs = own_outputs(cand.proto)
         self._stores: list[ArrayStore] = []  # every sample's store (the driver releases each as its rows are made)
-        self._shapes: dict[str, Any] | None = None  # the candidate's static shapes, read when a module ran several times
+        # the candidate's shapes, read when a module ran several times: declared in the file, else inferred
+        self._declared: dict[str, Any] | None = None
+        self._shapes: dict[str, Any] | None = None
         # judged at the candidate's precision: the forward run again, rounded as the candidate holds its values
         self.ideal = self._ideal() if judging is not None and ideal else None
         self._plan = self.ideal.plan if self.ideal is not None else None  # as the graph numbers calls
@@ -100,7 +108,8 @@ class TorchReference:
         a, k = self.runs_args[index]
         # judged at the format with local errors: every call's arguments kept, to run it again alone at the format
         kept: dict[int, Any] | None = {} if self.local and self.ideal is not None else None
-        calls, root = run_torch(self.model, a, k, self.method, store, self.wanted, inputs=self.local, kept=kept)
+        calls, root = run_torch(self.model, a, k, self.method, store, self.wanted, inputs=self.local, kept=kept,
+                                shapes_only=self.absorbed)
         prog.advance()
         shapes = (lambda mc: self._torch_shape(store, mc), self._onnx_shape)
         items = [self._refuse_blocked(it) for it in plan_items(calls, root, self.view, self.outputs, self.include_root, shapes)
@@ -125,17 +134,22 @@ class TorchReference:
     @staticmethod
     def _torch_shape(store: ArrayStore, mc: Any) -> tuple[int, ...] | None:
         """A call's first output shape as the forward recorded it (``None``: not recorded)."""
-        if not store.has(mc.key):
-            return None
-        arrays = store.get(mc.key)
-        return tuple(np.shape(arrays[0])) if arrays else None
+        shapes = store.shapes(mc.key)
+        return tuple(shapes[0]) if shapes else None
 
     def _onnx_shape(self, name: str) -> tuple[int, ...] | None:
-        """A candidate tensor's static shape (``None``: unknown or symbolic)."""
-        if self._shapes is None:
-            self._shapes = {n: declared_dims(vi) for n, vi in inferred_types(self.cand.proto).items()}
-        dims = self._shapes.get(name)
-        return tuple(dims) if dims is not None and all(isinstance(d, int) for d in dims) else None
+        """A candidate tensor's static shape (``None``: unknown or symbolic): as the file declares it, else as
+        ONNX shape inference finds it (run once, and only for a tensor the file declares no static shape of:
+        the first inference in a process costs 10-20 ms of set-up, on resnet50 whose file declares them all)."""
+        if self._declared is None:
+            g = self.cand.proto.graph
+            self._declared = {vi.name: declared_dims(vi) for vi in (*g.value_info, *g.input, *g.output) if is_typed(vi)}
+        dims = _static(self._declared.get(name))
+        if dims is None:
+            if self._shapes is None:
+                self._shapes = {n: declared_dims(vi) for n, vi in inferred_types(self.cand.proto).items()}
+            dims = _static(self._shapes.get(name))
+        return dims
 
     def _alone(self, kept: dict[int, Any], items: list[Item], budget: int) -> ArrayStore:
         """Every compared call run alone at the candidate's format on its own arguments (the local split's ideal part)."""
@@ -166,7 +180,7 @@ class TorchReference:
         prog = self.prog if self.prog is not None else Silent()
         prog.step(f"PyTorch forward at {self.judging.precision if self.judging else 'the format'}")
         try:
-            ideal_calls, _ = self.ideal.run(self.model, args, kwargs, self.method, store, self.wanted)
+            ideal_calls, _ = self.ideal.run(self.model, args, kwargs, self.method, store, self.wanted, self.absorbed)
         except Exception as e:  # noqa: BLE001 - an aid, never a gate: the comparison goes on by the fixed rule
             store.close()
             self.judging.give_up(e)

@@ -10,7 +10,7 @@ import contextlib
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator
 
 import numpy as np
 
@@ -96,10 +96,11 @@ class _TorchRecorder(CallHooks):
     """
 
     def __init__(self, model: Any, store: ArrayStore, wanted: Callable[[str], bool], inputs: bool = False,
-                 kept: dict[int, KeptCall] | None = None) -> None:
+                 kept: dict[int, KeptCall] | None = None, shapes_only: Collection[str] = ()) -> None:
         super().__init__(model)
         self.store = store
         self.wanted = wanted
+        self.shapes_only = shapes_only
         self.wants_inputs = inputs or kept is not None
         self.fresh_inputs = inputs
         self.kept = kept
@@ -199,6 +200,10 @@ class _TorchRecorder(CallHooks):
             mc.note = "PyTorch output holds no tensor"
             return
         self._track_sources(mc, tensors)
+        if mc.path in self.shapes_only:
+            self.store.put_shapes(mc.key, [tuple(t.shape) for t in tensors])
+            self._last = ([], [], [])  # a container returning this tensor copies it itself
+            return
         prev, prev_arrays, versions = self._last
         if (
             len(prev) == len(tensors)
@@ -234,10 +239,12 @@ def run_torch(
     wanted: Callable[[str], bool],
     inputs: bool = False,
     kept: dict[int, KeptCall] | None = None,
+    shapes_only: Collection[str] = (),
 ) -> tuple[list[ModuleCall], ModuleCall]:
     """Run the model once; record every module call in return order (``inputs``: also the
     inputs no module returned, under :func:`input_key`; ``kept``: filled with every wanted call's
-    arguments, by call key, to run it again alone).
+    arguments, by call key, to run it again alone; ``shapes_only``: modules whose calls' shapes
+    are kept without their values, which nothing compares).
 
     Returns the calls and the root call (the model's result, stored last).
     """
@@ -248,7 +255,7 @@ def run_torch(
 
     fn = bound_method(model, method)
     what = f"{type(model).__name__}.{method}" if isinstance(method, str) else method_name(method)
-    recorder = _TorchRecorder(model, store, wanted, inputs, kept)
+    recorder = _TorchRecorder(model, store, wanted, inputs, kept, shapes_only)
     # a reference in full float32 on a GPU too (PyTorch's default TF32 would be a divergence of its own)
     precise = exact_float32() if gpu_device(model, args, kwargs) is not None else contextlib.nullcontext()
     with recorder.hooks(), torch.no_grad(), precise:

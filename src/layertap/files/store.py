@@ -56,6 +56,10 @@ class ArrayStore:
         self._disk[key] = paths
         self.spilled += nbytes
 
+    def put_shapes(self, key: int, shapes: list[tuple[int, ...]]) -> None:
+        """Know ``key``'s shapes without holding its arrays (:meth:`get` gives none)."""
+        self._shapes[key] = [tuple(s) for s in shapes]
+
     def on_disk(self, key: int) -> bool:
         """Whether ``key``'s arrays went to disk."""
         return key in self._disk

@@ -84,8 +84,10 @@ def tensor_to_numpy(t: torch.Tensor, *, copy: bool = False) -> np.ndarray:
         t = t.float()
     if t.device.type != "cpu":
         return t.cpu().numpy()  # a copy already
-    # numpy's copy of a CPU tensor: measured 1.4x faster than torch's (a resnet50's module outputs)
-    return np.array(t.numpy(), copy=True) if copy else t.numpy()
+    # torch's copy, on every core: a process's first copies fault in fresh pages, which numpy's copy,
+    # on one thread, does alone (a resnet50's module outputs, 160 MB: 25 ms against 37 in a fresh
+    # process, 14 against 18 warm)
+    return t.clone().numpy() if copy else t.numpy()
 
 
 #: the backends whose float32 work PyTorch may do in TF32 on a GPU (its newer switches, one per backend)
