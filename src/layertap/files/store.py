@@ -24,6 +24,8 @@ class ArrayStore:
         >>> store.put(0, [np.zeros(2, np.float32)]); store.put(1, [np.ones(4, np.float32)])
         >>> store.held, store.spilled, float(store.get(1)[0].sum())
         (8, 16, 4.0)
+        >>> store.put(2, store.get(0), shared=True); store.drop(2); store.held
+        8
         >>> store.close()
     """
 
@@ -35,6 +37,7 @@ class ArrayStore:
         self._disk: dict[int, list[str]] = {}
         self._shapes: dict[int, list[tuple[int, ...]]] = {}
         self._nbytes: dict[int, int] = {}
+        self._own: dict[int, int] = {}  # the bytes each entry in memory added to ``held``
         self._dir: str | None = None
 
     def put(self, key: int, arrays: list[np.ndarray], shared: bool = False) -> None:
@@ -44,6 +47,7 @@ class ArrayStore:
         self._nbytes[key] = sum(a.nbytes for a in arrays)
         if shared or self.held + nbytes <= self.budget:
             self._mem[key] = arrays
+            self._own[key] = nbytes
             self.held += nbytes
             return
         if self._dir is None:
@@ -82,15 +86,15 @@ class ArrayStore:
 
     def drop(self, key: int) -> None:
         """Forget ``key``'s arrays (memory, or the spilled files)."""
-        arrays = self._mem.pop(key, None)
-        if arrays is not None:
-            self.held -= sum(a.nbytes for a in arrays)
+        if self._mem.pop(key, None) is not None:
+            self.held -= self._own.pop(key)  # a shared entry's arrays were counted where they were put first
         for path in self._disk.pop(key, []):
             with contextlib.suppress(OSError):
                 os.remove(path)
 
     def close(self) -> None:
         self._mem.clear()
+        self._own.clear()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
