@@ -21,8 +21,10 @@ fresh processes interleaved after one warm-up each (medians of ``N``):
   which ORT reads from the file's data) and one run.
 
 Both are also printed as whole processes from the first line of the child (``import torch``
-included). Goal: first call <= 1.15x the floor. The children read compiled bytecode as an
-installed package does (``PYTHONDONTWRITEBYTECODE`` left out, caches under a temporary
+included), and the first call's own steps (more fresh processes, each step timed where layertap
+makes it: the import, the file read, the reference's set-up, the hooked forward, the session build
+with the weight check beside it, the candidate's run, the rows). Goal: first call <= 1.15x the floor.
+The children read compiled bytecode as an installed package does (``PYTHONDONTWRITEBYTECODE`` left out, caches under a temporary
 ``PYTHONPYCACHEPREFIX`` written by the warm-up).
 
 With ``--fp16`` it also measures resnet50 float32 vs its float16
@@ -189,6 +191,47 @@ def child_first_floor(path: str, batch: int, size: int) -> dict:
     return {"first_s": t1 - t0, "cpu_s": time.process_time() - c0, "process_s": t1 - t_start, "outputs": len(outs)}
 
 
+#: the first call's steps, timed where layertap makes them (module, owner attribute or "", function, label)
+FIRST_STEPS = (("layertap.comparing.onnx_side", "OrtSide", "__init__", "file read (onnx imported)"),
+               ("layertap.comparing.torch_ref", "TorchReference", "__init__", "reference set-up"),
+               ("layertap.comparing.torch_ref", "", "run_torch", "hooked forward"),
+               ("layertap.comparing.onnx_side", "OrtSide", "prepare", "session build"),
+               ("layertap.comparing.onnx_side", "OrtSide", "run", "candidate run"),
+               ("layertap.comparing.driver", "Driver", "_judge", "rows"))
+
+
+def child_first_steps(path: str, batch: int, size: int) -> dict:
+    """The first ``lt.compare`` of a fresh process, step by step (:data:`FIRST_STEPS`; each step's own time,
+    the steps of worker threads included: the session build runs beside the weight check)."""
+    import functools
+    import importlib
+
+    import layertap as lt
+
+    model, x = _model(), _input(batch, size)
+    t0 = time.perf_counter()
+    importlib.import_module("layertap.comparing.api")  # what the first lt.compare imports
+    steps = {"import layertap.comparing": time.perf_counter() - t0}
+
+    def timed(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def step(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                steps[label] = steps.get(label, 0.0) + time.perf_counter() - start
+        return step
+
+    for module, owner, name, label in FIRST_STEPS:
+        where = importlib.import_module(module)
+        where = getattr(where, owner) if owner else where
+        setattr(where, name, timed(getattr(where, name), label))
+    lt.compare(model, x, path)
+    steps["whole first call"] = time.perf_counter() - t0
+    return steps
+
+
 def _first_calls(path: Path, ns: argparse.Namespace) -> dict:
     """``--first N`` fresh processes of each kind, interleaved after one warm-up each; medians."""
     import statistics
@@ -202,9 +245,12 @@ def _first_calls(path: Path, ns: argparse.Namespace) -> dict:
                 result = _run_child(mode, path, ns, env)
                 if r:
                     runs[mode].append(result)
+        steps = [_run_child("first-steps", path, ns, env) for _ in range(ns.first)]
     med = statistics.median
-    return {mode: {key: med(x[key] for x in rs) for key in ("first_s", "cpu_s", "process_s")} | {"n": len(rs), "range": (
+    out = {mode: {key: med(x[key] for x in rs) for key in ("first_s", "cpu_s", "process_s")} | {"n": len(rs), "range": (
         min(x["first_s"] for x in rs), max(x["first_s"] for x in rs))} for mode, rs in runs.items()}
+    out["steps"] = {label: med(s.get(label, 0.0) for s in steps) for label in steps[0]} if steps else {}
+    return out
 
 
 def _print_first(r: dict) -> None:
@@ -216,6 +262,10 @@ def _print_first(r: dict) -> None:
           f"{c['cpu_s'] * 1e3:.0f} against {f['cpu_s'] * 1e3:.0f} ms -> {c['cpu_s'] / f['cpu_s']:.2f}x")
     print(f"  whole processes, import torch included: layertap {c['process_s']:.2f} s, engines alone {f['process_s']:.2f} s"
           f" -> {c['process_s'] / f['process_s']:.2f}x")
+    if r["steps"]:
+        shown = ", ".join(f"{label} {t * 1e3:.0f}" for label, t in r["steps"].items())
+        print(f"  the first call's steps (ms, medians of {c['n']} more fresh processes; the weight check runs beside "
+              f"the session build): {shown}")
 
 
 def child_fp16_baseline(path: str, batch: int, size: int, repeat: int) -> dict:
@@ -545,7 +595,7 @@ def main() -> None:
                    help="fresh processes timing the first lt.compare and the engines alone, medians of N (0: skip)")
     p.add_argument("--child", choices=("baseline", "compare", "fp16-baseline", "fp16-compare", "fp16-floor", "polygraphy",
                                        "fp16-samples", "interleaved", "fp16-interleaved", "first",
-                                       "first-floor"))
+                                       "first-floor", "first-steps"))
     p.add_argument("--onnx")
     ns = p.parse_args()
     if ns.child:
@@ -565,6 +615,8 @@ def main() -> None:
             result = child_first(ns.onnx, ns.batch, ns.size)
         elif ns.child == "first-floor":
             result = child_first_floor(ns.onnx, ns.batch, ns.size)
+        elif ns.child == "first-steps":
+            result = child_first_steps(ns.onnx, ns.batch, ns.size)
         elif ns.child in ("interleaved", "fp16-interleaved"):
             result = child_interleaved(ns.onnx, ns.batch, ns.size, ns.rounds, ns.child == "fp16-interleaved")
         else:
