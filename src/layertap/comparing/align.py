@@ -60,6 +60,11 @@ def _is_absorption(note: str) -> bool:
     return any(w in low for w in ("fold", "fus", "absorb", "merge"))
 
 
+def _fused_away(cp: Any) -> bool:
+    """Whether a counterpart with no tensor (nor a candidate one) is a call the file fused into another node."""
+    return bool(cp.absorbed_by or (cp.note and _is_absorption(cp.note)))
+
+
 def call_counts(calls: Sequence[ModuleCall]) -> dict[str, int]:
     """How many times PyTorch ran each module path."""
     counts: dict[str, int] = {}
@@ -102,7 +107,7 @@ def plan_items(calls: list[ModuleCall], root: ModuleCall, smap: Any, outputs: li
         elif not cp.tensors and cp.unverified:
             item.tensors, item.unverified = tuple(cp.unverified), cp.note
         elif not cp.tensors:
-            item.status = ABSORBED if cp.absorbed_by or (cp.note and _is_absorption(cp.note)) else NO_COUNTERPART
+            item.status = ABSORBED if _fused_away(cp) else NO_COUNTERPART
             item.note = f"fused into {cp.absorbed_by}; compared there" if cp.absorbed_by else cp.note
             item.fused_into = cp.absorbed_by if item.status == ABSORBED else None
         else:
@@ -130,7 +135,7 @@ def absorbed_modules(smap: Any) -> frozenset[str]:
     """
     paths: dict[str, bool] = {}
     for cp in smap.counterparts():
-        gone = not cp.tensors and not cp.unverified and bool(cp.absorbed_by or (cp.note and _is_absorption(cp.note)))
+        gone = not cp.tensors and not cp.unverified and _fused_away(cp)
         paths[cp.path] = paths.get(cp.path, True) and gone
     return frozenset(p for p, gone in paths.items() if gone and p)
 

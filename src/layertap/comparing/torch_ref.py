@@ -17,8 +17,8 @@ from ..onnxfile.kvcache import check_config, kv_layout
 from ..onnxfile.metadata import own_outputs
 from ..onnxfile.scopemap import ScopeMap, is_fused_llm, skip_norm_inputs
 from ..onnxfile.scopemap.lent import Exported, Lending, lend_scopes
-from ..onnxfile.shapes import declared_dims
-from ..onnxfile.tensor_types import inferred_types, is_typed
+from ..onnxfile.shapes import static_dims
+from ..onnxfile.tensor_types import declared_types, inferred_types
 from .align import Item, RowBuilder, absorbed_modules, call_counts, plan_items
 from .driver import Sample, Silent, module_filter, plan_batches
 from .ideal import TorchIdeal, in_torch_order, rounding_plan
@@ -33,11 +33,6 @@ from .weight_check import PendingCheck, WeightCheck, check_model_weights
 NCHWC_NOTE = ("the file holds ONNX Runtime's NCHWc kernels (saved at ORT_ENABLE_ALL), whose tensors are in a blocked "
               "layout: compare it with the file it was optimised from as the reference (compare SRC.onnx THIS.onnx), "
               "or save it at ORT_ENABLE_EXTENDED")
-
-
-def _static(dims: Any) -> tuple[int, ...] | None:
-    """``dims`` when every one is a fixed size, else ``None``."""
-    return tuple(dims) if dims is not None and all(isinstance(d, int) for d in dims) else None
 
 
 def _lend_scopes(model: Any, method: str | Callable[..., Any], runs: list[tuple[tuple, dict]],
@@ -142,13 +137,12 @@ class TorchReference:
         ONNX shape inference finds it (run once, and only for a tensor the file declares no static shape of:
         the first inference in a process costs 10-20 ms of set-up, on resnet50 whose file declares them all)."""
         if self._declared is None:
-            g = self.cand.proto.graph
-            self._declared = {vi.name: declared_dims(vi) for vi in (*g.value_info, *g.input, *g.output) if is_typed(vi)}
-        dims = _static(self._declared.get(name))
+            self._declared = {n: static_dims(vi) for n, vi in declared_types(self.cand.proto.graph).items()}
+        dims = self._declared.get(name)
         if dims is None:
             if self._shapes is None:
-                self._shapes = {n: declared_dims(vi) for n, vi in inferred_types(self.cand.proto).items()}
-            dims = _static(self._shapes.get(name))
+                self._shapes = {n: static_dims(vi) for n, vi in inferred_types(self.cand.proto).items()}
+            dims = self._shapes.get(name)
         return dims
 
     def _alone(self, kept: dict[int, Any], items: list[Item], budget: int) -> ArrayStore:

@@ -39,6 +39,18 @@ def declared_dims(value: "onnx.ValueInfoProto") -> Dims | None:
                  for d in value.type.tensor_type.shape.dim)
 
 
+def static_dims(value: "onnx.ValueInfoProto") -> tuple[int, ...] | None:
+    """A value's declared dims when every one is a fixed size (``None`` otherwise, or when it declares none).
+
+    Example:
+        >>> import onnx.helper as h
+        >>> static_dims(h.make_tensor_value_info("x", 1, [2, 3])), static_dims(h.make_tensor_value_info("y", 1, ["n", 3]))
+        ((2, 3), None)
+    """
+    dims = declared_dims(value)
+    return tuple(int(d) for d in dims) if dims is not None and all(isinstance(d, int) for d in dims) else None
+
+
 def input_dims(graph: "onnx.GraphProto") -> dict[str, Dims | None]:
     """The declared dims of the graph's real inputs (initializers listed as inputs left out), in order.
 

@@ -78,7 +78,22 @@ def inferred_types(model: "onnx.ModelProto") -> dict[str, "onnx.ValueInfoProto"]
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # noqa: BLE001 - shape inference fails on some valid files; a typer types the rest
         inferred = model
-    g = inferred.graph
+    return declared_types(inferred.graph)
+
+
+def declared_types(g: "onnx.GraphProto") -> dict[str, "onnx.ValueInfoProto"]:
+    """Typed value infos by tensor name as the graph declares them (value infos, inputs, outputs), plus its
+    initializers: what :func:`inferred_types` reads once inference has added its own.
+
+    Example:
+        >>> import onnx.helper as h
+        >>> g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g",
+        ...     [h.make_tensor_value_info("x", 1, [2])], [h.make_tensor_value_info("y", 0, None)])
+        >>> sorted(declared_types(g))
+        ['x']
+    """
+    import onnx
+
     out: dict[str, onnx.ValueInfoProto] = {}
     for vi in list(g.value_info) + list(g.input) + list(g.output):
         if is_typed(vi):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
 from ..metadata import CLASS_HIERARCHY_KEY, FUSED_FROM_KEY, NAME_SCOPES_KEY, VALUE_SCOPES_KEY
-from ..shapes import declared_dims
+from ..shapes import static_dims
 from ..tensor_types import inferred_types
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -81,14 +81,9 @@ class Exported:
             >>> e.by_output["relu"][0].shapes
             ((2,),)
         """
-        declared = {vi.name: declared_dims(vi) for vi in list(model.graph.value_info) + list(model.graph.output)}
-
-        def static(t: str) -> tuple[int, ...] | None:
-            dims = declared.get(t)
-            return tuple(int(d) for d in dims) if dims is not None and all(isinstance(d, int) for d in dims) else None
-
+        static = {vi.name: static_dims(vi) for vi in list(model.graph.value_info) + list(model.graph.output)}
         return cls(ExportedNode(n.op_type, tuple((p.key, p.value) for p in n.metadata_props),
-                                tuple(n.input), tuple(n.output), tuple(static(t) for t in n.output))
+                                tuple(n.input), tuple(n.output), tuple(static.get(t) for t in n.output))
                    for n in model.graph.node if any(p.key == NAME_SCOPES_KEY for p in n.metadata_props))
 
     def owner(self, node: "onnx.NodeProto") -> Owner | None:
@@ -269,9 +264,5 @@ def _write(node: "onnx.NodeProto", key: str, value: str) -> None:
 
 
 def _static_shapes(model: "onnx.ModelProto") -> dict[str, tuple[int, ...]]:
-    out: dict[str, tuple[int, ...]] = {}
-    for name, vi in inferred_types(model).items():
-        dims = declared_dims(vi)
-        if dims is not None and all(isinstance(d, int) for d in dims):
-            out[name] = tuple(int(d) for d in dims)
-    return out
+    static = {name: static_dims(vi) for name, vi in inferred_types(model).items()}
+    return {name: dims for name, dims in static.items() if dims is not None}
